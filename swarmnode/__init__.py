@@ -1,0 +1,3 @@
+"""swarmnode: a node for decentralized RL post-training of language models."""
+
+__version__ = "0.1.0"

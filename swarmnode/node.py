@@ -1,0 +1,291 @@
+"""The node: one round loop, read top to bottom (design.md §1).
+
+Each step:
+
+1. **draw** tasks whose answers a program can check (TaskRefs any node can regenerate);
+2. **sample** tree-structured rollouts from the current policy;
+3. **score** every leaf with the task's verifier;
+4. **publish** the verified trees (pruned) to the swarm, signed;
+5. **gather** peers' trees, re-verified locally (the swarm layer trusts no claim);
+6. **process**: advantages per source (local trees, each external group on its own), batch composition;
+7. **update**: a clipped policy-gradient step; checkpoint every ``save_steps`` and on SIGINT/SIGTERM.
+
+Steps 4–5 run only when a swarm is attached (``Node.swarm``); a solo node skips them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from swarmnode.config import RunConfig, dump_config
+from swarmnode.evaluation import EvalResult, evaluate
+from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, rss_bytes
+from swarmnode.policy.loading import Policy, build_prompt, load_policy
+from swarmnode.rollout.advantages import compute_advantages
+from swarmnode.rollout.sampler import PromptSpec, sample_rollouts
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.tasks.base import Task
+from swarmnode.tasks.mix import TaskMix
+from swarmnode.train.batch import samples_from_trees
+from swarmnode.train.checkpoint import load_latest_checkpoint, restore_rng, save_checkpoint
+from swarmnode.train.samples import Sample
+from swarmnode.train.trainer import Trainer
+
+log = logging.getLogger("swarmnode.node")
+
+
+class SwarmHook(Protocol):
+    """What the node needs from a swarm layer (implemented in ``swarmnode.swarm``)."""
+
+    def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
+        """Publish scored local trees; returns metrics. Never raises on network trouble."""
+
+    def gather(self, step: int, policy_version: int) -> tuple[list[Sample], dict[str, Any]]:
+        """Return verified, source-processed external samples for this step, and metrics."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class StepResult:
+    """What one round produced (for the CLI's live view and the tests)."""
+
+    step: int
+    metrics: dict[str, Any]
+    trees: list[RolloutTree] = field(default_factory=list)
+
+
+class Node:
+    """A swarmnode node: owns the policy, the task mix, the trainer and the run directory.
+
+    Args:
+        cfg: the validated run configuration.
+        swarm: an optional swarm layer; ``None`` trains solo.
+
+    Raises:
+        swarmnode.config.ConfigError / FileNotFoundError / ValueError from loading the model or tasks, with
+        messages naming what failed.
+    """
+
+    def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.swarm = swarm
+        self.stop_requested = False
+        self.timer = PhaseTimer()
+        self.step = 0
+        self.tokens_generated = 0
+        self._seed_everything(cfg.seed)
+
+        self.tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        ckpt = load_latest_checkpoint(self.run_dir)
+        model_cfg = cfg.model
+        if ckpt is not None:
+            model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.path)})
+        self.policy: Policy = load_policy(model_cfg)
+        self.base_model_id = self.policy.model_id
+        ref_model = None
+        if cfg.train.beta > 0:
+            ref_model = load_policy(cfg.model).model
+            ref_model.eval().requires_grad_(False)
+        self.trainer = Trainer(
+            self.policy.model,
+            cfg.train,
+            max_completion_length=cfg.sampling.max_completion_length,
+            total_steps=max(cfg.steps, 1),
+            ref_model=ref_model,
+        )
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
+        if ckpt is not None:
+            self.step = int(ckpt.step)
+            self.trainer.load_state(ckpt)
+            restore_rng(ckpt, generator=self.generator)
+            self.tokens_generated = int(ckpt.extra.get("tokens_generated", 0))
+            log.info("resumed from %s at step %d", ckpt.path, self.step)
+        self.resumed_from = ckpt.path if ckpt is not None else None
+        (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _seed_everything(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        torch.manual_seed(seed)
+
+    def prompt_for(self, task: Task) -> str:
+        """The prompt text of a task (the tokenizer's chat template when it has one)."""
+        return build_prompt(self.policy.tokenizer, task.question, self.cfg.model.system_prompt)
+
+    def _prompt_spec(self, task: Task) -> PromptSpec:
+        text = self.prompt_for(task)
+        ids = self.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = ids[-self.cfg.sampling.max_prompt_length :]
+        return PromptSpec(ref=task.ref, prompt_ids=ids, prompt_text=text, task_name=task.name)
+
+    # ------------------------------------------------------------------ the round
+    def run_step(self) -> StepResult:
+        """One round: draw -> sample -> score -> publish -> gather -> process -> update (-> checkpoint)."""
+        cfg, step = self.cfg, self.step
+        t_start = time.perf_counter()
+        m: dict[str, Any] = {"step": step + 1}
+
+        # 1. draw
+        refs = self.tasks.refs_for_step(step, cfg.sampling.prompts_per_step)
+        tasks = [self.tasks.get(r) for r in refs]
+
+        # 2. sample
+        with self.timer.phase("sample"):
+            trees = sample_rollouts(
+                self.policy.model,
+                self.policy.tokenizer,
+                [self._prompt_spec(t) for t in tasks],
+                cfg.sampling,
+                policy_version=step,
+                generator=self.generator,
+            )
+        for tr in trees:
+            tr.model_id, tr.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
+
+        # 3. score
+        with self.timer.phase("score"):
+            correct, fmt, n_leaves = 0.0, 0.0, 0
+            for task, tree in zip(tasks, trees):
+                for leaf in tree.leaves():
+                    d = self.tasks.score_detail(task, tree.completion_text(leaf))
+                    tree.nodes[leaf].reward = d["reward"]
+                    correct += d["correct"]
+                    fmt += d["format"]
+                    n_leaves += 1
+                tree.update_stats()
+        gen_tokens = sum(t.generated_tokens() for t in trees)
+        self.tokens_generated += gen_tokens
+
+        # 4. publish, 5. gather (swarm only)
+        external: list[Sample] = []
+        if self.swarm is not None:
+            with self.timer.phase("gossip"):
+                m.update(self.swarm.publish(trees, step, policy_version=step))
+            with self.timer.phase("verify"):
+                external, sm = self.swarm.gather(step, policy_version=step)
+                m.update(sm)
+
+        # 6. process: local advantages from local trees; external samples arrive already processed per source
+        adv = compute_advantages(trees, cfg.train.advantage_estimator, cfg.train.scale_rewards)
+        local = samples_from_trees(
+            trees, adv, source="local", drop_zero_variance=cfg.train.drop_zero_variance_groups
+        )
+        batch = local + external
+
+        # 7. update
+        with self.timer.phase("train"):
+            tm = self.trainer.step(batch)
+        self.step += 1
+
+        if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.steps:
+            with self.timer.phase("checkpoint"):
+                self.save()
+
+        phases = self.timer.reset()
+        wall = time.perf_counter() - t_start
+        m.update(
+            {
+                "reward": correct / max(n_leaves, 1),
+                "format": fmt / max(n_leaves, 1),
+                "leaves": n_leaves,
+                "groups": adv.num_groups,
+                "zero_variance_groups": adv.zero_variance_groups,
+                "samples_local": len(local),
+                "samples_external": len(external),
+                "tokens_generated": gen_tokens,
+                "tokens_total": self.tokens_generated,
+                "tokens_per_s": gen_tokens / max(phases.get("sample", 0.0), 1e-9),
+                "step_time": wall,
+                "time": {k: round(v, 4) for k, v in phases.items()},
+                "rss_bytes": rss_bytes(),
+                "unix_time": time.time(),
+            }
+        )
+        m.update({f"train/{k}": v for k, v in tm.items()})
+        self.metrics.write(m)
+        return StepResult(self.step, m, trees)
+
+    # ------------------------------------------------------------------ evaluation / checkpoints
+    def evaluate(self, n: int | None = None) -> EvalResult:
+        """Greedy accuracy on ``n`` held-out tasks (default ``tasks.eval_size``) drawn with ``tasks.eval_seed``."""
+        refs = self.tasks.eval_refs(n or self.cfg.tasks.eval_size)
+        tasks = [self.tasks.get(r) for r in refs]
+        return evaluate(
+            self.policy.model,
+            self.policy.tokenizer,
+            tasks,
+            self.prompt_for,
+            lambda t, c: self.tasks.score_detail(t, c)["correct"],
+            max_new_tokens=self.cfg.sampling.max_completion_length,
+        )
+
+    def log_eval(self, res: EvalResult, tag: str) -> None:
+        self.metrics.write(
+            {"step": self.step, "eval": tag, "accuracy": res.accuracy, "per_task": res.per_task, "n": res.n,
+             "tokens_total": self.tokens_generated, "unix_time": time.time()}
+        )
+
+    def save(self) -> Path:
+        """Checkpoint now (atomic; the previous good checkpoint survives a crash mid-write)."""
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.policy.model,
+            self.policy.tokenizer,
+            self.trainer.optimizer,
+            self.trainer.scheduler,
+            config_yaml=dump_config(self.cfg),
+            extra={"tokens_generated": self.tokens_generated, "base_model_id": self.base_model_id},
+            generator=self.generator,
+            keep_last=self.cfg.checkpoint.keep_last,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def install_signal_handlers(self) -> None:
+        """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. Second: stop immediately."""
+
+        def handler(signum, frame):  # noqa: ARG001
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            log.warning("signal %d received: checkpointing after this step, then exiting (again to force)", signum)
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
+        """Run until ``cfg.steps`` optimizer steps are done or a stop is requested; checkpoint at the end."""
+        last_saved = self.step
+        try:
+            while self.step < self.cfg.steps and not self.stop_requested:
+                res = self.run_step()
+                if self.step % self.cfg.checkpoint.save_steps == 0 or self.step == self.cfg.steps:
+                    last_saved = self.step
+                if self.cfg.eval_every and self.step % self.cfg.eval_every == 0 and self.step < self.cfg.steps:
+                    self.log_eval(self.evaluate(), "periodic")
+                if on_step is not None:
+                    on_step(res)
+        finally:
+            if self.step != last_saved:
+                self.save()
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.swarm is not None:
+            self.swarm.close()

@@ -1,0 +1,97 @@
+"""Config loading: defaults, overrides, and clear errors naming file, key and expectation."""
+
+from pathlib import Path
+
+import pytest
+
+from swarmnode.config import DEFAULT_CONFIG_PATH, ConfigError, RunConfig, dump_config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_packaged_default_equals_configs_default():
+    assert DEFAULT_CONFIG_PATH.read_text() == (ROOT / "configs" / "default.yaml").read_text()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, RunConfig)
+
+
+def test_overrides_win_and_none_is_ignored():
+    cfg = load_config(None, {"train.learning_rate": 1e-5, "steps": 3, "seed": None})
+    assert cfg.train.learning_rate == 1e-5
+    assert cfg.steps == 3
+    assert cfg.seed == load_config(None).seed
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load_config(None, {"steps": 7})
+    p = tmp_path / "c.yaml"
+    p.write_text(dump_config(cfg))
+    assert load_config(p) == cfg
+
+
+def _err(tmp_path, text, overrides=None) -> str:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, overrides)
+    msg = str(ei.value)
+    assert str(p) in msg  # names the file
+    return msg
+
+
+def test_unknown_key(tmp_path):
+    msg = _err(tmp_path, "train:\n  learning_rte: 0.1\n")
+    assert "train.learning_rte" in msg and "unknown key" in msg
+
+
+def test_num_generations_one(tmp_path):
+    msg = _err(tmp_path, "sampling:\n  num_generations: 1\n")
+    assert "sampling.num_generations" in msg and "greater than or equal to 2" in msg
+
+
+def test_negative_learning_rate(tmp_path):
+    msg = _err(tmp_path, "train:\n  learning_rate: -0.001\n")
+    assert "train.learning_rate" in msg and "greater than 0" in msg
+
+
+def test_wrong_type(tmp_path):
+    msg = _err(tmp_path, "steps: lots\n")
+    assert "steps" in msg and "integer" in msg
+
+
+def test_bad_enum(tmp_path):
+    msg = _err(tmp_path, "train:\n  loss_type: ppo\n")
+    assert "train.loss_type" in msg and "'grpo', 'dapo' or 'dr_grpo'" in msg
+
+
+def test_cross_field_clip(tmp_path):
+    msg = _err(tmp_path, "train:\n  epsilon: 0.3\n  epsilon_high: 0.2\n")
+    assert "epsilon_high" in msg
+
+
+def test_not_yaml_and_not_mapping(tmp_path):
+    assert "not valid YAML" in _err(tmp_path, "a: [1, 2\n")
+    assert "mapping" in _err(tmp_path, "- 1\n- 2\n")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_override_error_is_attributed(tmp_path):
+    p = tmp_path / "ok.yaml"
+    p.write_text("steps: 3\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, {"sampling.temperature": -1.0})
+    assert "command-line overrides sampling.temperature" in str(ei.value)
+    assert "sampling.temperature" in str(ei.value)
+
+
+def test_source_needs_name(tmp_path):
+    msg = _err(tmp_path, "tasks:\n  sources:\n    - type: reasoning_gym\n")
+    assert "tasks.sources.0" in msg and "needs `name`" in msg
