@@ -1,0 +1,456 @@
+"""Advantage estimators over rollout trees (design.md §5, references.md §1 and §2.2).
+
+Every estimator takes a list of :class:`~swarmnode.rollout.tree.RolloutTree` and returns, per tree, a
+per-token advantage list for each leaf: the leaf's completion is the concatenation of the segments on its
+path, and token ``t`` gets the advantage of the (leaf, segment) that produced it
+(:meth:`RolloutTree.token_segments`). Outcome-level estimators (``grpo``, ``mc_grpo``, ``treepo``,
+``tree_grpo``) give every token of a leaf the same value; ``treerl`` gives each segment its own value.
+
+Groups
+------
+A **prompt group** is every leaf of every tree whose group key is equal; the key defaults to
+``tree.task.key()`` (the TaskRef), so several trees sampled for the same task form one group. Callers that
+must normalize sources separately (ERILS / SAPO per-source processing, design.md §5) either call
+:func:`compute_advantages` once per source or pass ``group_key`` (e.g. ``lambda t: t.task.key() + "|peer"``).
+
+A group whose leaf rewards have zero variance (population/unbiased std below ``1e-8``, TRL's
+``torch.isclose(std, 0)``; or a single leaf) carries no signal: all its advantages are exactly 0, it is
+counted and listed in :attr:`AdvantageResult.zero_variance_groups` so the caller can drop it (DAPO
+dynamic sampling), and it is excluded from batch-level statistics that the estimator normalizes with
+(``treepo`` whitening), but not from TRL's ``scale_rewards="batch"`` std (TRL includes every reward).
+
+Standard deviations are **unbiased** (Bessel-corrected, ``n-1``), as ``torch.Tensor.std`` used by TRL
+(``rewards.view(-1, G).std(dim=1)``) and by verl / Tree-GRPO.
+
+Estimators and ``scale_rewards``
+--------------------------------
+``scale_rewards`` picks the scope of the scale divisor: ``"group"`` (each prompt group's own statistic),
+``"batch"`` (one statistic over every reward in the call), ``"none"`` (no division).
+
+* ``grpo`` (DeepSeekMath GRPO; TRL ``GRPOTrainer._generate_and_score_completions``): all leaves of a prompt
+  group are one flat group; ``A = r - mean_group(r)``, then ``/ (std_group + 1e-4)`` (group) or
+  ``/ (std_batch + 1e-4)`` (batch, std over all rewards of the call) or nothing (none). Exactly TRL.
+* ``mc_grpo`` (MC-GRPO, arXiv 2601.22582, ``grpo_trainer_math.py``): ``A = (r - median) / (MAD + 1e-3)``
+  with ``median`` the lower median (``torch.median``) and ``MAD = median(|r - median|)``. The leaf at the
+  median position (stable sort by reward, position ``(n-1)//2``) gets advantage 0 and is returned in
+  :attr:`AdvantageResult.dropped` (loss mask 0). **Bound:** with binary rewards MAD is often 0 and
+  ``1/1e-3 = 1000`` would blow up the step, so when ``MAD == 0`` the scale falls back to the GRPO scale
+  ``std + 1e-4`` (for binary rewards this gives ``|A| <= sqrt(n)``), and every advantage is clamped to
+  ``[-MC_GRPO_MAX_ABS_ADVANTAGE, +MC_GRPO_MAX_ABS_ADVANTAGE]`` (10). ``batch`` uses the MAD (fallback std)
+  of all rewards of the call; ``none`` gives ``r - median``.
+* ``treepo`` (TreePO, arXiv 2508.17445; verl ``compute_tree_reinforce_plus_plus_baseline_outcome_advantage``,
+  ``average`` mode): ``G_0`` is the prompt group; ``G_j(i)`` (j >= 1) are the leaves under the j-th
+  segment of leaf i's path (leaves that share their first j segments with i). ``Â_ij = r_i - mean_{G_j(i)} r``;
+  ``j = 0`` always counts, ``j >= 1`` only when ``|G_j(i)| > 1``. ``A_i = mean_j Â_ij``. Then whitening as
+  in verl's ``masked_whiten`` (token-weighted: every completion token of a leaf counts, mean and unbiased
+  variance, ``(A - mean) / sqrt(var + 1e-8)``): over all tokens of the call (``batch``, the published
+  setting), over each prompt group's tokens (``group``), or not at all (``none``).
+* ``tree_grpo`` (Tree-GRPO, arXiv 2509.21240, ``ray_trainer_ts.py``): ``A_i = z_prompt(r_i) + z_tree(r_i)``,
+  each ``(r - mean) / (std + 1e-6)``. ``z_prompt`` is over all leaves of the prompt group. **Tree level:**
+  when several RolloutTrees share a group key, each RolloutTree is one "tree" (Tree-GRPO's m trees per
+  prompt); when a prompt group has a single RolloutTree, its "trees" are the subtrees under each root child
+  (each root child is one initial chain plus its expansions). A tree with one leaf has ``z_tree = 0``
+  (no intra-tree contrast), so on independent group sampling ``tree_grpo`` equals ``grpo`` with eps 1e-6.
+  ``batch`` divides both centred terms by the batch std; ``none`` only centres.
+* ``treerl`` (TreeRL / EPTree, arXiv 2506.11902, paper formula — not the code's leave-one-out variant,
+  see references.md §1.2): ``V(s)`` = mean reward of the leaves under node s; a segment s with parent p gets
+  ``((V(s) - V(root)) + (V(s) - V(p))) / sqrt(|L(s)|)`` applied to all its tokens. ``V(root)`` is the mean
+  of the whole prompt group; when several RolloutTrees share a prompt, a first-level segment's parent is
+  its own tree's root, whose value is that tree's leaf mean. ``group`` / ``batch`` divide every value by
+  ``std + 1e-4`` of the group's / call's rewards (the formula is linear in rewards, so this is reward
+  scaling); ``none`` is the paper formula.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from swarmnode.rollout.tree import RolloutTree
+
+ESTIMATORS = ("grpo", "mc_grpo", "treepo", "tree_grpo", "treerl")
+SCALE_REWARDS = ("group", "batch", "none")
+
+GRPO_EPS = 1e-4  # TRL: advantages / (std_rewards + 1e-4)
+MC_GRPO_EPS = 1e-3  # MC-GRPO: / (MAD + 1e-3)
+MC_GRPO_MAX_ABS_ADVANTAGE = 10.0  # our bound on |A| for mc_grpo (MAD can be ~0 with non-binary rewards)
+TREE_GRPO_EPS = 1e-6  # Tree-GRPO / verl grpo: / (std + 1e-6)
+WHITEN_EPS = 1e-8  # verl masked_whiten: * rsqrt(var + 1e-8)
+ZERO_STD_ATOL = 1e-8  # torch.isclose(std, 0) default atol
+
+
+@dataclass
+class AdvantageResult:
+    """Per-token advantages for every leaf of every tree, plus group statistics.
+
+    Attributes:
+        estimator: the estimator name used.
+        scale_rewards: the ``scale_rewards`` mode used.
+        advantages: one dict per input tree (same order): leaf node id -> per-token advantage list
+            (float, length = number of completion tokens of that leaf, ``len(tree.completion_ids(leaf))``).
+        dropped: one set per input tree: leaf ids that must not enter the loss (MC-GRPO's median sample).
+            Their advantages are 0.
+        group_keys: the group key of each input tree.
+        zero_variance_groups: keys of prompt groups whose rewards have zero variance (all advantages 0).
+        num_groups: number of prompt groups that had at least one leaf.
+        num_leaves: number of scored leaves.
+        reward_mean / reward_std: mean and unbiased std of all leaf rewards of the call.
+        advantage_mean / advantage_std: mean and unbiased std over the completion tokens of leaves that carry
+            signal (not dropped, not in a zero-variance group); 0.0 when there are none.
+    """
+
+    estimator: str
+    scale_rewards: str
+    advantages: list[dict[int, list[float]]]
+    dropped: list[set[int]]
+    group_keys: list[str]
+    zero_variance_groups: set[str] = field(default_factory=set)
+    num_groups: int = 0
+    num_leaves: int = 0
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    advantage_mean: float = 0.0
+    advantage_std: float = 0.0
+
+    @property
+    def num_zero_variance_groups(self) -> int:
+        """How many prompt groups had zero reward variance."""
+        return len(self.zero_variance_groups)
+
+    def is_zero_variance(self, tree_index: int) -> bool:
+        """True if tree ``tree_index`` belongs to a zero-variance group (carries no signal)."""
+        return self.group_keys[tree_index] in self.zero_variance_groups
+
+    def stats(self) -> dict[str, float]:
+        """Flat metrics for logging (``adv/...`` keys)."""
+        return {
+            "adv/num_groups": float(self.num_groups),
+            "adv/num_zero_variance_groups": float(self.num_zero_variance_groups),
+            "adv/frac_zero_variance_groups": (
+                self.num_zero_variance_groups / self.num_groups if self.num_groups else 0.0
+            ),
+            "adv/num_leaves": float(self.num_leaves),
+            "adv/num_dropped": float(sum(len(d) for d in self.dropped)),
+            "adv/reward_mean": self.reward_mean,
+            "adv/reward_std": self.reward_std,
+            "adv/advantage_mean": self.advantage_mean,
+            "adv/advantage_std": self.advantage_std,
+        }
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _std(xs: Sequence[float]) -> float:
+    """Unbiased standard deviation (``torch.std`` default); 0.0 for fewer than two values."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+
+
+def _lower_median(xs: Sequence[float]) -> float:
+    """``torch.median`` semantics: the lower of the two middle values for an even count."""
+    s = sorted(xs)
+    return s[(len(s) - 1) // 2]
+
+
+def _mad(xs: Sequence[float]) -> float:
+    med = _lower_median(xs)
+    return _lower_median([abs(x - med) for x in xs])
+
+
+@dataclass
+class _Leaf:
+    tree: int  # index into the input list
+    leaf: int  # node id
+    reward: float
+    n_tokens: int
+
+
+@dataclass
+class _Group:
+    key: str
+    trees: list[int]
+    leaves: list[_Leaf]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [lf.reward for lf in self.leaves]
+
+
+def _collect(
+    trees: Sequence[RolloutTree], group_key: Callable[[RolloutTree], str]
+) -> tuple[list[_Group], list[str]]:
+    groups: dict[str, _Group] = {}
+    keys: list[str] = []
+    for ti, tree in enumerate(trees):
+        if not isinstance(tree, RolloutTree):
+            raise TypeError(f"trees[{ti}] is a {type(tree).__name__}, expected a RolloutTree")
+        key = group_key(tree)
+        if not isinstance(key, str):
+            raise TypeError(f"group_key must return a str, got {type(key).__name__} for trees[{ti}]")
+        keys.append(key)
+        g = groups.setdefault(key, _Group(key=key, trees=[], leaves=[]))
+        g.trees.append(ti)
+        for lid in tree.leaves():
+            r = tree.nodes[lid].reward
+            if r is None:
+                raise ValueError(
+                    f"leaf {lid} of trees[{ti}] (task {tree.task.key()}) has no reward; "
+                    "score every leaf with the task verifier before computing advantages"
+                )
+            r = float(r)
+            if not math.isfinite(r):
+                raise ValueError(f"leaf {lid} of trees[{ti}] (task {tree.task.key()}) has a non-finite reward {r}")
+            g.leaves.append(_Leaf(ti, lid, r, len(tree.completion_ids(lid))))
+    return [g for g in groups.values()], keys
+
+
+def _is_zero_variance(rewards: Sequence[float]) -> bool:
+    return len(rewards) < 2 or _std(rewards) <= ZERO_STD_ATOL
+
+
+def _whiten(values: list[float], weights: list[int]) -> list[float]:
+    """verl ``masked_whiten``: token-weighted mean and unbiased variance, ``(x - mean) / sqrt(var + 1e-8)``."""
+    n = sum(weights)
+    if n == 0:
+        return list(values)
+    mean = sum(v * w for v, w in zip(values, weights)) / n
+    if n < 2:
+        return [v - mean for v in values]
+    var = sum(w * (v - mean) ** 2 for v, w in zip(values, weights)) / (n - 1)
+    inv = 1.0 / math.sqrt(var + WHITEN_EPS)
+    return [(v - mean) * inv for v in values]
+
+
+# ------------------------------------------------------------------------------------------ estimators
+def _leaf_level(
+    estimator: str,
+    scale_rewards: str,
+    groups: list[_Group],
+    trees: Sequence[RolloutTree],
+    zero: set[str],
+    dropped: list[set[int]],
+) -> dict[tuple[int, int], float]:
+    """Per-leaf scalar advantages for the outcome-level estimators."""
+    out: dict[tuple[int, int], float] = {}
+    all_rewards = [lf.reward for g in groups for lf in g.leaves]
+    batch_std = _std(all_rewards)
+
+    if estimator == "grpo":
+        for g in groups:
+            rs = g.rewards
+            m = _mean(rs)
+            scale = {"group": _std(rs) + GRPO_EPS, "batch": batch_std + GRPO_EPS, "none": 1.0}[scale_rewards]
+            for lf in g.leaves:
+                out[(lf.tree, lf.leaf)] = 0.0 if g.key in zero else (lf.reward - m) / scale
+        return out
+
+    if estimator == "mc_grpo":
+        if all_rewards:
+            batch_mad = _mad(all_rewards)
+            batch_scale = batch_mad + MC_GRPO_EPS if batch_mad > 0 else batch_std + GRPO_EPS
+        else:
+            batch_scale = 1.0
+        cap = MC_GRPO_MAX_ABS_ADVANTAGE
+        for g in groups:
+            rs = g.rewards
+            order = sorted(range(len(rs)), key=lambda k: rs[k])  # stable: ties keep leaf order
+            med_pos = order[(len(rs) - 1) // 2]
+            med = rs[med_pos]
+            if len(rs) >= 2:
+                lf = g.leaves[med_pos]
+                dropped[lf.tree].add(lf.leaf)
+            if scale_rewards == "group":
+                mad = _mad(rs)
+                scale = mad + MC_GRPO_EPS if mad > 0 else _std(rs) + GRPO_EPS
+            elif scale_rewards == "batch":
+                scale = batch_scale
+            else:
+                scale = 1.0
+            for k, lf in enumerate(g.leaves):
+                if g.key in zero or k == med_pos:
+                    a = 0.0
+                else:
+                    a = max(-cap, min(cap, (lf.reward - med) / scale))
+                out[(lf.tree, lf.leaf)] = a
+        return out
+
+    if estimator == "treepo":
+        raw: dict[tuple[int, int], float] = {}
+        for g in groups:
+            m0 = _mean(g.rewards)
+            for lf in g.leaves:
+                tree = trees[lf.tree]
+                terms = [lf.reward - m0]
+                for nid in tree.path(lf.leaf)[:-1]:  # j = 1 .. k-1 (the leaf itself is a singleton)
+                    sub = tree.leaves_under(nid)
+                    if len(sub) > 1:
+                        terms.append(lf.reward - _mean([float(tree.nodes[s].reward) for s in sub]))
+                raw[(lf.tree, lf.leaf)] = 0.0 if g.key in zero else _mean(terms)
+        live = [g for g in groups if g.key not in zero]
+        if scale_rewards == "none":
+            return raw
+        scopes = [live] if scale_rewards == "batch" else [[g] for g in live]
+        out = {k: 0.0 for k in raw}
+        for scope in scopes:
+            ids = [(lf.tree, lf.leaf) for g in scope for lf in g.leaves]
+            w = [lf.n_tokens for g in scope for lf in g.leaves]
+            for k, v in zip(ids, _whiten([raw[k] for k in ids], w)):
+                out[k] = v
+        return out
+
+    if estimator == "tree_grpo":
+        for g in groups:
+            rs = g.rewards
+            if scale_rewards == "group":
+                s_prompt = _std(rs) + TREE_GRPO_EPS
+            elif scale_rewards == "batch":
+                s_prompt = batch_std + TREE_GRPO_EPS
+            else:
+                s_prompt = 1.0
+            m_prompt = _mean(rs)
+            # tree level: each RolloutTree when several share the key, else the subtrees under root children
+            tree_of: dict[tuple[int, int], tuple[int, int]] = {}
+            if len(g.trees) > 1:
+                for lf in g.leaves:
+                    tree_of[(lf.tree, lf.leaf)] = (lf.tree, 0)
+            else:
+                for lf in g.leaves:
+                    tree_of[(lf.tree, lf.leaf)] = (lf.tree, trees[lf.tree].path(lf.leaf)[0])
+            members: dict[tuple[int, int], list[float]] = {}
+            for lf in g.leaves:
+                members.setdefault(tree_of[(lf.tree, lf.leaf)], []).append(lf.reward)
+            for lf in g.leaves:
+                if g.key in zero:
+                    out[(lf.tree, lf.leaf)] = 0.0
+                    continue
+                trs = members[tree_of[(lf.tree, lf.leaf)]]
+                if len(trs) < 2:
+                    z_tree = 0.0
+                else:
+                    if scale_rewards == "group":
+                        s_tree = _std(trs) + TREE_GRPO_EPS
+                    elif scale_rewards == "batch":
+                        s_tree = batch_std + TREE_GRPO_EPS
+                    else:
+                        s_tree = 1.0
+                    z_tree = (lf.reward - _mean(trs)) / s_tree
+                out[(lf.tree, lf.leaf)] = (lf.reward - m_prompt) / s_prompt + z_tree
+        return out
+
+    raise AssertionError(estimator)  # pragma: no cover
+
+
+def _treerl_segment_values(
+    scale_rewards: str, groups: list[_Group], trees: Sequence[RolloutTree], zero: set[str]
+) -> dict[int, dict[int, float]]:
+    """TreeRL per-segment values: tree index -> node id -> value."""
+    all_rewards = [lf.reward for g in groups for lf in g.leaves]
+    batch_std = _std(all_rewards)
+    values: dict[int, dict[int, float]] = {}
+    for g in groups:
+        rs = g.rewards
+        v_root = _mean(rs)
+        scale = {"group": _std(rs) + GRPO_EPS, "batch": batch_std + GRPO_EPS, "none": 1.0}[scale_rewards]
+        for ti in g.trees:
+            tree = trees[ti]
+            # V(s) and |L(s)| from the leaf rewards (independent of TreeNode.update_stats having run)
+            rsum = [0.0] * len(tree.nodes)
+            cnt = [0] * len(tree.nodes)
+            for lid in tree.leaves():
+                r = float(tree.nodes[lid].reward)
+                cur: int | None = lid
+                while cur is not None:
+                    rsum[cur] += r
+                    cnt[cur] += 1
+                    cur = tree.nodes[cur].parent
+            vals: dict[int, float] = {}
+            for node in tree.nodes[1:]:
+                s = node.node_id
+                if g.key in zero or cnt[s] == 0:
+                    vals[s] = 0.0
+                    continue
+                v_s = rsum[s] / cnt[s]
+                p = node.parent
+                v_p = rsum[p] / cnt[p] if cnt[p] else v_root
+                vals[s] = ((v_s - v_root) + (v_s - v_p)) / math.sqrt(cnt[s]) / scale
+            values[ti] = vals
+    return values
+
+
+def compute_advantages(
+    trees: Sequence[RolloutTree],
+    estimator: str,
+    scale_rewards: str = "group",
+    group_key: Callable[[RolloutTree], str] | None = None,
+) -> AdvantageResult:
+    """Turn scored rollout trees into per-token advantages.
+
+    Args:
+        trees: rollout trees whose leaves all carry a verified ``reward`` (float). Trees with the same
+            group key (default: same TaskRef) form one prompt group. A tree without leaves contributes nothing.
+        estimator: one of ``ESTIMATORS``: ``"grpo"``, ``"mc_grpo"``, ``"treepo"``, ``"tree_grpo"``, ``"treerl"``
+            (formulas and sources in the module docstring).
+        scale_rewards: ``"group"``, ``"batch"`` or ``"none"``: the scope of the scale divisor (module docstring).
+        group_key: maps a tree to its group key; default ``tree.task.key()``.
+
+    Returns:
+        :class:`AdvantageResult` with per-tree ``{leaf id: [advantage per completion token]}``, the dropped
+        leaves, the zero-variance groups and summary statistics.
+
+    Raises:
+        ValueError: unknown ``estimator`` / ``scale_rewards``; a leaf without a reward or with a non-finite one.
+        TypeError: an element of ``trees`` is not a RolloutTree.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected one of {', '.join(SCALE_REWARDS)}")
+    keyf = group_key or (lambda t: t.task.key())
+    groups, keys = _collect(trees, keyf)
+    groups = [g for g in groups if g.leaves]
+    zero = {g.key for g in groups if _is_zero_variance(g.rewards)}
+    dropped: list[set[int]] = [set() for _ in trees]
+    advantages: list[dict[int, list[float]]] = [{} for _ in trees]
+
+    if estimator == "treerl":
+        seg = _treerl_segment_values(scale_rewards, groups, trees, zero)
+        for g in groups:
+            for lf in g.leaves:
+                vals = seg[lf.tree]
+                advantages[lf.tree][lf.leaf] = [vals[s] for s in trees[lf.tree].token_segments(lf.leaf)]
+    else:
+        leaf_adv = _leaf_level(estimator, scale_rewards, groups, trees, zero, dropped)
+        for g in groups:
+            for lf in g.leaves:
+                advantages[lf.tree][lf.leaf] = [leaf_adv[(lf.tree, lf.leaf)]] * lf.n_tokens
+
+    all_rewards = [lf.reward for g in groups for lf in g.leaves]
+    tok = [
+        a
+        for g in groups
+        if g.key not in zero
+        for lf in g.leaves
+        if lf.leaf not in dropped[lf.tree]
+        for a in advantages[lf.tree][lf.leaf]
+    ]
+    return AdvantageResult(
+        estimator=estimator,
+        scale_rewards=scale_rewards,
+        advantages=advantages,
+        dropped=dropped,
+        group_keys=keys,
+        zero_variance_groups=zero,
+        num_groups=len(groups),
+        num_leaves=len(all_rewards),
+        reward_mean=_mean(all_rewards),
+        reward_std=_std(all_rewards),
+        advantage_mean=_mean(tok),
+        advantage_std=_std(tok),
+    )
