@@ -1,0 +1,30 @@
+"""Task sources (reasoning-gym, JSONL), TaskRef, verifiers and the task mix.
+
+Public API::
+
+    TaskRef, Task, TaskSource, config_digest          # shared contract (base.py)
+    ReasoningGymSource(name, config, size)            # rg:<name>
+    JsonlSource(path, name=None), JsonlFormatError    # jsonl:<sha256>
+    TaskMix(sources, weights, ...), TaskMix.from_config(cfg.tasks, base_dir)
+    extract_answer, format_reward, math_verify_score  # verifiers (never raise)
+"""
+
+from swarmnode.tasks.base import Task, TaskRef, TaskSource, config_digest
+from swarmnode.tasks.jsonl_source import JsonlFormatError, JsonlSource
+from swarmnode.tasks.mix import TaskMix
+from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
+from swarmnode.tasks.verifiers import extract_answer, format_reward, math_verify_score
+
+__all__ = [
+    "Task",
+    "TaskRef",
+    "TaskSource",
+    "config_digest",
+    "ReasoningGymSource",
+    "JsonlSource",
+    "JsonlFormatError",
+    "TaskMix",
+    "extract_answer",
+    "format_reward",
+    "math_verify_score",
+]
