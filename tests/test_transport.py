@@ -1,0 +1,205 @@
+"""Bundle transport over real hivemind P2P streams (p2pd on loopback), including hostile peers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from swarmnode.swarm.dht import SwarmDHT
+from swarmnode.swarm.transport import _FOUND, _HEADER_LEN, BundleServer, BundleStore, FetchResult, sha256_hex
+
+SWARM = "transport-swarm"
+
+
+# --------------------------------------------------------------------------- BundleStore (pure)
+def test_store_lru_by_total_bytes():
+    store = BundleStore(max_total_bytes=10, max_item_bytes=6)
+    d1 = store.put(b"aaaa")  # 4 bytes
+    d2 = store.put(b"bbbb")  # 8 bytes in total
+    assert d1 == sha256_hex(b"aaaa") == "61be55a8e2f6b4e172338bddf184d6dbee29c98853e0a0485ecee7f27b9af0b4"
+    assert store.get(d1) == b"aaaa"  # d1 is now the most recently used
+    d3 = store.put(b"cccc")  # 12 > 10: evict the least recently used (d2)
+    assert d2 not in store and d1 in store and d3 in store
+    assert store.total_bytes == 8 and len(store) == 2
+    assert store.put(b"aaaa") == d1 and store.total_bytes == 8  # duplicate: no growth
+    d4 = store.put(b"dddddd")  # order was (d3, d1); 8 + 6 = 14 > 10 evicts d3 only: 4 + 6 = 10 fits
+    assert d3 not in store and d1 in store and d4 in store and store.total_bytes == 10
+    with pytest.raises(ValueError, match="max_item_bytes"):
+        store.put(b"x" * 7)
+    with pytest.raises(ValueError, match="not the given digest"):
+        store.put(b"abc", digest="0" * 64)
+    with pytest.raises(TypeError, match="bytes"):
+        store.put("text")
+    with pytest.raises(ValueError, match="max_item_bytes <= max_total_bytes"):
+        BundleStore(max_total_bytes=5, max_item_bytes=6)
+
+
+def test_store_eviction_order_hand_computed():
+    store = BundleStore(max_total_bytes=10, max_item_bytes=10)
+    a, b, c = store.put(b"a" * 3), store.put(b"b" * 3), store.put(b"c" * 3)  # 9 bytes
+    store.get(a)  # order (LRU first): b, c, a
+    d = store.put(b"d" * 4)  # 9 + 4 = 13 > 10: evict b (LRU), then 6 + 4 = 10 fits
+    assert b not in store and a in store and c in store and d in store
+    assert store.total_bytes == 10
+
+
+# --------------------------------------------------------------------------- hostile server (real peer)
+class HostileServer(BundleServer):
+    """A real peer on the swarm that misbehaves on purpose: ``mode`` is "lie", "hang" or "overclaim"."""
+
+    mode = "lie"
+
+    def _lookup(self, digest):
+        return b"these are not the bytes you asked for"
+
+    async def _serve(self, reader, writer):
+        if self.mode == "lie":  # the honest protocol, serving _lookup's wrong bytes
+            return await super()._serve(reader, writer)
+        await reader.readexactly(36)
+        if self.mode == "hang":  # accept the stream, read the request, never answer
+            await asyncio.sleep(3600)
+        elif self.mode == "overclaim":  # claim a 1 GiB body and start streaming garbage
+            writer.write(_FOUND + (1 << 30).to_bytes(_HEADER_LEN, "big"))
+            for _ in range(64):
+                writer.write(b"\0" * 65536)
+                await writer.drain()
+        elif self.mode == "short":  # claim 1000 bytes, send 10, close
+            writer.write(_FOUND + (1000).to_bytes(_HEADER_LEN, "big") + b"0123456789")
+            await writer.drain()
+
+
+def _node(**kw) -> SwarmDHT:
+    kw.setdefault("swarm_ids", [SWARM])
+    kw.setdefault("call_timeout", 5.0)
+    kw.setdefault("health_interval", 0.5)
+    kw.setdefault("join_backoff", (0.5, 2.0))
+    return SwarmDHT(Ed25519PrivateKey.generate(), **kw)
+
+
+@pytest.fixture(scope="module")
+def net():
+    a = _node()
+    b = _node(initial_peers=a.visible_maddrs())
+    h = _node(initial_peers=a.visible_maddrs())
+    sa, sb = BundleServer(a), BundleServer(b, max_concurrent_fetches=2)
+    sh = HostileServer(h)
+    yield {"a": a, "b": b, "h": h, "sa": sa, "sb": sb, "sh": sh}
+    for server in (sh, sb, sa):
+        server.close()
+    for node in (h, b, a):
+        node.shutdown()
+
+
+@pytest.mark.slow
+def test_fetch_between_nodes_and_gossip(net):
+    a, sa, sb, b = net["a"], net["sa"], net["sb"], net["b"]
+    body = os.urandom(1_500_000)  # several 64 KiB chunks, above hivemind's unary message sizes
+    digest = sa.put(body)
+    assert digest == sha256_hex(body)
+    contact = a.contact()
+    assert contact.peer_id == a.peer_id == sa.peer_id and contact.maddrs[0].endswith("/p2p/" + a.peer_id)
+    result = sb.fetch_result(contact.peer_id, digest, timeout=20, maddrs=contact.maddrs)
+    assert result.reason == "ok" and result.body == body and result.nbytes == len(body)
+    assert digest in sb.store  # re-served from now on (gossip)
+    # A forgets it; A gets it back from B, who only had it because it fetched it
+    sa.store = BundleStore()
+    assert sa.fetch(b.peer_id, digest, timeout=20) == body
+    # unknown digest
+    missing = sb.fetch_result(a.peer_id, "ab" * 32, timeout=10)
+    assert missing == FetchResult(None, "not_found", a.peer_id, 0)
+    # own bundle: served locally
+    assert sb.fetch(b.peer_id, digest, timeout=5) == body
+    # several at once through the bounded pool (max_concurrent_fetches=2)
+    bodies = [os.urandom(1000 + i) for i in range(5)]
+    digests = [sa.put(x) for x in bodies]
+    results = sb.fetch_many([(a.peer_id, d) for d in digests], timeout=20)
+    assert [r.body for r in results] == bodies
+    assert sb.counters["fetch_ok"] == 7  # first fetch + own bundle + 5 in the batch
+    assert sa.counters["fetch_ok"] == 1
+    deadline = time.monotonic() + 10  # the server counts a serve after its last drain, maybe after the client
+    while time.monotonic() < deadline and sa.counters["served"] < 6:
+        time.sleep(0.05)
+    assert sa.counters["served"] == 6
+
+
+@pytest.mark.slow
+def test_oversized_body_is_aborted_before_reading(net):
+    a, sa, sb = net["a"], net["sa"], net["sb"]
+    body = os.urandom(300_000)
+    digest = sa.put(body)
+    result = sb.fetch_result(a.peer_id, digest, timeout=10, max_bytes=100_000)
+    assert result.reason == "too_large" and result.body is None and result.nbytes == 0
+    assert digest not in sb.store
+    # a peer that declares 1 GiB and streams garbage is cut off at the header as well
+    net["sh"].mode = "overclaim"
+    result = sb.fetch_result(net["h"].peer_id, digest, timeout=10, max_bytes=100_000)
+    assert result.reason == "too_large" and result.nbytes == 0
+
+
+@pytest.mark.slow
+def test_digest_mismatch_and_truncation_are_rejected(net):
+    sb, h, sh = net["sb"], net["h"], net["sh"]
+    wanted = sha256_hex(b"the real bundle")
+    sh.mode = "lie"
+    result = sb.fetch_result(h.peer_id, wanted, timeout=10)
+    assert result.reason == "digest_mismatch" and result.body is None
+    assert result.nbytes == len(b"these are not the bytes you asked for")
+    assert wanted not in sb.store and sha256_hex(b"these are not the bytes you asked for") not in sb.store
+    sh.mode = "short"
+    result = sb.fetch_result(h.peer_id, wanted, timeout=10)
+    assert result.reason == "truncated" and result.nbytes == 10
+
+
+@pytest.mark.slow
+def test_silent_peer_times_out_instead_of_hanging(net):
+    sb, h, sh = net["sb"], net["h"], net["sh"]
+    sh.mode = "hang"
+    result = sb.fetch_result(h.peer_id, "cd" * 32, timeout=1.5)
+    assert result == FetchResult(None, "timeout", h.peer_id, 0)
+    # a batch larger than the pool (2 slots), all silent: every one times out, none hangs
+    results = sb.fetch_many([(h.peer_id, f"{i:064x}") for i in range(3)], timeout=1.5)
+    assert [r.reason for r in results] == ["timeout"] * 3
+    # the client is still usable afterwards
+    body = b"still fine"
+    digest = net["sa"].put(body)
+    assert sb.fetch(net["a"].peer_id, digest, timeout=10) == body
+    sh.mode = "lie"
+
+
+@pytest.mark.slow
+def test_fetch_argument_errors(net):
+    sb = net["sb"]
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        sb.fetch(net["a"].peer_id, "ABC", timeout=1)
+    with pytest.raises(ValueError, match="PeerID"):
+        sb.fetch("not-a-peer-id", "ab" * 32, timeout=1)
+    with pytest.raises(ValueError, match="timeout"):
+        sb.fetch(net["a"].peer_id, "ab" * 32, timeout=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        sb.fetch(net["a"].peer_id, "ab" * 32, timeout=1, max_bytes=0)
+    with pytest.raises(ValueError, match="peer id"):
+        sb.fetch(net["a"].peer_id, "ab" * 32, timeout=1, maddrs=["/ip4/127.0.0.1/tcp/5"])
+
+
+@pytest.mark.slow
+def test_server_survives_dht_restart(net):
+    a, b, sa, sb = net["a"], net["b"], net["sa"], net["sb"]
+    body = b"bundle served across a restart"
+    digest = sb.put(body)
+    old_peer, old_pid = b.peer_id, b.pid
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline and not (b.generation >= 2 and b.is_alive and sb.is_attached):
+        time.sleep(0.2)
+    assert b.is_alive and b.generation >= 2 and b.peer_id != old_peer and sb.is_attached
+    # the handler was re-registered on the new daemon; the store (host process) survived
+    result = sa.fetch_result(b.peer_id, digest, timeout=20)
+    assert result.body == body, result
+    # and B can fetch again too
+    other = sa.put(b"from a after b restarted")
+    assert sb.fetch(a.peer_id, other, timeout=20) == b"from a after b restarted"
