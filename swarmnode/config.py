@@ -146,8 +146,9 @@ class SwarmConfig(_Strict):
     announce_maddrs: list[str] = Field(default_factory=list)
     identity_path: str | None = Field(None, description="Ed25519 PEM key; None = <home>/identity.pem")
     allowlist: list[str] = Field(default_factory=list, description="hex public keys; empty = open swarm")
-    num_local: int = Field(4, ge=0, description="SAPO I: local samples (groups) per step")
-    num_external: int = Field(4, ge=0, description="SAPO J: external samples (groups) per step")
+    num_external: int = Field(
+        4, ge=0, description="SAPO J: external groups per step (SAPO I, the local groups, is sampling.prompts_per_step)"
+    )
     max_external_share: float = Field(0.5, ge=0, le=1, description="cap on the external share of a batch")
     max_peer_share: float = Field(0.5, gt=0, le=1, description="cap on one peer's share of external samples")
     selection: Literal["random", "contrast"] = "contrast"
@@ -165,6 +166,7 @@ class SwarmConfig(_Strict):
     tis_cap: float = Field(2.0, gt=1)
     max_external_completion_length: int | None = Field(None, ge=1)
     external_length_policy: Literal["drop", "truncate"] = "drop"
+    rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")
     ban_seconds: float = Field(600.0, gt=0)
 

@@ -36,7 +36,8 @@ from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.mix import TaskMix
 from swarmnode.train.batch import samples_from_trees
-from swarmnode.train.checkpoint import load_latest_checkpoint, restore_rng, save_checkpoint
+from swarmnode.train.external import ExternalTree, compose_batch, make_token_weight_fn, process_external
+from swarmnode.train.checkpoint import load_latest_checkpoint, load_training_state, restore_rng, save_checkpoint
 from swarmnode.train.samples import Sample
 from swarmnode.train.trainer import Trainer
 
@@ -49,8 +50,10 @@ class SwarmHook(Protocol):
     def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
         """Publish scored local trees; returns metrics. Never raises on network trouble."""
 
-    def gather(self, step: int, policy_version: int) -> tuple[list[Sample], dict[str, Any]]:
-        """Return verified, source-processed external samples for this step, and metrics."""
+    def gather(self, step: int, policy_version: int) -> tuple[list[ExternalTree], dict[str, Any]]:
+        """Return peers' trees accepted by the verification pipeline (leaf rewards are OUR re-scores), and metrics.
+
+        Never raises on network trouble or hostile input; rejected input is counted, never returned."""
 
     def close(self) -> None: ...
 
@@ -92,7 +95,7 @@ class Node:
         ckpt = load_latest_checkpoint(self.run_dir)
         model_cfg = cfg.model
         if ckpt is not None:
-            model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.path)})
+            model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.model_path)})
         self.policy: Policy = load_policy(model_cfg)
         self.base_model_id = self.policy.model_id
         ref_model = None
@@ -105,14 +108,18 @@ class Node:
             max_completion_length=cfg.sampling.max_completion_length,
             total_steps=max(cfg.steps, 1),
             ref_model=ref_model,
+            temperature=cfg.sampling.temperature,
+            pad_token_id=self.policy.tokenizer.pad_token_id or 0,
         )
-        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         if ckpt is not None:
             self.step = int(ckpt.step)
-            self.trainer.load_state(ckpt)
-            restore_rng(ckpt, generator=self.generator)
+            load_training_state(ckpt, self.trainer.optimizer, self.trainer.scheduler)
+            self.trainer.step_count = self.step
+            restore_rng(ckpt)
             self.tokens_generated = int(ckpt.extra.get("tokens_generated", 0))
+            self.base_model_id = str(ckpt.extra.get("base_model_id", self.base_model_id))
             log.info("resumed from %s at step %d", ckpt.path, self.step)
+        self.token_weight_fn = make_token_weight_fn(cfg.swarm)
         self.resumed_from = ckpt.path if ckpt is not None else None
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
@@ -123,6 +130,10 @@ class Node:
         random.seed(seed)
         np.random.seed(seed % (2**32))
         torch.manual_seed(seed)
+
+    def step_generator(self, step: int) -> torch.Generator:
+        """The sampling RNG of ``step``: a pure function of (seed, step), so a resumed run samples as an uninterrupted one."""
+        return torch.Generator(device="cpu").manual_seed((self.cfg.seed * 1_000_003 + step) % (2**63))
 
     def prompt_for(self, task: Task) -> str:
         """The prompt text of a task (the tokenizer's chat template when it has one)."""
@@ -153,7 +164,7 @@ class Node:
                 [self._prompt_spec(t) for t in tasks],
                 cfg.sampling,
                 policy_version=step,
-                generator=self.generator,
+                generator=self.step_generator(step),
             )
         for tr in trees:
             tr.model_id, tr.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
@@ -173,24 +184,44 @@ class Node:
         self.tokens_generated += gen_tokens
 
         # 4. publish, 5. gather (swarm only)
-        external: list[Sample] = []
+        candidates: list[ExternalTree] = []
         if self.swarm is not None:
             with self.timer.phase("gossip"):
                 m.update(self.swarm.publish(trees, step, policy_version=step))
             with self.timer.phase("verify"):
-                external, sm = self.swarm.gather(step, policy_version=step)
+                candidates, sm = self.swarm.gather(step, policy_version=step)
                 m.update(sm)
 
-        # 6. process: local advantages from local trees; external samples arrive already processed per source
+        # 6. process: local advantages from the local trees; each external group normalized within its own
+        #    source (peer, task), length-controlled, and capped in share (train/external.py)
         adv = compute_advantages(trees, cfg.train.advantage_estimator, cfg.train.scale_rewards)
         local = samples_from_trees(
-            trees, adv, source="local", drop_zero_variance=cfg.train.drop_zero_variance_groups
+            trees,
+            adv,
+            source="local",
+            drop_zero_variance=cfg.train.drop_zero_variance_groups,
+            mask_truncated=cfg.train.mask_truncated_completions,
         )
-        batch = local + external
+        external: list[Sample] = []
+        if candidates:
+            external, em = process_external(
+                candidates,
+                cfg.swarm,
+                current_version=step,
+                our_model_id=self.base_model_id,
+                our_tokenizer_id=self.policy.tokenizer_id,
+                local_rewards_by_task={t.task.key(): t.leaf_rewards() for t in trees},
+                scale_rewards=cfg.train.scale_rewards,
+                rng=random.Random(cfg.seed * 7_919 + step),
+            )
+            m.update(em)
+        batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
+        external_used = [s for s in batch if not s.is_local]
+        m.update(bm)
 
         # 7. update
         with self.timer.phase("train"):
-            tm = self.trainer.step(batch)
+            tm = self.trainer.step(batch, token_weight_fn=self.token_weight_fn if external_used else None)
         self.step += 1
 
         if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.steps:
@@ -205,9 +236,9 @@ class Node:
                 "format": fmt / max(n_leaves, 1),
                 "leaves": n_leaves,
                 "groups": adv.num_groups,
-                "zero_variance_groups": adv.zero_variance_groups,
+                "zero_variance_groups": adv.num_zero_variance_groups,
                 "samples_local": len(local),
-                "samples_external": len(external),
+                "samples_external": len(external_used),
                 "tokens_generated": gen_tokens,
                 "tokens_total": self.tokens_generated,
                 "tokens_per_s": gen_tokens / max(phases.get("sample", 0.0), 1e-9),
@@ -252,7 +283,6 @@ class Node:
             self.trainer.scheduler,
             config_yaml=dump_config(self.cfg),
             extra={"tokens_generated": self.tokens_generated, "base_model_id": self.base_model_id},
-            generator=self.generator,
             keep_last=self.cfg.checkpoint.keep_last,
         )
 

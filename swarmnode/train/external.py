@@ -873,3 +873,37 @@ def process_external(
     )
     m.update(sm)
     return samples, m
+
+
+def make_token_weight_fn(swarm_cfg: Any, stats: dict[str, Any] | None = None):
+    """A ``Trainer.step`` ``token_weight_fn`` applying ``swarm.off_policy`` to external rows only.
+
+    Local rows keep weight 1 (their normal clipped ratio); each external row gets
+    :func:`off_policy_token_weights` under ``swarm_cfg.off_policy`` (``luffy_gamma``, ``tis_cap``), with its
+    behaviour log-probs when it carries them (``tis`` falls back to ``none`` per row otherwise).
+
+    Returns:
+        ``None`` when the mode is ``none`` (nothing to weight), else a callable
+        ``(micro_batch_samples, logprobs [b,T] detached, old_logprobs [b,T], loss_mask [b,T]) -> weights [b,T]``.
+    """
+    mode = swarm_cfg.off_policy
+    if mode == "none":
+        return None
+
+    def fn(mb, logprobs, old_logprobs, loss_mask):  # noqa: ARG001 - trainer hook signature
+        w = torch.ones_like(logprobs)
+        for i, s in enumerate(mb):
+            if s.is_local:
+                continue
+            T = len(s.completion_ids)
+            lp = logprobs[i : i + 1, :T]
+            beh = None
+            if s.behaviour_logprobs is not None:
+                beh = torch.tensor([s.behaviour_logprobs], dtype=logprobs.dtype, device=logprobs.device)
+            wi, _ = off_policy_token_weights(
+                lp, beh, mode, gamma=swarm_cfg.luffy_gamma, cap=swarm_cfg.tis_cap, stats=stats
+            )
+            w[i, :T] = wi[0]
+        return w
+
+    return fn

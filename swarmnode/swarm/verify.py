@@ -1,0 +1,857 @@
+"""Trust nothing: the layered verification of manifests and bundles from peers (design.md §6).
+
+Every byte from the network is hostile until proven otherwise. :class:`Verifier` runs the checks cheapest
+first and stops at the first failure, raising :class:`Rejection` (the only exception that leaves
+:meth:`Verifier.verify_manifest` / :meth:`Verifier.verify_bundle`) after charging it to a peer in the
+:class:`~swarmnode.swarm.peers.PeerBook`. The order follows design.md §6 and the staged verifiers in
+references.md §5 (grail's pipeline: schema -> tokens -> prompt -> environment re-run -> reward within
+abs 1e-6; prime-rl: re-derive what the task was, never take it from the worker):
+
+====  =========================================================  ==============================================
+step  check                                                      reason (hard/soft)
+====  =========================================================  ==============================================
+ 0    peer banned / rate limit (token bucket), before any work   ``banned``, ``rate_limited`` (not charged)
+ 1    input is bytes; ``len <= swarm.max_bundle_bytes``          ``malformed``, ``too_large`` (soft)
+ 1b   fetched bytes vs their manifest: size and SHA-256          ``manifest_mismatch`` (hard, to the sender)
+ 1c   exact bytes seen before (bounded TTL set of digests)       ``duplicate`` (soft)
+ 2    envelope: msgpack limits, schema, version, canonical      wire reasons (soft, to the sender)
+ 3    Ed25519 signature; DHT record owner == manifest signer     ``bad_signature`` (hard, to the sender),
+                                                                 ``owner_mismatch`` (hard, to the record owner)
+ 4    allowlist (private swarm), before the body is parsed       ``not_allowed`` (soft)
+ 2'   body: msgpack limits, schema, shape, vocab, canonical      wire reasons (hard, to the signer: the
+                                                                 signature proves the bytes are its own)
+ 3'   decoded bundle == its manifest                             ``manifest_mismatch`` (hard)
+ 4'   swarm id; protocol version (wire)                          ``wrong_swarm`` (soft), ``bad_version`` (soft)
+ 5    ``now - skew - freshness <= t <= now + skew``              ``stale``, ``future`` (soft; a stale
+                                                                 *manifest* is not charged: old records
+                                                                 stay in the DHT until they expire)
+ 6    every TaskRef in this swarm's training task set            ``foreign_task`` (hard)
+      at most ``max_seeds_per_source`` dataset seeds per source  ``too_large`` (soft)
+      token ids < our vocab size when the tokenizer id is ours   ``vocab`` (hard)
+      tokenizer differs and no re-tokenizer                      ``tokenizer_mismatch`` (not charged)
+      task regenerated; its question is inside the prompt text   ``prompt_mismatch`` (soft)
+      tree content seen before (copy / re-publication)           ``replay`` (soft; the tree is dropped)
+      leaf text bounded (chars per leaf and per bundle)          ``too_large`` (soft)
+      text == detokenize(ids) (same tokenizer, when given)       ``text_mismatch`` (soft)
+      EVERY leaf re-scored with ``tasks.score_detail``           ``reward_mismatch`` (hard, whole bundle)
+      re-scoring within ``verify_budget_s``                      ``verify_timeout`` (soft)
+====  =========================================================  ==============================================
+
+Hard rejections are strikes towards a ban (``swarm.ban_after``); soft ones lower the reputation only.
+
+Attribution
+-----------
+Before a signature verifies, nothing proves who made the bytes: failures are charged to the peer that
+delivered them (``sender``, the transport-level id the caller passes; for a manifest the DHT record owner,
+whom the DHT record signature authenticates), or to :data:`~swarmnode.swarm.peers.UNATTRIBUTED` when
+unknown. Only ``bad_signature`` is hard there (an honest relay forwards bytes unchanged, so it never
+delivers a forged signature); other envelope failures are soft (a broken transfer looks the same). For a
+manifest, whose bytes the record owner signed inside its DHT record, ``malformed``, ``schema`` and
+``non_canonical`` are hard too. Once the signature verifies, everything wrong *inside* the body is the
+signer's and hard. Context failures that a relay could cause by replaying someone else's signed bytes
+(``wrong_swarm``, ``stale``, ``future``, ``duplicate``, ``not_allowed``) are soft and charged to the
+sender when known, else to the signer.
+
+Claimed rewards (step 6)
+------------------------
+A claimed reward is compared with **our** re-score of the leaf's completion text
+(``tasks.score_detail(task, text) -> {"correct", "format", "reward"}``). The format bonus weight is a
+local setting (``tasks.format_reward``), so the claim is checked up to one unknown weight ``w ∈ [0, 1]``
+per bundle: a leaf with ``format == 0`` must claim ``correct`` (abs tol :data:`REWARD_TOL` = 1e-6, as
+grail's reward stage); leaves with ``format == 1`` must claim ``correct + w`` with the **same** ``w`` for
+the whole bundle (within ``2·tol``). Anything else is ``reward_mismatch``, a hard rejection of the whole
+bundle. A leaf without a claim (``r = nil``, e.g. a pruned leaf) is re-scored like every other leaf.
+Accepted trees carry **our** rewards (``correct + our format_reward · format``), never the claims.
+
+The prompt check
+----------------
+We cannot rebuild the peer's prompt (we do not know its chat template or system prompt), so we check
+that the regenerated question text is contained in the prompt text (and, with ``detokenize`` and the same
+tokenizer, in ``detokenize(prompt_ids)``). It is soft: an honest node that left-truncates a long prompt
+fails it too.
+
+Token ids
+---------
+With the tokenizer id equal to ours, ids must be ``< our_vocab_size`` (hard ``vocab``); with ``detokenize``
+given, each leaf's ``detokenize(completion ids)`` must equal its text (``text_mismatch``), so the reward we
+compute belongs to the ids we train on. **Without** ``detokenize`` the ids are trusted to match the text.
+With another tokenizer, the prompt text and every segment text are re-tokenized with ``retokenize`` (tree
+structure kept), behaviour log-probs are dropped and ``same_tokenizer`` is False. Staleness by signed policy
+version is left to selection (``VerifiedTree.policy_version`` carries it).
+
+Bounds
+------
+Bytes are capped before decoding; msgpack runs with explicit limits (wire); seen-digest sets are bounded
+(capacity and TTL ``freshness + 2·skew``, after which the freshness check rejects a replay anyway); leaf
+texts are length-checked (prefix sums) before any concatenation; at most ``max_seeds_per_source`` dataset
+seeds are regenerated per source and bundle; re-scoring stops after ``verify_budget_s`` (checked between
+leaves; each reasoning-gym ``score_answer`` is itself bounded by ``SIGALRM`` on the **main thread** only:
+call the verifier from the main thread or a worker process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.swarm import wire
+from swarmnode.swarm.identity import peer_id_from_public_key
+from swarmnode.swarm.peers import UNATTRIBUTED, LogLimiter, PeerBook
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "REASONS",
+    "HARD_REASONS",
+    "SOFT_REASONS",
+    "UNCHARGED_REASONS",
+    "REWARD_TOL",
+    "Rejection",
+    "VerifiedTree",
+    "Verifier",
+    "tree_digest",
+    "verify_many",
+]
+
+REWARD_TOL = 1e-6
+"""Absolute tolerance between a claimed reward and our re-score (grail's reward stage: abs 1e-6)."""
+
+REASONS: dict[str, str] = {
+    # wire reasons (protocol/SPEC.md §6)
+    "too_large": "beyond a byte, count or length limit (ours or the protocol's)",
+    "malformed": "not exactly one msgpack value (truncated, trailing bytes, bad UTF-8, ext, not bytes)",
+    "non_canonical": "valid msgpack but not the canonical encoding",
+    "schema": "wrong type, missing or unknown key, integer out of range, unknown enum value",
+    "bad_version": "protocol version not supported, or body version != envelope version",
+    "bad_kind": "not the message kind asked for",
+    "bad_signature": "the Ed25519 signature does not verify",
+    "key_mismatch": "the body's publisher key is not the envelope signer's",
+    "vocab": "a token id >= the declared vocabulary size, or >= ours when the tokenizer id is ours",
+    "tree_shape": "root rules, parent order, leaf/inner fields, depth or leaf caps",
+    "numeric": "NaN/inf, a positive log-prob, a reward or time outside its range",
+    "manifest_mismatch": "fetched bytes or decoded contents differ from the manifest that announced them",
+    # verifier reasons
+    "owner_mismatch": "the manifest's signer is not the owner of the DHT record that holds it",
+    "wrong_swarm": "the message is for another swarm id",
+    "not_allowed": "the signer is not in this private swarm's allowlist",
+    "stale": "created more than freshness_seconds (+ clock skew) ago",
+    "future": "created more than max_clock_skew seconds in the future",
+    "duplicate": "the exact bytes were seen before",
+    "replay": "a tree whose content was already accepted (re-published or copied)",
+    "foreign_task": "a TaskRef outside this swarm's training task set (unknown source, held-out, bad seed)",
+    "prompt_mismatch": "the regenerated question is not in the prompt",
+    "reward_mismatch": "a claimed reward differs from our re-score",
+    "tokenizer_mismatch": "another tokenizer and no re-tokenizer configured",
+    "text_mismatch": "a leaf's text is not the detokenized token ids",
+    "retokenize_failed": "re-tokenizing the text into our vocabulary failed",
+    "verify_timeout": "re-scoring ran past the per-bundle time budget",
+    "rate_limited": "the peer exceeded its rate limit (dropped before decoding)",
+    "banned": "the peer is banned (dropped before decoding)",
+    "internal": "a bug in the verifier (never the peer's fault)",
+}
+"""Every reason code a :class:`Rejection` can carry, with its meaning."""
+
+HARD_REASONS = frozenset({
+    "bad_signature", "key_mismatch", "vocab", "tree_shape", "numeric", "manifest_mismatch", "owner_mismatch",
+    "foreign_task", "reward_mismatch",
+})
+"""Reasons that are always hard (strikes towards a ban). ``schema``, ``malformed``, ``non_canonical``,
+``too_large`` and ``bad_version`` are hard when found inside a signed body (or a manifest inside its owner's
+signed DHT record) and soft in an unsigned envelope (``too_large`` from our own byte caps is always soft)."""
+
+SOFT_REASONS = frozenset({
+    "wrong_swarm", "not_allowed", "stale", "future", "duplicate", "replay", "prompt_mismatch", "text_mismatch",
+    "verify_timeout", "bad_kind",
+})
+"""Reasons that are always soft (lower the reputation, never ban)."""
+
+UNCHARGED_REASONS = frozenset({"rate_limited", "banned", "tokenizer_mismatch", "retokenize_failed", "internal"})
+"""Reasons never charged to a peer (counted by the verifier only): the PeerBook already counted the refusal,
+or it is our configuration / our bug."""
+
+_ENVELOPE_HARD = frozenset({"bad_signature"})
+_RECORD_HARD = frozenset({"bad_signature", "malformed", "schema", "non_canonical", "key_mismatch"})
+_BODY_SOFT = frozenset({"bad_kind"})
+
+
+class Rejection(Exception):
+    """A message was rejected; the only exception :class:`Verifier` methods raise.
+
+    Attributes:
+        reason: one of :data:`REASONS`.
+        detail: human-readable explanation (what was expected, what came).
+        peer: the peer id the rejection was charged to (or would have been, for uncharged reasons).
+        hard: True for provable misbehaviour (a strike towards a ban).
+        charged: True when it was recorded in the PeerBook.
+    """
+
+    def __init__(self, reason: str, detail: str, peer: str, hard: bool, charged: bool = True) -> None:
+        super().__init__(reason, detail, peer, hard)
+        self.reason = reason
+        self.detail = detail
+        self.peer = peer
+        self.hard = bool(hard)
+        self.charged = bool(charged)
+
+    def __str__(self) -> str:
+        return f"{self.reason} ({'hard' if self.hard else 'soft'}, peer {self.peer}): {self.detail}"
+
+
+@dataclass
+class VerifiedTree:
+    """One accepted tree, ready for ``train.external.ExternalTree`` (same fields plus provenance).
+
+    Attributes:
+        tree: the :class:`RolloutTree`; every leaf's ``reward`` is **our** re-score, ``task_name`` is set,
+            ``update_stats`` has run. Token ids are in **our** vocabulary (re-tokenized when the producer's
+            tokenizer differs; then ``logprobs`` are empty).
+        peer_id: the signer's printable peer id (``"sn1…"``).
+        publisher_key: the signer's raw 32-byte Ed25519 public key.
+        model_id / tokenizer_id: from the signed bundle header.
+        policy_version: the bundle's signed policy version (for the staleness bound in selection).
+        same_tokenizer: True when the ids are the producer's own (its tokenizer id equals ours).
+        digest: hex SHA-256 of the bundle envelope it came in.
+    """
+
+    tree: RolloutTree
+    peer_id: str
+    publisher_key: bytes
+    model_id: str
+    tokenizer_id: str
+    policy_version: int
+    same_tokenizer: bool
+    digest: str
+
+
+class _TTLSet:
+    """A bounded set with expiry: at most ``capacity`` keys, each forgotten ``ttl`` seconds after insertion."""
+
+    def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
+        self.capacity = max(1, int(capacity))
+        self.ttl = float(ttl)
+        self.clock = clock
+        self._d: OrderedDict[Any, tuple[float, Any]] = OrderedDict()
+
+    def _expire(self, now: float) -> None:
+        while self._d:
+            k, (t, _) = next(iter(self._d.items()))
+            if now - t <= self.ttl and len(self._d) <= self.capacity:
+                break
+            del self._d[k]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        now = self.clock()
+        self._expire(now)
+        item = self._d.get(key)
+        if item is None or now - item[0] > self.ttl:
+            return default
+        return item[1]
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def add(self, key: Any, value: Any = True) -> None:
+        now = self.clock()
+        self._d.pop(key, None)
+        self._d[key] = (now, value)
+        self._expire(now)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def clear(self) -> None:
+        self._d.clear()
+
+
+_MISSING = object()
+_U32 = "I" if array("I").itemsize == 4 else "L"  # a 4-byte unsigned typecode (token ids are < 2^32)
+
+
+def tree_digest(wt: wire.WireTree) -> bytes:
+    """SHA-256 of a tree's content: TaskRef, prompt ids and text, and every node's parent, ids and text.
+
+    Policy versions, log-probs, finish reasons and claimed rewards are left out, so re-publishing the
+    same rollouts with other metadata (or another key) gives the same digest. Local use only (the byte
+    layout is not part of the protocol).
+    """
+    h = hashlib.sha256()
+    h.update(repr(wt.task.to_list()).encode("utf-8", "surrogatepass"))
+    h.update(len(wt.prompt_ids).to_bytes(4, "little"))
+    h.update(array(_U32, wt.prompt_ids).tobytes())
+    h.update(wt.prompt_text.encode("utf-8", "surrogatepass"))
+    for n in wt.nodes:
+        h.update(b"\x00N")
+        h.update((-1 if n.parent is None else n.parent).to_bytes(4, "little", signed=True))
+        h.update(len(n.token_ids).to_bytes(4, "little"))
+        h.update(array(_U32, n.token_ids).tobytes())
+        h.update(len(n.text).to_bytes(4, "little"))
+        h.update(n.text.encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+def _ids_ok(ids: Any, vocab: int) -> bool:
+    return isinstance(ids, list) and all(type(t) is int and 0 <= t < vocab for t in ids)
+
+
+class Verifier:
+    """Layered verification of peers' manifests and bundles (see the module docstring for every step).
+
+    Args:
+        swarm_cfg: the ``swarm`` config (:class:`~swarmnode.config.SwarmConfig`): ``swarm_id``,
+            ``allowlist`` (hex public keys or ``sn1…`` peer ids; empty = open swarm), ``freshness_seconds``,
+            ``max_clock_skew``, ``max_bundle_bytes``, ``ban_after``, ``ban_seconds`` (and
+            ``rate_limit_per_minute`` if the config has it).
+        tasks: the task mix: ``contains(ref) -> bool``, ``get(ref) -> Task``,
+            ``score_detail(task, completion) -> {"correct", "format", "reward"}`` (``tasks.TaskMix``).
+        our_vocab_size: our tokenizer's vocabulary size (int >= 1).
+        our_tokenizer_id: our tokenizer id (a bundle with the same id keeps its token ids).
+        retokenize: ``text -> list[int]`` in our vocabulary, used when a bundle's tokenizer differs; ``None``
+            rejects such bundles (``tokenizer_mismatch``, not charged).
+        peers: the :class:`PeerBook`; default: a new one from ``swarm_cfg``.
+        clock: wall-clock seconds since the epoch (``time.time``); bundle timestamps are compared with it.
+        detokenize: ``list[int] -> str`` of our tokenizer; when given, same-tokenizer leaves must satisfy
+            ``detokenize(completion ids) == completion text`` and the prompt ids must contain the question.
+        max_completion_chars: most characters of one leaf's completion text that we score.
+        max_scored_chars: most completion characters scored per bundle (sum over leaves).
+        max_seeds_per_source: most distinct dataset seeds per task source in one bundle.
+        verify_budget_s: seconds of re-scoring per bundle (checked between leaves).
+        seen_capacity: capacity of each seen-digest set (bundle digests, tree digests, manifest digests).
+        rate_limit_per_minute: used for the default PeerBook when the config has no such field.
+        timer: monotonic seconds for the re-scoring budget (``time.monotonic``).
+
+    Not thread-safe (the seen-digest sets are plain ordered dicts): use one verifier from one thread, the
+    main thread if reasoning-gym's ``SIGALRM`` time limit on each ``score_answer`` should apply.
+
+    Raises:
+        ValueError: an argument out of range.
+    """
+
+    def __init__(
+        self,
+        swarm_cfg: Any,
+        tasks: Any,
+        our_vocab_size: int,
+        our_tokenizer_id: str,
+        retokenize: Callable[[str], list[int]] | None = None,
+        peers: PeerBook | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        detokenize: Callable[[list[int]], str] | None = None,
+        max_completion_chars: int = 64 * 1024,
+        max_scored_chars: int = 8 * 1024 * 1024,
+        max_seeds_per_source: int = 4,
+        verify_budget_s: float = 10.0,
+        seen_capacity: int = 65536,
+        rate_limit_per_minute: float = 120.0,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(our_vocab_size, bool) or not isinstance(our_vocab_size, int) or our_vocab_size < 1:
+            raise ValueError(f"our_vocab_size must be an int >= 1, got {our_vocab_size!r}")
+        if not isinstance(our_tokenizer_id, str):
+            raise ValueError(f"our_tokenizer_id must be a string, got {type(our_tokenizer_id).__name__}")
+        for name, v in (("max_completion_chars", max_completion_chars), ("max_scored_chars", max_scored_chars),
+                        ("max_seeds_per_source", max_seeds_per_source), ("seen_capacity", seen_capacity)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if not (verify_budget_s > 0):
+            raise ValueError(f"verify_budget_s must be > 0, got {verify_budget_s!r}")
+        self.cfg = swarm_cfg
+        self.tasks = tasks
+        self.swarm_id: str = swarm_cfg.swarm_id
+        self.our_vocab_size = our_vocab_size
+        self.our_tokenizer_id = our_tokenizer_id
+        self.retokenize = retokenize
+        self.detokenize = detokenize
+        self.clock = clock
+        self.freshness = float(swarm_cfg.freshness_seconds)
+        self.skew = float(swarm_cfg.max_clock_skew)
+        self.max_bundle_bytes = min(int(swarm_cfg.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
+        self.max_completion_chars = max_completion_chars
+        self.max_scored_chars = max_scored_chars
+        self.max_seeds_per_source = max_seeds_per_source
+        self.verify_budget_s = float(verify_budget_s)
+        self.timer = timer
+        self.allow_keys: set[str] = set()
+        self.allow_peer_ids: set[str] = set()
+        for entry in getattr(swarm_cfg, "allowlist", None) or []:
+            e = str(entry).strip().lower()
+            if e.startswith("sn1"):
+                self.allow_peer_ids.add(e)
+            else:
+                self.allow_keys.add(e)
+        if peers is None:
+            peers = PeerBook(
+                ban_after=int(swarm_cfg.ban_after),
+                ban_seconds=float(swarm_cfg.ban_seconds),
+                rate_limit_per_minute=float(getattr(swarm_cfg, "rate_limit_per_minute", rate_limit_per_minute)),
+                clock=clock,
+            )
+        self.peers = peers
+        ttl = self.freshness + 2.0 * self.skew
+        self._seen_bundles = _TTLSet(seen_capacity, ttl, clock)     # envelope digest -> verdict reason
+        self._seen_trees = _TTLSet(seen_capacity, ttl, clock)       # tree content digest -> True
+        self._seen_manifests = _TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
+        self._internal_log = LogLimiter(10.0)
+        self.stats: dict[str, Any] = {
+            "manifests_accepted": 0, "bundles_accepted": 0, "trees_accepted": 0, "leaves_accepted": 0,
+            "trees_replayed": 0, "retokenized_trees": 0, "rejected": {},
+        }
+
+    # ================================================================== helpers
+    def _reject(self, reason: str, detail: str, peer: str | None, hard: bool, charge: bool = True) -> Rejection:
+        peer = peer or UNATTRIBUTED
+        charge = charge and reason not in UNCHARGED_REASONS
+        if reason in UNCHARGED_REASONS:
+            hard = False
+        if charge:
+            self.peers.record_reject(peer, reason, hard, detail)
+        return Rejection(reason, detail, peer, hard, charged=charge)
+
+    def _count(self, r: Rejection) -> None:
+        rej = self.stats["rejected"]
+        rej[r.reason] = rej.get(r.reason, 0) + 1
+
+    def _allowed_key(self, public_key: bytes) -> bool:
+        if not self.allow_keys and not self.allow_peer_ids:
+            return True
+        return public_key.hex() in self.allow_keys or peer_id_from_public_key(public_key) in self.allow_peer_ids
+
+    def _freshness(self, t: float) -> tuple[str, str] | None:
+        now = self.clock()
+        if t > now + self.skew:
+            return "future", f"created {t - now:.1f} s in the future (allowed clock skew {self.skew:g} s)"
+        if now - t > self.freshness + self.skew:
+            return "stale", (f"created {now - t:.1f} s ago (freshness window {self.freshness:g} s + skew "
+                             f"{self.skew:g} s)")
+        return None
+
+    def seen(self, bundle_digest: bytes | str) -> bool:
+        """True when a bundle with this envelope digest (32 bytes or hex) already got a verdict.
+
+        Nodes call it before fetching a manifest's bundle.
+        """
+        try:
+            d = bytes.fromhex(bundle_digest) if isinstance(bundle_digest, str) else bytes(bundle_digest)
+        except (ValueError, TypeError):
+            return False
+        return d in self._seen_bundles
+
+    def snapshot(self) -> dict:
+        """Verifier counters (accepted manifests/bundles/trees/leaves, rejections by reason) and the PeerBook."""
+        out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.stats.items()}
+        out["seen_bundles"] = len(self._seen_bundles)
+        out["seen_trees"] = len(self._seen_trees)
+        out["peers"] = self.peers.snapshot()
+        return out
+
+    def _guard(self, fn: Callable[[], Any], peer_hint: str) -> Any:
+        try:
+            return fn()
+        except Rejection as r:
+            self._count(r)
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - nothing but Rejection may leave the verifier
+            self._internal_log.log(log, logging.ERROR, "verifier bug on input from %s: %s: %s", peer_hint,
+                                   type(e).__name__, str(e)[:200])
+            r = Rejection("internal", f"{type(e).__name__}: {str(e)[:200]}", peer_hint, False, charged=False)
+            self._count(r)
+            raise r from None
+
+    # ================================================================== manifests
+    def verify_manifest(self, data: bytes, record_owner: bytes | None = None) -> wire.Manifest:
+        """Verify a manifest read from the DHT.
+
+        Args:
+            data: the manifest envelope bytes (the DHT record's value).
+            record_owner: raw 32-byte public key of the DHT record's owner (the subkey's owner marker, checked
+                by the DHT record validator), or ``None`` when unknown.
+
+        Returns:
+            The decoded :class:`~swarmnode.swarm.wire.Manifest`. A manifest seen before is returned again as
+            long as its bundle has not been verified (the caller may retry the fetch).
+
+        Raises:
+            Rejection: any failed check. A manifest for a bundle that already got a verdict raises an
+            uncharged ``duplicate`` (re-reading the DHT returns the same records every poll), and a manifest
+            rejected before raises its earlier reason again, uncharged.
+        """
+        owner_id: str | None = None
+        if isinstance(record_owner, (bytes, bytearray)) and len(record_owner) == 32:
+            owner_id = peer_id_from_public_key(bytes(record_owner))
+        return self._guard(lambda: self._verify_manifest(data, record_owner, owner_id), owner_id or UNATTRIBUTED)
+
+    def _verify_manifest(self, data: Any, record_owner: Any, owner_id: str | None) -> wire.Manifest:
+        deliverer = owner_id or UNATTRIBUTED
+        if record_owner is not None and owner_id is None:
+            raise self._reject("internal", "record_owner must be a 32-byte public key (caller bug)", None, False,
+                               charge=False)
+        if owner_id is not None and self.peers.is_banned(owner_id):
+            raise self._reject("banned", "record owner is banned", owner_id, False, charge=False)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise self._reject("malformed", f"expected manifest bytes, got {type(data).__name__}", deliverer, False)
+        data = bytes(data)
+        if len(data) > wire.MAX_MANIFEST_BYTES:
+            raise self._reject("too_large", f"manifest of {len(data)} bytes exceeds {wire.MAX_MANIFEST_BYTES}",
+                               deliverer, False)
+        mdigest = hashlib.sha256(data).digest()
+        # Re-reads: the DHT returns the same records on every poll. A verdict is charged once; an accepted
+        # manifest is re-verified (cheap, uncharged: only its bundle digest is cached, to bound memory) until
+        # its bundle gets a verdict, after which it is an uncharged duplicate.
+        cached = self._seen_manifests.get(mdigest)
+        reread = cached is not None
+        if reread:
+            verdict, info = cached
+            if verdict != "ok":
+                raise self._reject(verdict, "manifest rejected before (cached verdict)", info, False, charge=False)
+            if info in self._seen_bundles:
+                raise self._reject("duplicate", "the announced bundle already got a verdict", deliverer, False,
+                                   charge=False)
+
+        def rej(reason: str, detail: str, peer: str | None, hard: bool) -> Rejection:
+            r = self._reject(reason, detail, peer, hard, charge=not reread)
+            if reason not in ("banned", "rate_limited", "internal"):
+                self._seen_manifests.add(mdigest, (r.reason, r.peer))
+            return r
+
+        try:
+            env = wire.open_envelope(data, expected_kind=wire.KIND_MANIFEST, max_bytes=wire.MAX_MANIFEST_BYTES)
+        except wire.WireError as e:
+            raise rej(e.reason, e.detail, deliverer, e.reason in (_RECORD_HARD if owner_id else _ENVELOPE_HARD))
+        signer = env.peer_id
+        if record_owner is not None and env.public_key != bytes(record_owner):
+            raise rej("owner_mismatch", f"manifest signed by {signer} stored in the DHT record of {owner_id}",
+                      owner_id, True)
+        if self.peers.is_banned(signer):
+            raise self._reject("banned", "signer is banned", signer, False, charge=False)
+        context_peer = owner_id or signer
+        if not self._allowed_key(env.public_key):
+            raise rej("not_allowed", f"signer {signer} is not in the allowlist", context_peer, False)
+        try:
+            m = wire.decode_body(wire.KIND_MANIFEST, env.body, version=env.version, public_key=env.public_key)
+        except wire.WireError as e:
+            raise rej(e.reason, e.detail, signer, e.reason not in _BODY_SOFT)
+        assert isinstance(m, wire.Manifest)
+        if m.swarm_id != self.swarm_id:
+            raise rej("wrong_swarm", f"manifest for swarm {m.swarm_id[:64]!r}, we are {self.swarm_id!r}",
+                      context_peer, False)
+        fresh = self._freshness(m.created_at)
+        if fresh is not None:
+            if fresh[0] == "stale":  # old records stay in the DHT until they expire: not the owner's fault
+                r = self._reject("stale", "manifest " + fresh[1], context_peer, False, charge=False)
+                self._seen_manifests.add(mdigest, ("stale", r.peer))
+                raise r
+            raise rej(fresh[0], "manifest " + fresh[1], context_peer, False)
+        if m.bundle_size > self.max_bundle_bytes:
+            raise rej("too_large", f"announced bundle of {m.bundle_size} bytes exceeds our cap "
+                      f"{self.max_bundle_bytes}", signer, False)
+        for i, ref in enumerate(m.tasks):
+            if not self.tasks.contains(ref):
+                raise rej("foreign_task", f"manifest.tasks[{i}] {ref.key()[:120]} is not in this swarm's training "
+                          "task set", signer, True)
+        self._seen_manifests.add(mdigest, ("ok", m.bundle_digest))
+        if m.bundle_digest in self._seen_bundles:
+            raise self._reject("duplicate", "the announced bundle already got a verdict", context_peer, False,
+                               charge=False)
+        if not reread:
+            self.stats["manifests_accepted"] += 1
+        return m
+
+    # ================================================================== bundles
+    def verify_bundle(self, data: bytes, manifest: wire.Manifest | None = None,
+                      sender: str | None = None) -> list[VerifiedTree]:
+        """Verify a bundle and return its accepted trees with our own re-scored rewards.
+
+        Args:
+            data: the bundle envelope bytes as received.
+            manifest: the (already verified) manifest that announced the bundle, when it was fetched for one:
+                size, digest and contents must match it.
+            sender: transport-level id of the peer that delivered the bytes, when known (charged for failures
+                before the signature verifies).
+
+        Returns:
+            The accepted trees (at least one), in bundle order, minus trees dropped as ``replay``.
+
+        Raises:
+            Rejection: any failed check (see the module docstring). Nothing else.
+        """
+        hint = sender or (peer_id_from_public_key(manifest.publisher_key)
+                          if isinstance(manifest, wire.Manifest) and len(manifest.publisher_key) == 32
+                          else UNATTRIBUTED)
+        return self._guard(lambda: self._verify_bundle(data, manifest, sender), hint)
+
+    def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None) -> list[VerifiedTree]:
+        deliverer = sender or UNATTRIBUTED
+        publisher_hint = None
+        if manifest is not None:
+            if not isinstance(manifest, wire.Manifest):
+                raise self._reject("internal", f"manifest must be a wire.Manifest, got {type(manifest).__name__}",
+                                   deliverer, False, charge=False)
+            publisher_hint = peer_id_from_public_key(manifest.publisher_key)
+        # ---- step 0: bans and rate limit, before any work on the bytes
+        for p in {deliverer, publisher_hint} - {None, UNATTRIBUTED}:
+            if self.peers.is_banned(p):
+                raise self._reject("banned", "peer is banned", p, False, charge=False)
+        gate = publisher_hint or deliverer
+        if not self.peers.allow(gate):
+            reason = "banned" if self.peers.is_banned(gate) else "rate_limited"
+            raise self._reject(reason, "dropped before decoding", gate, False, charge=False)
+        # ---- step 1: type and size cap, before decoding
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise self._reject("malformed", f"expected bundle bytes, got {type(data).__name__}", deliverer, False)
+        data = bytes(data)
+        if len(data) > self.max_bundle_bytes:
+            raise self._reject("too_large", f"bundle of {len(data)} bytes exceeds our cap {self.max_bundle_bytes}",
+                               deliverer, False)
+        digest = hashlib.sha256(data).digest()
+        if manifest is not None:
+            try:
+                wire.check_manifest(manifest, data)
+            except wire.WireError as e:
+                raise self._reject(e.reason, e.detail, deliverer, True)
+        if digest in self._seen_bundles:
+            raise self._reject("duplicate", f"bundle {digest.hex()[:16]}… was seen before", deliverer, False,
+                               charge=manifest is None)
+        # ---- steps 2-3: envelope and signature
+        try:
+            env = wire.open_envelope(data, expected_kind=wire.KIND_BUNDLE, max_bytes=self.max_bundle_bytes)
+        except wire.WireError as e:
+            raise self._reject(e.reason, e.detail, deliverer, e.reason in _ENVELOPE_HARD)
+        signer = env.peer_id
+        context_peer = sender or signer
+
+        def final(r: Rejection) -> Rejection:  # a verdict on authenticated bytes: remember the digest
+            self._seen_bundles.add(digest, r.reason)
+            return r
+
+        if self.peers.is_banned(signer):
+            raise self._reject("banned", "signer is banned", signer, False, charge=False)
+        if not self._allowed_key(env.public_key):
+            raise final(self._reject("not_allowed", f"signer {signer} is not in the allowlist", context_peer, False))
+        try:
+            b = wire.decode_body(wire.KIND_BUNDLE, env.body, version=env.version, public_key=env.public_key)
+        except wire.WireError as e:
+            raise final(self._reject(e.reason, e.detail, signer, e.reason not in _BODY_SOFT))
+        assert isinstance(b, wire.RolloutBundle)
+        if manifest is not None:
+            try:
+                wire.check_manifest(manifest, data, b)
+            except wire.WireError as e:
+                raise final(self._reject(e.reason, e.detail, signer, True))
+        # ---- step 4: swarm id (protocol version and allowlist were checked above)
+        if b.swarm_id != self.swarm_id:
+            raise final(self._reject("wrong_swarm", f"bundle for swarm {b.swarm_id[:64]!r}, we are {self.swarm_id!r}",
+                                     context_peer, False))
+        # ---- step 5: freshness
+        fresh = self._freshness(b.created_at)
+        if fresh is not None:
+            raise final(self._reject(fresh[0], "bundle " + fresh[1], context_peer, False))
+        # ---- step 6: tasks, tokens, prompt, replays, re-scoring
+        return self._check_content(b, env, digest, signer, final)
+
+    def _check_content(self, b: wire.RolloutBundle, env: wire.Envelope, digest: bytes, signer: str,
+                       final: Callable[[Rejection], Rejection]) -> list[VerifiedTree]:
+        seeds: dict[tuple[str, str], set[int]] = {}
+        for i, wt in enumerate(b.trees):
+            ref = wt.task
+            if not self.tasks.contains(ref):
+                raise final(self._reject("foreign_task", f"trees[{i}].task {ref.key()[:120]} is not in this swarm's "
+                                         "training task set", signer, True))
+            s = seeds.setdefault((ref.source, ref.config_digest), set())
+            s.add(ref.seed)
+            if len(s) > self.max_seeds_per_source:
+                raise final(self._reject("too_large", f"more than {self.max_seeds_per_source} dataset seeds of "
+                                         f"{ref.source} in one bundle", signer, False))
+        same_tok = b.tokenizer_id == self.our_tokenizer_id
+        if same_tok:
+            if b.vocab_size > self.our_vocab_size:
+                for i, wt in enumerate(b.trees):
+                    top = max(wt.prompt_ids, default=0)
+                    for n in wt.nodes:
+                        if n.token_ids:
+                            top = max(top, max(n.token_ids))
+                    if top >= self.our_vocab_size:
+                        raise final(self._reject("vocab", f"trees[{i}]: token id {top} is not below our vocab size "
+                                                 f"{self.our_vocab_size} (tokenizer {b.tokenizer_id[:64]!r})",
+                                                 signer, True))
+        elif self.retokenize is None:
+            raise final(self._reject("tokenizer_mismatch", f"tokenizer {b.tokenizer_id[:64]!r} is not ours "
+                                     f"({self.our_tokenizer_id!r}) and no re-tokenizer is configured", signer,
+                                     False, charge=False))
+        # regenerate the tasks, check prompts
+        tasks = []
+        for i, wt in enumerate(b.trees):
+            try:
+                task = self.tasks.get(wt.task)
+            except (KeyError, ValueError) as e:
+                raise final(self._reject("foreign_task", f"trees[{i}].task cannot be regenerated: {str(e)[:160]}",
+                                         signer, True))
+            q = str(task.question)
+            if q not in wt.prompt_text:
+                raise final(self._reject("prompt_mismatch", f"trees[{i}]: the prompt text does not contain the "
+                                         f"regenerated question of {wt.task.key()[:120]}", signer, False))
+            if same_tok and self.detokenize is not None:
+                try:
+                    ptxt = self.detokenize(list(wt.prompt_ids))
+                except Exception as e:  # noqa: BLE001
+                    raise final(self._reject("text_mismatch", f"trees[{i}]: prompt ids do not detokenize: "
+                                             f"{type(e).__name__}", signer, False))
+                if not isinstance(ptxt, str) or q not in ptxt:
+                    raise final(self._reject("prompt_mismatch", f"trees[{i}]: the prompt ids do not contain the "
+                                             "regenerated question", signer, False))
+            tasks.append(task)
+        # replays: trees whose content was accepted before are dropped
+        tdigests = [tree_digest(wt) for wt in b.trees]
+        keep = [i for i, d in enumerate(tdigests) if d not in self._seen_trees and d not in tdigests[:i]]
+        if not keep:
+            raise final(self._reject("replay", f"all {len(b.trees)} trees were accepted before", signer, False))
+        # leaf texts: bounded before any concatenation
+        plan = []  # (tree index, leaf index, path) for every leaf of the kept trees
+        total_chars = 0
+        for i in keep:
+            wt = b.trees[i]
+            chars = [0] * len(wt.nodes)
+            for j in range(1, len(wt.nodes)):
+                chars[j] = chars[wt.nodes[j].parent] + len(wt.nodes[j].text)  # type: ignore[index]
+            for j in wt.leaves():
+                if chars[j] > self.max_completion_chars:
+                    raise final(self._reject("too_large", f"trees[{i}].nodes[{j}]: completion of {chars[j]} chars "
+                                             f"exceeds {self.max_completion_chars}", signer, False))
+                total_chars += chars[j]
+                plan.append((i, j))
+        if total_chars > self.max_scored_chars:
+            raise final(self._reject("too_large", f"{total_chars} completion chars to score exceed "
+                                     f"{self.max_scored_chars}", signer, False))
+        # re-score every leaf (bounded by the time budget)
+        t0 = self.timer()
+        scores: dict[tuple[int, int], float] = {}
+        fmt_gap: list[tuple[int, int, float]] = []
+        for (i, j) in plan:
+            wt = b.trees[i]
+            path = _path(wt, j)
+            text = "".join(wt.nodes[k].text for k in path)
+            if same_tok and self.detokenize is not None:
+                ids = [t for k in path for t in wt.nodes[k].token_ids]
+                try:
+                    dtext = self.detokenize(ids)
+                except Exception as e:  # noqa: BLE001
+                    raise final(self._reject("text_mismatch", f"trees[{i}].nodes[{j}]: ids do not detokenize: "
+                                             f"{type(e).__name__}", signer, False))
+                if dtext != text:
+                    raise final(self._reject("text_mismatch", f"trees[{i}].nodes[{j}]: the completion text is not "
+                                             "the detokenized token ids", signer, False))
+            d = self.tasks.score_detail(tasks[i], text)
+            correct, fmt, reward = float(d["correct"]), float(d["format"]), float(d["reward"])
+            if not (math.isfinite(correct) and math.isfinite(fmt) and math.isfinite(reward)):
+                raise final(self._reject("internal", f"our scorer returned a non-finite value {d!r}", signer, False,
+                                         charge=False))
+            scores[(i, j)] = reward
+            claim = wt.nodes[j].claimed_reward
+            if claim is not None:
+                if fmt < 0.5:
+                    if abs(claim - correct) > REWARD_TOL:
+                        raise final(self._reject("reward_mismatch", f"trees[{i}].nodes[{j}] ({wt.task.key()[:100]}): "
+                                                 f"claimed {claim!r}, our re-score {correct!r}", signer, True))
+                else:
+                    gap = claim - correct
+                    if not (-REWARD_TOL <= gap <= 1.0 + REWARD_TOL):
+                        raise final(self._reject("reward_mismatch", f"trees[{i}].nodes[{j}] ({wt.task.key()[:100]}): "
+                                                 f"claimed {claim!r}, our re-score {correct!r} + a format bonus in "
+                                                 "[0, 1]", signer, True))
+                    fmt_gap.append((i, j, gap))
+            if self.timer() - t0 > self.verify_budget_s:
+                raise final(self._reject("verify_timeout", f"re-scoring took more than {self.verify_budget_s:g} s "
+                                         f"({len(scores)} of {len(plan)} leaves)", signer, False))
+        if fmt_gap:
+            lo = min(fmt_gap, key=lambda x: x[2])
+            hi = max(fmt_gap, key=lambda x: x[2])
+            if hi[2] - lo[2] > 2 * REWARD_TOL:
+                raise final(self._reject("reward_mismatch", f"format bonus claimed inconsistently: "
+                                         f"trees[{lo[0]}].nodes[{lo[1]}] +{lo[2]!r} vs trees[{hi[0]}].nodes[{hi[1]}] "
+                                         f"+{hi[2]!r}", signer, True))
+        # build the accepted trees
+        rolled = wire.trees_from_bundle(b)
+        out: list[VerifiedTree] = []
+        for i in keep:
+            tree = rolled[i] if same_tok else self._retokenized(b.trees[i], b, signer, final)
+            tree.task_name = getattr(tasks[i], "name", "") or ""
+            for j in tree.leaves():
+                tree.nodes[j].reward = scores[(i, j)]
+            tree.update_stats()
+            out.append(VerifiedTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
+                                    model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
+                                    same_tokenizer=same_tok, digest=digest.hex()))
+        # verdict: accepted (minus replays)
+        self._seen_bundles.add(digest, "accepted")
+        for i in keep:
+            self._seen_trees.add(tdigests[i])
+        dropped = len(b.trees) - len(keep)
+        for _ in range(dropped):
+            self.peers.record_reject(signer, "replay", False, "a tree whose content was accepted before")
+        if dropped:
+            self.stats["trees_replayed"] += dropped
+            self.stats["rejected"]["replay"] = self.stats["rejected"].get("replay", 0) + dropped
+        self.peers.record_accept(signer, len(out))
+        self.stats["bundles_accepted"] += 1
+        self.stats["trees_accepted"] += len(out)
+        self.stats["leaves_accepted"] += len(plan)
+        if not same_tok:
+            self.stats["retokenized_trees"] += len(out)
+        return out
+
+    def _retokenized(self, wt: wire.WireTree, b: wire.RolloutBundle, signer: str,
+                     final: Callable[[Rejection], Rejection]) -> RolloutTree:
+        """The tree in our vocabulary: prompt text and every segment text re-tokenized, log-probs dropped."""
+        assert self.retokenize is not None
+
+        def tok(text: str, what: str) -> list[int]:
+            try:
+                ids = self.retokenize(text)
+            except Exception as e:  # noqa: BLE001
+                raise final(self._reject("retokenize_failed", f"{what}: {type(e).__name__}: {str(e)[:120]}", signer,
+                                         False, charge=False))
+            ids = list(ids) if not isinstance(ids, list) else ids
+            if not _ids_ok(ids, self.our_vocab_size):
+                raise final(self._reject("retokenize_failed", f"{what}: re-tokenizer returned ids outside "
+                                         f"[0, {self.our_vocab_size})", signer, False, charge=False))
+            return ids
+
+        tree = RolloutTree(task=wt.task, prompt_ids=tok(wt.prompt_text, "prompt"), prompt_text=wt.prompt_text,
+                           model_id=b.model_id, tokenizer_id=b.tokenizer_id)
+        tree.nodes[0].policy_version = wt.nodes[0].policy_version
+        for k, n in enumerate(wt.nodes[1:], start=1):
+            assert n.parent is not None
+            tree.add_child(n.parent, tok(n.text, f"nodes[{k}].text") if n.text else [], text=n.text, logprobs=None,
+                           policy_version=n.policy_version, finish_reason=n.finish_reason)
+        return tree
+
+
+def _path(wt: wire.WireTree, leaf: int) -> list[int]:
+    """Node indices root-excluded down to ``leaf`` (parents are earlier: the walk ends in <= depth steps)."""
+    out = []
+    cur: int | None = leaf
+    while cur is not None and cur != 0:
+        out.append(cur)
+        cur = wt.nodes[cur].parent
+    return out[::-1]
+
+
+def verify_many(verifier: Verifier, items: Sequence[tuple[bytes, wire.Manifest | None, str | None]]
+                ) -> tuple[list[VerifiedTree], list[Rejection]]:
+    """Verify several bundles, collecting accepted trees and rejections (one bad bundle never stops the rest)."""
+    trees: list[VerifiedTree] = []
+    rejections: list[Rejection] = []
+    for data, manifest, sender in items:
+        try:
+            trees.extend(verifier.verify_bundle(data, manifest, sender))
+        except Rejection as r:
+            rejections.append(r)
+    return trees, rejections

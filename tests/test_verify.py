@@ -1,0 +1,443 @@
+"""The verification pipeline against real reasoning-gym tasks, real Ed25519 keys and every hostile class."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+
+import pytest
+
+from swarmnode.config import SwarmConfig
+from swarmnode.swarm import wire
+from swarmnode.swarm.adversary import (
+    BYTE_TOKENIZER_ID,
+    TRANSPORT_CASES,
+    HostileFactory,
+    byte_detokenize,
+    byte_tokenize,
+)
+from swarmnode.swarm.identity import Identity
+from swarmnode.swarm.peers import UNATTRIBUTED, PeerBook
+from swarmnode.swarm.verify import (
+    HARD_REASONS,
+    REASONS,
+    SOFT_REASONS,
+    UNCHARGED_REASONS,
+    Rejection,
+    VerifiedTree,
+    Verifier,
+    verify_many,
+)
+from swarmnode.tasks import ReasoningGymSource, TaskMix
+from swarmnode.tasks.base import TaskRef
+
+SWARM = "verify-test"
+T0 = 1767225600.0
+CHAIN2 = {"min_terms": 2, "max_terms": 2}
+ATTACKER = Identity.from_private_bytes(hashlib.sha256(b"test_verify attacker").digest())
+HONEST = Identity.from_private_bytes(hashlib.sha256(b"test_verify honest").digest())
+CAP = 64 * 1024
+
+
+class FakeClock:
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+@pytest.fixture(scope="module")
+def peer_mix() -> TaskMix:
+    """The publishing peer's mix: no format bonus (its claims are `correct`)."""
+    return TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+
+
+@pytest.fixture(scope="module")
+def our_mix() -> TaskMix:
+    """Our mix: same tasks, but a format bonus of 0.5 (a local setting)."""
+    return TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0], format_reward=0.5)
+
+
+@pytest.fixture()
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make_verifier(mix, clock, *, ban_after=1000, rate=10_000.0, detokenize=byte_detokenize, **kw) -> Verifier:
+    cfg_kw = {k: kw.pop(k) for k in list(kw) if k in ("allowlist", "freshness_seconds", "max_clock_skew")}
+    cfg = SwarmConfig(swarm_id=SWARM, max_bundle_bytes=CAP, ban_after=ban_after, **cfg_kw)
+    peers = PeerBook(ban_after=ban_after, ban_seconds=600.0, rate_limit_per_minute=rate, clock=clock)
+    return Verifier(cfg, mix, 256, BYTE_TOKENIZER_ID, peers=peers, clock=clock, detokenize=detokenize, **kw)
+
+
+def make_factory(mix, clock, identity=ATTACKER) -> HostileFactory:
+    return HostileFactory(identity, mix, swarm_id=SWARM, clock=clock, max_bundle_bytes=CAP)
+
+
+def feed(v: Verifier, case) -> Rejection | list[VerifiedTree]:
+    for p in case.prior:
+        assert v.verify_bundle(p, None, case.sender)
+    try:
+        if case.kind == "bundle":
+            return v.verify_bundle(case.data, case.manifest, case.sender)
+        return v.verify_manifest(case.data, case.record_owner)
+    except Rejection as r:
+        return r
+
+
+# ------------------------------------------------------------------ honest input
+def test_honest_bundle_accepted_with_our_own_rewards(peer_mix, our_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(our_mix, clock)
+    h = f.honest(n_trees=2, n_leaves=4)
+    m = v.verify_manifest(f.manifest(h.data, wire.decode_bundle(h.data))[1], HONEST.public_key_bytes)
+    assert m.bundle_digest == hashlib.sha256(h.data).digest()
+    out = v.verify_bundle(h.data, m, "transport:honest")
+    assert len(out) == 2
+    for vt in out:
+        assert isinstance(vt, VerifiedTree)
+        assert vt.peer_id == HONEST.peer_id and vt.publisher_key == HONEST.public_key_bytes
+        assert vt.same_tokenizer is True and vt.tokenizer_id == BYTE_TOKENIZER_ID
+        assert vt.model_id == "hostile/model" and vt.policy_version == 3
+        assert vt.digest == hashlib.sha256(h.data).hexdigest()
+        assert vt.tree.task_name == "chain_sum"
+        leaves = vt.tree.leaves()
+        # the peer claimed [1, 1, 0, 0] (correct only); we re-score with our format bonus 0.5:
+        # "<answer>right</answer>" = 1 + 0.5, "<answer>wrong</answer>" = 0 + 0.5 (well formatted, wrong)
+        assert [vt.tree.nodes[j].reward for j in leaves] == [1.5, 1.5, 0.5, 0.5]
+        assert vt.tree.nodes[0].visit_count == 4 and vt.tree.nodes[0].reward_sum == pytest.approx(4.0)
+        q = our_mix.get(vt.tree.task).question
+        assert q in vt.tree.prompt_text
+        assert vt.tree.prompt_ids == byte_tokenize(vt.tree.prompt_text)
+        assert byte_detokenize(vt.tree.completion_ids(leaves[0])) == f"Thinking #{0 if vt is out[0] else 1}.0: " \
+            f"<answer>{our_mix.get(vt.tree.task).answer}</answer>"
+    snap = v.snapshot()
+    assert snap["bundles_accepted"] == 1 and snap["trees_accepted"] == 2 and snap["leaves_accepted"] == 8
+    assert snap["manifests_accepted"] == 1
+    assert v.peers.snapshot()["peers"][HONEST.peer_id]["accepted"] == 2
+    assert v.seen(hashlib.sha256(h.data).digest()) and v.seen(hashlib.sha256(h.data).hexdigest())
+    # the DHT returns the same manifest on the next poll: an uncharged duplicate, not a fetch
+    with pytest.raises(Rejection) as ei:
+        v.verify_manifest(f.manifest(h.data, wire.decode_bundle(h.data))[1], HONEST.public_key_bytes)
+    assert ei.value.reason == "duplicate" and not ei.value.charged
+    assert v.peers.snapshot()["peers"][HONEST.peer_id]["rejected"] == {}
+
+
+def test_claims_under_another_format_weight_are_consistent(peer_mix, our_mix, clock):
+    """A peer whose format bonus is 0.25 claims correct + 0.25 on formatted leaves: consistent, accepted."""
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(our_mix, clock)
+    trees = f.honest_trees(2, 4)
+    for t in trees:
+        for j in t.leaves():
+            t.nodes[j].reward += 0.25  # every leaf is "<answer>…</answer>": format 1
+    _, env = f.bundle(trees)
+    out = v.verify_bundle(env, None, "transport:x")
+    assert [out[0].tree.nodes[j].reward for j in out[0].tree.leaves()] == [1.5, 1.5, 0.5, 0.5]
+
+
+def test_unformatted_leaf_must_claim_exactly_correct(peer_mix, our_mix, clock):
+    f = make_factory(peer_mix, clock, ATTACKER)
+    v = make_verifier(our_mix, clock)
+    ref = peer_mix.refs_for_step(7, 1)[0]
+    t = f.tree_for(ref, 2)
+    leaf = t.leaves()[1]
+    t.nodes[leaf].text = "no tags here"  # format 0, correct 0
+    t.nodes[leaf].token_ids = byte_tokenize("no tags here")
+    t.nodes[leaf].reward = 0.5  # an honest peer with any format weight would claim 0.0
+    _, env = f.bundle([t])
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(env, None, "transport:x")
+    assert ei.value.reason == "reward_mismatch" and ei.value.hard and ei.value.peer == ATTACKER.peer_id
+    t.nodes[leaf].reward = 0.0
+    _, env = f.bundle([t])
+    out = v.verify_bundle(env, None, "transport:x")
+    assert [out[0].tree.nodes[j].reward for j in out[0].tree.leaves()] == [1.5, 0.0]
+
+
+# ------------------------------------------------------------------ every hostile class
+def test_every_hostile_class_is_rejected_and_counted(peer_mix, clock):
+    f = make_factory(peer_mix, clock)
+    v = make_verifier(peer_mix, clock)
+    cases = f.cases()
+    names = {c.name for c in cases}
+    assert {"forged_signature", "reward_mismatch", "foreign_task", "oversized", "truncated", "deep_nesting",
+            "huge_count", "duplicate", "replay", "stale", "future", "token_out_of_vocab", "owner_mismatch",
+            "wrong_swarm", "text_mismatch", "manifest_mismatch"} <= names
+    expected: collections.Counter = collections.Counter()
+    priors = 0
+    for c in cases:
+        r = feed(v, c)
+        priors += len(c.prior)
+        assert isinstance(r, Rejection), f"{c.name} was accepted"
+        assert (r.reason, r.hard) == (c.expected_reason, c.expected_hard), f"{c.name}: {r}"
+        assert r.reason in REASONS
+        if c.name == "manifest_stale":  # old DHT records are not the owner's fault
+            assert not r.charged
+            continue
+        assert r.charged
+        expected[r.reason] += 1
+    snap = v.peers.snapshot()
+    assert snap["rejected_by_reason"] == dict(expected)
+    assert snap["totals"]["hard"] == sum(c.expected_hard for c in cases)
+    # only the honest originals of the duplicate / replay cases were accepted
+    assert v.snapshot()["bundles_accepted"] == priors
+    assert v.snapshot()["rejected"] == dict(expected + collections.Counter({"stale": 1}))
+
+
+def test_attribution_of_rejections(peer_mix, clock):
+    f = make_factory(peer_mix, clock)
+    v = make_verifier(peer_mix, clock)
+    # before the signature verifies: the transport sender, or the shared unattributed bucket
+    r = feed(v, f.forged_signature())
+    assert r.peer == "transport:hostile" and r.hard
+    r = feed(v, f.with_sender(f.truncated(), None))
+    assert r.peer == UNATTRIBUTED and not r.hard
+    # inside a signed body: the signer
+    r = feed(v, f.tree_shape())
+    assert r.peer == ATTACKER.peer_id and r.hard
+    # a manifest in someone else's DHT record: the record owner
+    r = feed(v, f.owner_mismatch())
+    assert r.peer == f.victim.peer_id and r.hard
+    # context failures that a relay could cause: the sender when known, else the signer
+    r = feed(v, f.with_sender(f.stale(), None))
+    assert r.peer == ATTACKER.peer_id and not r.hard
+    peers = v.peers.snapshot()["peers"]
+    assert peers["transport:hostile"]["rejected"] == {"bad_signature": 1}
+    assert peers[ATTACKER.peer_id]["rejected"] == {"tree_shape": 1, "stale": 1}
+
+
+def test_ban_after_repeated_hard_rejections_then_expiry(peer_mix, clock):
+    f = make_factory(peer_mix, clock)
+    v = make_verifier(peer_mix, clock, ban_after=3)
+    for _ in range(3):
+        assert feed(v, f.reward_mismatch()).reason == "reward_mismatch"
+    assert v.peers.banned() == [ATTACKER.peer_id]
+    # banned: even an honest bundle from it is dropped, uncharged, before decoding
+    honest = f.honest()
+    r = feed(v, honest)
+    assert r.reason == "banned" and not r.charged
+    # a manifest naming it as publisher is dropped before any bytes are fetched
+    r = feed(v, f.with_sender(honest, None))
+    assert r.reason == "banned"
+    clock.advance(601.0)
+    assert v.peers.banned() == []
+    out = feed(v, make_factory(peer_mix, clock).honest())
+    assert isinstance(out, list) and len(out) == 2
+
+
+def test_rate_limit_before_decoding(peer_mix, clock):
+    f = make_factory(peer_mix, clock)
+    v = make_verifier(peer_mix, clock, rate=5.0)  # burst 5, one more every 12 s
+    flood = f.flood(8)
+    verdicts = []
+    for data in flood:
+        try:
+            verdicts.append(len(v.verify_bundle(data, None, "transport:flood")))
+        except Rejection as r:
+            verdicts.append(r.reason)
+    assert verdicts == [1, "duplicate", "duplicate", "duplicate", "duplicate", "rate_limited", "rate_limited",
+                        "rate_limited"]
+    s = v.peers.snapshot()["peers"]["transport:flood"]
+    assert s["rate_limited"] == 3 and s["rejected"] == {"duplicate": 4} and s["hard"] == 0
+    clock.advance(12.0)
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(flood[0], None, "transport:flood")
+    assert ei.value.reason == "duplicate"
+
+
+def test_allowlist(peer_mix, clock):
+    v = make_verifier(peer_mix, clock, allowlist=[HONEST.public_key_bytes.hex()])
+    assert feed(v, make_factory(peer_mix, clock, ATTACKER).honest()).reason == "not_allowed"
+    assert len(feed(v, make_factory(peer_mix, clock, HONEST).honest())) == 2
+    v2 = make_verifier(peer_mix, clock, allowlist=[HONEST.peer_id])  # peer ids work too
+    assert len(feed(v2, make_factory(peer_mix, clock, HONEST).honest())) == 2
+
+
+def test_freshness_window_boundaries(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(peer_mix, clock, freshness_seconds=600.0, max_clock_skew=30.0)
+
+    def verdict(t: float):
+        _, env = f.bundle(f.honest_trees(1, 2), created_at=t)
+        try:
+            return len(v.verify_bundle(env, None, "transport:x"))
+        except Rejection as r:
+            return r.reason
+
+    assert verdict(T0 + 30.0) == 1          # at the skew bound
+    assert verdict(T0 + 30.5) == "future"
+    assert verdict(T0 - 630.0) == 1         # freshness + skew ago
+    assert verdict(T0 - 630.5) == "stale"
+
+
+def test_replay_beyond_the_dedup_window_is_stale(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(peer_mix, clock)
+    h = f.honest()
+    assert len(v.verify_bundle(h.data, None, "transport:x")) == 2
+    clock.advance(600.0 + 2 * 30.0 + 1.0)  # the seen-digest TTL has passed
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(h.data, None, "transport:x")
+    assert ei.value.reason == "stale"
+
+
+def test_partial_replay_drops_only_the_copied_tree(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(peer_mix, clock)
+    a, b = f.honest_trees(2, 4)
+    _, env1 = f.bundle([a])
+    assert len(v.verify_bundle(env1, None, "transport:x")) == 1
+    copycat = make_factory(peer_mix, clock, ATTACKER)
+    _, env2 = copycat.bundle([a, b])  # another key re-publishes tree a next to a new tree b
+    out = v.verify_bundle(env2, None, "transport:y")
+    assert len(out) == 1 and out[0].tree.task == b.task and out[0].peer_id == ATTACKER.peer_id
+    assert v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"] == {"replay": 1}
+    assert v.snapshot()["trees_replayed"] == 1
+
+
+def test_other_tokenizer_is_retokenized_or_refused(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    trees = f.honest_trees(1, 2)
+    _, env = f.bundle(trees, tokenizer_id="other/tokenizer", vocab_size=50_000)
+    v = make_verifier(peer_mix, clock)
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(env, None, "transport:x")
+    assert ei.value.reason == "tokenizer_mismatch" and not ei.value.charged
+
+    def retok(text: str) -> list[int]:  # a real (if tiny) second tokenizer: one id per character, mod 256
+        return [ord(c) % 256 for c in text]
+
+    v2 = make_verifier(peer_mix, clock, retokenize=retok)
+    out = v2.verify_bundle(env, None, "transport:x")
+    t = out[0].tree
+    assert out[0].same_tokenizer is False and out[0].tokenizer_id == "other/tokenizer"
+    assert t.prompt_ids == retok(t.prompt_text)
+    leaf = t.leaves()[0]
+    assert t.completion_ids(leaf) == retok(t.completion_text(leaf))
+    assert all(n.logprobs == [] for n in t.nodes)
+    assert [t.nodes[j].reward for j in t.leaves()] == [1.0, 0.0]
+    assert [n.parent for n in t.nodes] == [n.parent for n in trees[0].nodes]
+
+    def broken(text: str) -> list[int]:
+        return [999]  # outside our vocabulary of 256
+
+    v3 = make_verifier(peer_mix, clock, retokenize=broken)
+    with pytest.raises(Rejection) as ei:
+        v3.verify_bundle(env, None, "transport:x")
+    assert ei.value.reason == "retokenize_failed" and not ei.value.charged
+
+
+def test_same_tokenizer_with_smaller_declared_vocab_passes(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    _, env = f.bundle(f.honest_trees(1, 2), vocab_size=256)
+    v = make_verifier(peer_mix, clock)
+    assert len(v.verify_bundle(env, None, None)) == 1
+
+
+def test_bounds_on_scored_text_and_seeds(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(peer_mix, clock, max_completion_chars=20)
+    h = f.honest()
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(h.data, None, None)  # "Thinking #k.0: " + "<answer>…</answer>" > 20 chars
+    assert ei.value.reason == "too_large" and not ei.value.hard
+    v2 = make_verifier(peer_mix, clock, max_seeds_per_source=1)
+    src = peer_mix.sources[0]
+    refs = [TaskRef(src.source_id, src.config_digest, peer_mix.train_seed(0, e), 5) for e in (0, 1)]
+    _, env = f.bundle([f.tree_for(r, 2) for r in refs])
+    with pytest.raises(Rejection) as ei:
+        v2.verify_bundle(env, None, None)
+    assert ei.value.reason == "too_large" and "seeds" in ei.value.detail
+
+
+def test_rescoring_time_budget(peer_mix, clock):
+    ticks = iter(range(10**6))
+    v = make_verifier(peer_mix, clock, verify_budget_s=2.5, timer=lambda: float(next(ticks)))
+    f = make_factory(peer_mix, clock, HONEST)
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(f.honest(2, 4).data, None, None)  # one fake second per leaf: stops after 3 leaves
+    assert ei.value.reason == "verify_timeout" and "3 of 8 leaves" in ei.value.detail
+
+
+def test_internal_errors_never_escape(peer_mix, clock):
+    class BrokenScorer(TaskMix):
+        def score_detail(self, task, completion):
+            raise RuntimeError("scorer bug")
+
+    mix = BrokenScorer([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    v = make_verifier(mix, clock)
+    f = make_factory(peer_mix, clock, HONEST)
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(f.honest().data, None, None)
+    assert ei.value.reason == "internal" and not ei.value.charged
+    assert v.peers.snapshot()["totals"]["hard"] == 0
+    for bad in (None, 42, "text", [b"x"]):
+        with pytest.raises(Rejection) as ei:
+            v.verify_bundle(bad, None, None)  # type: ignore[arg-type]
+        assert ei.value.reason == "malformed"
+        with pytest.raises(Rejection):
+            v.verify_manifest(bad, None)  # type: ignore[arg-type]
+
+
+def test_manifest_verdicts_are_cached_and_not_recharged(peer_mix, clock):
+    f = make_factory(peer_mix, clock)
+    v = make_verifier(peer_mix, clock)
+    case = f.owner_mismatch()
+    first = feed(v, case)
+    again = feed(v, case)
+    assert first.reason == again.reason == "owner_mismatch"
+    assert first.charged and not again.charged
+    assert v.peers.snapshot()["rejected_by_reason"] == {"owner_mismatch": 1}
+
+
+def test_manifest_then_fetch_flow_and_mismatched_bytes(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(peer_mix, clock)
+    b, env = f.bundle(f.honest_trees(2, 2))
+    m_env = f.manifest(env, b)[1]
+    m = v.verify_manifest(m_env, HONEST.public_key_bytes)
+    assert v.verify_manifest(m_env, HONEST.public_key_bytes) == m  # not fetched yet: returned again
+    _, other = f.bundle(f.honest_trees(2, 2))
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(other, m, "transport:cache")  # a cache peer serves other bytes
+    assert ei.value.reason == "manifest_mismatch" and ei.value.peer == "transport:cache" and ei.value.hard
+    assert len(v.verify_bundle(env, m, "transport:publisher")) == 2
+
+
+def test_verify_many_keeps_going(peer_mix, clock):
+    f = make_factory(peer_mix, clock)
+    v = make_verifier(peer_mix, clock)
+    items = [(f.honest().data, None, "s"), (f.truncated().data, None, "s"), (f.honest().data, None, "s")]
+    trees, rejections = verify_many(v, items)
+    assert len(trees) == 4 and [r.reason for r in rejections] == ["malformed"]
+
+
+def test_reason_tables_are_consistent():
+    assert not (HARD_REASONS & SOFT_REASONS) and not (HARD_REASONS & UNCHARGED_REASONS)
+    assert (HARD_REASONS | SOFT_REASONS | UNCHARGED_REASONS) <= set(REASONS)
+    assert set(wire.REASONS) <= set(REASONS)
+    assert set(TRANSPORT_CASES) == {"silent_stream", "foreign_subkey"}
+
+
+def test_rereading_a_manifest_is_never_charged(peer_mix, clock):
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(peer_mix, clock)
+    b, env = f.bundle(f.honest_trees(1, 2))
+    m_env = f.manifest(env, b)[1]
+    v.verify_manifest(m_env, HONEST.public_key_bytes)
+    clock.advance(640.0)  # the record is still in the DHT, but the manifest is now stale
+    for _ in range(2):
+        with pytest.raises(Rejection) as ei:
+            v.verify_manifest(m_env, HONEST.public_key_bytes)
+        assert ei.value.reason == "stale" and not ei.value.charged
+    clock.advance(3600.0)  # long after every cache forgot it
+    with pytest.raises(Rejection) as ei:
+        v.verify_manifest(m_env, HONEST.public_key_bytes)
+    assert ei.value.reason == "stale" and not ei.value.charged
+    assert v.peers.snapshot()["rejected_by_reason"] == {}
+    assert v.snapshot()["manifests_accepted"] == 1
