@@ -38,19 +38,11 @@ def _load(config: Optional[Path], overrides: dict) -> RunConfig:
         raise  # unreachable
 
 
-def _setup_logging(run_dir: Path | None, verbose: bool) -> None:
-    level = logging.DEBUG if verbose else logging.INFO
-    handlers: list[logging.Handler] = []
-    if run_dir is not None:
-        from logging.handlers import RotatingFileHandler
+def _setup_logging(run_dir: Path | None, verbose: bool, swarm: bool = False) -> None:
+    """Structured rotating ``node.log`` in the run dir, warnings on the terminal, rate-limited third-party noise."""
+    from swarmnode.monitor.logs import setup_logging
 
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fh = RotatingFileHandler(run_dir / "node.log", maxBytes=5_000_000, backupCount=3)
-        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handlers.append(fh)
-    logging.basicConfig(level=level, handlers=handlers or None, force=True)
-    for noisy in ("hivemind", "transformers", "httpx", "urllib3", "matplotlib"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(run_dir, verbose, console=console if run_dir is not None else None, swarm=swarm)
 
 
 def _print_eval(title: str, res) -> None:
@@ -75,6 +67,15 @@ def run(
     eval_size: Optional[int] = typer.Option(None, "--eval-size", help="held-out tasks for before/after accuracy"),
     no_eval: bool = typer.Option(False, "--no-eval", help="skip the before/after held-out evaluation"),
     status_port: Optional[int] = typer.Option(None, "--status-port", help="serve status/metrics on 127.0.0.1:PORT"),
+    swarm: Optional[bool] = typer.Option(None, "--swarm/--no-swarm", help="join a swarm (default: swarm.enabled)"),
+    initial_peers: Optional[list[str]] = typer.Option(
+        None, "--initial-peers", help="bootstrap multiaddr /ip4/…/tcp/…/p2p/<PeerID> (repeatable)"),
+    host_maddrs: Optional[list[str]] = typer.Option(
+        None, "--host-maddrs", help="where to listen, e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)"),
+    announce_maddrs: Optional[list[str]] = typer.Option(
+        None, "--announce-maddrs", help="public address to announce, e.g. /ip4/203.0.113.5/tcp/31337 (repeatable)"),
+    swarm_id: Optional[str] = typer.Option(None, "--swarm-id", help="private swarm id (no ':')"),
+    identity: Optional[Path] = typer.Option(None, "--identity", help="Ed25519 key file (created if missing)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Train a policy with RL on verifiable tasks (solo unless the config enables the swarm)."""
@@ -86,10 +87,16 @@ def run(
         "model.device": device,
         "tasks.eval_size": eval_size,
         "status_port": status_port,
+        "swarm.enabled": swarm,
+        "swarm.initial_peers": initial_peers or None,
+        "swarm.host_maddrs": host_maddrs or None,
+        "swarm.announce_maddrs": announce_maddrs or None,
+        "swarm.swarm_id": swarm_id,
+        "swarm.identity_path": str(identity) if identity else None,
     }
     cfg = _load(config, overrides)
     rd = Path(cfg.run_dir)
-    _setup_logging(rd, verbose)
+    _setup_logging(rd, verbose, swarm=cfg.swarm.enabled)
     from swarmnode.node import Node
 
     console.print(f"[bold]swarmnode[/] run → {rd}  (model: {cfg.model.name_or_path}, steps: {cfg.steps})")
@@ -99,8 +106,18 @@ def run(
         _fail(str(e))
         return
     node.install_signal_handlers()
+    try:  # status.json + status endpoint + stall/memory watchdogs (swarmnode/monitor/runtime.py)
+        node.monitor.start()
+    except OSError as e:
+        node.close()
+        _fail(str(e))
+    if node.monitor.server is not None:
+        console.print(f"status: {node.monitor.server.url}/status   metrics: {node.monitor.server.url}/metrics",
+                      highlight=False)
     if node.resumed_from:
         console.print(f"resumed from [cyan]{node.resumed_from}[/] at step {node.step}")
+    if cfg.swarm.enabled:
+        _attach_swarm(node, cfg, rd)
 
     before = None
     if not no_eval and cfg.eval_at_start and node.step == 0:
@@ -108,6 +125,8 @@ def run(
             before = node.evaluate()
         node.log_eval(before, "before")
         console.print(f"held-out accuracy before: [bold]{100 * before.accuracy:.1f}%[/]")
+        if node.swarm is not None:
+            node.swarm.note_accuracy(before.accuracy)
 
     t0 = time.time()
     with Progress(
@@ -126,6 +145,8 @@ def run(
                 f"reward {m['reward']:.2f}  loss {m.get('train/loss', float('nan')):.3f}  "
                 f"tok/s {m['tokens_per_s']:.0f}  {m['step_time']:.1f}s/step"
             )
+            if "swarm/peers" in m:
+                info += f"  ext {m.get('samples_external', 0)}  peers {m['swarm/peers']}"
             prog.update(task, completed=res.step, info=info)
 
         try:
@@ -150,8 +171,31 @@ def run(
         console.print(f"held-out accuracy: {100 * before.accuracy:.1f}% → [bold]{100 * after.accuracy:.1f}%[/] "
                       f"({100 * (after.accuracy - before.accuracy):+.1f} points)")
     console.print(f"checkpoints: {rd / 'checkpoints'}\nmetrics:     {rd / 'metrics.jsonl'}")
+    if node.monitor.exit_code:  # the memory watchdog stopped the node (it checkpointed first)
+        console.print(node.monitor.exit_reason or "stopped by the watchdog", style="bold red", markup=False)
+        raise typer.Exit(node.monitor.exit_code)
     if node.stop_requested:
         console.print("stopped by signal after checkpointing; run the same command to resume")
+
+
+def _attach_swarm(node, cfg: RunConfig, rd: Path) -> None:
+    """Start the node's swarm layer (swarm/gossip.py) and attach it to the node."""
+    from swarmnode.swarm.gossip import build_swarm
+    from swarmnode.swarm.identity import IdentityError
+
+    with console.status("starting the swarm layer (DHT, bundle server)…"):
+        try:
+            node.swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
+                                     prompt_for=node.prompt_for)
+        except (IdentityError, ValueError, OSError) as e:
+            node.close()
+            _fail(f"cannot start the swarm layer: {e}")
+    st = node.swarm.dht.status()
+    state = "[yellow]solo (joining in the background)[/]" if st.solo_fallback or not st.connected else (
+        f"{st.num_peers} DHT peer(s)")
+    console.print(f"swarm [cyan]{cfg.swarm.swarm_id}[/]  peer {node.swarm.peer_id}  {state}")
+    for m in node.swarm.maddrs():
+        console.print(f"  bootstrap others with --initial-peers {m}", highlight=False)
 
 
 @app.command("eval")
@@ -239,6 +283,231 @@ def id_cmd(
         _fail(str(e))
         return
     console.print(f"peer id:    {ident.peer_id}\npublic key: {ident.public_key_bytes.hex()}\nkey file:   {p}")
+
+
+swarm_app = typer.Typer(no_args_is_help=True, help="Private swarms: several nodes on this machine.")
+app.add_typer(swarm_app, name="swarm")
+
+
+def _swarm_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("node", "state", "step", "reward", "ext samples (last/total)", "peers", "accuracy", "updated"):
+        t.add_column(col, justify="left" if col in ("node", "state") else "right")
+    for r in rows:
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        t.add_row(
+            f"node-{r['node']}", r["state"], fmt(r["step"], "d"), fmt(r["reward"], ".2f"),
+            f"{fmt(r['samples_external'], 'd')}/{r['external_total']}", fmt(r["peers"], "d"),
+            "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
+            "-" if r["age_s"] is None else f"{r['age_s']:.0f}s ago",
+        )
+    return t
+
+
+@swarm_app.command("up")
+def swarm_up(
+    nodes: int = typer.Option(3, "--nodes", "-n", min=1, help="number of local nodes"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config for every node"),
+    model: Optional[str] = typer.Option(None, "--model", help='"embedded", a local HF model dir or a hub id'),
+    steps: Optional[int] = typer.Option(None, "--steps", help="total optimizer steps per node"),
+    run_dir: Path = typer.Option(Path("runs/swarm"), "--run-dir", help="node i runs in <run-dir>/node-i"),
+    swarm_id: Optional[str] = typer.Option(None, "--swarm-id", help="private swarm id (no ':')"),
+    no_eval: bool = typer.Option(False, "--no-eval", help="skip each node's before/after held-out evaluation"),
+    refresh: float = typer.Option(1.0, "--refresh", help="seconds between live-view updates"),
+) -> None:
+    """Start N local nodes on loopback as one private swarm; Ctrl-C stops them all cleanly (they checkpoint)."""
+    import signal as _signal
+
+    from rich.live import Live
+
+    from swarmnode.swarm.local import LocalSwarm
+
+    cfg = _load(config, {"model.name_or_path": model, "steps": steps, "swarm.swarm_id": swarm_id,
+                         "swarm.enabled": True})
+    swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
+                       swarm_id=swarm_id, no_eval=no_eval)
+    console.print(f"[bold]swarmnode[/] swarm up: {nodes} node(s) in {run_dir}/node-*, swarm "
+                  f"[cyan]{cfg.swarm.swarm_id}[/], bootstrap {swarm.bootstrap}", highlight=False)
+    console.print("logs: <run-dir>/node-i/stdout.log    stop: Ctrl-C (each node checkpoints, then exits)")
+
+    def _term(signum, frame):  # noqa: ARG001 - SIGTERM to the launcher stops the swarm like Ctrl-C
+        raise KeyboardInterrupt
+
+    _signal.signal(_signal.SIGTERM, _term)
+    swarm.start()
+    title = f"swarm {cfg.swarm.swarm_id} ({nodes} nodes)"
+    try:
+        with Live(_swarm_table(swarm.status(), title), console=console, refresh_per_second=4) as live:
+            while swarm.running():
+                time.sleep(refresh)
+                live.update(_swarm_table(swarm.status(), title))
+    except KeyboardInterrupt:
+        console.print("[yellow]stopping all nodes (each finishes its step and checkpoints)…[/]")
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C must not leave orphans behind
+    finally:
+        codes = swarm.stop(timeout=120)
+    console.print(_swarm_table(swarm.status(), title))
+    console.print(f"exit codes: {codes}   run dirs: {run_dir}/node-*   resume: run the same command again")
+    if any(c not in (0, None) for c in codes):
+        raise typer.Exit(1)
+
+
+@app.command()
+def peers(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (swarm id, initial peers)"),
+    initial_peers: Optional[list[str]] = typer.Option(None, "--initial-peers", help="any live node's multiaddr"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="a running node's run dir (reads its swarm.json)"),
+    swarm_id: Optional[str] = typer.Option(None, "--swarm-id"),
+    timeout: float = typer.Option(15.0, "--timeout", help="seconds to join and to read"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+) -> None:
+    """The swarm as seen from DHT heartbeats: peer id, model, steps, reward, last seen."""
+    from swarmnode.swarm.gossip import list_peers, read_swarm_info
+
+    cfg = _load(config, {"swarm.swarm_id": swarm_id})
+    sid = cfg.swarm.swarm_id
+    boot = list(initial_peers or [])
+    if run_dir is not None:
+        info = read_swarm_info(run_dir) or read_swarm_info(Path(run_dir) / "node-0")
+        if info is None:
+            _fail(f"{run_dir} has no swarm.json (expected the run dir of a node started with the swarm enabled)")
+        boot += info.get("maddrs") or []
+        sid = swarm_id or info.get("swarm_id") or sid
+    boot = boot or list(cfg.swarm.initial_peers)
+    if not boot:
+        _fail("no peer to ask: pass --initial-peers <multiaddr>, --run-dir <a running node's run dir>, or a config "
+              "with swarm.initial_peers")
+    _setup_logging(None, False)
+    try:
+        with console.status(f"asking swarm {sid} through {len(boot)} peer(s)…"):
+            rows = list_peers(sid, boot, timeout=timeout, bucket_seconds=cfg.swarm.bucket_seconds)
+    except (ValueError, ConnectionError) as e:
+        _fail(str(e))
+        return
+    if json_out:
+        print(json.dumps({"swarm_id": sid, "peers": rows}))
+        return
+    t = Table(title=f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat")
+    for col in ("peer id", "model", "step", "reward", "accuracy", "published", "accepted", "rejected", "last seen"):
+        t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
+    for r in rows:
+        t.add_row(r["peer_id"], r["model_id"], str(r["step"]),
+                  "-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
+                  "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
+                  str(r["samples_published"]), str(r["samples_accepted"]), str(r["samples_rejected"]),
+                  f"{r['last_seen_s']:.0f}s ago")
+    console.print(t)
+
+
+# ------------------------------------------------------------------ watching nodes (swarmnode/monitor/)
+@app.command()
+def status(
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="the node's run dir (or a swarm dir with node-*/)"),
+    url: Optional[str] = typer.Option(None, "--url", help="the node's status URL, e.g. http://127.0.0.1:9100"),
+    json_out: bool = typer.Option(False, "--json", help="print the status document(s) as JSON"),
+    stall_seconds: Optional[float] = typer.Option(
+        None, "--stall-seconds", help="call the node stalled when its status is older (default: the node's own)"),
+) -> None:
+    """One-shot status of a node. Exit code 0: live; 1: stalled; 2: unreachable or not running."""
+    from swarmnode.monitor.status import EXIT_UNREACHABLE, assess_status
+    from swarmnode.monitor.top import discover_nodes, load_node
+
+    if url is None and run_dir is None:
+        run_dir = Path(_load(None, {}).run_dir)
+    targets: list[tuple[str, Optional[Path]]] = [(url, None)] if url is not None else []
+    if url is None:
+        try:
+            targets = [(name, d) for name, d in discover_nodes(run_dir)]
+        except FileNotFoundError as e:
+            _fail(str(e), EXIT_UNREACHABLE)
+    docs, worst = [], 0
+    for name, d in targets:
+        doc, verdict = load_node(url=url) if d is None else load_node(d)
+        if doc is not None and stall_seconds is not None:
+            verdict = assess_status(doc, stall_seconds)
+        worst = max(worst, verdict.exit_code)
+        docs.append({"name": name, "verdict": verdict.kind, "reason": verdict.reason, "exit_code": verdict.exit_code,
+                     "status": doc})
+        if json_out:
+            continue
+        style = {"live": "green", "stalled": "yellow", "stopped": "blue"}.get(verdict.kind, "red")
+        console.print(f"[bold]{name}[/]: [{style}]{verdict.kind}[/] -- ", end="")
+        console.print(verdict.reason, markup=False, highlight=False)
+        if doc is not None:
+            r, acc, tp = doc.get("rewards") or {}, doc.get("accuracy") or {}, doc.get("throughput") or {}
+            sw, ck, mem = doc.get("swarm") or {}, doc.get("checkpoint") or {}, doc.get("memory") or {}
+            fmt = lambda v, spec=".2f": "-" if not isinstance(v, (int, float)) else format(v, spec)  # noqa: E731
+            heldout = "-" if acc.get("heldout") is None else f"{100 * acc['heldout']:.1f}%"
+            console.print(
+                f"  step {doc.get('step')}/{doc.get('steps_total')}  state {doc.get('state')}  "
+                f"reward local {fmt(r.get('local'))} external {fmt(r.get('external'))}  held-out {heldout}  "
+                f"tok/s {fmt(tp.get('tokens_per_s'), '.0f')}\n"
+                f"  swarm: {sw.get('reason')}\n"
+                f"  last checkpoint: {('step ' + str(ck.get('step'))) if ck.get('path') else 'none'}  "
+                f"RSS {fmt((mem.get('rss_bytes') or 0) / 2**20, '.0f')} MiB  "
+                f"updated {fmt(time.time() - doc.get('updated_at', time.time()), '.0f')} s ago",
+                highlight=False, markup=False)
+    if json_out:
+        print(json.dumps(docs[0] if url is not None or len(docs) == 1 else docs))
+    raise typer.Exit(worst)
+
+
+@app.command()
+def top(
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="a node's run dir, or a swarm dir with node-*/"),
+    url: Optional[str] = typer.Option(None, "--url", help="a node's status URL instead of a run dir"),
+    refresh: float = typer.Option(2.0, "--refresh", min=0.1, help="seconds between updates"),
+    once: bool = typer.Option(False, "--once", help="print one frame and exit (exit code as for `status`)"),
+) -> None:
+    """Live dashboard of one node, or of every node of a local swarm (Ctrl-C to leave; the nodes keep running)."""
+    from swarmnode.monitor.top import run_top
+
+    if url is None and run_dir is None:
+        run_dir = Path(_load(None, {}).run_dir)
+    try:
+        verdicts = run_top(run_dir, url, refresh=refresh, once=once, console=console)
+    except FileNotFoundError as e:
+        _fail(str(e))
+        return
+    if once:
+        raise typer.Exit(max((v.exit_code for v in verdicts), default=0))
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="run directories (a swarm dir expands to its node-*/)"),
+    out: Path = typer.Option(Path("report.png"), "--out", "-o", help="PNG file to write"),
+    x: str = typer.Option("step", "--x", help="x axis: step, tokens (equal generation compute) or hours"),
+    smooth: int = typer.Option(10, "--smooth", min=1, help="moving-average window of the reward curve (steps)"),
+    title: Optional[str] = typer.Option(None, "--title"),
+    json_out: bool = typer.Option(False, "--json", help="also print the per-run summary as JSON"),
+) -> None:
+    """Plot reward, held-out accuracy and tokens over steps from metrics.jsonl; several runs on one plot."""
+    from swarmnode.monitor.report import X_AXES, expand_run_dirs, load_run, plot_runs
+
+    if x not in X_AXES:
+        _fail(f"--x must be one of {', '.join(X_AXES)}; got {x!r}")
+    try:
+        runs = [load_run(d, name) for name, d in expand_run_dirs(run_dirs)]
+    except FileNotFoundError as e:
+        _fail(str(e))
+        return
+    path = plot_runs(runs, out, x=x, smooth=smooth, title=title)
+    rows = [r.summary() for r in runs]
+    t = Table(title=f"runs ({path})")
+    for col in ("run", "steps", "reward (last 10)", "cumulative reward", "held-out first → last (best)", "tokens",
+                "hours", "external samples"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    for r in rows:
+        t.add_row(r["run"], str(r["steps"]), "-" if r["reward_last"] is None else f"{r['reward_last']:.3f}",
+                  "-" if r["reward_cumulative"] is None else f"{r['reward_cumulative']:.1f}",
+                  f"{pct(r['accuracy_first'])} → {pct(r['accuracy_last'])} ({pct(r['accuracy_best'])})",
+                  f"{r['tokens']:.0f}", f"{r['hours']:.2f}", str(r["external_samples"]))
+    console.print(t)
+    console.print(f"wrote {path}", highlight=False)
+    if json_out:
+        print(json.dumps(rows))
 
 
 def main() -> None:  # pragma: no cover

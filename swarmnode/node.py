@@ -29,6 +29,7 @@ import torch
 from swarmnode.config import RunConfig, dump_config
 from swarmnode.evaluation import EvalResult, evaluate
 from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, rss_bytes
+from swarmnode.monitor.runtime import NodeMonitor
 from swarmnode.policy.loading import Policy, build_prompt, load_policy
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.sampler import PromptSpec, sample_rollouts
@@ -91,6 +92,7 @@ class Node:
 
         self.tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.monitor = NodeMonitor(self)  # status.json, status endpoint, stall/memory watchdogs (monitor/)
 
         ckpt = load_latest_checkpoint(self.run_dir)
         model_cfg = cfg.model
@@ -143,7 +145,7 @@ class Node:
         text = self.prompt_for(task)
         ids = self.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
         ids = ids[-self.cfg.sampling.max_prompt_length :]
-        return PromptSpec(ref=task.ref, prompt_ids=ids, prompt_text=text, task_name=task.name)
+        return PromptSpec(task=task.ref, prompt_ids=ids, prompt_text=text, task_name=task.name)
 
     # ------------------------------------------------------------------ the round
     def run_step(self) -> StepResult:
@@ -257,20 +259,22 @@ class Node:
         """Greedy accuracy on ``n`` held-out tasks (default ``tasks.eval_size``) drawn with ``tasks.eval_seed``."""
         refs = self.tasks.eval_refs(n or self.cfg.tasks.eval_size)
         tasks = [self.tasks.get(r) for r in refs]
-        return evaluate(
-            self.policy.model,
-            self.policy.tokenizer,
-            tasks,
-            self.prompt_for,
-            lambda t, c: self.tasks.score_detail(t, c)["correct"],
-            max_new_tokens=self.cfg.sampling.max_completion_length,
-        )
+        with self.monitor.activity("evaluating"):
+            return evaluate(
+                self.policy.model,
+                self.policy.tokenizer,
+                tasks,
+                self.prompt_for,
+                lambda t, c: self.tasks.score_detail(t, c)["correct"],
+                max_new_tokens=self.cfg.sampling.max_completion_length,
+            )
 
     def log_eval(self, res: EvalResult, tag: str) -> None:
         self.metrics.write(
             {"step": self.step, "eval": tag, "accuracy": res.accuracy, "per_task": res.per_task, "n": res.n,
              "tokens_total": self.tokens_generated, "unix_time": time.time()}
         )
+        self.monitor.observe_eval(tag, res)
 
     def save(self) -> Path:
         """Checkpoint now (atomic; the previous good checkpoint survives a crash mid-write)."""
@@ -302,9 +306,11 @@ class Node:
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
         """Run until ``cfg.steps`` optimizer steps are done or a stop is requested; checkpoint at the end."""
         last_saved = self.step
+        self.monitor.begin_training()
         try:
             while self.step < self.cfg.steps and not self.stop_requested:
                 res = self.run_step()
+                self.monitor.observe_step(res)
                 if self.step % self.cfg.checkpoint.save_steps == 0 or self.step == self.cfg.steps:
                     last_saved = self.step
                 if self.cfg.eval_every and self.step % self.cfg.eval_every == 0 and self.step < self.cfg.steps:
@@ -314,8 +320,10 @@ class Node:
         finally:
             if self.step != last_saved:
                 self.save()
+            self.monitor.end_training()
 
     def close(self) -> None:
+        self.monitor.close()
         self.metrics.close()
         if self.swarm is not None:
             self.swarm.close()

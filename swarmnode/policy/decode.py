@@ -1,0 +1,819 @@
+"""Batched decoding with real KV-prefix sharing, for tree-structured rollouts (design.md §5).
+
+:class:`DecodeEngine` drives any Hugging Face causal LM whose cache is a :class:`transformers.DynamicCache`
+of full-attention layers (Llama, Qwen2, Qwen3, Mistral without sliding window, GPT-NeoX, ...):
+
+* **prefill once** -- :meth:`DecodeEngine.prefill` runs every prompt once (left-padded, one forward) and
+  keeps its KV rows; :meth:`DecodeEngine.select` copies rows by index, so ``n`` paths of one prompt share
+  the prompt's KV by copying rows, never by running the prompt again;
+* **one forward per token for every live path of every prompt** -- :meth:`DecodeEngine.decode_segment`
+  decodes up to ``max_new[i]`` tokens for each row ``i`` of a :class:`KVBatch`, one batched forward per
+  step;
+* **forks** -- a row is forked by copying its KV rows (``index_select`` on the batch dimension, as
+  LATR's ``MixedCache.append_dup_kt_rows`` does; references.md §1.4 step 4). A fork *inside* an already
+  decoded stretch (TreeRL's surprisal forks, TreePO's fallback cut; references.md §1.1 step 6, §1.2 step 3)
+  masks the cache slots after the cut (:meth:`DecodeEngine.branch`) and re-feeds the single token before
+  the cut to recover the next-token distribution: one token of compute, never a re-prefill of the shared
+  prefix.
+
+How the cache stays exact with holes: every row carries a 2-D attention mask over its cache slots and an
+explicit next position id. Padding, dropped tail slots of a truncated branch and idle slots of a row that
+waits while others finish their segment are all masked slots ("holes"); position ids count only the
+unmasked slots, so RoPE sees exactly the positions of an unpadded sequence and the logits equal one
+forward over the whole sequence (``tests/test_decode.py`` checks this to 1e-4 in float32).
+
+Per sampled token the engine returns the token id, the behaviour log-prob
+``log_softmax(logits / temperature)[token]`` (the unfiltered tempered distribution, the convention of
+vLLM's returned logprobs and of TRL's ``old_per_token_logps``), the surprisal ``-log p`` of the sampled
+token under that same distribution (TreeRL's fork score, references.md §1.2 step 2) and, on request, the
+top-2 token ids and probabilities of the *untempered* softmax (LATR's branch test, references.md §1.4
+step 1).
+
+Stop conditions per row: an EOS token (``"eos"``), a finished answer tag such as ``"</answer>"`` in the
+decoded completion (``"answer"``), a block of 1..``repetition_max_period`` tokens repeated back to back
+``repetition_count`` times (``"repetition"``; TreePO's rule is the character version, a 32-char substring
+repeated >= 8 times, references.md §1.1 step 3), and ``max_completion_length`` (``"length"``).
+
+Limitations: sliding-window / hybrid / recurrent cache layers are refused (their cache cannot be forked
+by row copy with holes); requires transformers with the layered ``DynamicCache`` API (>= 4.56).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = [
+    "DecodeParams",
+    "DecodeEngine",
+    "KVBatch",
+    "SampleOutput",
+    "SegmentRecord",
+    "ForkCandidate",
+    "sample_next",
+    "is_repetition",
+]
+
+
+# ============================================================================ sampling
+@dataclass
+class SampleOutput:
+    """Result of :func:`sample_next` for a batch of ``B`` rows.
+
+    Attributes:
+        tokens: sampled token ids, LongTensor ``[B]``.
+        logprobs: behaviour log-probs of ``tokens`` under ``log_softmax(logits / temperature)``, float32 ``[B]``.
+        log_probs_full: the full tempered log-softmax, float32 ``[B, V]`` (used to score a fork's alternative token).
+        top2_ids: LongTensor ``[B, 2]`` of the two most likely tokens of the untempered softmax, or ``None``.
+        top2_probs: float32 ``[B, 2]`` of their untempered probabilities ``(p1, p2)``, or ``None``.
+    """
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    log_probs_full: torch.Tensor
+    top2_ids: torch.Tensor | None = None
+    top2_probs: torch.Tensor | None = None
+
+    @property
+    def surprisal(self) -> torch.Tensor:
+        """``-log p`` of each sampled token, float32 ``[B]`` (nats)."""
+        return -self.logprobs
+
+
+def _check_sampling(temperature: float, top_p: float, top_k: int) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 disables), got {top_k}")
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    with_top2: bool = False,
+) -> SampleOutput:
+    """Sample one token per row with temperature, top-k and nucleus (top-p) filtering.
+
+    Args:
+        logits: raw next-token logits, float ``[B, V]``.
+        temperature: softmax temperature (> 0); logits are divided by it.
+        top_p: nucleus mass in (0, 1]; keeps the smallest set of most likely tokens whose tempered mass reaches
+            ``top_p`` (Holtzman et al. 2020; same set as transformers' ``TopPLogitsWarper`` up to ties).
+        top_k: keep the ``top_k`` most likely tokens (0 disables).
+        generator: torch RNG for reproducible draws; must live on ``logits.device``.
+        with_top2: also return the top-2 ids and probabilities of the untempered softmax (LATR's branch test).
+
+    Returns:
+        :class:`SampleOutput`. ``logprobs`` are from the unfiltered tempered distribution, so a token kept by
+        top-k/top-p has the same behaviour log-prob as without filtering.
+
+    Raises:
+        ValueError: ``logits`` is not 2-D, a sampling knob is out of range, or the generator is on another device.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+    _check_sampling(temperature, top_p, top_k)
+    if generator is not None and generator.device.type != logits.device.type:
+        raise ValueError(
+            f"generator is on {generator.device}, logits on {logits.device}; create it on the model device"
+        )
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    scaled = logits / temperature
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    filt = scaled
+    if 0 < top_k < vocab:
+        kth = torch.topk(filt, top_k, dim=-1).values[:, -1:]
+        filt = filt.masked_fill(filt < kth, float("-inf"))
+    probs = log_probs.exp() if filt is scaled else torch.softmax(filt, dim=-1)
+    if top_p < 1.0:
+        k0 = min(vocab, 64)
+        vals, idx = torch.topk(probs, k0, dim=-1)
+        if not bool((vals.sum(-1) >= top_p).all()):
+            vals, idx = torch.sort(probs, dim=-1, descending=True)
+        before = vals.cumsum(-1) - vals  # mass of strictly more likely tokens
+        keep = before < top_p
+        kept = torch.zeros_like(probs)
+        kept.scatter_(1, idx, torch.where(keep, vals, torch.zeros_like(vals)))
+        probs = kept
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    lp = log_probs.gather(1, tokens[:, None]).squeeze(-1)
+    out = SampleOutput(tokens=tokens, logprobs=lp, log_probs_full=log_probs)
+    if with_top2:
+        k = min(2, vocab)
+        p_raw = torch.softmax(logits, dim=-1)
+        tv, ti = torch.topk(p_raw, k, dim=-1)
+        if k == 1:
+            tv = torch.cat([tv, torch.zeros_like(tv)], dim=-1)
+            ti = torch.cat([ti, ti], dim=-1)
+        out.top2_ids, out.top2_probs = ti, tv
+    return out
+
+
+def is_repetition(completion: Sequence[int], count: int, max_period: int = 16) -> bool:
+    """True when ``completion`` ends with a block of 1..``max_period`` tokens repeated ``count`` times back to back.
+
+    Example: ``[5, 1, 2, 1, 2, 1, 2]`` with ``count=3`` is a repetition (block ``[1, 2]`` three times).
+    The token-level counterpart of TreePO's repetition stop (references.md §1.1 step 3).
+
+    Raises:
+        ValueError: ``count < 2`` or ``max_period < 1``.
+    """
+    if count < 2 or max_period < 1:
+        raise ValueError(f"need count >= 2 and max_period >= 1, got count={count}, max_period={max_period}")
+    n = len(completion)
+    seq = list(completion[-(max_period * count):]) if n > max_period * count else list(completion)
+    m = len(seq)
+    for p in range(1, max_period + 1):
+        span = p * count
+        if span > m:
+            break
+        block = seq[m - p:]
+        if seq[m - span:] == block * count:
+            return True
+    return False
+
+
+# ============================================================================ parameters and records
+@dataclass(frozen=True)
+class DecodeParams:
+    """Sampling and stop settings of one decoding run.
+
+    Attributes:
+        temperature, top_p, top_k: sampling knobs (see :func:`sample_next`).
+        max_completion_length: a row stops with ``"length"`` when its completion reaches this many tokens.
+        answer_open / answer_close: answer tags; ``answer_close`` appearing in the decoded completion stops
+            a row with ``"answer"``; where ``answer_open`` begins is recorded (:attr:`KVBatch.answer_start`).
+            ``None`` disables.
+        repetition_count: stop with ``"repetition"`` when a block of tokens repeats this many times (>= 2).
+        repetition_max_period: longest block (tokens) the repetition test looks for.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_completion_length: int = 32
+    answer_open: str | None = "<answer>"
+    answer_close: str | None = "</answer>"
+    repetition_count: int = 8
+    repetition_max_period: int = 16
+
+    def __post_init__(self) -> None:
+        _check_sampling(self.temperature, self.top_p, self.top_k)
+        if self.max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
+        if self.repetition_count < 2 or self.repetition_max_period < 1:
+            raise ValueError("repetition_count must be >= 2 and repetition_max_period >= 1")
+
+    @classmethod
+    def from_config(cls, sampling_cfg, **overrides) -> "DecodeParams":
+        """Build from a :class:`swarmnode.config.SamplingConfig` (``repetition_count = tree.repetition_window``)."""
+        kw = dict(
+            temperature=sampling_cfg.temperature,
+            top_p=sampling_cfg.top_p,
+            top_k=sampling_cfg.top_k,
+            max_completion_length=sampling_cfg.max_completion_length,
+            repetition_count=sampling_cfg.tree.repetition_window,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclass
+class SegmentRecord:
+    """What one row decoded during one :meth:`DecodeEngine.decode_segment` call.
+
+    Attributes:
+        row: the row index in the batch after the call.
+        token_ids: sampled token ids of this segment.
+        logprobs: behaviour log-probs (natural log, tempered, unfiltered), one per token.
+        surprisal: ``-log p`` of each sampled token (same distribution as ``logprobs``).
+        top2_ids / top2_probs: per token the two most likely ids and their untempered probabilities
+            (empty unless ``with_top2``).
+        finish_reason: ``"eos"``, ``"answer"``, ``"repetition"``, ``"length"`` or ``None`` (still live).
+        start_len: completion length of the row when this segment started (for a row forked during the
+            segment: the parent's completion length at the fork).
+        parent_row: for a row created by a fork during this segment, the row it was copied from; else ``None``.
+        fork_offset: for a forked row, how many tokens of the parent's segment it shares (its first token
+            replaces the parent's token at that offset).
+    """
+
+    row: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    surprisal: list[float] = field(default_factory=list)
+    top2_ids: list[tuple[int, int]] = field(default_factory=list)
+    top2_probs: list[tuple[float, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+    start_len: int = 0
+    parent_row: int | None = None
+    fork_offset: int = 0
+
+
+@dataclass
+class ForkCandidate:
+    """One row at one decode step, offered to a ``fork_fn`` of :meth:`DecodeEngine.decode_segment`.
+
+    Attributes:
+        row: batch row.
+        offset: index of this step's token within the row's segment.
+        completion_index: index of this step's token within the row's completion.
+        sampled: the token the row sampled at this step.
+        top2_ids / top2_probs: untempered top-2 ids and probabilities of this step's distribution.
+        cap_left: tokens the row may still decode in this segment, this step's token included.
+        answer_started: whether the answer tag began before this step.
+    """
+
+    row: int
+    offset: int
+    completion_index: int
+    sampled: int
+    top2_ids: tuple[int, int]
+    top2_probs: tuple[float, float]
+    cap_left: int
+    answer_started: bool
+
+
+# ============================================================================ KV batch
+@dataclass
+class KVBatch:
+    """Decoding state of ``B`` rows (paths), all prompts mixed.
+
+    Attributes:
+        cache: a ``DynamicCache`` whose layers hold keys/values ``[B, kv_heads, T, head_dim]``; ``None`` when empty.
+        attention_mask: LongTensor ``[B, T]``; 1 for a real token's slot, 0 for a hole (padding, cut tail, idle step).
+        next_pos: LongTensor ``[B]``; position id of each row's next token (= number of real tokens so far).
+        logits: float32 ``[B, V]``; raw logits of each row's next token.
+        tokens: per row, prompt + completion token ids decoded so far (``list[list[int]]``).
+        prompt_lens: per row, the prompt length (the completion is ``tokens[i][prompt_lens[i]:]``).
+        answer_start: per row, completion index of the token where ``answer_open`` begins, or ``None``.
+    """
+
+    cache: object | None
+    attention_mask: torch.Tensor
+    next_pos: torch.Tensor
+    logits: torch.Tensor
+    tokens: list[list[int]]
+    prompt_lens: list[int]
+    answer_start: list[int | None]
+
+    @property
+    def size(self) -> int:
+        """Number of rows ``B``."""
+        return len(self.tokens)
+
+    @property
+    def seq_len(self) -> int:
+        """Number of cache slots ``T`` (real tokens plus holes)."""
+        return int(self.attention_mask.shape[1]) if self.size else 0
+
+    def completion(self, row: int) -> list[int]:
+        """Completion token ids of ``row``."""
+        return self.tokens[row][self.prompt_lens[row]:]
+
+    def completion_len(self, row: int) -> int:
+        return len(self.tokens[row]) - self.prompt_lens[row]
+
+
+def _layers(cache) -> list:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise RuntimeError(
+            "this transformers version has no layered DynamicCache (cache.layers); "
+            "DecodeEngine needs transformers>=4.56"
+        )
+    return layers
+
+
+def _cache_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for i, layer in enumerate(_layers(cache)):
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise NotImplementedError(
+                f"cache layer {i} is {type(layer).__name__}; DecodeEngine forks caches by row copy and supports only "
+                "full-attention DynamicLayer caches (no sliding-window, linear-attention or quantized layers)"
+            )
+        out.append((layer.keys, layer.values))
+    return out
+
+
+def _cache_from_kv(kv: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(kv):
+        cache.update(k[:, :, :0], v[:, :, :0], i)  # creates and initializes layer i (public API)
+        layer = cache.layers[i]
+        layer.keys, layer.values = k, v  # what DynamicLayer.batch_select_indices itself does
+    return cache
+
+
+# ============================================================================ engine
+ForkFn = Callable[[list[ForkCandidate]], list[tuple[int, int]]]
+
+
+class DecodeEngine:
+    """Batched prefill / fork / decode for a Hugging Face causal LM with KV-prefix sharing.
+
+    Args:
+        model: a ``transformers`` causal LM (``PreTrainedModel``) with a full-attention ``DynamicCache``.
+        tokenizer: its tokenizer; used to decode completions for the answer-tag stop and to find EOS/pad ids.
+        eos_token_ids: token ids that end a completion; default: the tokenizer's and the generation config's EOS.
+        pad_token_id: id fed into holes (never attended); default: tokenizer pad, else first EOS, else 0.
+
+    Raises:
+        ValueError: the model has sliding-window or non-attention layers (see module docstring).
+
+    All methods run under ``torch.inference_mode`` with the model temporarily in ``eval()`` mode.
+
+    Counters (ints, cumulative, for benchmarks): ``forward_calls``, ``decode_rows`` (row-steps of decode
+    forwards, holes included), ``sampled_tokens``, ``refeed_rows``, ``prefill_tokens`` (real prompt tokens),
+    ``copied_rows`` (KV rows copied by forks/selects).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        eos_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        cfg = getattr(model, "config", None)
+        text_cfg = cfg.get_text_config(decoder=True) if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+        layer_types = getattr(text_cfg, "layer_types", None)
+        if layer_types and any(t != "full_attention" for t in layer_types):
+            raise ValueError(
+                f"model {type(model).__name__} has layer types {sorted(set(layer_types))}; DecodeEngine supports only "
+                "full-attention models (sliding-window/linear layers cannot be forked by row copy)"
+            )
+        if eos_token_ids is None:
+            ids: list[int] = []
+            gen_cfg = getattr(model, "generation_config", None)
+            for src in (getattr(tokenizer, "eos_token_id", None), getattr(gen_cfg, "eos_token_id", None)):
+                if src is None:
+                    continue
+                ids.extend(src if isinstance(src, (list, tuple)) else [src])
+            eos_token_ids = ids
+        self.eos_token_ids: frozenset[int] = frozenset(int(t) for t in eos_token_ids)
+        if pad_token_id is None:
+            pad_token_id = getattr(tokenizer, "pad_token_id", None)
+            if pad_token_id is None:
+                pad_token_id = min(self.eos_token_ids) if self.eos_token_ids else 0
+        self.pad_token_id = int(pad_token_id)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._logits_kw = "logits_to_keep" if "logits_to_keep" in params else (
+            "num_logits_to_keep" if "num_logits_to_keep" in params else None
+        )
+        self.forward_calls = 0
+        self.decode_rows = 0
+        self.sampled_tokens = 0
+        self.refeed_rows = 0
+        self.prefill_tokens = 0
+        self.copied_rows = 0
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache):
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if self._logits_kw:
+            kwargs[self._logits_kw] = 1
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        self.forward_calls += 1
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return out.logits[:, -1, :].float(), (new_cache if new_cache is not None else cache)
+
+    class _Eval:
+        def __init__(self, model):
+            self.model = model
+
+        def __enter__(self):
+            self.was_training = self.model.training
+            self.model.eval()
+            self.inf = torch.inference_mode()
+            self.inf.__enter__()
+
+        def __exit__(self, *exc):
+            self.inf.__exit__(*exc)
+            if self.was_training:
+                self.model.train()
+
+    def empty_batch(self) -> KVBatch:
+        """A batch with no rows."""
+        dev = self.device
+        return KVBatch(
+            cache=None,
+            attention_mask=torch.zeros(0, 0, dtype=torch.long, device=dev),
+            next_pos=torch.zeros(0, dtype=torch.long, device=dev),
+            logits=torch.zeros(0, 0, device=dev),
+            tokens=[],
+            prompt_lens=[],
+            answer_start=[],
+        )
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> KVBatch:
+        """Run each prompt once (left-padded, one batched forward) and return one row per prompt.
+
+        Args:
+            prompts: token ids per prompt (non-empty lists of ints).
+
+        Returns:
+            A :class:`KVBatch` with ``len(prompts)`` rows whose ``logits`` are the first completion token's.
+
+        Raises:
+            ValueError: no prompts, or an empty prompt.
+        """
+        if len(prompts) == 0:
+            raise ValueError("prefill needs at least one prompt")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
+        dev = self.device
+        T = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), T), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), T), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, T - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, T - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with self._Eval(self.model):
+            logits, cache = self._run(ids, mask, pos, None)
+            if not bool(mask.all()):
+                keep = mask.bool()[:, None, :, None]
+                kv = [
+                    (torch.where(keep, k, torch.zeros_like(k)), torch.where(keep, v, torch.zeros_like(v)))
+                    for k, v in _cache_kv(cache)
+                ]
+                cache = _cache_from_kv(kv)
+            else:
+                _cache_kv(cache)  # validates layer types
+        self.prefill_tokens += int(mask.sum())
+        return KVBatch(
+            cache=cache,
+            attention_mask=mask,
+            next_pos=mask.sum(-1),
+            logits=logits,
+            tokens=[list(map(int, p)) for p in prompts],
+            prompt_lens=[len(p) for p in prompts],
+            answer_start=[None] * len(prompts),
+        )
+
+    # ------------------------------------------------------------------ row operations
+    def select(self, batch: KVBatch, rows: Sequence[int]) -> KVBatch:
+        """A new batch made of ``batch``'s rows ``rows`` (repeats allowed: that is a fork by KV row copy).
+
+        ``batch`` is left unchanged. Raises ``IndexError`` on a row outside ``[0, batch.size)``.
+        """
+        rows = list(rows)
+        for r in rows:
+            if not 0 <= r < batch.size:
+                raise IndexError(f"row {r} not in batch of {batch.size} rows")
+        if not rows:
+            return self.empty_batch()
+        idx = torch.tensor(rows, dtype=torch.long, device=batch.attention_mask.device)
+        with torch.inference_mode():
+            kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in _cache_kv(batch.cache)]
+            out = KVBatch(
+                cache=_cache_from_kv(kv),
+                attention_mask=batch.attention_mask.index_select(0, idx),
+                next_pos=batch.next_pos.index_select(0, idx),
+                logits=batch.logits.index_select(0, idx),
+                tokens=[list(batch.tokens[r]) for r in rows],
+                prompt_lens=[batch.prompt_lens[r] for r in rows],
+                answer_start=[batch.answer_start[r] for r in rows],
+            )
+        self.copied_rows += len(rows)
+        return out
+
+    def concat(self, batches: Sequence[KVBatch]) -> KVBatch:
+        """Stack batches row-wise; shorter caches get masked zero slots at the end (holes)."""
+        parts = [b for b in batches if b.size]
+        if not parts:
+            return self.empty_batch()
+        if len(parts) == 1:
+            return parts[0]
+        T = max(b.seq_len for b in parts)
+        with torch.inference_mode():
+            kvs = [_cache_kv(b.cache) for b in parts]
+            new_kv = []
+            for li in range(len(kvs[0])):
+                ks, vs = [], []
+                for kv in kvs:
+                    k, v = kv[li]
+                    pad = T - k.shape[-2]
+                    if pad:
+                        k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+                        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+                    ks.append(k)
+                    vs.append(v)
+                new_kv.append((torch.cat(ks, 0), torch.cat(vs, 0)))
+            masks = [torch.nn.functional.pad(b.attention_mask, (0, T - b.seq_len)) for b in parts]
+            return KVBatch(
+                cache=_cache_from_kv(new_kv),
+                attention_mask=torch.cat(masks, 0),
+                next_pos=torch.cat([b.next_pos for b in parts]),
+                logits=torch.cat([b.logits for b in parts]),
+                tokens=[t for b in parts for t in b.tokens],
+                prompt_lens=[p for b in parts for p in b.prompt_lens],
+                answer_start=[a for b in parts for a in b.answer_start],
+            )
+
+    def branch(self, batch: KVBatch, specs: Sequence[tuple[int, int]]) -> KVBatch:
+        """New rows that continue ``batch`` rows from an earlier point of their completion.
+
+        Args:
+            batch: source batch (unchanged).
+            specs: ``(row, keep)`` pairs: the new row holds the prompt plus the first ``keep`` completion tokens
+                of ``row`` (``0 <= keep <= completion length``) and has the logits of completion token ``keep``.
+
+        Cost: a KV row copy per spec; for ``keep`` shorter than the row's completion, the cut tail becomes
+        masked holes and the token before the cut is fed once more (one batched single-token forward for all
+        such specs) -- the shared prefix is never re-run.
+
+        Raises:
+            IndexError / ValueError: bad row or ``keep``.
+        """
+        specs = [(int(r), int(k)) for r, k in specs]
+        for r, k in specs:
+            if not 0 <= r < batch.size:
+                raise IndexError(f"row {r} not in batch of {batch.size} rows")
+            if not 0 <= k <= batch.completion_len(r):
+                raise ValueError(f"keep={k} outside [0, {batch.completion_len(r)}] for row {r}")
+        if not specs:
+            return self.empty_batch()
+        out = self.select(batch, [r for r, _ in specs])
+        cut = [i for i, (r, k) in enumerate(specs) if k < batch.completion_len(r)]
+        if not cut:
+            return out
+        dev = out.attention_mask.device
+        with self._Eval(self.model):
+            mask = out.attention_mask.clone()
+            feed_tok = torch.full((out.size,), self.pad_token_id, dtype=torch.long, device=dev)
+            feed_pos = out.next_pos.clone()
+            fed = torch.zeros(out.size, dtype=torch.long, device=dev)
+            for i in cut:
+                r, k = specs[i]
+                plen = out.prompt_lens[i]
+                n_keep = plen + k  # real tokens the branch has
+                valid = mask[i].cumsum(-1)
+                mask[i] = mask[i] * (valid <= n_keep - 1).long()  # drop the last kept token too: it is re-fed
+                out.tokens[i] = out.tokens[i][:n_keep]
+                feed_tok[i] = out.tokens[i][-1]
+                feed_pos[i] = n_keep - 1
+                fed[i] = 1
+                a = out.answer_start[i]
+                if a is not None and a >= k:
+                    out.answer_start[i] = None
+            new_mask = torch.cat([mask, fed[:, None]], dim=1)
+            logits, cache = self._run(feed_tok[:, None], new_mask, feed_pos[:, None], out.cache)
+            fed_b = fed.bool()
+            out.cache = cache
+            out.attention_mask = new_mask
+            out.logits = torch.where(fed_b[:, None], logits, out.logits)
+            out.next_pos = torch.where(fed_b, feed_pos + 1, out.next_pos)
+        self.refeed_rows += len(cut)
+        return out
+
+    def _append_copies(self, batch: KVBatch, rows: Sequence[int]) -> None:
+        """Append copies of ``rows`` to ``batch`` in place (the state before this step's token is fed)."""
+        idx = torch.tensor(list(rows), dtype=torch.long, device=batch.attention_mask.device)
+        kv = [
+            (torch.cat([k, k.index_select(0, idx)], 0), torch.cat([v, v.index_select(0, idx)], 0))
+            for k, v in _cache_kv(batch.cache)
+        ]
+        batch.cache = _cache_from_kv(kv)
+        batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.index_select(0, idx)], 0)
+        batch.next_pos = torch.cat([batch.next_pos, batch.next_pos.index_select(0, idx)], 0)
+        batch.logits = torch.cat([batch.logits, batch.logits.index_select(0, idx)], 0)
+        for r in rows:
+            batch.tokens.append(list(batch.tokens[r]))
+            batch.prompt_lens.append(batch.prompt_lens[r])
+            batch.answer_start.append(batch.answer_start[r])
+        self.copied_rows += len(rows)
+
+    # ------------------------------------------------------------------ text checks
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _answer_checks(self, batch: KVBatch, rows: Sequence[int], params: DecodeParams) -> dict[int, bool]:
+        """Update ``answer_start`` of ``rows``; return {row: answer_close seen} for rows whose tail was checked."""
+        if self.tokenizer is None or (params.answer_open is None and params.answer_close is None):
+            return {}
+        tags = [t for t in (params.answer_open, params.answer_close) if t]
+        width = max(len(t) for t in tags) + 2
+        tails, owners = [], []
+        for r in rows:
+            comp_start = batch.prompt_lens[r]
+            toks = batch.tokens[r]
+            tails.append(toks[max(comp_start, len(toks) - width):])
+            owners.append(r)
+        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
+        closed: dict[int, bool] = {}
+        for r, tail, text in zip(owners, tails, texts):
+            if params.answer_open and batch.answer_start[r] is None and params.answer_open in text:
+                # the tag begins inside the last token whose suffix still contains it
+                start = 0
+                for j in range(len(tail) - 1, -1, -1):
+                    if params.answer_open in self._decode(tail[j:]):
+                        start = j
+                        break
+                batch.answer_start[r] = batch.completion_len(r) - len(tail) + start
+            if params.answer_close and params.answer_close in text:
+                closed[r] = True
+        return closed
+
+    # ------------------------------------------------------------------ decoding
+    def decode_segment(
+        self,
+        batch: KVBatch,
+        max_new: Sequence[int],
+        params: DecodeParams,
+        generator: torch.Generator | None = None,
+        fork_fn: ForkFn | None = None,
+        with_top2: bool = False,
+    ) -> list[SegmentRecord]:
+        """Decode up to ``max_new[i]`` tokens for every row ``i``, one batched forward per step.
+
+        A row stops early at EOS, a finished answer tag, a repetition or ``params.max_completion_length``
+        (its record gets the finish reason; it stays in the batch, the caller drops it). A row that reached its
+        ``max_new`` without finishing keeps the logits of its next token, so the next call continues it.
+
+        Args:
+            batch: the rows to advance; modified in place (cache, mask, positions, logits, tokens).
+            max_new: per-row token cap for this segment (>= 0), ``len(max_new) == batch.size``.
+            params: sampling and stop settings.
+            generator: torch RNG on the model's device (reproducibility).
+            fork_fn: optional LATR-style token-level brancher. Called once per step with a
+                :class:`ForkCandidate` per row that sampled this step (requires ``with_top2``); returns
+                ``(row, token)`` pairs: each appends a new row copied from ``row`` *before* this step's token,
+                which takes ``token`` instead (its log-prob is scored under the same distribution) and then
+                decodes like any row, with the parent's remaining cap. New rows are numbered from the current
+                ``batch.size`` up, in the order returned.
+            with_top2: record untempered top-2 ids/probabilities per token.
+
+        Returns:
+            One :class:`SegmentRecord` per row of the batch after the call (forked rows last).
+
+        Raises:
+            ValueError: ``len(max_new) != batch.size``, a negative cap, ``fork_fn`` without ``with_top2``, or a
+                fork on a row that did not sample this step.
+        """
+        if len(max_new) != batch.size:
+            raise ValueError(f"max_new has {len(max_new)} entries for a batch of {batch.size} rows")
+        if any(int(m) < 0 for m in max_new):
+            raise ValueError("max_new entries must be >= 0")
+        if fork_fn is not None and not with_top2:
+            raise ValueError("fork_fn needs with_top2=True (the branch test reads top-2 probabilities)")
+        recs = [SegmentRecord(row=i, start_len=batch.completion_len(i)) for i in range(batch.size)]
+        cap = [int(m) for m in max_new]
+        live = [cap[i] > 0 and batch.completion_len(i) < params.max_completion_length for i in range(batch.size)]
+        if not any(live):
+            return recs
+        dev = batch.attention_mask.device
+        eos = self.eos_token_ids
+        with self._Eval(self.model):
+            while any(live):
+                rows = [i for i in range(batch.size) if live[i]]
+                idx = torch.tensor(rows, dtype=torch.long, device=dev)
+                so = sample_next(
+                    batch.logits.index_select(0, idx), params.temperature, params.top_p, params.top_k, generator,
+                    with_top2,
+                )
+                toks = so.tokens.tolist()
+                lps = so.logprobs.tolist()
+                t2i = so.top2_ids.tolist() if with_top2 else None
+                t2p = so.top2_probs.tolist() if with_top2 else None
+                step_tok = dict(zip(rows, toks))
+                step_lp = dict(zip(rows, lps))
+                step_t2i = dict(zip(rows, t2i)) if with_top2 else {}
+                step_t2p = dict(zip(rows, t2p)) if with_top2 else {}
+                # --- token-level forks (before this step's token enters the cache)
+                if fork_fn is not None:
+                    cands = [
+                        ForkCandidate(
+                            row=r, offset=len(recs[r].token_ids), completion_index=batch.completion_len(r),
+                            sampled=step_tok[r], top2_ids=tuple(step_t2i[r]), top2_probs=tuple(step_t2p[r]),
+                            cap_left=cap[r], answer_started=batch.answer_start[r] is not None,
+                        )
+                        for r in rows
+                    ]
+                    forks = list(fork_fn(cands))
+                    if forks:
+                        row_pos = {r: j for j, r in enumerate(rows)}
+                        for r, _ in forks:
+                            if r not in row_pos:
+                                raise ValueError(f"fork_fn returned row {r}, which did not sample at this step")
+                        base = batch.size
+                        self._append_copies(batch, [r for r, _ in forks])
+                        for n, (r, tok) in enumerate(forks):
+                            nr = base + n
+                            j = row_pos[r]
+                            recs.append(SegmentRecord(row=nr, start_len=batch.completion_len(r), parent_row=r,
+                                                      fork_offset=len(recs[r].token_ids)))
+                            cap.append(cap[r])
+                            live.append(True)
+                            rows.append(nr)
+                            step_tok[nr] = int(tok)
+                            step_lp[nr] = float(so.log_probs_full[j, int(tok)])
+                            step_t2i[nr] = step_t2i[r]
+                            step_t2p[nr] = step_t2p[r]
+                # --- record tokens and stop checks
+                for r in rows:
+                    t = step_tok[r]
+                    rec = recs[r]
+                    rec.token_ids.append(t)
+                    rec.logprobs.append(step_lp[r])
+                    rec.surprisal.append(-step_lp[r])
+                    if with_top2:
+                        rec.top2_ids.append(tuple(step_t2i[r]))
+                        rec.top2_probs.append(tuple(step_t2p[r]))
+                    batch.tokens[r].append(t)
+                    cap[r] -= 1
+                closed = self._answer_checks(batch, rows, params)
+                for r in rows:
+                    rec = recs[r]
+                    comp = batch.completion(r)
+                    if rec.token_ids[-1] in eos:
+                        rec.finish_reason = "eos"
+                    elif closed.get(r):
+                        rec.finish_reason = "answer"
+                    elif is_repetition(comp, params.repetition_count, params.repetition_max_period):
+                        rec.finish_reason = "repetition"
+                    elif len(comp) >= params.max_completion_length:
+                        rec.finish_reason = "length"
+                    if rec.finish_reason is not None or cap[r] <= 0:
+                        live[r] = False
+                # --- one forward for every row (rows that did not sample this step get a masked hole)
+                B = batch.size
+                fed = torch.zeros(B, dtype=torch.long, device=dev)
+                fed_idx = torch.tensor(rows, dtype=torch.long, device=dev)
+                fed[fed_idx] = 1
+                inp = torch.full((B,), self.pad_token_id, dtype=torch.long, device=dev)
+                inp[fed_idx] = torch.tensor([step_tok[r] for r in rows], dtype=torch.long, device=dev)
+                new_mask = torch.cat([batch.attention_mask, fed[:, None]], dim=1)
+                logits, cache = self._run(inp[:, None], new_mask, batch.next_pos[:, None], batch.cache)
+                fed_b = fed.bool()
+                batch.cache = cache
+                batch.attention_mask = new_mask
+                batch.logits = torch.where(fed_b[:, None], logits, batch.logits)
+                batch.next_pos = batch.next_pos + fed
+                self.decode_rows += B
+                self.sampled_tokens += len(rows)
+        return recs

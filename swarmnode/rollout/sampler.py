@@ -1,0 +1,826 @@
+"""Tree-structured and independent (chain) rollout sampling with KV-prefix sharing (design.md §1 step 2, §5).
+
+Entry point: :func:`sample_rollouts`. It returns one :class:`~swarmnode.rollout.tree.RolloutTree` per prompt
+(a :class:`SampledTrees` list that also carries :class:`SamplerStats`).
+
+``tree.mode == "chain"`` -- independent group sampling: every prompt is prefilled once, its KV rows are
+copied to ``num_generations`` rows, and all rows of all prompts decode together; each completion is one
+child of the root.
+
+``tree.mode == "tree"`` -- TreePO's segment-wise tree (references.md §1.1, ``generate_sequences_tree_deepth_
+first_vanilla_mode``):
+
+1. root fork: each prompt's prefilled row is copied ``min(b, w)`` times (``b = branching_factor``,
+   ``w = num_generations`` target leaves);
+2. every step decodes one segment (<= ``segment_length`` tokens) for all live paths of all prompts in one
+   batch (one forward per token);
+3. each path is classified: EOS / finished answer tag / repetition / ``max_completion_length`` /
+   ``max_depth`` segments -> finished leaf; near-duplicate of its sibling -> pruned leaf (below); else live;
+4. budget transfer per prompt: ``remaining = max(w - finished_total, 0)``,
+   ``total = max(min(remaining, b*finished_now + b*|live|), |live|)`` copies for the live paths, further
+   capped so that every copy can get a full segment inside the token budget;
+5. the extra copies (``total - |live|``) are placed by the branching rule:
+
+   * ``uniform`` -- copies at the segment boundary, spread evenly (``floor(total/|live|)`` each, the
+     remainder to randomly chosen paths; TreePO's ``fixed_avg`` gives the whole remainder to the last path);
+   * ``surprisal`` -- TreeRL/EPTree: forks at the tokens of this step's segments with the highest surprisal
+     ``-log p`` of the sampled token (references.md §1.2 step 2), never at a branch's first token and never
+     inside or after the answer tag; the fork resamples that token. Slots left without an eligible token
+     fall back to uniform copies;
+   * ``lookahead`` -- LATR: during decoding, a row whose untempered top-2 probabilities satisfy
+     ``p2 > tau_abs`` and ``p1 - p2 < tau_rel`` forks, and the new branch takes the near-tied alternative
+     (the second-ranked token, or the first-ranked one if the row itself sampled the second) while a leaf
+     slot and token budget remain (references.md §1.4 steps 1-5). No boundary copies in this mode;
+6. fallback (TreePO step 6): a prompt with no live path and fewer than ``w`` leaves re-forks a finished
+   leaf (EOS/answer leaves first, else any) at a random segment boundary before its answer began, with
+   ``min(b, w - leaves)`` copies; at most ``w`` fallbacks per prompt.
+
+Pruning (LATR's lookahead filter, references.md §1.4 step 6): a new branch is compared with its sibling
+(the path it forked from, or the first copy of a boundary fork) once it has decoded ``segment_length``
+tokens; if ``difflib.SequenceMatcher(None, a, b).ratio() >= prune_similarity`` on the texts of the two
+continuations (cut to equal token counts) the branch stops with ``finish_reason="pruned"``. Pruned leaves
+stay in the tree and are counted (:attr:`PromptStats.pruned`); they do not take one of the ``w`` slots.
+
+Invariants (``tests/test_sampler.py``): generated tokens per prompt never exceed ``token_budget``; every
+leaf's completion is the concatenation of its path's segments and equals, token for token, what the engine
+decoded for that path (each token's behaviour log-prob matches a full forward over prompt + completion);
+non-pruned leaves per prompt <= ``num_generations`` (so ``len(tree.leaves()) <= num_generations + pruned``).
+
+Token accounting: a node's ``token_ids`` are the tokens sampled for it; the re-fed token of a cut fork and
+the prompt prefill are compute, not generated tokens (see :class:`SamplerStats`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from swarmnode.policy.decode import DecodeEngine, DecodeParams, ForkCandidate, KVBatch, SegmentRecord
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.tasks.base import TaskRef
+
+__all__ = [
+    "PromptSpec",
+    "PromptStats",
+    "SamplerStats",
+    "SampledTrees",
+    "sample_rollouts",
+    "treepo_total_copies",
+    "split_copies",
+    "surprisal_fork_points",
+    "lookahead_alternative",
+    "near_duplicate",
+]
+
+#: finish reasons that make a leaf a preferred fallback source (TreePO's ``soft_boxed_and_eos``)
+_FALLBACK_PREFERRED = ("eos", "answer")
+
+
+# ============================================================================ data
+@dataclass
+class PromptSpec:
+    """One prompt to roll out.
+
+    Attributes:
+        task: the TaskRef the prompt was made from.
+        prompt_ids: token ids of the full prompt (chat template applied), ``list[int]``, non-empty.
+        prompt_text: the prompt as text (stored on the tree).
+        task_name: task-family name (for metrics).
+    """
+
+    task: TaskRef
+    prompt_ids: list[int]
+    prompt_text: str = ""
+    task_name: str = ""
+
+
+@dataclass
+class PromptStats:
+    """Per-prompt sampling statistics.
+
+    Attributes:
+        generated_tokens: tokens sampled for this prompt (all nodes, pruned ones included).
+        leaves: non-pruned leaves.
+        pruned: pruned leaves.
+        forks: branches created after the root fork (boundary copies, surprisal/lookahead forks, fallbacks).
+        fallbacks: fallback re-forks.
+        finish_reasons: leaf count per finish reason.
+        token_budget: the per-prompt cap (``None`` = none).
+    """
+
+    generated_tokens: int = 0
+    leaves: int = 0
+    pruned: int = 0
+    forks: int = 0
+    fallbacks: int = 0
+    finish_reasons: Counter = field(default_factory=Counter)
+    token_budget: int | None = None
+
+
+@dataclass
+class SamplerStats:
+    """Statistics of one :func:`sample_rollouts` call.
+
+    Attributes:
+        mode / branching: what ran.
+        prompts: one :class:`PromptStats` per prompt, in input order.
+        prefill_tokens: real prompt tokens run through the model (each prompt once).
+        forward_calls: model forward calls (prefill, decode steps, re-feeds).
+        decode_rows: row-steps of decode forwards, holes included (a compute proxy).
+        refeed_rows: single-token re-feeds for forks inside decoded text.
+        copied_rows: KV rows copied (forks, compaction).
+        steps: segment steps run.
+        wall_time_s: wall-clock seconds of the call (for benchmarks; never asserted on).
+    """
+
+    mode: str = "chain"
+    branching: str = "uniform"
+    prompts: list[PromptStats] = field(default_factory=list)
+    prefill_tokens: int = 0
+    forward_calls: int = 0
+    decode_rows: int = 0
+    refeed_rows: int = 0
+    copied_rows: int = 0
+    steps: int = 0
+    wall_time_s: float = 0.0
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(p.generated_tokens for p in self.prompts)
+
+    @property
+    def leaves(self) -> int:
+        return sum(p.leaves for p in self.prompts)
+
+    @property
+    def pruned(self) -> int:
+        return sum(p.pruned for p in self.prompts)
+
+    def as_dict(self) -> dict:
+        """Flat numbers for logs/metrics."""
+        reasons: Counter = Counter()
+        for p in self.prompts:
+            reasons.update(p.finish_reasons)
+        return {
+            "mode": self.mode,
+            "branching": self.branching,
+            "generated_tokens": self.generated_tokens,
+            "leaves": self.leaves,
+            "pruned": self.pruned,
+            "forks": sum(p.forks for p in self.prompts),
+            "fallbacks": sum(p.fallbacks for p in self.prompts),
+            "prefill_tokens": self.prefill_tokens,
+            "forward_calls": self.forward_calls,
+            "decode_rows": self.decode_rows,
+            "refeed_rows": self.refeed_rows,
+            "copied_rows": self.copied_rows,
+            "steps": self.steps,
+            "wall_time_s": self.wall_time_s,
+            **{f"finish_{k}": v for k, v in sorted(reasons.items())},
+        }
+
+
+class SampledTrees(list):
+    """``list[RolloutTree]`` (input prompt order) with the run's :class:`SamplerStats` in ``.stats``."""
+
+    stats: SamplerStats
+
+
+# ============================================================================ branching rules (pure functions)
+def treepo_total_copies(width: int, finished_total: int, finished_now: int, live: int, branching_factor: int) -> int:
+    """TreePO budget transfer (references.md §1.1 step 4): how many paths continue after this step.
+
+    ``remaining = max(width - finished_total, 0)``; ``total = max(min(remaining, b*finished_now + b*live), live)``.
+    ``finished_total`` includes ``finished_now``. Returns 0 when ``live == 0``.
+
+    Example: width 8, nothing finished, 2 live, b=2 -> 4 (each path forks in two).
+    """
+    if live <= 0:
+        return 0
+    remaining = max(width - finished_total, 0)
+    return max(min(remaining, branching_factor * finished_now + branching_factor * live), live)
+
+
+def split_copies(total: int, n_paths: int, generator: torch.Generator | None = None) -> list[int]:
+    """Spread ``total`` continuations over ``n_paths`` live paths: ``floor(total/n)`` each (>= 1), the remainder
+    one each to randomly chosen paths (drawn with ``generator``; first paths when it is ``None``).
+
+    Raises:
+        ValueError: ``total < n_paths`` (every live path continues at least once).
+    """
+    if n_paths == 0:
+        return []
+    if total < n_paths:
+        raise ValueError(f"total copies {total} < live paths {n_paths}")
+    base, rem = divmod(total, n_paths)
+    out = [base] * n_paths
+    if rem:
+        order = torch.randperm(n_paths, generator=generator).tolist() if generator is not None else list(range(n_paths))
+        for i in order[:rem]:
+            out[i] += 1
+    return out
+
+
+def surprisal_fork_points(
+    surprisals: Sequence[Sequence[float]],
+    eligible: Sequence[Sequence[bool]],
+    n: int,
+) -> list[tuple[int, int]]:
+    """TreeRL/EPTree fork selection (references.md §1.2 step 2): the ``n`` eligible tokens with the highest
+    surprisal ``-log p(sampled token)`` across all given segments.
+
+    Args:
+        surprisals: per segment, per token surprisal (nats).
+        eligible: same shape; ``False`` excludes a token (a branch's first token, inside/after the answer).
+        n: forks wanted (>= 0).
+
+    Returns:
+        ``(segment index, token offset)`` pairs, highest surprisal first; ties go to the earlier segment, then
+        the earlier token. Fewer than ``n`` when fewer tokens are eligible.
+    """
+    if len(surprisals) != len(eligible):
+        raise ValueError("surprisals and eligible must have one entry per segment")
+    cands = []
+    for si, (ss, ee) in enumerate(zip(surprisals, eligible)):
+        if len(ss) != len(ee):
+            raise ValueError(f"segment {si}: {len(ss)} surprisals but {len(ee)} eligibility flags")
+        for ti, (s, e) in enumerate(zip(ss, ee)):
+            if e:
+                cands.append((-float(s), si, ti))
+    cands.sort()
+    return [(si, ti) for _, si, ti in cands[: max(n, 0)]]
+
+
+def lookahead_alternative(
+    top2_ids: Sequence[int],
+    top2_probs: Sequence[float],
+    sampled: int,
+    tau_abs: float,
+    tau_rel: float,
+) -> int | None:
+    """LATR's branch test (references.md §1.4 step 2): branch when ``p2 > tau_abs`` and ``p1 - p2 < tau_rel``.
+
+    Args:
+        top2_ids: the two most likely token ids (untempered softmax), most likely first.
+        top2_probs: their probabilities ``(p1, p2)``.
+        sampled: the token the path sampled at this position.
+        tau_abs, tau_rel: thresholds.
+
+    Returns:
+        The token the new branch takes -- the second-ranked token, or the first-ranked one when the path itself
+        sampled the second -- or ``None`` when the test fails.
+    """
+    (i1, i2), (p1, p2) = top2_ids, top2_probs
+    if not (p2 > tau_abs and p1 - p2 < tau_rel):
+        return None
+    return int(i1) if int(sampled) == int(i2) else int(i2)
+
+
+def near_duplicate(a: str, b: str, threshold: float) -> bool:
+    """True when ``difflib.SequenceMatcher(None, a, b).ratio() >= threshold`` (LATR-style near-duplicate test)."""
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= threshold
+
+
+# ============================================================================ sampler internals
+@dataclass
+class _Path:
+    """A live decoding path (one batch row)."""
+
+    prompt: int
+    node: int  # node the next segment attaches under
+    completion: list[int]
+    steps: int  # segments decoded along this path
+    born_at: int = 0  # completion index where this branch diverged
+    first_resampled: int | None = None  # completion index of a fork's first (resampled/alternative) token
+    ref: "_Path | None" = None  # sibling to compare with for pruning; None once checked (or never a branch)
+    parked_row: int | None = None
+    finish_reason: str | None = None
+    pruned: bool = False
+    answer_start: int | None = None
+
+
+class _Run:
+    """State of one tree-mode or chain-mode sampling run."""
+
+    def __init__(self, engine: DecodeEngine, tokenizer, prompts: list[PromptSpec], cfg, policy_version: int,
+                 generator: torch.Generator | None) -> None:
+        self.engine = engine
+        self.tok = tokenizer
+        self.cfg = cfg
+        self.tcfg = cfg.tree
+        self.version = int(policy_version)
+        self.gen = generator
+        self.params = DecodeParams.from_config(cfg)
+        self.width = cfg.num_generations
+        self.budget = self.tcfg.token_budget
+        self.max_len = cfg.max_completion_length
+        self.seg = self.tcfg.segment_length
+        self.b = self.tcfg.branching_factor
+        self.prompts = prompts
+        model_id = str(getattr(getattr(engine.model, "config", None), "_name_or_path", "") or "")
+        tok_id = str(getattr(tokenizer, "name_or_path", "") or "")
+        self.trees: list[RolloutTree] = []
+        self.stats = SamplerStats(mode=self.tcfg.mode, branching=self.tcfg.branching)
+        for p in prompts:
+            ids = list(p.prompt_ids)[-cfg.max_prompt_length:]
+            self.trees.append(RolloutTree(task=p.task, prompt_ids=ids, prompt_text=p.prompt_text,
+                                          task_name=p.task_name, model_id=model_id, tokenizer_id=tok_id))
+            self.stats.prompts.append(PromptStats(token_budget=self.budget))
+        self.acc_text: list[dict[int, str]] = [{0: ""} for _ in prompts]
+        self.node_steps: list[dict[int, int]] = [{0: 0} for _ in prompts]
+        self.node_end: list[dict[int, int]] = [{0: 0} for _ in prompts]  # completion length at node end
+
+    # ------------------------------------------------------------------ helpers
+    def left(self, p: int) -> float:
+        """Tokens left in prompt ``p``'s budget."""
+        if self.budget is None:
+            return math.inf
+        return self.budget - self.stats.prompts[p].generated_tokens
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def add_node(self, p: int, parent: int, completion: list[int], start: int, end: int, logprobs: list[float],
+                 leaf: bool, steps: int, finish_reason: str | None = None) -> int:
+        """Add completion[start:end] as a node under ``parent`` with text that concatenates exactly."""
+        tree = self.trees[p]
+        acc_parent = self.acc_text[p][parent]
+        full = self.decode_text(completion[:end])
+        acc = full if leaf else full.rstrip("\ufffd")
+        if acc.startswith(acc_parent):
+            text = acc[len(acc_parent):]
+        else:  # tokenizer decodes a prefix differently than the whole; keep the segment's own decode
+            text = self.decode_text(completion[start:end])
+            acc = acc_parent + text
+        nid = tree.add_child(parent, completion[start:end], text=text, logprobs=logprobs,
+                             policy_version=self.version, finish_reason=finish_reason)
+        self.acc_text[p][nid] = acc
+        self.node_steps[p][nid] = steps
+        self.node_end[p][nid] = end
+        return nid
+
+    def finish_leaf(self, p: int, node: int, reason: str, completion: list[int]) -> None:
+        """Mark an existing childless node as a leaf with ``reason`` (re-deriving its text as a leaf)."""
+        tree = self.trees[p]
+        n = tree.nodes[node]
+        if n.children or node == 0:
+            raise RuntimeError(f"node {node} of prompt {p} cannot become a leaf")
+        n.finish_reason = reason
+        parent = n.parent
+        full = self.decode_text(completion)
+        acc_parent = self.acc_text[p][parent]
+        if full.startswith(acc_parent):
+            n.text = full[len(acc_parent):]
+        self.acc_text[p][node] = self.acc_text[p][parent] + n.text
+        self.count_leaf(p, reason)
+
+    def count_leaf(self, p: int, reason: str) -> None:
+        st = self.stats.prompts[p]
+        st.finish_reasons[reason] += 1
+        if reason == "pruned":
+            st.pruned += 1
+        else:
+            st.leaves += 1
+
+    def check_leaf(self, p: int, leaf: int, decoded: list[int]) -> None:
+        """Internal invariant: the tree's path for ``leaf`` is exactly what the engine decoded."""
+        if self.trees[p].completion_ids(leaf) != decoded:
+            raise RuntimeError(f"internal error: leaf {leaf} of prompt {p} does not match its decoded tokens")
+
+    # ------------------------------------------------------------------ chain mode
+    def run_chain(self) -> None:
+        eng = self.engine
+        P = len(self.prompts)
+        base = eng.prefill([t.prompt_ids for t in self.trees])
+        k = self.width
+        counts = []
+        for p in range(P):
+            kp = k
+            if self.budget is not None:  # admit only samples whose worst-case length fits the budget
+                kp = min(k, max(1, self.budget // self.max_len))  # a budget below max_len: one shorter sample
+            counts.append(kp)
+        rows = [p for p in range(P) for _ in range(counts[p])]
+        batch = eng.select(base, rows)
+        del base
+        paths = [_Path(prompt=p, node=0, completion=[], steps=0) for p in rows]
+        logps: list[list[float]] = [[] for _ in rows]
+        chunk = max(1, min(self.seg, self.max_len))
+        while batch.size:
+            self.stats.steps += 1
+            caps = []
+            for i, path in enumerate(paths):
+                c = min(chunk, self.max_len - len(path.completion))
+                caps.append(max(0, c))
+            # budget: never exceed (only binds when budget < max_len for the single admitted sample)
+            for p in set(pp.prompt for pp in paths):
+                idx = [i for i, pp in enumerate(paths) if pp.prompt == p]
+                self._cap_to_budget(p, idx, caps)
+            recs = eng.decode_segment(batch, caps, self.params, self.gen)
+            keep = []
+            for i, (path, rec) in enumerate(zip(paths, recs)):
+                p = path.prompt
+                path.completion.extend(rec.token_ids)
+                logps[i].extend(rec.logprobs)
+                self.stats.prompts[p].generated_tokens += len(rec.token_ids)
+                reason = rec.finish_reason
+                if reason is None and (caps[i] == 0 or self.left(p) <= 0):
+                    reason = "budget"
+                if reason is None:
+                    keep.append(i)
+                    continue
+                if not path.completion:
+                    continue  # budget 0: nothing decoded, no leaf
+                nid = self.add_node(p, 0, path.completion, 0, len(path.completion), logps[i], leaf=True,
+                                    steps=1, finish_reason=reason)
+                self.count_leaf(p, reason)
+                self.check_leaf(p, nid, batch.completion(i))
+            batch = eng.select(batch, keep) if len(keep) != batch.size else batch
+            paths = [paths[i] for i in keep]
+            logps = [logps[i] for i in keep]
+
+    def _cap_to_budget(self, p: int, idx: list[int], caps: list[int]) -> None:
+        """Shrink ``caps[i]`` for rows ``idx`` of prompt ``p`` so that their sum fits the remaining budget."""
+        left = self.left(p)
+        if left == math.inf or sum(caps[i] for i in idx) <= left:
+            return
+        left = int(left)
+        n = len(idx)
+        share, rem = divmod(left, n) if n else (0, 0)
+        for j, i in enumerate(idx):
+            caps[i] = min(caps[i], share + (1 if j < rem else 0))
+
+    # ------------------------------------------------------------------ tree mode
+    def run_tree(self) -> None:
+        eng = self.engine
+        P = len(self.prompts)
+        self.prompt_batch = eng.prefill([t.prompt_ids for t in self.trees])  # kept for fallback restarts
+        self.parked = eng.empty_batch()
+        self.parked_paths: list[_Path] = []
+        self.fallback_count = [0] * P
+        self.finished = [0] * P  # non-pruned leaves
+        k0 = []
+        for p in range(P):
+            k = min(self.b, self.width)
+            if self.budget is not None:
+                k = max(1, min(k, self.budget // self.seg))
+            k0.append(k)
+        rows = [p for p in range(P) for _ in range(k0[p])]
+        batch = eng.select(self.prompt_batch, rows)
+        paths: list[_Path] = []
+        for p in rows:
+            paths.append(_Path(prompt=p, node=0, completion=[], steps=0, born_at=0))
+        # root siblings: compare later copies with the first copy of the same prompt
+        firsts: dict[int, _Path] = {}
+        for path in paths:
+            if path.prompt in firsts:
+                path.ref = firsts[path.prompt]
+                path.first_resampled = 0
+            else:
+                firsts[path.prompt] = path
+        rule = self.tcfg.branching
+        while True:
+            batch, paths = self._fallback(batch, paths)
+            if not batch.size:
+                break
+            self.stats.steps += 1
+            batch, paths = self._step(batch, paths, rule)
+        self.parked = eng.empty_batch()
+
+    def _segment_caps(self, batch: KVBatch, paths: list[_Path]) -> tuple[list[int], list[int]]:
+        """Per-row token caps for the next segment; returns (caps, rows to retire with zero budget)."""
+        caps = [max(0, min(self.seg, self.max_len - len(pp.completion))) for pp in paths]
+        by_prompt: dict[int, list[int]] = {}
+        for i, pp in enumerate(paths):
+            by_prompt.setdefault(pp.prompt, []).append(i)
+        for p, idx in by_prompt.items():
+            self._cap_to_budget(p, idx, caps)
+        return caps, [i for i, c in enumerate(caps) if c == 0]
+
+    def _step(self, batch: KVBatch, paths: list[_Path], rule: str) -> tuple[KVBatch, list[_Path]]:
+        eng = self.engine
+        caps, zero = self._segment_caps(batch, paths)
+        if zero:
+            # rows that cannot get a single token: a path that alone owns its childless last node ends there as a
+            # "budget" leaf; a fresh copy (its node is shared or already has children) decoded nothing and is dropped
+            keep = [i for i, c in enumerate(caps) if c > 0]
+            busy = {(paths[i].prompt, paths[i].node) for i in keep}
+            for i in zero:
+                pp = paths[i]
+                node = self.trees[pp.prompt].nodes[pp.node]
+                if pp.node == 0 or node.children or node.finish_reason is not None or (pp.prompt, pp.node) in busy:
+                    continue
+                self.finish_leaf(pp.prompt, pp.node, "budget", pp.completion)
+                self.finished[pp.prompt] += 1
+            batch = eng.select(batch, keep)
+            paths = [paths[i] for i in keep]
+            caps = [caps[i] for i in keep]
+            if not batch.size:
+                return batch, paths
+        # reservation for token-level forks
+        reserved: dict[int, int] = {}
+        rows_of: dict[int, int] = {}
+        for i, pp in enumerate(paths):
+            reserved[pp.prompt] = reserved.get(pp.prompt, 0) + caps[i]
+            rows_of[pp.prompt] = rows_of.get(pp.prompt, 0) + 1
+        row_prompt = [pp.prompt for pp in paths]
+        fork_fn = None
+        if rule == "lookahead":
+            tau_abs, tau_rel = self.tcfg.lookahead_tau_abs, self.tcfg.lookahead_tau_rel
+
+            def fork_fn(cands: list[ForkCandidate]) -> list[tuple[int, int]]:
+                out = []
+                for c in cands:
+                    p = row_prompt[c.row]
+                    if c.answer_started or c.completion_index >= self.max_len:
+                        continue
+                    alt = lookahead_alternative(c.top2_ids, c.top2_probs, c.sampled, tau_abs, tau_rel)
+                    if alt is None:
+                        continue
+                    if self.finished[p] + rows_of[p] + 1 > self.width:
+                        continue
+                    if reserved[p] + c.cap_left > self.left(p):
+                        continue
+                    reserved[p] += c.cap_left
+                    rows_of[p] += 1
+                    row_prompt.append(p)
+                    out.append((c.row, alt))
+                return out
+
+        recs = eng.decode_segment(batch, caps, self.params, self.gen, fork_fn=fork_fn,
+                                  with_top2=rule == "lookahead")
+        # ---- paths for rows forked during the segment
+        for rec in recs[len(paths):]:
+            parent = paths[rec.parent_row]
+            child = _Path(prompt=parent.prompt, node=-1, completion=[], steps=parent.steps,
+                          born_at=rec.start_len, first_resampled=rec.start_len, ref=parent)
+            paths.append(child)
+            self.stats.prompts[child.prompt].forks += 1
+        # ---- update completions, token counts, classify
+        for i, (pp, rec) in enumerate(zip(paths, recs)):
+            pp.completion = batch.completion(i)
+            pp.answer_start = batch.answer_start[i]
+            pp.steps += 1
+            self.stats.prompts[pp.prompt].generated_tokens += len(rec.token_ids)
+            reason = rec.finish_reason
+            if reason is None and pp.steps >= self.tcfg.max_depth:
+                reason = "depth"
+            pp.finish_reason = reason
+        self._prune(paths, recs)
+        # ---- budget transfer and fork placement
+        finished_now: dict[int, int] = {}
+        live_of: dict[int, list[int]] = {}
+        for i, pp in enumerate(paths):
+            live_of.setdefault(pp.prompt, [])
+            if pp.finish_reason is None:
+                live_of[pp.prompt].append(i)
+            elif not pp.pruned:
+                finished_now[pp.prompt] = finished_now.get(pp.prompt, 0) + 1
+        for p, n in finished_now.items():
+            self.finished[p] += n
+        copies = [1 if pp.finish_reason is None else 0 for pp in paths]
+        surprisal_forks: list[tuple[int, int]] = []  # (row, completion index to resample)
+        for p, live in live_of.items():
+            if not live:
+                continue
+            if rule == "lookahead":
+                continue  # forks happen at near-ties only
+            total = treepo_total_copies(self.width, self.finished[p], finished_now.get(p, 0), len(live), self.b)
+            left = self.left(p)
+            if left != math.inf:
+                total = min(total, max(len(live), int(left) // self.seg))
+            extra = total - len(live)
+            if extra <= 0:
+                continue
+            if rule == "surprisal":
+                cand_rows = [i for i, pp in enumerate(paths) if pp.prompt == p and not pp.pruned and recs[i].token_ids]
+                surps, elig = [], []
+                for i in cand_rows:
+                    pp, rec = paths[i], recs[i]
+                    surps.append(rec.surprisal)
+                    e = []
+                    for o in range(len(rec.token_ids)):
+                        c = rec.start_len + o
+                        ok = c != pp.first_resampled and (pp.answer_start is None or c < pp.answer_start)
+                        e.append(ok)
+                    elig.append(e)
+                picks = surprisal_fork_points(surps, elig, extra)
+                for si, o in picks:
+                    i = cand_rows[si]
+                    surprisal_forks.append((i, recs[i].start_len + o))
+                extra -= len(picks)
+            if extra > 0:
+                add = split_copies(len(live) + extra, len(live), self.gen)
+                for i, c in zip(live, add):
+                    copies[i] = c
+        # ---- split points per row (token-level forks, surprisal forks)
+        splits: dict[int, set[int]] = {}
+        for rec in recs:
+            if rec.parent_row is not None:
+                splits.setdefault(rec.parent_row, set()).add(rec.fork_offset)
+        for i, c in surprisal_forks:
+            splits.setdefault(i, set()).add(c - recs[i].start_len)
+        # ---- build nodes
+        node_at: dict[tuple[int, int], int] = {}
+        for i, (pp, rec) in enumerate(zip(paths, recs)):
+            p = pp.prompt
+            if rec.parent_row is not None:
+                pp.node = node_at[(rec.parent_row, rec.fork_offset)]
+            attach = pp.node
+            node_at[(i, 0)] = attach
+            L = len(rec.token_ids)
+            cuts = sorted(o for o in splits.get(i, ()) if 0 < o < L)
+            prev, a = attach, 0
+            bounds = cuts + [L]
+            for bnd in bounds:
+                if bnd <= a:
+                    continue
+                is_last = bnd == L
+                leaf = is_last and pp.finish_reason is not None
+                start = rec.start_len + a
+                end = rec.start_len + bnd
+                prev = self.add_node(p, prev, pp.completion, start, end, rec.logprobs[a:bnd], leaf=leaf,
+                                     steps=pp.steps, finish_reason=pp.finish_reason if leaf else None)
+                node_at[(i, bnd)] = prev
+                a = bnd
+            pp.node = prev
+            if pp.finish_reason is not None:
+                if L == 0:
+                    raise RuntimeError("internal error: a finished row decoded no token")
+                self.count_leaf(p, pp.finish_reason)
+                self.check_leaf(p, prev, pp.completion)
+        # ---- next batch: live rows with their copies, surprisal branches; park finished rows
+        sel: list[int] = []
+        new_paths: list[_Path] = []
+        for i, pp in enumerate(paths):
+            for c in range(copies[i]):
+                sel.append(i)
+                if c == 0:
+                    new_paths.append(pp)
+                else:
+                    cp = _Path(prompt=pp.prompt, node=pp.node, completion=list(pp.completion), steps=pp.steps,
+                               born_at=len(pp.completion), first_resampled=len(pp.completion), ref=pp,
+                               answer_start=pp.answer_start)
+                    new_paths.append(cp)
+                    self.stats.prompts[pp.prompt].forks += 1
+        parts = [eng.select(batch, sel)]
+        if surprisal_forks:
+            parts.append(eng.branch(batch, surprisal_forks))
+            for i, c in surprisal_forks:
+                pp = paths[i]
+                o = c - recs[i].start_len
+                ans = pp.answer_start if pp.answer_start is not None and pp.answer_start < c else None
+                new_paths.append(_Path(prompt=pp.prompt, node=node_at[(i, o)], completion=pp.completion[:c],
+                                       steps=pp.steps, born_at=c, first_resampled=c, ref=pp, answer_start=ans))
+                self.stats.prompts[pp.prompt].forks += 1
+        park = [i for i, pp in enumerate(paths) if pp.finish_reason is not None and not pp.pruned
+                and self.finished[pp.prompt] < self.width]
+        if park:
+            base = len(self.parked_paths)
+            self.parked = eng.concat([self.parked, eng.select(batch, park)])
+            for j, i in enumerate(park):
+                paths[i].parked_row = base + j
+                self.parked_paths.append(paths[i])
+        return eng.concat(parts), new_paths
+
+    def _prune(self, paths: list[_Path], recs: list[SegmentRecord]) -> None:
+        thr = self.tcfg.prune_similarity
+        for pp in paths:
+            ref = pp.ref
+            if ref is None:
+                continue
+            mine = pp.completion[pp.born_at:]
+            if pp.finish_reason is not None:
+                pp.ref = None  # a finished branch is a result, never pruned
+                continue
+            if len(mine) < self.seg:
+                continue
+            pp.ref = None
+            theirs = ref.completion[pp.born_at:] if len(ref.completion) > pp.born_at else []
+            n = min(len(mine), len(theirs))
+            if n == 0 or ref.completion[: pp.born_at] != pp.completion[: pp.born_at]:
+                continue
+            if near_duplicate(self.decode_text(mine[:n]), self.decode_text(theirs[:n]), thr):
+                pp.finish_reason = "pruned"
+                pp.pruned = True
+
+    def _fallback(self, batch: KVBatch, paths: list[_Path]) -> tuple[KVBatch, list[_Path]]:
+        """TreePO fallback: re-fork a finished leaf at a segment boundary for prompts with no live path."""
+        eng = self.engine
+        live_prompts = {pp.prompt for pp in paths}
+        specs: list[tuple[int, int]] = []
+        spec_paths: list[_Path] = []
+        restart: list[int] = []
+        restart_paths: list[_Path] = []
+        for p in range(len(self.prompts)):
+            if p in live_prompts or self.finished[p] >= self.width or self.left(p) < 1:
+                continue
+            if self.fallback_count[p] >= self.width:
+                continue
+            self.fallback_count[p] += 1
+            self.stats.prompts[p].fallbacks += 1
+            cands = [pp for pp in self.parked_paths if pp.prompt == p and pp.finish_reason in _FALLBACK_PREFERRED]
+            if not cands:
+                cands = [pp for pp in self.parked_paths if pp.prompt == p]
+            n = min(self.b, self.width - self.finished[p])
+            left = self.left(p)
+            if left != math.inf:
+                n = max(1, min(n, int(left) // self.seg))
+            self.stats.prompts[p].forks += n
+            if not cands:  # nothing finished to cut (e.g. all pruned): restart from the prompt's prefilled row
+                restart.extend([p] * n)
+                restart_paths.extend(_Path(prompt=p, node=0, completion=[], steps=0) for _ in range(n))
+                continue
+            src = cands[self._randint(len(cands))]
+            nodes = self.trees[p].path(src.node)
+            bounds = [(0, 0)] + [(self.node_end[p][u], u) for u in nodes[:-1]]
+            if src.answer_start is not None:
+                bounds = [bd for bd in bounds if bd[0] <= src.answer_start] or [(0, 0)]
+            cut, u = bounds[self._randint(len(bounds))]
+            ans = src.answer_start if src.answer_start is not None and src.answer_start < cut else None
+            for _ in range(n):
+                specs.append((src.parked_row, cut))
+                spec_paths.append(_Path(prompt=p, node=u, completion=src.completion[:cut],
+                                        steps=self.node_steps[p][u], born_at=cut, first_resampled=cut, ref=src,
+                                        answer_start=ans))
+        if not restart and not specs:
+            return batch, paths
+        parts = [batch]
+        if restart:
+            parts.append(eng.select(self.prompt_batch, restart))
+        if specs:
+            parts.append(eng.branch(self.parked, specs))
+        return eng.concat(parts), paths + restart_paths + spec_paths
+
+    def _randint(self, n: int) -> int:
+        if n <= 1:
+            return 0
+        dev = self.gen.device if self.gen is not None else None
+        return int(torch.randint(n, (1,), generator=self.gen, device=dev).item())
+
+
+# ============================================================================ entry point
+def sample_rollouts(
+    engine_or_model,
+    tokenizer,
+    prompts: Sequence[PromptSpec],
+    sampling_cfg,
+    policy_version: int,
+    generator: torch.Generator | None = None,
+) -> SampledTrees:
+    """Sample rollouts for ``prompts`` as one :class:`RolloutTree` per prompt.
+
+    Args:
+        engine_or_model: a :class:`~swarmnode.policy.decode.DecodeEngine`, or a Hugging Face causal LM (an engine
+            is built around it with ``tokenizer``).
+        tokenizer: the policy's tokenizer (decodes segment texts; EOS ids).
+        prompts: :class:`PromptSpec` per prompt; prompts longer than ``max_prompt_length`` are left-truncated
+            (the tree stores the ids the model saw).
+        sampling_cfg: :class:`swarmnode.config.SamplingConfig` (``tree`` holds the tree knobs).
+        policy_version: stored on every node (optimizer step of the policy).
+        generator: torch RNG on the model's device; with the same generator state, model and inputs the trees are
+            identical.
+
+    Returns:
+        :class:`SampledTrees` -- the trees in prompt order, with ``.stats`` (:class:`SamplerStats`).
+
+    Raises:
+        ValueError: no prompts, an empty prompt, or a tokenizer is missing.
+    """
+    if tokenizer is None:
+        raise ValueError("sample_rollouts needs the policy's tokenizer")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("sample_rollouts needs at least one PromptSpec")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, PromptSpec):
+            raise ValueError(f"prompts[{i}] is {type(p).__name__}, expected PromptSpec")
+        if len(p.prompt_ids) == 0:
+            raise ValueError(f"prompts[{i}] ({p.task.key()}) has no prompt_ids")
+    engine = engine_or_model if isinstance(engine_or_model, DecodeEngine) else DecodeEngine(engine_or_model, tokenizer)
+    if engine.tokenizer is None:
+        engine.tokenizer = tokenizer
+    counters0 = (
+        engine.forward_calls, engine.decode_rows, engine.refeed_rows, engine.copied_rows, engine.prefill_tokens
+    )
+    t0 = time.perf_counter()
+    run = _Run(engine, tokenizer, prompts, sampling_cfg, policy_version, generator)
+    if sampling_cfg.tree.mode == "chain":
+        run.run_chain()
+    else:
+        run.run_tree()
+    st = run.stats
+    st.wall_time_s = time.perf_counter() - t0
+    st.forward_calls = engine.forward_calls - counters0[0]
+    st.decode_rows = engine.decode_rows - counters0[1]
+    st.refeed_rows = engine.refeed_rows - counters0[2]
+    st.copied_rows = engine.copied_rows - counters0[3]
+    st.prefill_tokens = engine.prefill_tokens - counters0[4]
+    out = SampledTrees(run.trees)
+    out.stats = st
+    return out

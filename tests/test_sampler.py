@@ -1,0 +1,308 @@
+"""Tests of swarmnode.rollout.sampler: tree/chain rollouts, budget, pruning, fallback and branching rules.
+
+Real parts only (tiny random Llama, a hand-wired bigram Llama, a BPE tokenizer trained here); every leaf is
+re-checked against one plain forward over prompt + completion.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swarmnode.config import SamplingConfig, TreeConfig
+from swarmnode.policy.decode import DecodeEngine
+from swarmnode.rollout.sampler import (
+    PromptSpec,
+    SampledTrees,
+    lookahead_alternative,
+    near_duplicate,
+    sample_rollouts,
+    split_copies,
+    surprisal_fork_points,
+    treepo_total_copies,
+)
+from swarmnode.rollout.tree import FINISH_REASONS
+from swarmnode.tasks.base import TaskRef
+from test_decode import CORPUS, bigram_llama, full_logits, tiny_llama, tiny_tokenizer
+
+
+def _specs(tok, texts):
+    return [PromptSpec(TaskRef("rg:test", "d", 0, i), tok(t).input_ids, t, "test") for i, t in enumerate(texts)]
+
+
+def _cfg(mode="tree", branching="uniform", **kw) -> SamplingConfig:
+    tree_kw = {k: kw.pop(k) for k in list(kw) if k in TreeConfig.model_fields}
+    return SamplingConfig(tree=TreeConfig(mode=mode, branching=branching, **tree_kw), **kw)
+
+
+def assert_consistent(model, tok, trees: SampledTrees, cfg: SamplingConfig, version: int) -> None:
+    """Every structural invariant of the sampler's output, plus exactness against a full forward."""
+    w = cfg.num_generations
+    for ti, tree in enumerate(trees):
+        st = trees.stats.prompts[ti]
+        leaves = tree.leaves()
+        reasons = [tree.nodes[lf].finish_reason for lf in leaves]
+        assert all(r in FINISH_REASONS for r in reasons)
+        assert len(leaves) == st.leaves + st.pruned  # no leaf lost, pruned ones counted
+        assert sum(r != "pruned" for r in reasons) == st.leaves <= w
+        assert st.generated_tokens == tree.generated_tokens()
+        if cfg.tree.token_budget is not None:
+            assert st.generated_tokens <= cfg.tree.token_budget
+        for n in tree.nodes[1:]:
+            assert n.policy_version == version
+            assert len(n.token_ids) >= 1 and len(n.logprobs) == len(n.token_ids)
+            if n.children:
+                assert n.finish_reason is None
+        pl = len(tree.prompt_ids)
+        for lf in leaves:
+            comp = tree.completion_ids(lf)
+            assert 1 <= len(comp) <= cfg.max_completion_length
+            assert tree.completion_text(lf) == tok.decode(comp, skip_special_tokens=True)
+            lsm = torch.log_softmax(full_logits(model, tree.prompt_ids + comp) / cfg.temperature, -1)
+            ref = [lsm[pl + j - 1, t].item() for j, t in enumerate(comp)]
+            got = tree.completion_logprobs(lf)
+            assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return tiny_llama(len(tok), seed=1)
+
+
+# ------------------------------------------------------------------------------------------ end to end
+@pytest.mark.parametrize(
+    "mode,branching",
+    [("chain", "uniform"), ("tree", "uniform"), ("tree", "surprisal"), ("tree", "lookahead")],
+)
+def test_rollouts_are_exact_and_consistent(tok, model, mode, branching):
+    cfg = _cfg(mode, branching, num_generations=6, max_completion_length=16, segment_length=4, temperature=0.9,
+               lookahead_tau_abs=0.02, lookahead_tau_rel=0.5)
+    specs = _specs(tok, [CORPUS[0], "Hi", CORPUS[2]])
+    trees = sample_rollouts(model, tok, specs, cfg, policy_version=7, generator=torch.Generator().manual_seed(0))
+    assert isinstance(trees, SampledTrees) and len(trees) == 3
+    assert [t.task.index for t in trees] == [0, 1, 2]
+    assert trees.stats.prefill_tokens == sum(len(s.prompt_ids) for s in specs)  # each prompt prefilled once
+    assert_consistent(model, tok, trees, cfg, 7)
+    if mode == "chain":
+        for t in trees:
+            assert len(t.nodes[0].children) == 6 and all(t.nodes[c].is_leaf for c in t.nodes[0].children)
+    if branching == "uniform":
+        # random weights: EOS has ~1/300 chance per token, so every prompt reaches its 6 leaves
+        assert [len(t.leaves()) for t in trees] == [6, 6, 6]
+
+
+def test_tree_shares_prefixes_and_decodes_fewer_tokens_than_chain(tok, model):
+    specs = _specs(tok, [CORPUS[0], CORPUS[1]])
+    common = dict(num_generations=8, max_completion_length=16, segment_length=4, max_depth=8)
+    chain = sample_rollouts(model, tok, specs, _cfg("chain", **common), 0, torch.Generator().manual_seed(0))
+    tree = sample_rollouts(model, tok, specs, _cfg("tree", **common), 0, torch.Generator().manual_seed(0))
+    assert [len(t.leaves()) for t in tree] == [len(t.leaves()) for t in chain] == [8, 8]
+    if all(tree[i].nodes[lf].finish_reason == "length" for i in range(2) for lf in tree[i].leaves()):
+        # b=2 from the root: 2, 4, 8, 8 paths x 4 tokens = 88 per prompt vs 8 x 16 = 128 for chain
+        assert [t.generated_tokens() for t in tree] == [88, 88]
+    assert tree.stats.generated_tokens < chain.stats.generated_tokens
+
+
+@pytest.mark.parametrize("branching", ["uniform", "surprisal", "lookahead"])
+def test_token_budget_is_never_exceeded(tok, model, branching):
+    cfg = _cfg("tree", branching, num_generations=8, max_completion_length=16, segment_length=4, token_budget=30,
+               lookahead_tau_abs=0.02, lookahead_tau_rel=0.5)
+    trees = sample_rollouts(model, tok, _specs(tok, [CORPUS[0], "Hi"]), cfg, 0, torch.Generator().manual_seed(3))
+    for t, st in zip(trees, trees.stats.prompts):
+        assert t.generated_tokens() == st.generated_tokens <= 30
+        assert st.generated_tokens >= 20  # the budget is used, not wasted
+    assert_consistent(model, tok, trees, cfg, 0)
+
+
+def test_chain_budget_admits_only_samples_that_fit(tok, model):
+    cfg = _cfg("chain", num_generations=8, max_completion_length=16, token_budget=40)
+    trees = sample_rollouts(model, tok, _specs(tok, ["Hi"]), cfg, 0, torch.Generator().manual_seed(0))
+    assert len(trees[0].leaves()) == 2 and trees[0].generated_tokens() <= 40  # 40 // 16 = 2 samples
+
+
+def test_same_generator_state_gives_identical_trees(tok, model):
+    cfg = _cfg("tree", "surprisal", num_generations=4, max_completion_length=12, segment_length=4)
+    specs = _specs(tok, [CORPUS[1]])
+    a = sample_rollouts(model, tok, specs, cfg, 0, torch.Generator().manual_seed(11))
+    b = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 0, torch.Generator().manual_seed(11))
+    sig = lambda trees: [(n.parent, n.token_ids, n.finish_reason) for n in trees[0].nodes]  # noqa: E731
+    assert sig(a) == sig(b)
+
+
+def test_long_prompts_are_left_truncated(tok, model):
+    ids = tok(CORPUS[0] + CORPUS[2]).input_ids
+    cfg = _cfg("chain", num_generations=2, max_completion_length=4, max_prompt_length=8)
+    trees = sample_rollouts(model, tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), ids)], cfg, 0, None)
+    assert trees[0].prompt_ids == ids[-8:]
+
+
+def test_bad_input_is_refused(tok, model):
+    cfg = _cfg()
+    with pytest.raises(ValueError, match="at least one"):
+        sample_rollouts(model, tok, [], cfg, 0)
+    with pytest.raises(ValueError, match="expected PromptSpec"):
+        sample_rollouts(model, tok, [[1, 2, 3]], cfg, 0)
+    with pytest.raises(ValueError, match="no prompt_ids"):
+        sample_rollouts(model, tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [])], cfg, 0)
+
+
+# ------------------------------------------------------------------------------------------ deterministic models
+def _ids(tok, text: str) -> list[int]:
+    return [tok.convert_tokens_to_ids(c) for c in text]
+
+
+@pytest.fixture(scope="module")
+def atok():
+    return tiny_tokenizer(answer_tokens=True)
+
+
+def test_near_duplicate_branches_are_pruned_and_counted(atok):
+    """A deterministic model makes every branch a copy of its sibling: copies are pruned, kept as leaves."""
+    chain = _ids(atok, "abcdefghijklmnopqrstuvwxyz")
+    model = bigram_llama(len(atok), {chain[i]: [chain[i + 1]] for i in range(len(chain) - 1)})
+    cfg = _cfg("tree", num_generations=4, max_completion_length=12, segment_length=4, prune_similarity=0.9)
+    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [chain[0]])], cfg, 0,
+                            torch.Generator().manual_seed(0))
+    t, st = trees[0], trees.stats.prompts[0]
+    assert st.pruned >= 3 and st.leaves >= 1
+    pruned = [lf for lf in t.leaves() if t.nodes[lf].finish_reason == "pruned"]
+    assert len(pruned) == st.pruned
+    for lf in pruned:  # a pruned leaf is a prefix of the surviving text
+        assert "bcdefghijklm".startswith(t.completion_text(lf))
+    assert_consistent(model, atok, trees, cfg, 0)
+
+
+def test_surprisal_forks_at_the_uncertain_token_and_never_inside_the_answer(atok):
+    u = atok.convert_tokens_to_ids("U")
+    left, right = _ids(atok, "pqrstuvwxyz"), _ids(atok, "ABCDEFGHIJK")
+    s0, s1, s2 = _ids(atok, "abc")
+    succ = {s0: [s1], s1: [s2], s2: [u], u: [left[0], right[0]]}  # the token after U has surprisal ln 2
+    for seq in (left, right):
+        succ.update({seq[i]: [seq[i + 1]] for i in range(len(seq) - 1)})
+    model = bigram_llama(len(atok), succ)
+    cfg = _cfg("tree", "surprisal", num_generations=4, max_completion_length=12, segment_length=8,
+               prune_similarity=1.0)
+    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+                            torch.Generator().manual_seed(0))
+    t = trees[0]
+    forks = [n for n in t.nodes[1:] if len(n.children) > 1]
+    assert forks, "expected forks inside the first segment"
+    for n in forks:
+        assert n.token_ids[-1] == u  # split right before the high-surprisal token
+        firsts = {t.nodes[c].token_ids[0] for c in n.children}
+        assert firsts <= {left[0], right[0]}
+    assert trees.stats.prompts[0].leaves == 4  # resampling the same token gives an exact copy: pruned, counted
+    assert_consistent(model, atok, trees, cfg, 0)
+
+    # same model, but the answer tag opens before U: no fork may sit at or after the tag
+    open_ = atok.convert_tokens_to_ids("<answer>")
+    succ2 = dict(succ)
+    succ2[s1] = [open_]
+    succ2[open_] = [u]
+    model2 = bigram_llama(len(atok), succ2)
+    trees2 = sample_rollouts(model2, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+                             torch.Generator().manual_seed(0))
+    t2 = trees2[0]
+    # with the answer open, the uncertain token is off limits: no split before it (extra slots become uniform
+    # copies at segment boundaries, which TreePO allows anywhere)
+    for n in t2.nodes[1:]:
+        if len(n.children) > 1:
+            assert n.token_ids[-1] != u
+    assert_consistent(model2, atok, trees2, cfg, 0)
+
+
+def test_lookahead_branches_on_the_near_tie_with_the_other_token(atok):
+    u = atok.convert_tokens_to_ids("U")
+    left, right = _ids(atok, "pqrstuvwxyz"), _ids(atok, "ABCDEFGHIJK")
+    s0 = atok.convert_tokens_to_ids("a")
+    gap = math.log(0.55 / 0.45)  # p1 = 0.55, p2 = 0.45 -> p2 > 0.1 and p1 - p2 = 0.1 < 0.3
+    succ = {s0: [u], u: [left[0], (right[0], -gap)]}
+    for seq in (left, right):
+        succ.update({seq[i]: [seq[i + 1]] for i in range(len(seq) - 1)})
+    model = bigram_llama(len(atok), succ)
+    cfg = _cfg("tree", "lookahead", num_generations=4, max_completion_length=10, segment_length=8,
+               branching_factor=1, lookahead_tau_abs=0.1, lookahead_tau_rel=0.3, prune_similarity=1.0)
+    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+                            torch.Generator().manual_seed(0))
+    t = trees[0]
+    forks = [n for n in t.nodes[1:] if len(n.children) > 1]
+    assert forks
+    for n in forks:
+        assert n.token_ids[-1] == u
+        assert {t.nodes[c].token_ids[0] for c in n.children} == {left[0], right[0]}
+    assert trees.stats.prompts[0].forks >= 1
+    assert_consistent(model, atok, trees, cfg, 0)
+
+
+def test_fallback_reforks_finished_leaves_without_reprefill(atok):
+    s0, s1, s2 = _ids(atok, "abc")
+    model = bigram_llama(len(atok), {s0: [s1], s1: [s2], s2: [atok.eos_token_id]})
+    cfg = _cfg("tree", num_generations=6, max_completion_length=12, segment_length=4, branching_factor=2)
+    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+                            torch.Generator().manual_seed(0))
+    t, st = trees[0], trees.stats.prompts[0]
+    assert st.leaves == 6 and st.fallbacks == 2  # 2 root copies finish at once, then 2 fallbacks of 2 copies
+    assert all(t.nodes[lf].finish_reason == "eos" for lf in t.leaves())
+    assert trees.stats.prefill_tokens == 1 and trees.stats.refeed_rows == 4  # cut at the root: re-feed 1 token
+    assert_consistent(model, atok, trees, cfg, 0)
+
+
+# ------------------------------------------------------------------------------------------ rule functions
+def test_treepo_budget_transfer():
+    # the tree doubles until the width is reached (b=2, w=8): 2 -> 4 -> 8 -> 8
+    assert treepo_total_copies(8, 0, 0, 2, 2) == 4
+    assert treepo_total_copies(8, 0, 0, 4, 2) == 8
+    assert treepo_total_copies(8, 0, 0, 8, 2) == 8
+    # 1 of 4 finished this step: 3 live; remaining 7 -> min(7, 2*1 + 2*3 = 8) = 7 (its slot goes to survivors)
+    assert treepo_total_copies(8, 1, 1, 3, 2) == 7
+    # width already used up by finished leaves: survivors still continue once each (the max(., live) floor)
+    assert treepo_total_copies(8, 8, 0, 2, 2) == 2
+    assert treepo_total_copies(8, 3, 0, 0, 2) == 0
+
+
+def test_split_copies():
+    assert split_copies(8, 4) == [2, 2, 2, 2]
+    assert split_copies(7, 3, None) == [3, 2, 2]
+    out = split_copies(7, 3, torch.Generator().manual_seed(0))
+    assert sorted(out) == [2, 2, 3] and sum(out) == 7
+    with pytest.raises(ValueError):
+        split_copies(2, 3)
+
+
+def test_surprisal_fork_points_pick_top_n_eligible():
+    surps = [[0.1, 2.0, 0.5], [3.0, 0.2, 2.0]]
+    elig = [[True, True, True], [False, True, True]]  # segment 1's first token is a branch's first token
+    assert surprisal_fork_points(surps, elig, 2) == [(0, 1), (1, 2)]  # 3.0 excluded; 2.0 tie -> earlier segment
+    assert surprisal_fork_points(surps, elig, 10) == [(0, 1), (1, 2), (0, 2), (1, 1), (0, 0)]
+    assert surprisal_fork_points(surps, [[False] * 3, [False] * 3], 3) == []
+    with pytest.raises(ValueError):
+        surprisal_fork_points([[1.0]], [[True, False]], 1)
+
+
+def test_lookahead_alternative_rule():
+    # p2 = 0.35 > 0.1 and p1 - p2 = 0.05 < 0.3: branch on the second-ranked token
+    assert lookahead_alternative((4, 9), (0.4, 0.35), sampled=4, tau_abs=0.1, tau_rel=0.3) == 9
+    # the path itself sampled the second-ranked token: the branch takes the first-ranked one
+    assert lookahead_alternative((4, 9), (0.4, 0.35), sampled=9, tau_abs=0.1, tau_rel=0.3) == 4
+    assert lookahead_alternative((4, 9), (0.4, 0.35), sampled=2, tau_abs=0.1, tau_rel=0.3) == 9
+    # p2 too small, or gap too large: no branch
+    assert lookahead_alternative((4, 9), (0.9, 0.05), sampled=4, tau_abs=0.1, tau_rel=0.3) is None
+    assert lookahead_alternative((4, 9), (0.65, 0.3), sampled=4, tau_abs=0.1, tau_rel=0.3) is None
+    # from hand-built logits: softmax([2, 1.8, 0]) -> p1 ~ 0.50, p2 ~ 0.41
+    p = torch.softmax(torch.tensor([2.0, 1.8, 0.0]), -1)
+    v, i = torch.topk(p, 2)
+    assert lookahead_alternative(tuple(i.tolist()), tuple(v.tolist()), 0, 0.25, 0.15) == 1
+    assert lookahead_alternative(tuple(i.tolist()), tuple(v.tolist()), 0, 0.45, 0.15) is None
+
+
+def test_near_duplicate():
+    assert near_duplicate("the answer is 42", "the answer is 42", 0.9)
+    assert near_duplicate("the answer is 42", "the answer is 43", 0.9)  # ratio 0.9375
+    assert not near_duplicate("the answer is 42", "so we add 7 to 5", 0.9)
