@@ -457,20 +457,19 @@ def top(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="a node's run dir, or a swarm dir with node-*/"),
     url: Optional[str] = typer.Option(None, "--url", help="a node's status URL instead of a run dir"),
     refresh: float = typer.Option(2.0, "--refresh", min=0.1, help="seconds between updates"),
-    once: bool = typer.Option(False, "--once", help="print one frame and exit (exit code as for `status`)"),
+    once: bool = typer.Option(False, "--once", help="print one frame and exit"),
 ) -> None:
-    """Live dashboard of one node, or of every node of a local swarm (Ctrl-C to leave; the nodes keep running)."""
+    """Live dashboard of one node, or of every node of a local swarm (Ctrl-C to leave; the nodes keep running).
+
+    Exit code 0 (use `swarmnode status` for a health check); 2 when the run dir holds no node."""
     from swarmnode.monitor.top import run_top
 
     if url is None and run_dir is None:
         run_dir = Path(_load(None, {}).run_dir)
     try:
-        verdicts = run_top(run_dir, url, refresh=refresh, once=once, console=console)
+        run_top(run_dir, url, refresh=refresh, once=once, console=console)
     except FileNotFoundError as e:
         _fail(str(e))
-        return
-    if once:
-        raise typer.Exit(max((v.exit_code for v in verdicts), default=0))
 
 
 @app.command()

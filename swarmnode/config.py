@@ -159,7 +159,12 @@ class SwarmConfig(_Strict):
     max_bundle_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     freshness_seconds: float = Field(600.0, gt=0)
     max_clock_skew: float = Field(30.0, ge=0)
-    max_staleness: int = Field(8, ge=0, description="drop external trees > this many policy versions old")
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="drop external trees of our own model id more than this many policy versions behind our step; "
+        "versions are per-node step counts, so this only makes sense for nodes that start together (None: off)",
+    )
     normalization: Literal["per_source", "joint"] = "per_source"
     off_policy: Literal["none", "luffy", "tis"] = "none"
     luffy_gamma: float = Field(0.1, gt=0)

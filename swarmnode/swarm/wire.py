@@ -1291,6 +1291,121 @@ def trees_from_bundle(bundle: RolloutBundle) -> list[RolloutTree]:
     return out
 
 
+# ============================================================================================ DHT records
+MAX_RECORD_BYTES = 64 * 1024
+"""Largest manifest record (the value of one DHT entry; equals the DHT's default per-record cap)."""
+MAX_RECORD_MANIFESTS = 16
+"""Most manifests in one record (a publisher's newest manifests of one time bucket)."""
+MAX_RECORD_ADDRS = 8
+"""Most multiaddrs in a record's contact."""
+RECORD_KEYS = ("addrs", "m", "peer", "v")
+assert tuple(sorted(RECORD_KEYS, key=lambda k: k.encode())) == RECORD_KEYS
+
+
+@dataclass
+class ManifestRecord:
+    """The value a publisher stores under ``{swarm}:manifests:{bucket}`` in its own DHT subkey (SPEC.md §11).
+
+    A record is not itself signed: it travels inside an owner-signed DHT entry (the Ed25519 record
+    validator signs key, subkey, value and expiration), and every manifest inside it is a signed envelope
+    whose signer must be the entry's owner.
+
+    Attributes:
+        manifests: signed manifest envelopes (bytes), oldest first, 1..MAX_RECORD_MANIFESTS of them, each at
+            most MAX_MANIFEST_BYTES.
+        libp2p_peer_id: base58 libp2p PeerID of the publisher's daemon (where its bundle server answers).
+        maddrs: multiaddrs of that daemon (each ending in ``/p2p/<libp2p_peer_id>``), at most
+            MAX_RECORD_ADDRS, each at most MAX_ID_BYTES.
+        version: protocol version.
+    """
+
+    manifests: list[bytes]
+    libp2p_peer_id: str
+    maddrs: list[str] = field(default_factory=list)
+    version: int = PROTOCOL_VERSION
+
+
+def _record_from_raw(raw: Any) -> ManifestRecord:
+    m = _check_map(raw, RECORD_KEYS, "record")
+    v = _int(m["v"], "record.v", lo=1)
+    if v not in SUPPORTED_VERSIONS:
+        raise _fail("bad_version", f"record.v: protocol version {v} is not supported (supported: "
+                    f"{sorted(SUPPORTED_VERSIONS)})")
+    peer = _str(m["peer"], "record.peer", MAX_ID_BYTES, min_bytes=1)
+    addrs = m["addrs"]
+    if not isinstance(addrs, list):
+        raise _fail("schema", f"record.addrs: expected an array, got {_tname(addrs)}")
+    if len(addrs) > MAX_RECORD_ADDRS:
+        raise _fail("too_large", f"record.addrs: {len(addrs)} multiaddrs exceed the limit {MAX_RECORD_ADDRS}")
+    maddrs = [_str(a, f"record.addrs[{i}]", MAX_ID_BYTES, min_bytes=1) for i, a in enumerate(addrs)]
+    ms = m["m"]
+    if not isinstance(ms, list):
+        raise _fail("schema", f"record.m: expected an array, got {_tname(ms)}")
+    if not ms:
+        raise _fail("schema", "record.m: a record holds at least one manifest")
+    if len(ms) > MAX_RECORD_MANIFESTS:
+        raise _fail("too_large", f"record.m: {len(ms)} manifests exceed the limit {MAX_RECORD_MANIFESTS}")
+    manifests = []
+    for i, b in enumerate(ms):
+        b = _bin(b, f"record.m[{i}]")
+        if not b or len(b) > MAX_MANIFEST_BYTES:
+            raise _fail("too_large" if b else "schema",
+                        f"record.m[{i}]: a manifest envelope has 1..{MAX_MANIFEST_BYTES} bytes, got {len(b)}")
+        manifests.append(b)
+    return ManifestRecord(manifests=manifests, libp2p_peer_id=peer, maddrs=maddrs, version=v)
+
+
+def encode_manifest_record(record: ManifestRecord) -> bytes:
+    """Canonical msgpack bytes of a :class:`ManifestRecord`: ``{"addrs": [str], "m": [bin], "peer": str, "v": int}``.
+
+    Raises:
+        WireError: a field out of its range (same reason codes as :func:`decode_manifest_record`), or the
+            record exceeds MAX_RECORD_BYTES (``too_large``; drop old manifests and try again).
+    """
+    if not isinstance(record, ManifestRecord):
+        raise _fail("schema", f"expected a ManifestRecord, got {_tname(record)}")
+    try:
+        manifests = [_enc_bytes(b, f"record.m[{i}]") for i, b in enumerate(record.manifests)]
+        raw = {"addrs": list(record.maddrs), "m": manifests, "peer": record.libp2p_peer_id,
+               "v": _enc_int(record.version)}
+        data = _pack(raw)
+    except WireError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise _fail("schema", f"record: cannot encode: {e}") from None
+    if len(data) > MAX_RECORD_BYTES:
+        raise _fail("too_large", f"record of {len(data)} bytes exceeds the limit {MAX_RECORD_BYTES}")
+    decode_manifest_record(data)  # receiver-side validation of our own output
+    return data
+
+
+def decode_manifest_record(data: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> ManifestRecord:
+    """Decode a manifest record read from the DHT (hostile bytes; the manifests inside stay undecoded).
+
+    Checks: bytes type; ``len(data) <= min(max_bytes, MAX_RECORD_BYTES)`` before decoding; msgpack with
+    explicit limits (strings <= MAX_ID_BYTES, bins <= MAX_MANIFEST_BYTES, arrays <= 16 items, one map,
+    no ext); the schema above; the canonical encoding.
+
+    Raises:
+        WireError: any problem (``malformed``, ``too_large``, ``schema``, ``bad_version``, ``non_canonical``);
+            never another exception type.
+    """
+    try:
+        if not isinstance(data, _BYTES):
+            raise _fail("malformed", f"record: expected bytes, got {_tname(data)}")
+        data = bytes(data)
+        cap = min(int(max_bytes), MAX_RECORD_BYTES)
+        raw = _unpack(data, "record", max_bytes=cap, max_str=MAX_ID_BYTES, max_bin=MAX_MANIFEST_BYTES,
+                      max_array=max(MAX_RECORD_MANIFESTS, MAX_RECORD_ADDRS), max_map=4, max_containers=3)
+        rec = _record_from_raw(raw)
+        _check_canonical(raw, data, "record")
+        return rec
+    except WireError:
+        raise
+    except Exception as e:  # noqa: BLE001 - hostile input must never raise anything else
+        raise _fail("malformed", f"record: unexpected {type(e).__name__}: {e}") from None
+
+
 # ============================================================================================ JSON view
 def to_jsonable(msg: Message) -> dict:
     """A JSON-ready view of a message (bytes as lowercase hex, TaskRefs as 4-item lists).
@@ -1375,4 +1490,6 @@ __all__ = [
     "encode", "decode", "encode_bundle", "decode_bundle", "encode_manifest", "decode_manifest",
     "encode_heartbeat", "decode_heartbeat", "envelope_digest", "manifest_for_bundle", "check_manifest",
     "bundle_from_trees", "trees_from_bundle", "to_jsonable",
+    "MAX_RECORD_BYTES", "MAX_RECORD_MANIFESTS", "MAX_RECORD_ADDRS", "ManifestRecord", "encode_manifest_record",
+    "decode_manifest_record",
 ]

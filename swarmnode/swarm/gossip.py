@@ -1,0 +1,1026 @@
+"""Gossip: the node's swarm layer -- publish pruned, signed rollout bundles; gather, re-verify and mix peers' ones.
+
+:class:`SwarmClient` implements the node's ``SwarmHook`` (``swarmnode/node.py``) on top of the finished parts:
+:class:`~swarmnode.swarm.dht.SwarmDHT` (signed, time-bucketed DHT records), :class:`~swarmnode.swarm.transport.
+BundleServer` (bundle bodies over libp2p streams), :mod:`~swarmnode.swarm.wire` (the only byte codec),
+:class:`~swarmnode.swarm.verify.Verifier` (trust nothing) and :mod:`~swarmnode.swarm.prune`.
+
+SAPO-style and asynchronous (Swarm sAmpling Policy Optimization, arXiv 2509.08721; design.md §7): there are
+no global rounds. A node publishes whenever it finishes a step and trains on whatever its peers published
+recently; the network never blocks the round loop for longer than the configured timeouts.
+
+Publish (main thread, :meth:`SwarmClient.publish`, CPU only)
+    prune every tree (:func:`~swarmnode.swarm.prune.prune_trees`; trees without reward variance are not
+    published) -> ``wire.bundle_from_trees`` -> sign and encode (split into several bundles when one would
+    exceed ``swarm.max_bundle_bytes``) -> ``BundleServer.put`` (peers fetch the body from us) ->
+    ``wire.manifest_for_bundle`` -> signed manifest appended to this time bucket's **manifest record**
+    (protocol/SPEC.md §11: our newest manifests of the bucket plus our libp2p contact). The DHT store itself
+    happens on the publisher thread.
+
+Publisher thread
+    stores the record of every changed bucket under ``{swarm}:manifests:{bucket}`` in our own subkey
+    (``SwarmDHT.publish_manifest``, bounded by ``swarm.dht_timeout``), retries failed stores every second,
+    re-stores after a DHT restart or after joining a swarm, and publishes a signed heartbeat every
+    ``heartbeat_interval`` seconds (``swarmnode peers`` reads them).
+
+Fetcher thread (every ``poll_interval`` seconds)
+    reads the records of the current and the previous bucket (all of the last ``swarm.read_buckets`` buckets
+    every ``bucket_seconds / 2`` seconds: each DHT read costs traffic in every replica), skips our own,
+    decodes each record (``wire.decode_manifest_record``; a malformed record is charged to its owner, whose
+    DHT signature covers it), verifies every new manifest (``Verifier.verify_manifest`` with the record owner as the expected
+    signer), and fetches announced bodies -- newest first, at most ``max_concurrent_fetches`` at once, each
+    bounded by ``swarm.fetch_timeout`` and capped at the announced size -- from the publisher, then from up to
+    two other live peers that may have cached it (re-serving is the gossip). Fetched bodies wait in a bounded
+    queue (``max_pending``; the oldest is dropped when it is full). Bodies are **not** cached for re-serving
+    before they are verified.
+
+Gather (main thread, :meth:`SwarmClient.gather`)
+    drains the queue and verifies every body (``Verifier.verify_bundle``: signature, manifest, freshness,
+    tasks, **every leaf re-scored**) on the caller's thread -- the main thread in a node, where the scorers'
+    ``SIGALRM`` time limits work -- for at most ``gather_budget_s`` seconds (the rest waits for the next
+    step); an accepted body is put into our ``BundleServer`` so others can fetch it from us; accepted trees
+    become :class:`~swarmnode.train.external.ExternalTree` s (rewards are **our** re-scores; the trainer's
+    type is imported inside :meth:`SwarmClient.gather`, so importing the swarm package does not import
+    ``train``). A tree from a producer with another tokenizer was re-tokenized by the verifier; its prompt is
+    replaced by *our* prompt for the same task (``prompt_for``) so that the receiver trains on completions in
+    its own prompt format.
+
+Bootstrap robustness (design.md §7): several initial peers may be given; :class:`SwarmDHT` starts solo when
+none answers and keeps joining with backoff, so the node trains solo meanwhile; the state shows up in the
+metrics (``swarm/connected``, ``swarm/solo``, ``swarm/peers``). A dead DHT is restarted by its watchdog; the
+bundle server re-attaches and our records are re-stored.
+
+Metrics (``publish`` and ``gather`` return disjoint keys; counters are per-step deltas, as the status
+endpoint expects): ``swarm/bundles_published``, ``swarm/bundles_received`` (bodies verified this step),
+``swarm/bundles_accepted``, ``swarm/rejected/<reason>``, gauges ``swarm/peers``, ``swarm/banned``,
+``swarm/connected``, ``swarm/solo``, ``swarm/pending``, plus the prune counters and latencies.
+
+Files in the run directory: ``swarm.json`` (our peer id, public key, libp2p PeerID and multiaddrs; read by
+``swarmnode peers --run-dir`` and ``swarmnode swarm up``) and ``p2p.key`` (the libp2p identity, used only
+when ``swarm.host_maddrs`` has an explicit port, so that our bootstrap address survives restarts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cryptography.hazmat.primitives import serialization
+
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.swarm import wire
+from swarmnode.swarm.dht import SwarmDHT, parse_multiaddr
+from swarmnode.swarm.identity import Identity, load_or_create, peer_id_from_public_key
+from swarmnode.swarm.prune import PruneRule, prune_trees
+from swarmnode.swarm.transport import BundleServer, BundleStore
+from swarmnode.swarm.verify import Rejection, VerifiedTree, Verifier
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SWARM_INFO_FILE",
+    "P2P_KEY_FILE",
+    "AcceptedBundle",
+    "SwarmClient",
+    "build_swarm",
+    "default_identity_path",
+    "identity_path_for",
+    "list_peers",
+    "read_swarm_info",
+]
+
+SWARM_INFO_FILE = "swarm.json"
+"""File in the run directory with this node's peer id, public key, libp2p PeerID and multiaddrs."""
+P2P_KEY_FILE = "p2p.key"
+"""libp2p identity file in the run directory (used when ``swarm.host_maddrs`` has an explicit port)."""
+
+_FETCH_RETRIES = 3
+_MSTATE_CAPACITY = 8192
+_RELAYS_PER_FETCH = 2
+
+
+_fork_hook_installed = False
+
+
+def _reset_signals_in_child() -> None:
+    """Runs in every child forked from this process (hivemind forks its DHT process from the node).
+
+    A forked child inherits the node's Python signal handlers, and the node's SIGTERM handler only *requests*
+    a stop: a DHT process would then ignore the SIGTERM that ``multiprocessing`` (at exit) or ``SwarmDHT`` (on
+    restart) sends it, and an interpreter exit would wait for it for ever. So a custom SIGTERM handler becomes
+    the default (terminate) and a custom SIGINT handler becomes "ignore" (the node handles Ctrl-C and shuts
+    its DHT down itself).
+    """
+    for sig, action in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)):
+        try:
+            handler = signal.getsignal(sig)
+            if callable(handler) and handler is not signal.default_int_handler:
+                signal.signal(sig, action)
+        except (ValueError, OSError):  # pragma: no cover - not the main thread / no such signal
+            pass
+
+
+def _install_fork_hook() -> None:
+    global _fork_hook_installed
+    if not _fork_hook_installed and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_reset_signals_in_child)
+        _fork_hook_installed = True
+
+
+def default_identity_path() -> Path:
+    """``$SWARMNODE_HOME/identity.pem`` (``SWARMNODE_HOME`` defaults to ``~/.swarmnode``)."""
+    return Path(os.environ.get("SWARMNODE_HOME", Path.home() / ".swarmnode")) / "identity.pem"
+
+
+def identity_path_for(cfg: Any) -> Path:
+    """The Ed25519 key file of a node: ``cfg.swarm.identity_path`` or :func:`default_identity_path`."""
+    p = cfg.swarm.identity_path
+    return Path(p).expanduser() if p else default_identity_path()
+
+
+def read_swarm_info(run_dir: str | os.PathLike) -> dict | None:
+    """The ``swarm.json`` a running node wrote into ``run_dir`` (None when missing or unreadable).
+
+    Keys: ``peer_id``, ``public_key`` (hex), ``swarm_id``, ``libp2p_peer_id``, ``maddrs`` (list of str),
+    ``pid``, ``updated_at`` (seconds since the epoch).
+    """
+    try:
+        return json.loads((Path(run_dir) / SWARM_INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _has_explicit_port(maddrs: Sequence[str]) -> bool:
+    for m in maddrs:
+        parts = m.strip("/").split("/")
+        for proto, val in zip(parts, parts[1:]):
+            if proto in ("tcp", "udp") and val != "0":
+                return True
+    return False
+
+
+@dataclass
+class AcceptedBundle:
+    """One bundle accepted by :meth:`SwarmClient.gather` (for benchmarks and tests).
+
+    Attributes:
+        digest: hex SHA-256 of the bundle envelope.
+        publisher: the signer's peer id (``sn1…``).
+        created_at: the bundle's signed creation time (s since the epoch).
+        fetched_at / accepted_at: when the body arrived / was accepted here (s since the epoch).
+        size: envelope bytes.
+        num_trees / num_leaves: accepted trees and their leaves.
+        sender: transport id the body came from (``p2p:<libp2p PeerID>``).
+    """
+
+    digest: str
+    publisher: str
+    created_at: float
+    fetched_at: float
+    accepted_at: float
+    size: int
+    num_trees: int
+    num_leaves: int
+    sender: str
+
+
+@dataclass
+class _Pending:
+    body: bytes
+    manifest: wire.Manifest
+    sender: str
+    fetched_at: float
+
+
+@dataclass
+class _MState:
+    state: str  # "inflight" | "done" | "retry"
+    tries: int = 0
+    next_try: float = 0.0
+
+
+class SwarmClient:
+    """The node's swarm layer: ``publish`` and ``gather`` of the ``SwarmHook`` protocol (see module docstring).
+
+    Args:
+        cfg: the node's :class:`~swarmnode.config.RunConfig` (``cfg.swarm`` holds every swarm knob;
+            ``cfg.sampling.max_prompt_length`` bounds re-prompted external prompts).
+        identity: this node's Ed25519 :class:`~swarmnode.swarm.identity.Identity` (signs bundles, manifests,
+            heartbeats and DHT records).
+        tasks: the task mix (``swarmnode.tasks.TaskMix``): the verifier regenerates and re-scores tasks with it.
+        vocab_size: our vocabulary size (int >= 1; every token id we publish is below it).
+        model_id / tokenizer_id: our ids (bundle header; a bundle with our tokenizer id keeps its token ids).
+        retokenize: ``text -> list[int]`` in our vocabulary, for bundles from another tokenizer; ``None``
+            refuses them (``tokenizer_mismatch``).
+        run_dir: the run directory (``swarm.json``, ``p2p.key``); ``None`` writes nothing.
+        detokenize: ``list[int] -> str`` of our tokenizer (``skip_special_tokens``), so same-tokenizer bundles
+            must satisfy ``text == detokenize(ids)``; ``None`` trusts their ids.
+        prompt_for: ``Task -> prompt text`` in our own format; when given, re-tokenized external trees get our
+            prompt (``retokenize(prompt_for(task))``, left-truncated to ``max_prompt_length``).
+        prune: the :class:`~swarmnode.swarm.prune.PruneRule` (default ``PruneRule()``).
+        poll_interval: seconds between DHT polls (default ``min(2, bucket_seconds / 4)``).
+        heartbeat_interval: seconds between heartbeats.
+        gather_budget_s: seconds :meth:`gather` spends verifying (default ``swarm.fetch_timeout``); the rest of
+            the queue waits for the next call.
+        max_pending: fetched bodies waiting for verification (bounded queue; oldest dropped when full).
+        max_concurrent_fetches: outgoing fetches at once.
+        store_bytes: bytes of bundle bodies kept for serving (LRU).
+        dht_kwargs: extra keyword arguments for :class:`SwarmDHT` (e.g. ``health_interval``, ``join_backoff``).
+        on_accept: optional callback ``(AcceptedBundle) -> None`` run by :meth:`gather` for each accepted bundle.
+        start: start the DHT, the bundle server and the threads now (else call :meth:`start`).
+
+    Raises:
+        ValueError / TypeError: malformed multiaddrs, swarm id or arguments (the message names the field).
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        identity: Identity,
+        tasks: Any,
+        vocab_size: int,
+        model_id: str,
+        tokenizer_id: str,
+        retokenize: Callable[[str], list[int]] | None = None,
+        run_dir: str | os.PathLike | None = None,
+        *,
+        detokenize: Callable[[list[int]], str] | None = None,
+        prompt_for: Callable[[Any], str] | None = None,
+        prune: PruneRule | None = None,
+        poll_interval: float | None = None,
+        heartbeat_interval: float = 10.0,
+        gather_budget_s: float | None = None,
+        max_pending: int = 32,
+        max_concurrent_fetches: int = 4,
+        store_bytes: int = 128 * 1024 * 1024,
+        dht_kwargs: dict | None = None,
+        on_accept: Callable[[AcceptedBundle], None] | None = None,
+        start: bool = True,
+    ) -> None:
+        if not isinstance(identity, Identity):
+            raise TypeError(f"identity must be a swarmnode.swarm.identity.Identity, got {type(identity).__name__}")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        if max_pending < 1 or max_concurrent_fetches < 1 or heartbeat_interval <= 0:
+            raise ValueError("need max_pending >= 1, max_concurrent_fetches >= 1 and heartbeat_interval > 0")
+        self.cfg = cfg
+        self.scfg = cfg.swarm
+        self.swarm_id: str = self.scfg.swarm_id
+        self.identity = identity
+        self.public_key = identity.public_key_bytes
+        self.peer_id = identity.peer_id
+        self.tasks = tasks
+        self.vocab_size = vocab_size
+        self.model_id = model_id
+        self.tokenizer_id = tokenizer_id
+        self.retokenize = retokenize
+        self.prompt_for = prompt_for
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.prune_rule = prune or PruneRule()
+        self.poll_interval = float(poll_interval) if poll_interval else min(2.0, self.scfg.bucket_seconds / 4)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.gather_budget_s = float(gather_budget_s) if gather_budget_s else float(self.scfg.fetch_timeout)
+        self.max_pending = int(max_pending)
+        self.max_bundle_bytes = min(int(self.scfg.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
+        self.max_prompt_length = int(getattr(getattr(cfg, "sampling", None), "max_prompt_length", 512))
+        self.on_accept = on_accept
+        self.max_concurrent_fetches = int(max_concurrent_fetches)
+        self._full_read_every = max(1, round(self.scfg.bucket_seconds / (2 * self.poll_interval)))
+
+        self.verifier = Verifier(self.scfg, tasks, vocab_size, tokenizer_id, retokenize, detokenize=detokenize)
+        self.peers = self.verifier.peers
+
+        key = serialization.load_pem_private_key(identity.to_pem(), password=None)
+        p2p_key = None
+        if self.run_dir is not None and _has_explicit_port(self.scfg.host_maddrs):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            p2p_key = str(self.run_dir / P2P_KEY_FILE)
+        read_window = (self.scfg.read_buckets + 1) * self.scfg.bucket_seconds
+        kw: dict[str, Any] = dict(
+            swarm_ids=[self.swarm_id],
+            initial_peers=list(self.scfg.initial_peers),
+            host_maddrs=list(self.scfg.host_maddrs),
+            announce_maddrs=list(self.scfg.announce_maddrs),
+            bucket_seconds=self.scfg.bucket_seconds,
+            manifest_ttl=min(900.0, max(120.0, read_window)),
+            heartbeat_ttl=min(900.0, max(60.0, 6 * heartbeat_interval)),
+            max_clock_skew=self.scfg.max_clock_skew,
+            max_record_bytes=wire.MAX_RECORD_BYTES,
+            call_timeout=self.scfg.dht_timeout,
+            p2p_identity_path=p2p_key,
+            join_backoff=(1.0, 30.0),
+            start=False,
+        )
+        kw.update(dht_kwargs or {})
+        self.dht = SwarmDHT(key, **kw)  # type: ignore[arg-type]
+        self.server = BundleServer(
+            self.dht,
+            BundleStore(max_total_bytes=max(store_bytes, self.max_bundle_bytes), max_item_bytes=self.max_bundle_bytes),
+            max_concurrent_fetches=max_concurrent_fetches,
+            request_timeout=self.scfg.fetch_timeout,
+            default_max_bytes=self.max_bundle_bytes,
+            start=False,
+        )
+        self._lock = threading.Lock()          # counters, queue, outbox, contacts, manifest states
+        self._vlock = threading.Lock()         # the Verifier is not thread-safe
+        self._stop = threading.Event()
+        self._wake_publisher = threading.Event()
+        self._pending: deque[_Pending] = deque()
+        self._outbox: dict[int, list[bytes]] = {}
+        self._dirty: set[int] = set()
+        self._contacts: OrderedDict[str, tuple[str, list[str], float]] = OrderedDict()
+        self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
+        self._wanted: set[str] = set()  # bundle digests in flight or queued
+        self._counts: Counter[str] = Counter()
+        self._reported: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._rejected_reported: Counter[str] = Counter()
+        self._hb: dict[str, Any] = {"step": 0, "reward_mean": None, "accuracy": None, "npub": 0, "nacc": 0, "nrej": 0}
+        self._last_hb = -math.inf
+        self._was_connected = False
+        self._threads: list[threading.Thread] = []
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrent_fetches, thread_name_prefix="swarm-fetch")
+        self._inflight = 0
+        self.accepted: deque[AcceptedBundle] = deque(maxlen=4096)
+        self._started = False
+        self._closed = False
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the DHT (solo if no initial peer answers), the bundle server and the background threads."""
+        if self._closed:
+            raise RuntimeError("this SwarmClient was closed; create a new one")
+        if self._started:
+            return
+        self._started = True
+        _install_fork_hook()
+        self.dht.start()
+        self.server.start()
+        self.dht.add_restart_callback(self._after_restart)
+        self._write_info()
+        for target, name in ((self._publisher_loop, "swarm-publisher"), (self._fetch_loop, "swarm-fetcher")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        st = self.dht.status()
+        log.info("swarm %s: peer %s, libp2p %s at %s, %s", self.swarm_id, self.peer_id, st.peer_id, st.maddrs,
+                 "solo (joining in the background)" if st.solo_fallback or not st.connected else
+                 f"{st.num_peers} DHT peer(s)")
+
+    def close(self) -> None:
+        """Stop the threads, the bundle server and the DHT (idempotent; bounded by the DHT's timeouts)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake_publisher.set()
+        for t in self._threads:
+            t.join(timeout=self.scfg.dht_timeout + 5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.server.close()
+        finally:
+            self.dht.shutdown()
+
+    def __enter__(self) -> SwarmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _after_restart(self, _dht: SwarmDHT) -> None:
+        with self._lock:
+            self._dirty.update(self._outbox)
+        self._last_hb = -math.inf
+        self._write_info()
+        self._wake_publisher.set()
+
+    def _write_info(self) -> None:
+        if self.run_dir is None:
+            return
+        contact = self.dht.contact()
+        info = {
+            "peer_id": self.peer_id,
+            "public_key": self.public_key.hex(),
+            "swarm_id": self.swarm_id,
+            "libp2p_peer_id": contact.peer_id if contact else None,
+            "maddrs": list(contact.maddrs) if contact else [],
+            "pid": os.getpid(),
+            "updated_at": time.time(),
+        }
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.run_dir / (SWARM_INFO_FILE + ".tmp")
+            tmp.write_text(json.dumps(info, indent=1), encoding="utf-8")
+            os.replace(tmp, self.run_dir / SWARM_INFO_FILE)
+        except OSError as e:
+            log.warning("could not write %s: %s", SWARM_INFO_FILE, e)
+
+    # ------------------------------------------------------------------ state
+    def maddrs(self) -> list[str]:
+        """Multiaddrs (with ``/p2p/<libp2p PeerID>``) other nodes can bootstrap from."""
+        return self.dht.visible_maddrs()
+
+    def note_accuracy(self, accuracy: float | None) -> None:
+        """Record the last held-out accuracy in [0, 1] for the next heartbeats."""
+        if accuracy is None or (isinstance(accuracy, (int, float)) and 0.0 <= accuracy <= 1.0):
+            with self._lock:
+                self._hb["accuracy"] = None if accuracy is None else float(accuracy)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def _reject(self, r: Rejection, num_leaves: int = 0) -> None:
+        # a re-read of a record we already judged is not news; a stale record is simply old (not counted)
+        if r.reason == "duplicate" or (r.reason == "stale" and not r.charged):
+            return
+        with self._lock:
+            self._rejected[r.reason] += 1
+            self._hb["nrej"] += num_leaves
+
+    def _deltas(self, keys: Sequence[str]) -> dict[str, int]:
+        with self._lock:
+            out = {}
+            for k in keys:
+                out[f"swarm/{k}"] = self._counts[k] - self._reported[k]
+                self._reported[k] = self._counts[k]
+            return out
+
+    def _gauges(self) -> dict[str, Any]:
+        st = self.dht.status()
+        return {
+            "swarm/peers": st.num_peers if st.alive else 0,
+            "swarm/connected": bool(st.connected),
+            "swarm/solo": bool(st.solo_fallback or not st.connected),
+            "swarm/dht_restarts": st.restarts,
+            "swarm/banned": len(self.peers.banned()),
+        }
+
+    # ------------------------------------------------------------------ publish (main thread)
+    def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
+        """Prune, sign and announce ``trees`` (scored local trees of step ``step``); returns metrics.
+
+        CPU only: the DHT store runs on the publisher thread. Never raises on network trouble; a tree the
+        codec refuses (e.g. a token id beyond ``vocab_size``) is dropped and counted
+        (``swarm/publish_errors``).
+        """
+        t0 = time.perf_counter()
+        rewards = [float(t.nodes[i].reward) for t in trees for i in t.leaves() if t.nodes[i].reward is not None]
+        with self._lock:
+            self._hb["step"] = int(step) + 1
+            self._hb["reward_mean"] = (min(max(sum(rewards) / len(rewards), 0.0), wire.MAX_REWARD)
+                                       if rewards else None)
+        pruned, pst = prune_trees(trees, self.prune_rule)
+        m: dict[str, Any] = pst.as_metrics()
+        n_bytes = n_manifest_bytes = n_leaves = n_trees = 0
+        now = time.time()
+        for envelope, bundle in self._bundles(pruned, int(policy_version), now):
+            self.server.put(envelope)
+            manifest = wire.manifest_for_bundle(envelope, bundle)
+            menv = wire.encode_manifest(manifest, self.identity)
+            bucket = self.dht.current_bucket(bundle.created_at)
+            with self._lock:
+                box = self._outbox.setdefault(bucket, [])
+                box.append(menv)
+                del box[:-wire.MAX_RECORD_MANIFESTS]
+                self._dirty.add(bucket)
+                for old in [b for b in self._outbox if b <= bucket - self.scfg.read_buckets - 1]:
+                    del self._outbox[old]
+                    self._dirty.discard(old)
+                self._counts["bundles_published"] += 1
+                self._hb["npub"] += bundle.num_leaves()
+            n_bytes += len(envelope)
+            n_manifest_bytes += len(menv)
+            n_leaves += bundle.num_leaves()
+            n_trees += len(bundle.trees)
+        if n_trees:
+            self._wake_publisher.set()
+        m.update(self._deltas(["bundles_published", "publish_errors"]))
+        m.update({"swarm/published_trees": n_trees, "swarm/published_leaves": n_leaves,
+                  "swarm/published_bytes": n_bytes, "swarm/manifest_bytes": n_manifest_bytes,
+                  "swarm/publish_s": time.perf_counter() - t0})
+        return m
+
+    def _bundles(self, trees: list[RolloutTree], policy_version: int,
+                 now: float) -> list[tuple[bytes, wire.RolloutBundle]]:
+        """Encode ``trees`` into signed bundles, each within the byte and tree caps (split in halves as needed)."""
+        out: list[tuple[bytes, wire.RolloutBundle]] = []
+        todo = [trees[i:i + wire.MAX_TREES_PER_BUNDLE] for i in range(0, len(trees), wire.MAX_TREES_PER_BUNDLE)]
+        while todo:
+            chunk = todo.pop(0)
+            if not chunk:
+                continue
+            bundle = wire.bundle_from_trees(chunk, swarm_id=self.swarm_id, publisher_key=self.public_key,
+                                            vocab_size=self.vocab_size, model_id=self.model_id,
+                                            tokenizer_id=self.tokenizer_id, policy_version=policy_version,
+                                            created_at=now)
+            try:
+                envelope = wire.encode_bundle(bundle, self.identity)
+            except wire.WireError as e:
+                if e.reason == "too_large" and len(chunk) > 1:
+                    half = len(chunk) // 2
+                    todo[:0] = [chunk[:half], chunk[half:]]
+                    continue
+                if len(chunk) > 1:  # find the offending tree(s): encode one by one
+                    todo[:0] = [[t] for t in chunk]
+                    continue
+                self._count("publish_errors")
+                log.warning("not publishing a tree of task %s: %s", chunk[0].task.key(), e)
+                continue
+            if len(envelope) > self.max_bundle_bytes:
+                if len(chunk) > 1:
+                    half = len(chunk) // 2
+                    todo[:0] = [chunk[:half], chunk[half:]]
+                else:
+                    self._count("publish_errors")
+                    log.warning("not publishing a tree of task %s: %d bytes exceed swarm.max_bundle_bytes=%d",
+                                chunk[0].task.key(), len(envelope), self.max_bundle_bytes)
+                continue
+            out.append((envelope, bundle))
+        return out
+
+    # ------------------------------------------------------------------ publisher thread
+    def _record_bytes(self, bucket: int) -> bytes | None:
+        contact = self.dht.contact()
+        if contact is None:
+            return None
+        with self._lock:
+            manifests = list(self._outbox.get(bucket, []))
+        maddrs = [m for m in contact.maddrs if len(m.encode()) <= wire.MAX_ID_BYTES][: wire.MAX_RECORD_ADDRS]
+        while manifests:
+            try:
+                return wire.encode_manifest_record(wire.ManifestRecord(manifests, contact.peer_id, maddrs))
+            except wire.WireError as e:
+                if e.reason != "too_large":
+                    log.error("cannot encode our manifest record: %s", e)
+                    return None
+                manifests = manifests[1:]  # drop the oldest until it fits
+        return None
+
+    def _publisher_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake_publisher.wait(1.0)
+            self._wake_publisher.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self._publisher_step()
+            except Exception:  # noqa: BLE001 - the thread must survive everything
+                log.exception("swarm publisher step failed")
+
+    def _publisher_step(self) -> None:
+        connected = self.dht.connected
+        if connected and not self._was_connected:  # just joined: our solo-stored records live only with us
+            with self._lock:
+                self._dirty.update(self._outbox)
+            self._write_info()
+        self._was_connected = connected
+        with self._lock:
+            dirty = sorted(self._dirty)
+        for bucket in dirty:
+            data = self._record_bytes(bucket)
+            if data is None:
+                continue
+            ok = self.dht.publish_manifest(self.swarm_id, bucket, data, timeout=self.scfg.dht_timeout)
+            if ok:
+                with self._lock:
+                    self._dirty.discard(bucket)
+                    self._counts["records_stored"] += 1
+                    self._counts["record_bytes"] += len(data)
+            else:
+                self._count("record_store_failures")
+        if time.monotonic() - self._last_hb >= self.heartbeat_interval:
+            with self._lock:
+                hb = dict(self._hb)
+            beat = wire.Heartbeat(swarm_id=self.swarm_id, peer_id=self.peer_id, model_id=self.model_id[:256],
+                                  step=hb["step"], reward_mean=hb["reward_mean"], accuracy=hb["accuracy"],
+                                  samples_published=hb["npub"], samples_accepted=hb["nacc"],
+                                  samples_rejected=hb["nrej"], created_at=time.time())
+            if self.dht.publish_heartbeat(self.swarm_id, wire.encode_heartbeat(beat, self.identity),
+                                          timeout=self.scfg.dht_timeout):
+                self._last_hb = time.monotonic()
+
+    # ------------------------------------------------------------------ fetcher thread
+    def _fetch_loop(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - the thread must survive everything
+                log.exception("swarm poll failed")
+
+    def poll(self) -> int:
+        """One fetcher step: read recent manifest records, verify new manifests, start fetches.
+
+        Runs on the fetcher thread every ``poll_interval`` seconds (public for tests and benchmarks).
+
+        Returns:
+            The number of fetches started.
+        """
+        if not self.dht.is_alive:
+            return 0
+        # new manifests land in the current bucket (or the previous one, stored late): those two are read every
+        # poll; all ``read_buckets`` only every ``_full_read_every`` polls (a DHT read costs N^2 traffic)
+        buckets = self.dht.recent_buckets(self.scfg.read_buckets)
+        with self._lock:
+            full = self._counts["polls"] % self._full_read_every == 0
+        if not full:
+            buckets = buckets[-2:]
+        entries = self.dht.read_manifests(self.swarm_id, buckets, timeout=self.scfg.dht_timeout)
+        now = time.monotonic()
+        with self._lock:
+            self._counts["polls"] += 1
+            self._counts["dht_read_bytes"] += sum(len(v) for _, v in entries)
+        candidates: list[tuple[wire.Manifest, bytes, str]] = []
+        for owner, value in entries:
+            if owner == self.public_key:
+                continue
+            owner_id = peer_id_from_public_key(owner)
+            try:
+                rec = wire.decode_manifest_record(value)
+            except wire.WireError as e:
+                digest = hashlib.sha256(value).digest()
+                if self._mark(digest, now):
+                    self.peers.record_reject(owner_id, e.reason, True, f"manifest record: {e.detail}")
+                    with self._lock:
+                        self._rejected[e.reason] += 1
+                continue
+            self._note_contact(owner_id, rec)
+            for menv in rec.manifests:
+                mdigest = hashlib.sha256(menv).digest()
+                with self._lock:
+                    st = self._mstate.get(mdigest)
+                    if st is not None and (st.state in ("done", "inflight") or now < st.next_try):
+                        continue
+                try:
+                    with self._vlock:
+                        manifest = self.verifier.verify_manifest(menv, owner)
+                except Rejection as r:
+                    self._reject(r)
+                    self._set_state(mdigest, "done")
+                    continue
+                bdigest = manifest.bundle_digest.hex()
+                with self._lock:
+                    if bdigest in self._wanted:
+                        self._mstate[mdigest] = _MState("done")
+                        continue
+                candidates.append((manifest, mdigest, owner_id))
+        candidates.sort(key=lambda c: c[0].created_at, reverse=True)  # newest first
+        started = 0
+        for manifest, mdigest, owner_id in candidates:
+            with self._lock:
+                if self._inflight >= 2 * self.max_concurrent_fetches:  # the rest waits for the next poll
+                    break
+                bdigest = manifest.bundle_digest.hex()
+                if bdigest in self._wanted:
+                    continue
+                self._wanted.add(bdigest)
+                prev = self._mstate.get(mdigest)
+                self._mstate[mdigest] = _MState("inflight", prev.tries if prev else 0)
+                self._inflight += 1
+            try:
+                self._pool.submit(self._fetch_one, manifest, mdigest, owner_id)
+                started += 1
+            except RuntimeError:  # the pool is shut down (closing)
+                with self._lock:
+                    self._inflight -= 1
+                    self._wanted.discard(bdigest)
+                break
+        return started
+
+    def _mark(self, digest: bytes, now: float) -> bool:
+        """Mark a record/manifest digest as judged; True the first time."""
+        with self._lock:
+            if digest in self._mstate:
+                return False
+            self._mstate[digest] = _MState("done")
+            self._trim_states()
+            return True
+
+    def _set_state(self, mdigest: bytes, state: str, tries: int = 0, next_try: float = 0.0) -> None:
+        with self._lock:
+            self._mstate[mdigest] = _MState(state, tries, next_try)
+            self._mstate.move_to_end(mdigest)
+            self._trim_states()
+
+    def _trim_states(self) -> None:
+        while len(self._mstate) > _MSTATE_CAPACITY:
+            self._mstate.popitem(last=False)
+
+    def _note_contact(self, owner_id: str, rec: wire.ManifestRecord) -> None:
+        maddrs = []
+        for m in rec.maddrs:
+            try:
+                if parse_multiaddr(m)[1] == rec.libp2p_peer_id:
+                    maddrs.append(m)
+            except ValueError:
+                continue
+        try:
+            parse_multiaddr(f"/ip4/127.0.0.1/tcp/1/p2p/{rec.libp2p_peer_id}")
+        except ValueError:
+            return  # not a libp2p PeerID: nothing to fetch from
+        with self._lock:
+            self._contacts[owner_id] = (rec.libp2p_peer_id, maddrs[:2], time.monotonic())
+            self._contacts.move_to_end(owner_id)
+            while len(self._contacts) > 1024:
+                self._contacts.popitem(last=False)
+
+    def _sources(self, publisher: str) -> list[tuple[str, list[str]]]:
+        """The publisher's contact first, then up to two other recently seen peers (who may have cached it)."""
+        with self._lock:
+            contacts = dict(self._contacts)
+        out = []
+        if publisher in contacts:
+            out.append(contacts[publisher][:2])
+        horizon = time.monotonic() - (self.scfg.read_buckets + 1) * self.scfg.bucket_seconds
+        others = [c[:2] for p, c in contacts.items() if p != publisher and c[2] >= horizon]
+        random.shuffle(others)
+        out.extend(others[:_RELAYS_PER_FETCH])
+        return out  # type: ignore[return-value]
+
+    def _fetch_one(self, manifest: wire.Manifest, mdigest: bytes, publisher: str) -> None:
+        bdigest = manifest.bundle_digest.hex()
+        ok = False
+        try:
+            for libp2p_id, maddrs in self._sources(publisher):
+                if self._stop.is_set():
+                    break
+                res = self.server.fetch_result(libp2p_id, bdigest, timeout=self.scfg.fetch_timeout,
+                                               max_bytes=min(manifest.bundle_size, self.max_bundle_bytes),
+                                               maddrs=maddrs, cache=False)
+                self._count(f"fetch/{res.reason}")
+                if res.ok and res.body is not None:
+                    item = _Pending(res.body, manifest, f"p2p:{libp2p_id}", time.time())
+                    with self._lock:
+                        if len(self._pending) >= self.max_pending:
+                            dropped = self._pending.popleft()
+                            self._wanted.discard(dropped.manifest.bundle_digest.hex())
+                            self._counts["dropped_queue_full"] += 1
+                        self._pending.append(item)
+                        self._counts["bytes_fetched"] += len(res.body)
+                    ok = True
+                    break
+        except Exception:  # noqa: BLE001
+            log.exception("bundle fetch failed")
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                prev = self._mstate.get(mdigest)
+                tries = (prev.tries if prev else 0) + 1
+                if ok:
+                    self._mstate[mdigest] = _MState("done", tries)
+                else:
+                    self._wanted.discard(bdigest)
+                    if tries >= _FETCH_RETRIES:
+                        self._mstate[mdigest] = _MState("done", tries)
+                        self._counts["fetch_gave_up"] += 1
+                    else:
+                        self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 2.0 ** tries)
+
+    # ------------------------------------------------------------------ gather (main thread)
+    def gather(self, step: int, policy_version: int) -> tuple[list[Any], dict[str, Any]]:
+        """Verify the fetched bundles (at most ``gather_budget_s`` s) and return their trees plus metrics.
+
+        Returns:
+            ``(trees, metrics)``: :class:`swarmnode.train.external.ExternalTree` s (one per accepted tree, leaf
+            rewards are **our** re-scores; re-tokenized trees carry our prompt when ``prompt_for`` is set)
+            and the metrics of the module docstring.
+
+        Never raises on network trouble or hostile input; rejected input is counted, never returned.
+        """
+        from swarmnode.train.external import ExternalTree  # the trainer's type; imported here, not at load
+
+        vts, m = self.gather_verified(step, policy_version)
+        out = []
+        for vt in vts:
+            if not vt.same_tokenizer:
+                self._reprompt(vt)
+            out.append(ExternalTree(tree=vt.tree, peer_id=vt.peer_id, model_id=vt.model_id,
+                                    tokenizer_id=vt.tokenizer_id, policy_version=vt.policy_version,
+                                    same_tokenizer=vt.same_tokenizer))
+        return out, m
+
+    def gather_verified(self, step: int, policy_version: int) -> tuple[list[VerifiedTree], dict[str, Any]]:
+        """:meth:`gather` without the conversion: the accepted :class:`VerifiedTree` s and the metrics."""
+        t0 = time.monotonic()
+        with self._lock:
+            items = list(self._pending)
+            self._pending.clear()
+        out: list[VerifiedTree] = []
+        received = retok = 0
+        latencies: list[float] = []
+        for k, item in enumerate(items):
+            if time.monotonic() - t0 > self.gather_budget_s:
+                with self._lock:  # the rest waits for the next step
+                    self._pending.extendleft(reversed(items[k:]))
+                break
+            received += 1
+            try:
+                with self._vlock:
+                    vts = self.verifier.verify_bundle(item.body, item.manifest, item.sender)
+            except Rejection as r:
+                self._reject(r, item.manifest.num_leaves)
+                continue
+            finally:
+                with self._lock:
+                    self._wanted.discard(item.manifest.bundle_digest.hex())
+            try:
+                self.server.put(item.body)  # re-serve what we verified: this is the gossip
+            except ValueError:
+                pass
+            now = time.time()
+            n_leaves = sum(len(v.tree.leaves()) for v in vts)
+            with self._lock:
+                self._counts["bundles_accepted"] += 1
+                self._hb["nacc"] += n_leaves
+            latencies.append(max(0.0, now - item.manifest.created_at))
+            acc = AcceptedBundle(item.manifest.bundle_digest.hex(), vts[0].peer_id, item.manifest.created_at,
+                                 item.fetched_at, now, len(item.body), len(vts), n_leaves, item.sender)
+            self.accepted.append(acc)
+            if self.on_accept is not None:
+                try:
+                    self.on_accept(acc)
+                except Exception:  # noqa: BLE001
+                    log.exception("on_accept callback failed")
+            retok += sum(1 for v in vts if not v.same_tokenizer)
+            out.extend(vts)
+        with self._lock:
+            self._counts["bundles_received"] += received
+            pending = len(self._pending)
+            rejected = {f"swarm/rejected/{r}": n - self._rejected_reported[r]
+                        for r, n in self._rejected.items() if n - self._rejected_reported[r]}
+            self._rejected_reported = Counter(self._rejected)
+        m: dict[str, Any] = self._deltas(["bundles_received", "bundles_accepted", "dropped_queue_full",
+                                          "fetch_gave_up", "bytes_fetched"])
+        m.update(rejected)
+        m.update(self._gauges())
+        m.update({
+            "swarm/pending": pending,
+            "swarm/external_trees": len(out),
+            "swarm/retokenized_trees": retok,
+            "swarm/gather_s": time.monotonic() - t0,
+        })
+        if latencies:
+            latencies.sort()
+            m["swarm/latency_p50_s"] = latencies[len(latencies) // 2]
+            m["swarm/latency_max_s"] = latencies[-1]
+        return out, m
+
+    def _reprompt(self, vt: VerifiedTree) -> None:
+        """Give a re-tokenized tree our own prompt for its task (best effort; the original stays on failure)."""
+        if self.prompt_for is None or self.retokenize is None:
+            return
+        try:
+            task = self.tasks.get(vt.tree.task)
+            text = self.prompt_for(task)
+            ids = list(self.retokenize(text))[-self.max_prompt_length:]
+            if ids and all(type(t) is int and 0 <= t < self.vocab_size for t in ids):
+                vt.tree.prompt_text, vt.tree.prompt_ids = text, ids
+        except Exception as e:  # noqa: BLE001
+            log.debug("re-prompting an external tree failed: %s", e)
+
+    # ------------------------------------------------------------------ reporting
+    def snapshot(self) -> dict[str, Any]:
+        """Cumulative counters, the DHT status and the verifier/peer-book snapshot (JSON-ready)."""
+        st = self.dht.status()
+        with self._lock:
+            counts = dict(self._counts)
+            rejected = dict(self._rejected)
+            pending = len(self._pending)
+        with self._vlock:
+            ver = self.verifier.snapshot()
+        return {"peer_id": self.peer_id, "swarm_id": self.swarm_id, "counts": counts, "rejected": rejected,
+                "pending": pending, "dht": st.__dict__, "verifier": ver,
+                "server": dict(self.server.counters)}
+
+
+def build_swarm(
+    cfg: Any,
+    policy: Any,
+    tasks: Any,
+    run_dir: str | os.PathLike,
+    *,
+    model_id: str | None = None,
+    prompt_for: Callable[[Any], str] | None = None,
+    identity: Identity | None = None,
+    **kwargs: Any,
+) -> SwarmClient:
+    """The :class:`SwarmClient` of a node (what ``swarmnode run`` uses when ``swarm.enabled``).
+
+    Args:
+        cfg: the node's RunConfig.
+        policy: the loaded policy (``swarmnode.policy.loading.Policy``): its ``tokenizer``, ``model``,
+            ``model_id`` and ``tokenizer_id`` are used (duck-typed; the swarm package does not import policy).
+        tasks: the node's TaskMix.
+        run_dir: the node's run directory.
+        model_id: the id to publish under (default ``policy.model_id``; a resumed node passes its base model id).
+        prompt_for: ``Task -> prompt text`` (the node's ``prompt_for``), for re-prompting re-tokenized trees.
+        identity: the signing identity (default: ``load_or_create(identity_path_for(cfg))``).
+        kwargs: passed to :class:`SwarmClient`.
+
+    Returns:
+        A started :class:`SwarmClient`.
+
+    Raises:
+        swarmnode.swarm.identity.IdentityError: the key file exists but is not a readable Ed25519 key.
+        ValueError: malformed multiaddrs or swarm id (message names the field).
+    """
+    if identity is None:
+        path = identity_path_for(cfg)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        identity = load_or_create(path)
+    tok = policy.tokenizer
+    vocab = len(tok)
+    try:
+        vocab = max(vocab, int(policy.model.get_input_embeddings().weight.shape[0]))
+    except Exception:  # noqa: BLE001 - a model without input embeddings: the tokenizer's size
+        pass
+
+    def retokenize(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    def detokenize(ids: list[int]) -> str:
+        return tok.decode(list(ids), skip_special_tokens=True)
+
+    return SwarmClient(cfg, identity, tasks, vocab, model_id or policy.model_id, policy.tokenizer_id,
+                       retokenize, run_dir, detokenize=detokenize, prompt_for=prompt_for, **kwargs)
+
+
+def list_peers(
+    swarm_id: str,
+    initial_peers: Sequence[str],
+    *,
+    timeout: float = 15.0,
+    bucket_seconds: float = 30.0,
+    clock: Callable[[], float] = time.time,
+) -> list[dict[str, Any]]:
+    """The swarm as its DHT heartbeats show it (what ``swarmnode peers`` prints).
+
+    Starts a throw-away DHT client (its own random key; it publishes nothing), joins through
+    ``initial_peers``, reads ``{swarm_id}:heartbeats``, verifies every heartbeat (signature, signer == the
+    DHT record's owner, swarm id) and shuts down.
+
+    Args:
+        swarm_id: the swarm.
+        initial_peers: multiaddrs with ``/p2p/<PeerID>`` of any live node.
+        timeout: seconds for joining and for the lookup, each.
+        bucket_seconds: the swarm's ``bucket_seconds`` (only used to name protected keys).
+        clock: wall clock (seconds since the epoch) for ``last_seen_s``.
+
+    Returns:
+        Rows sorted by peer id: ``peer_id``, ``model_id``, ``step``, ``reward_mean``, ``accuracy``,
+        ``samples_published``, ``samples_accepted``, ``samples_rejected``, ``last_seen_s``. Heartbeats that fail
+        verification are left out.
+
+    Raises:
+        ValueError: no initial peer, or a malformed multiaddr or swarm id.
+        ConnectionError: no initial peer answered within ``timeout``.
+    """
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    if not initial_peers:
+        raise ValueError("list_peers needs at least one initial peer (a multiaddr like "
+                         "/ip4/1.2.3.4/tcp/31337/p2p/<PeerID>)")
+    dht = SwarmDHT(Ed25519PrivateKey.generate(), swarm_ids=[swarm_id], initial_peers=list(initial_peers),
+                   bucket_seconds=bucket_seconds, call_timeout=timeout, health_interval=0, client_mode=True,
+                   start=False)
+    try:
+        dht.start()
+        if not dht.connected and not dht.try_join(timeout=timeout):
+            raise ConnectionError(f"none of the initial peers {list(initial_peers)} answered within {timeout:g} s")
+        entries = dht.read_heartbeats(swarm_id, timeout=timeout)
+    finally:
+        dht.shutdown()
+    rows: dict[str, dict[str, Any]] = {}
+    now = clock()
+    for owner, value in entries:
+        try:
+            env, hb = wire.decode(value, expected_kind=wire.KIND_HEARTBEAT)
+        except wire.WireError:
+            continue
+        if env.public_key != owner or not isinstance(hb, wire.Heartbeat) or hb.swarm_id != swarm_id:
+            continue
+        prev = rows.get(hb.peer_id)
+        if prev is not None and prev["created_at"] >= hb.created_at:
+            continue
+        rows[hb.peer_id] = {
+            "peer_id": hb.peer_id, "model_id": hb.model_id, "step": hb.step, "reward_mean": hb.reward_mean,
+            "accuracy": hb.accuracy, "samples_published": hb.samples_published,
+            "samples_accepted": hb.samples_accepted, "samples_rejected": hb.samples_rejected,
+            "last_seen_s": max(0.0, now - hb.created_at), "created_at": hb.created_at,
+        }
+    return [{k: v for k, v in rows[p].items() if k != "created_at"} for p in sorted(rows)]

@@ -1,0 +1,285 @@
+"""A private swarm of N local node processes on loopback (``swarmnode swarm up --nodes N``).
+
+:class:`LocalSwarm` starts N ``swarmnode run`` processes, one per run directory ``<run_dir>/node-<i>``:
+
+* node 0 is the bootstrap peer: it listens on a fixed loopback port with a libp2p identity generated in
+  advance (``node-0/p2p.key``), so its address ``/ip4/127.0.0.1/tcp/<port>/p2p/<PeerID>`` is known before
+  it starts; nodes 1..N-1 get it as ``--initial-peers`` and may start before it answers (a node that cannot
+  reach its bootstrap peer trains solo and joins when the peer appears);
+* each node has its own Ed25519 identity (``node-<i>/identity.pem``), its own sampling seed (``seed + i``),
+  its own log (``node-<i>/stdout.log``), metrics and checkpoints; all share the config, ``--steps`` and
+  ``--model``;
+* children run in their own sessions, so a Ctrl-C reaches only the launcher, which then sends each node
+  SIGTERM (a node finishes its step, checkpoints and exits; the same command resumes) and SIGKILLs a node that
+  has not exited after ``timeout`` seconds.
+
+:class:`MetricsTail` follows a node's ``metrics.jsonl`` incrementally for the live view. Nothing here
+imports torch or the model stack: the launcher stays light beside N training processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["LocalNode", "LocalSwarm", "MetricsTail", "bootstrap_identity", "free_port"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def bootstrap_identity(path: str | os.PathLike) -> str:
+    """Create (or read) a libp2p identity file and return its base58 PeerID.
+
+    The file is what ``hivemind.P2P`` reads with ``identity_path``; the node uses it when its run directory
+    holds it and ``swarm.host_maddrs`` has an explicit port (``swarmnode.swarm.gossip.P2P_KEY_FILE``).
+    """
+    from hivemind.p2p import P2P, PeerID
+
+    p = Path(path)
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        P2P.generate_identity(str(p))
+    return PeerID.from_identity(p.read_bytes()).to_base58()
+
+
+class MetricsTail:
+    """Follow a ``metrics.jsonl`` file incrementally (the node appends one JSON object per line).
+
+    Attributes:
+        last: the newest training-step record (a line with ``step`` and without ``eval``), or None.
+        last_eval: the newest evaluation record, or None.
+        steps: training-step records read so far.
+        external_total: sum of ``samples_external`` over those records.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._buf = b""
+        self.last: dict | None = None
+        self.last_eval: dict | None = None
+        self.steps = 0
+        self.external_total = 0
+
+    def update(self) -> "MetricsTail":
+        """Read what was appended since the last call (a partial last line waits for the next call)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read(4 * 1024 * 1024)
+        except OSError:
+            return self
+        self._offset += len(chunk)
+        data = self._buf + chunk
+        lines = data.split(b"\n")
+        self._buf = lines.pop()
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if "eval" in rec:
+                self.last_eval = rec
+            elif "step" in rec:
+                self.last = rec
+                self.steps += 1
+                v = rec.get("samples_external", 0)
+                self.external_total += int(v) if isinstance(v, (int, float)) else 0
+        return self
+
+
+@dataclass
+class LocalNode:
+    """One node process of a :class:`LocalSwarm`.
+
+    Attributes:
+        index: 0..N-1 (0 is the bootstrap peer).
+        run_dir: ``<run_dir>/node-<index>``.
+        cmd: the command line.
+        log_path: stdout/stderr of the process.
+        proc: the running process (None before :meth:`LocalSwarm.start`).
+        metrics: the :class:`MetricsTail` of its ``metrics.jsonl``.
+    """
+
+    index: int
+    run_dir: Path
+    cmd: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    metrics: MetricsTail = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = MetricsTail(self.run_dir / "metrics.jsonl")
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+
+class LocalSwarm:
+    """N ``swarmnode run`` processes forming one private swarm on loopback (see the module docstring).
+
+    Args:
+        nodes: number of nodes (int >= 1).
+        run_dir: parent run directory; node ``i`` uses ``run_dir/node-i``.
+        config: YAML config for every node (None: the packaged default); the swarm is enabled regardless.
+        model / steps: passed as ``--model`` / ``--steps`` to every node when given.
+        base_seed: node ``i`` runs with ``--seed base_seed + i`` (distinct sampling streams).
+        swarm_id: ``--swarm-id`` for every node (None: the config's).
+        no_eval: pass ``--no-eval`` (skip the before/after held-out evaluation).
+        extra_args: more ``swarmnode run`` arguments for every node.
+        host: loopback address to listen on.
+        python: interpreter of the children.
+        env: extra environment variables; ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` default to
+            ``max(1, cpu_count // nodes)`` so N nodes do not oversubscribe the CPU.
+
+    Raises:
+        ValueError: ``nodes < 1``.
+    """
+
+    def __init__(
+        self,
+        nodes: int,
+        run_dir: str | os.PathLike,
+        *,
+        config: str | os.PathLike | None = None,
+        model: str | None = None,
+        steps: int | None = None,
+        base_seed: int = 0,
+        swarm_id: str | None = None,
+        no_eval: bool = False,
+        extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise ValueError(f"nodes must be an int >= 1, got {nodes!r}")
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        d0 = self.run_dir / "node-0"
+        from swarmnode.swarm.gossip import P2P_KEY_FILE
+
+        peer0 = bootstrap_identity(d0 / P2P_KEY_FILE)
+        port_file = d0 / "bootstrap_port"
+        try:  # a resumed swarm keeps node 0's address
+            port = int(port_file.read_text().strip())
+        except (OSError, ValueError):
+            port = free_port(host)
+            port_file.write_text(str(port))
+        self.bootstrap = f"/ip4/{host}/tcp/{port}/p2p/{peer0}"
+        threads = str(max(1, (os.cpu_count() or 1) // nodes))
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.env.setdefault("OMP_NUM_THREADS", threads)
+        self.env.setdefault("MKL_NUM_THREADS", threads)
+        self.env.update(env or {})
+        self.nodes: list[LocalNode] = []
+        for i in range(nodes):
+            rd = self.run_dir / f"node-{i}"
+            cmd = [python, "-m", "swarmnode.cli", "run", "--swarm", "--run-dir", str(rd),
+                   "--identity", str(rd / "identity.pem"), "--seed", str(base_seed + i)]
+            if config is not None:
+                cmd += ["--config", str(config)]
+            if model is not None:
+                cmd += ["--model", model]
+            if steps is not None:
+                cmd += ["--steps", str(steps)]
+            if swarm_id is not None:
+                cmd += ["--swarm-id", swarm_id]
+            if no_eval:
+                cmd.append("--no-eval")
+            if i == 0:
+                cmd += ["--host-maddrs", f"/ip4/{host}/tcp/{port}"]
+            else:
+                cmd += ["--initial-peers", self.bootstrap]
+            cmd += list(extra_args)
+            self.nodes.append(LocalNode(i, rd, cmd, rd / "stdout.log"))
+
+    def start(self) -> None:
+        """Start every node (node 0 first; the others do not wait for it)."""
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                continue
+            n.run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(n.log_path, "ab")
+            try:
+                n.proc = subprocess.Popen(n.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=self.env, start_new_session=True)
+            finally:
+                log.close()
+
+    def running(self) -> bool:
+        """Whether any node process is still running."""
+        return any(n.returncode is None and n.proc is not None for n in self.nodes)
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per node for the live view.
+
+        Keys: ``node``, ``pid``, ``state`` (``"running"``, ``"starting"`` before its first step, or
+        ``"exited <rc>"``), ``step``, ``reward``, ``samples_external`` (last step), ``external_total``,
+        ``peers``, ``accuracy`` (last evaluation), ``age_s`` (seconds since its last step record).
+        """
+        rows = []
+        now = time.time()
+        for n in self.nodes:
+            m = n.metrics.update().last or {}
+            rc = n.returncode
+            state = f"exited {rc}" if rc is not None else ("running" if m else "starting")
+            ev = n.metrics.last_eval or {}
+            rows.append({
+                "node": n.index,
+                "pid": n.proc.pid if n.proc is not None else None,
+                "state": state,
+                "step": m.get("step"),
+                "reward": m.get("reward"),
+                "samples_external": m.get("samples_external"),
+                "external_total": n.metrics.external_total,
+                "peers": m.get("swarm/peers"),
+                "accuracy": ev.get("accuracy"),
+                "age_s": (now - m["unix_time"]) if isinstance(m.get("unix_time"), (int, float)) else None,
+            })
+        return rows
+
+    def stop(self, timeout: float = 60.0) -> list[int | None]:
+        """SIGTERM every running node, wait up to ``timeout`` s, SIGKILL the rest; returns the exit codes."""
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                try:
+                    n.proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            try:
+                n.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(n.proc.pid, signal.SIGKILL)  # the node's own session: it and its DHT/p2pd children
+                except (ProcessLookupError, PermissionError):
+                    n.proc.kill()
+                n.proc.wait(10)
+        return [n.returncode for n in self.nodes]
+
+    def wait(self, poll: float = 1.0) -> list[int | None]:
+        """Block until every node exited on its own; returns the exit codes."""
+        while self.running():
+            time.sleep(poll)
+        return [n.returncode for n in self.nodes]
