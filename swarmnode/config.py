@@ -43,6 +43,11 @@ class ModelConfig(_Strict):
     )
     backend: Literal["hf", "vllm"] = Field("hf", description="generation backend; vllm needs the gpu extra and CUDA")
     trust_remote_code: bool = False
+    compile: bool = Field(False, description="torch.compile the one-token decode step (CUDA only)")
+    max_batch_rows: int | None = Field(None, ge=1, description="cap on decode rows per forward; None = memory plan")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of free GPU memory the planner may use")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's KV-cache share of GPU memory")
+    vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs in vLLM")
     system_prompt: str | None = Field(
         None, description="system prompt for chat templates; None uses reasoning-gym's default answer-tag prompt"
     )
@@ -183,6 +188,19 @@ class CheckpointConfig(_Strict):
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
 
 
+class MonitorConfig(_Strict):
+    """Status endpoint and watchdogs (swarmnode/monitor/)."""
+
+    status_host: str = Field("127.0.0.1", description="bind address of the status endpoint; other hosts only explicitly")
+    stall_seconds: float = Field(600.0, gt=0, description="a round without progress this long is a stall")
+    stall_exit_seconds: float = Field(0.0, ge=0, description="exit (code 4) after a stall this long; 0 = never")
+    memory_limit_bytes: int | None = Field(
+        None, ge=1, description="RSS hard limit: checkpoint and exit (code 3); None = 90% of cgroup limit or RAM"
+    )
+    memory_soft_fraction: float = Field(0.8, gt=0, le=1, description="warn above this share of the hard limit")
+    watchdog_interval: float = Field(2.0, gt=0, description="seconds between watchdog checks")
+
+
 class RunConfig(_Strict):
     """The whole node configuration."""
 
@@ -199,6 +217,7 @@ class RunConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

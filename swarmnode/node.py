@@ -30,9 +30,11 @@ from swarmnode.config import RunConfig, dump_config
 from swarmnode.evaluation import EvalResult, evaluate
 from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, rss_bytes
 from swarmnode.monitor.runtime import NodeMonitor
+from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
 from swarmnode.policy.loading import Policy, build_prompt, load_policy
+from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
-from swarmnode.rollout.sampler import PromptSpec, sample_rollouts
+from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.mix import TaskMix
@@ -99,6 +101,11 @@ class Node:
         if ckpt is not None:
             model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.model_path)})
         self.policy: Policy = load_policy(model_cfg)
+        plan = None
+        if self.policy.device.type == "cuda":  # size micro-batches and decode rows to the GPU; refuse what cannot fit
+            plan = plan_for_model(self.policy.model, self.policy.device, cfg.sampling,
+                                  utilization=cfg.model.gpu_memory_utilization)
+        self.backend = make_generation_backend(self.policy, cfg.model, cfg.sampling, plan)
         self.base_model_id = self.policy.model_id
         ref_model = None
         if cfg.train.beta > 0:
@@ -160,8 +167,8 @@ class Node:
 
         # 2. sample
         with self.timer.phase("sample"):
-            trees = sample_rollouts(
-                self.policy.model,
+            trees = generate_rollouts(
+                self.backend,
                 self.policy.tokenizer,
                 [self._prompt_spec(t) for t in tasks],
                 cfg.sampling,
@@ -224,6 +231,7 @@ class Node:
         # 7. update
         with self.timer.phase("train"):
             tm = self.trainer.step(batch, token_weight_fn=self.token_weight_fn if external_used else None)
+            sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
         self.step += 1
 
         if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.steps:

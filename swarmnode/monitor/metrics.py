@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,20 +64,40 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class PhaseTimer:
-    """Accumulates wall-clock seconds per named phase of a step (sample, score, gossip, verify, train, checkpoint)."""
+    """Accumulates wall-clock seconds per named phase of a step (sample, score, gossip, verify, train, checkpoint).
+
+    It also remembers which phase runs right now (:attr:`current`, since :attr:`current_since`) and when a phase
+    last started or ended (:attr:`last_change`, ``time.monotonic()`` seconds): the stall watchdog
+    (:mod:`swarmnode.monitor.watchdog`) reads these from another thread to name the phase a stalled round is
+    stuck in. Reads from other threads see plain attribute values (no lock needed for that use).
+    """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.current: str | None = None
+        self.current_since: float = time.monotonic()
+        self.last_phase: str | None = None
+        self.last_change: float = time.monotonic()
+        self._stack: list[str] = []
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Time the ``with`` block as phase ``name`` (nested phases are allowed; the innermost is :attr:`current`)."""
         t0 = time.perf_counter()
+        self._stack.append(name)
+        self.current, self.current_since = name, time.monotonic()
+        self.last_change = self.current_since
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            self._stack.pop()
+            self.last_phase = name
+            self.current = self._stack[-1] if self._stack else None
+            self.last_change = time.monotonic()
 
     def reset(self) -> dict[str, float]:
+        """Return the per-phase seconds accumulated since the last reset and start a new accumulation."""
         out, self.seconds = self.seconds, {}
         return out
 
@@ -89,3 +110,55 @@ def rss_bytes() -> int:
         return int(psutil.Process(os.getpid()).memory_info().rss)
     except Exception:  # pragma: no cover - psutil missing or restricted /proc
         return 0
+
+
+def gpu_memory() -> dict[str, int]:
+    """GPU memory of this process as torch's CUDA allocator sees it, in bytes, summed over visible devices.
+
+    Returns ``{}`` when torch is not imported yet or CUDA is unavailable (this never imports torch itself, so
+    light processes such as ``swarmnode status`` stay light), else ``allocated``, ``reserved`` and ``total``
+    (device capacity).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return {}
+        n = torch.cuda.device_count()
+        return {
+            "allocated": int(sum(torch.cuda.memory_allocated(i) for i in range(n))),
+            "reserved": int(sum(torch.cuda.memory_reserved(i) for i in range(n))),
+            "total": int(sum(torch.cuda.get_device_properties(i).total_memory for i in range(n))),
+        }
+    except Exception:  # pragma: no cover - a broken driver must not break monitoring
+        return {}
+
+
+def _cgroup_memory_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):
+            return int(text)
+    return None
+
+
+def total_memory_bytes() -> int | None:
+    """Memory available to this process in bytes: the cgroup limit when one is set, else physical RAM.
+
+    ``None`` when neither can be read.
+    """
+    total = None
+    try:
+        import psutil
+
+        total = int(psutil.virtual_memory().total)
+    except Exception:  # pragma: no cover
+        pass
+    cg = _cgroup_memory_limit()
+    if cg is not None:
+        total = cg if total is None else min(total, cg)
+    return total

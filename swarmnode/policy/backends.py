@@ -1,0 +1,339 @@
+"""Generation-backend selection: the HF decode engine (any device) or vLLM (CUDA, optional extra ``gpu``).
+
+Public API::
+
+    select_backend(model_cfg, device) -> "hf" | "vllm"            # refuses impossible combinations
+    make_generation_backend(policy, model_cfg, sampling_cfg, plan=None) -> HFDecodeEngine | VLLMBackend
+    generate_rollouts(backend, tokenizer, prompts, sampling_cfg, policy_version, generator=None, ...)
+    sync_weights(backend, model)                                     # after every optimizer step
+    device_generator(generator, device)                              # a sampling RNG on the model's device
+    HFDecodeEngine(model, tokenizer, compile_decode=False, ...)      # DecodeEngine + optional torch.compile
+
+Knobs read from ``model_cfg`` with ``getattr`` and a default, so this module works before
+:class:`swarmnode.config.ModelConfig` declares them:
+
+============================== ========= =====================================================================
+knob                           default   meaning
+============================== ========= =====================================================================
+``backend``                    ``"hf"``  ``hf`` or ``vllm``
+``compile``                    False     ``torch.compile`` the single-token decode forward (CUDA only)
+``max_batch_rows``             None      cap on decode rows per sampling call (None: the memory plan's, else
+                                         unlimited); prompts are sampled in chunks that fit
+``gpu_memory_utilization``     0.9       fraction of free memory the memory planner may use
+``vllm_gpu_memory_utilization`` 0.3      fraction of the GPU's total memory vLLM reserves (colocated)
+``vllm_enforce_eager``         False     disable vLLM CUDA graphs
+``seed``                       0         vLLM engine seed
+============================== ========= =====================================================================
+
+The HF path on CUDA: the model is loaded in the configured dtype (``dtype: auto`` is bfloat16 on a GPU that
+supports it, :func:`swarmnode.policy.loading.resolve_dtype`), attention is SDPA unless the config names
+another implementation (a model that came up with ``eager`` is switched to ``sdpa``), and decoding is
+:class:`~swarmnode.policy.decode.DecodeEngine`'s KV-shared batched decoding of all trees at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from swarmnode.policy.decode import DecodeEngine
+from swarmnode.policy.vllm_backend import (
+    VLLM_INSTALL_HINT,
+    BackendError,
+    VLLMBackend,
+    vllm_sample_rollouts,
+    vllm_status,
+)
+from swarmnode.rollout.sampler import PromptSpec, SampledTrees, SamplerStats, sample_rollouts
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("hf", "vllm")
+
+
+# ============================================================================ selection
+def select_backend(model_cfg: Any, device: torch.device | str) -> str:
+    """The generation backend for ``model_cfg.backend`` on ``device``, or a clear refusal.
+
+    Args:
+        model_cfg: :class:`swarmnode.config.ModelConfig` (reads ``backend``, default ``"hf"``).
+        device: the resolved device (:func:`swarmnode.policy.loading.resolve_device`), a ``torch.device`` or name.
+
+    Returns:
+        ``"hf"`` or ``"vllm"``.
+
+    Raises:
+        BackendError: unknown backend name; ``vllm`` on a non-CUDA device (CPU, MPS); ``vllm`` without the
+            vllm package (the message names ``pip install 'swarmnode[gpu]'``).
+    """
+    name = getattr(model_cfg, "backend", "hf") or "hf"
+    if not isinstance(name, str) or name.strip().lower() not in BACKENDS:
+        raise BackendError(f"model.backend {name!r} is not a generation backend (expected one of {', '.join(BACKENDS)})")
+    name = name.strip().lower()
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as e:
+        raise BackendError(f"device {device!r} is not a torch device ({e})") from None
+    if name == "hf":
+        return "hf"
+    if dev.type != "cuda":
+        raise BackendError(
+            f"model.backend vllm needs a CUDA GPU, but the device is {dev.type}; use backend: hf "
+            "(the HF backend runs on cpu, mps and cuda)"
+        )
+    ok, why = vllm_status()
+    if not ok:
+        raise BackendError(f"model.backend vllm needs the vllm package: {VLLM_INSTALL_HINT} (or use backend: hf); {why}")
+    return "vllm"
+
+
+# ============================================================================ HF engine for accelerators
+class HFDecodeEngine(DecodeEngine):
+    """:class:`DecodeEngine` with an optional ``torch.compile`` of the single-token decode forward.
+
+    Prefill and re-feed forwards run eagerly (their shapes vary most); a forward with one new token per row
+    goes through ``torch.compile(model, dynamic=True, backend=compile_backend, mode=compile_mode)``. The
+    compiled module shares the model's parameters, so optimizer updates are seen without recompiling.
+    Compilation is only worth it on CUDA, where the eager decode step of a small model is bound by kernel
+    launches; :func:`make_generation_backend` enables it only there.
+
+    Args:
+        model, tokenizer, eos_token_ids, pad_token_id: as :class:`DecodeEngine`.
+        compile_decode: compile the decode forward.
+        compile_backend: ``torch.compile`` backend (``"inductor"``; ``"eager"`` only traces, for tests).
+        compile_mode: ``torch.compile`` mode (``None``, ``"max-autotune-no-cudagraphs"``, ...).
+        max_rows: advisory cap on rows per sampling call, used by :func:`generate_rollouts` to chunk prompts.
+
+    Attributes:
+        compiled: whether decode forwards go through the compiled module.
+        compiled_calls: decode forwards that did.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        eos_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        *,
+        compile_decode: bool = False,
+        compile_backend: str = "inductor",
+        compile_mode: str | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        super().__init__(model, tokenizer, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+        if max_rows is not None and int(max_rows) < 1:
+            raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
+        self.max_rows = int(max_rows) if max_rows is not None else None
+        self._compiled = None
+        if compile_decode:
+            self._compiled = torch.compile(model, dynamic=True, backend=compile_backend, mode=compile_mode)
+        self.compiled_calls = 0
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache):
+        if self._compiled is None or input_ids.shape[1] != 1 or cache is None:
+            return super()._run(input_ids, attention_mask, position_ids, cache)
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if self._logits_kw:
+            kwargs[self._logits_kw] = 1
+        out = self._compiled(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        self.forward_calls += 1
+        self.compiled_calls += 1
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return out.logits[:, -1, :].float(), (new_cache if new_cache is not None else cache)
+
+
+def _ensure_sdpa(model: Any, model_cfg: Any) -> str | None:
+    """On CUDA, switch a model that came up with eager attention to SDPA (unless the config asked for eager)."""
+    cfg = getattr(model, "config", None)
+    impl = getattr(cfg, "_attn_implementation", None)
+    if getattr(model_cfg, "attn_implementation", None) is not None or impl != "eager":
+        return impl
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None:
+        return impl
+    try:
+        setter("sdpa")
+        return "sdpa"
+    except Exception as e:  # a model class without SDPA support keeps eager
+        log.info("model %s keeps eager attention (SDPA not available: %s)", type(model).__name__, e)
+        return impl
+
+
+def make_generation_backend(policy: Any, model_cfg: Any, sampling_cfg: Any, plan: Any | None = None):
+    """Build what the node passes to :func:`generate_rollouts` (or, for the HF engine, to ``sample_rollouts``).
+
+    Args:
+        policy: a loaded :class:`swarmnode.policy.loading.Policy` (model on its device in its dtype).
+        model_cfg: :class:`swarmnode.config.ModelConfig` (knobs: module docstring).
+        sampling_cfg: :class:`swarmnode.config.SamplingConfig` (vLLM's ``max_model_len``).
+        plan: optional :class:`swarmnode.policy.memory.MemoryPlan`; its ``max_decode_rows`` caps the rows of one
+            sampling call when ``max_batch_rows`` is unset.
+
+    Returns:
+        ``"hf"``: an :class:`HFDecodeEngine` around ``policy.model`` (SDPA on CUDA, decode forward compiled when
+        ``compile`` is set and the device is CUDA). ``"vllm"``: a :class:`VLLMBackend` loading ``policy.path``
+        in ``policy.dtype``.
+
+    Raises:
+        BackendError: as :func:`select_backend`; vLLM construction failures are wrapped with the cause.
+    """
+    device = torch.device(policy.device)
+    kind = select_backend(model_cfg, device)
+    if kind == "vllm":
+        max_len = int(sampling_cfg.max_prompt_length) + int(sampling_cfg.max_completion_length)
+        try:
+            return VLLMBackend(
+                policy.path,
+                policy.tokenizer,
+                gpu_memory_utilization=float(getattr(model_cfg, "vllm_gpu_memory_utilization", 0.3)),
+                dtype=policy.dtype,
+                enable_prefix_caching=True,
+                seed=int(getattr(model_cfg, "seed", 0) or 0),
+                max_model_len=max_len,
+                enforce_eager=bool(getattr(model_cfg, "vllm_enforce_eager", False)),
+            )
+        except BackendError:
+            raise
+        except Exception as e:
+            raise BackendError(f"cannot start vLLM on {policy.path!r}: {type(e).__name__}: {e}") from e
+    want_compile = bool(getattr(model_cfg, "compile", False))
+    compile_decode = want_compile and device.type == "cuda"
+    if want_compile and not compile_decode:
+        log.info("model.compile is set but the device is %s; torch.compile of the decode step is used on CUDA only",
+                 device.type)
+    if device.type == "cuda":
+        _ensure_sdpa(policy.model, model_cfg)
+    max_rows = getattr(model_cfg, "max_batch_rows", None)
+    if max_rows is None and plan is not None:
+        max_rows = getattr(plan, "max_decode_rows", None)
+    return HFDecodeEngine(policy.model, policy.tokenizer, compile_decode=compile_decode, max_rows=max_rows)
+
+
+# ============================================================================ running
+def device_generator(generator: torch.Generator | None, device: torch.device | str) -> torch.Generator | None:
+    """A generator on ``device`` derived deterministically from ``generator``.
+
+    :func:`swarmnode.policy.decode.sample_next` needs the RNG on the logits' device. A generator already there
+    is returned as is; otherwise one 63-bit seed is drawn from ``generator`` (advancing it) and a new generator
+    on ``device`` is seeded with it, so the result is still a pure function of the caller's RNG state (a resumed
+    node samples as an uninterrupted one). ``None`` stays ``None``.
+    """
+    if generator is None:
+        return None
+    dev = torch.device(device)
+    if generator.device.type == dev.type:
+        return generator
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64).item())
+    return torch.Generator(device=dev).manual_seed(seed)
+
+
+def _merge(parts: list[SampledTrees]) -> SampledTrees:
+    out = SampledTrees([t for part in parts for t in part])
+    st = SamplerStats(mode=parts[0].stats.mode, branching=parts[0].stats.branching)
+    for part in parts:
+        s = part.stats
+        st.prompts.extend(s.prompts)
+        st.prefill_tokens += s.prefill_tokens
+        st.forward_calls += s.forward_calls
+        st.decode_rows += s.decode_rows
+        st.refeed_rows += s.refeed_rows
+        st.copied_rows += s.copied_rows
+        st.steps += s.steps
+        st.wall_time_s += s.wall_time_s
+    out.stats = st
+    return out
+
+
+def _prompt_chunks(n: int, num_generations: int, max_rows: int | None) -> list[tuple[int, int]]:
+    if not max_rows:
+        return [(0, n)]
+    per = max(1, int(max_rows) // max(1, int(num_generations)))
+    return [(i, min(n, i + per)) for i in range(0, n, per)]
+
+
+def generate_rollouts(
+    backend: Any,
+    tokenizer: Any,
+    prompts: Sequence[PromptSpec],
+    sampling_cfg: Any,
+    policy_version: int,
+    generator: torch.Generator | None = None,
+    *,
+    max_rows: int | None = None,
+    seed: int | None = None,
+) -> SampledTrees:
+    """Sample rollouts with whichever backend :func:`make_generation_backend` built.
+
+    Args:
+        backend: an :class:`HFDecodeEngine` / :class:`DecodeEngine` / HF causal LM (-> ``sample_rollouts``) or a
+            segment backend such as :class:`VLLMBackend` (-> :func:`vllm_sample_rollouts`).
+        tokenizer: the policy's tokenizer.
+        prompts, sampling_cfg, policy_version: as ``sample_rollouts``.
+        generator: the round's RNG (any device; moved with :func:`device_generator`). For a segment backend
+            it seeds the requests (one draw) unless ``seed`` is given.
+        max_rows: rows per sampling call (default: the engine's ``max_rows``); prompts are sampled in chunks of
+            ``max(1, max_rows // num_generations)``, trees and stats merged in prompt order.
+        seed: explicit request seed for a segment backend.
+
+    Returns:
+        :class:`SampledTrees` in prompt order with merged :class:`SamplerStats`.
+    """
+    prompts = list(prompts)
+    if hasattr(backend, "generate_segments"):
+        if seed is None:
+            seed = 0 if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+        return vllm_sample_rollouts(backend, prompts, sampling_cfg, policy_version, seed=seed)
+    if isinstance(backend, DecodeEngine):
+        engine = backend
+    else:
+        engine = HFDecodeEngine(backend, tokenizer)
+    gen = device_generator(generator, engine.device)
+    if max_rows is None:
+        max_rows = getattr(engine, "max_rows", None)
+    chunks = _prompt_chunks(len(prompts), sampling_cfg.num_generations, max_rows)
+    if len(chunks) == 1:
+        return sample_rollouts(engine, tokenizer, prompts, sampling_cfg, policy_version, generator=gen)
+    parts = [sample_rollouts(engine, tokenizer, prompts[a:b], sampling_cfg, policy_version, generator=gen)
+             for a, b in chunks]
+    return _merge(parts)
+
+
+def sync_weights(backend: Any, model: Any) -> int:
+    """Bring the generation backend up to date with ``model`` after an optimizer step.
+
+    The HF engine decodes with the training module itself (nothing to do; returns 0). A :class:`VLLMBackend`
+    gets ``model.state_dict()`` loaded in place (:meth:`VLLMBackend.update_weights`); returns the number of
+    tensors loaded.
+    """
+    if hasattr(backend, "update_weights"):
+        return int(backend.update_weights(model.state_dict().items()))
+    return 0
+
+
+def vllm_installed() -> bool:
+    """Whether the vllm package is importable (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+__all__ = [
+    "BACKENDS",
+    "BackendError",
+    "HFDecodeEngine",
+    "select_backend",
+    "make_generation_backend",
+    "generate_rollouts",
+    "sync_weights",
+    "device_generator",
+    "vllm_installed",
+    "vllm_status",
+]
