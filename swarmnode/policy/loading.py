@@ -1,0 +1,441 @@
+"""Loading a policy (causal LM + tokenizer) for a node, including the embedded default.
+
+One code path serves every model: ``model.name_or_path: embedded`` resolves to the directory shipped
+inside the package (:data:`EMBEDDED_DIR`, built by ``scripts/build_tiny_model.py``), anything else is a
+local Hugging Face directory or a hub id. All of them go through ``AutoTokenizer.from_pretrained`` and
+``AutoModelForCausalLM.from_pretrained``, so the embedded default is loaded exactly the way a user's
+model is.
+
+Identity on the wire (design.md §4, RolloutBundle header):
+
+* ``model_id`` -- ``"swarmnode/embedded-tiny@<sha256(weights)[:12]>"`` for the embedded model;
+  ``"<hub id or local directory name>@<sha256(config.json)[:12]>"`` otherwise (a local directory is
+  named by its last path component so that no user's home path goes onto the network).
+* ``tokenizer_id`` -- ``"tokenizer@<sha256[:12]>"`` of the tokenizer's canonical content (the
+  ``tokenizers`` pipeline JSON: normalizer, pre-tokenizer, model vocabulary/merges, added tokens, plus
+  the special-token map). It does not include the model name, so two models that tokenize identically
+  (e.g. two sizes of one family) share a ``tokenizer_id`` and can exchange token ids.
+
+Prompt format: :func:`build_prompt` renders the tokenizer's chat template (system message if any, one
+user message, ``add_generation_prompt=True``); a tokenizer without a chat template gets the plain
+fallback ``"{system}\\n\\nQuestion: {question}\\nAnswer:"`` (the system part only when given).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarmnode.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_NAME = "embedded"
+EMBEDDED_DIR = Path(__file__).parent / "embedded"
+EMBEDDED_MODEL_NAME = "swarmnode/embedded-tiny"
+
+#: reasoning-gym's ``SYSTEM_PROMPTS["default"]`` (reasoning_gym/utils.py), copied verbatim so that the
+#: prompt a real model sees does not change if that package is upgraded. It asks for the final answer
+#: inside ``<answer></answer>`` tags, which is what the verifiers extract.
+DEFAULT_SYSTEM_PROMPT = (
+    "Given a problem, your task is to answer the question by thinking step-by-step in a clear and specific "
+    "manner.\nOnce you have thought about the reasoning process, provide the answer in the following format:\n"
+    "<answer>answer here</answer>\nDo not explain your reasoning inside the answer tags, provide only the "
+    "final answer. When an example is provided, you should strictly follow the format of the output/answer "
+    "in that example.\n"
+)
+
+#: Text the embedded tokenizer must reproduce exactly after encode -> decode (checked at load time).
+ROUNDTRIP_PROBE = "Calculate 12 + -3.\n\tSpaces  kept, punctuation: (a/b)*c=7! <answer>-9</answer>"
+
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+class PolicyLoadError(ValueError):
+    """A policy cannot be loaded as configured; the message names the setting or path and what was expected."""
+
+
+@dataclass
+class Policy:
+    """A loaded policy: model, tokenizer and where/how it runs.
+
+    Attributes:
+        model: a ``transformers`` causal LM (``PreTrainedModel``), already on ``device`` in ``dtype``,
+            in eval mode.
+        tokenizer: the matching tokenizer; ``pad_token`` is always set (to ``eos_token`` if the model
+            shipped without one).
+        device: where the model lives.
+        dtype: parameter dtype (``torch.float32``, ``torch.bfloat16`` or ``torch.float16``).
+        model_id: identity of the weights for the wire (see module docstring).
+        tokenizer_id: identity of the tokenization for the wire (see module docstring).
+        system_prompt: the system prompt to pass to :func:`build_prompt` (``None`` = no system message).
+            ``model.system_prompt`` when set (``""`` means none); otherwise ``None`` for the embedded
+            model (it was trained without one, and a 400-character prompt would cost a character-level
+            model 400 tokens) and :data:`DEFAULT_SYSTEM_PROMPT` for every other model.
+        is_embedded: whether this is the packaged default.
+        path: the directory or hub id it was loaded from.
+    """
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    model_id: str
+    tokenizer_id: str
+    system_prompt: str | None = None
+    is_embedded: bool = False
+    path: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def prompt(self, question: str) -> str:
+        """``build_prompt(self.tokenizer, question, self.system_prompt)``."""
+        return build_prompt(self.tokenizer, question, self.system_prompt)
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of model parameters (embedding shared with the head counted once)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+
+# ------------------------------------------------------------------------------------------ device/dtype
+def resolve_device(name: str) -> torch.device:
+    """Resolve a device name to a :class:`torch.device`.
+
+    Args:
+        name: ``"auto"`` (cuda > mps > cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+
+    Raises:
+        PolicyLoadError: unknown name, or the requested accelerator is not available in this torch build.
+    """
+    if not isinstance(name, str):
+        raise PolicyLoadError(f"model.device must be a string (auto, cpu, cuda, mps), got {type(name).__name__}")
+    n = name.strip().lower()
+    if n == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if n == "cpu":
+        return torch.device("cpu")
+    if n == "cuda" or re.fullmatch(r"cuda:\d+", n):
+        if not torch.cuda.is_available():
+            raise PolicyLoadError(
+                f"model.device is {name!r} but CUDA is not available (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda}); use device: auto or cpu"
+            )
+        if ":" in n and int(n.split(":")[1]) >= torch.cuda.device_count():
+            raise PolicyLoadError(
+                f"model.device is {name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
+        return torch.device(n)
+    if n == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise PolicyLoadError("model.device is 'mps' but the MPS backend is not available; use auto or cpu")
+        return torch.device("mps")
+    raise PolicyLoadError(f"model.device {name!r} is not a device name (expected auto, cpu, cuda, cuda:N or mps)")
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Resolve a dtype name for ``device``.
+
+    ``auto`` is bfloat16 on CUDA when the GPU supports it, else float32. On CPU, float16 is refused
+    (half-precision matmuls on CPU are slow or unsupported and training in it is unstable); bfloat16 is
+    allowed (supported by torch's CPU kernels, slower than float32 on most CPUs without AMX).
+
+    Args:
+        name: ``"auto"``, ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        device: the resolved device.
+
+    Raises:
+        PolicyLoadError: unknown name, float16 on CPU, or bfloat16 on a CUDA GPU without bf16 support.
+    """
+    n = name.strip().lower() if isinstance(name, str) else name
+    if n == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if n not in _DTYPES:
+        raise PolicyLoadError(f"model.dtype {name!r} is not a dtype name (expected auto, float32, bfloat16 or float16)")
+    dt = _DTYPES[n]
+    if device.type == "cpu" and dt is torch.float16:
+        raise PolicyLoadError(
+            "model.dtype float16 is not supported on CPU (half-precision matmuls there are slow or missing and "
+            "training is unstable); use float32 (or bfloat16)"
+        )
+    if device.type == "cuda" and dt is torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise PolicyLoadError("model.dtype bfloat16 is not supported by this GPU; use float16 or float32")
+    if device.type == "cpu" and dt is torch.bfloat16:
+        log.info("model.dtype bfloat16 on CPU: allowed, but usually slower than float32 without AMX")
+    return dt
+
+
+# ------------------------------------------------------------------------------------------ identity
+def _sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths, key=lambda q: q.name):
+        h.update(p.name.encode())
+        h.update(b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def weights_digest(model_dir: str | Path) -> str:
+    """SHA-256 (hex) over the ``*.safetensors`` files of ``model_dir`` (name and bytes, sorted by name).
+
+    Raises:
+        PolicyLoadError: the directory holds no ``*.safetensors`` file.
+    """
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise PolicyLoadError(f"{model_dir} holds no *.safetensors weights (expected a save_pretrained directory)")
+    return _sha256_files(files)
+
+
+def _canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """SHA-256 (hex) of what decides tokenization: the fast tokenizer's pipeline JSON and special tokens.
+
+    For a tokenizer with a ``backend_tokenizer`` (every ``transformers`` fast tokenizer) this is the
+    canonical (sorted-key) JSON of ``backend_tokenizer.to_str()`` plus ``special_tokens_map``; otherwise
+    the sorted vocabulary (``get_vocab()``) plus ``special_tokens_map``.
+    """
+    special = {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        body: Any = json.loads(backend.to_str())
+    else:
+        body = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(_canonical_json({"tokenizer": body, "special": special})).hexdigest()
+
+
+def config_digest(model_config: Any) -> str:
+    """SHA-256 (hex) of a model config's canonical JSON (``to_dict()``, volatile keys removed)."""
+    d = dict(model_config.to_dict())
+    for k in ("_name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype", "_attn_implementation"):
+        d.pop(k, None)
+    return hashlib.sha256(_canonical_json(d)).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ prompts
+def default_system_prompt(model_cfg: ModelConfig, is_embedded: bool) -> str | None:
+    """The system prompt a policy uses: the configured one (``""`` = none), else ``None`` for the
+    embedded model and :data:`DEFAULT_SYSTEM_PROMPT` (reasoning-gym's answer-tag prompt) otherwise."""
+    if model_cfg.system_prompt is not None:
+        return model_cfg.system_prompt or None
+    return None if is_embedded else DEFAULT_SYSTEM_PROMPT
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` carries a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def build_prompt(tokenizer: Any, question: str, system_prompt: str | None = None) -> str:
+    """Render one question as the prompt text a policy continues.
+
+    With a chat template: ``apply_chat_template([system?, user], tokenize=False,
+    add_generation_prompt=True)``; a template that refuses the system role (e.g. Gemma's) gets the
+    system text prepended to the user message (``"{system}\\n\\n{question}"``). Without a chat template:
+    ``"{system}\\n\\nQuestion: {question}\\nAnswer:"`` (the ``"{system}\\n\\n"`` part only when given).
+
+    Encode the result with :func:`encode_prompt` (a rendered chat template already holds any BOS text).
+
+    Raises:
+        TypeError: ``question`` (or a non-None ``system_prompt``) is not a string.
+    """
+    if not isinstance(question, str):
+        raise TypeError(f"question must be a str, got {type(question).__name__}")
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise TypeError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
+    if has_chat_template(tokenizer):
+        messages = [{"role": "user", "content": question}]
+        if system_prompt:
+            try:
+                return tokenizer.apply_chat_template(
+                    [{"role": "system", "content": system_prompt}] + messages,
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
+            except Exception as e:  # jinja2 TemplateError: "System role not supported" and the like
+                log.debug("chat template refused a system message (%s); folding it into the user turn", e)
+                messages = [{"role": "user", "content": f"{system_prompt}\n\n{question}"}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    head = f"{system_prompt}\n\n" if system_prompt else ""
+    return f"{head}Question: {question}\nAnswer:"
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a prompt from :func:`build_prompt`.
+
+    A chat-template prompt already contains its special tokens as text, so it is encoded with
+    ``add_special_tokens=False``; a fallback-format prompt is encoded with ``add_special_tokens=True``
+    (the tokenizer adds its BOS, if it has one).
+    """
+    return list(tokenizer(prompt, add_special_tokens=not has_chat_template(tokenizer))["input_ids"])
+
+
+# ------------------------------------------------------------------------------------------ loading
+def _looks_like_path(name: str) -> bool:
+    return (
+        name.startswith(("/", ".", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or not _HUB_ID_RE.match(name)
+    )
+
+
+def _check_model_dir(path: Path, what: str) -> None:
+    if not path.exists():
+        raise PolicyLoadError(f"{what} {path} does not exist (expected a directory saved with save_pretrained)")
+    if not path.is_dir():
+        raise PolicyLoadError(f"{what} {path} is not a directory (expected a directory saved with save_pretrained)")
+    if not (path / "config.json").is_file():
+        raise PolicyLoadError(
+            f"{what} {path} is not a Hugging Face model directory: it has no config.json "
+            "(expected config.json, weights and tokenizer files from save_pretrained)"
+        )
+
+
+def check_embedded_roundtrip(tokenizer: Any, text: str = ROUNDTRIP_PROBE) -> None:
+    """Raise :class:`PolicyLoadError` unless ``decode(encode(text)) == text`` exactly.
+
+    Guards the embedded character-level tokenizer against the transformers-5 trap (design.md §10):
+    ``AutoTokenizer`` rebuilding a custom tokenizer with a model family's pre-tokenizer and silently
+    dropping spaces and newlines.
+    """
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    back = tokenizer.decode(ids)
+    if back != text:
+        raise PolicyLoadError(
+            f"the tokenizer loaded as {type(tokenizer).__name__} does not round-trip text exactly "
+            f"({text!r} came back as {back!r}); the tokenizer files or transformers version are incompatible"
+        )
+
+
+def load_policy(model_cfg: ModelConfig) -> Policy:
+    """Load the policy named by ``model_cfg``.
+
+    Args:
+        model_cfg: :class:`swarmnode.config.ModelConfig`. ``name_or_path``: ``"embedded"`` (the packaged
+            tiny model in :data:`EMBEDDED_DIR`), a local directory saved with ``save_pretrained``, or a
+            hub id (``org/name``; needs the model in the local HF cache or network access).
+
+    Returns:
+        A :class:`Policy` with the model on its device in eval mode, pad token set.
+
+    Raises:
+        PolicyLoadError: unknown/unavailable device or dtype; ``flash_attention_2`` or ``backend: vllm``
+            on a non-CUDA device; ``backend: vllm`` without vllm installed; a missing local directory or
+            one without ``config.json``; a hub id that cannot be fetched; a tokenizer with neither pad nor
+            eos token; a tokenizer larger than the model's embedding; an embedded tokenizer that does not
+            round-trip text exactly.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not isinstance(model_cfg, ModelConfig):
+        raise TypeError(f"load_policy expects a swarmnode.config.ModelConfig, got {type(model_cfg).__name__}")
+    device = resolve_device(model_cfg.device)
+    dtype = resolve_dtype(model_cfg.dtype, device)
+    if model_cfg.attn_implementation == "flash_attention_2" and device.type != "cuda":
+        raise PolicyLoadError(
+            f"model.attn_implementation flash_attention_2 needs a CUDA GPU, but the device is {device.type}; "
+            "use sdpa or eager (or leave it unset)"
+        )
+    if model_cfg.backend == "vllm":
+        if device.type != "cuda":
+            raise PolicyLoadError(
+                f"model.backend vllm needs a CUDA GPU, but the device is {device.type}; use backend: hf"
+            )
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise PolicyLoadError(
+                "model.backend vllm needs the vllm package: pip install 'swarmnode[gpu]' (or use backend: hf)"
+            ) from None
+
+    name = model_cfg.name_or_path
+    if not isinstance(name, str) or not name.strip():
+        raise PolicyLoadError("model.name_or_path is empty (expected 'embedded', a local directory or a hub id)")
+    is_embedded = name == EMBEDDED_NAME
+    if is_embedded:
+        path = EMBEDDED_DIR
+        _check_model_dir(path, "the embedded model directory")
+        if not list(path.glob("*.safetensors")):
+            raise PolicyLoadError(
+                f"the embedded model directory {path} holds no weights; rebuild it with "
+                "python scripts/build_tiny_model.py --out swarmnode/policy/embedded"
+            )
+        source: str = str(path)
+    else:
+        local = Path(name).expanduser()
+        if local.exists() or _looks_like_path(name):
+            _check_model_dir(local, "model directory")
+            source = str(local)
+        else:
+            source = name  # a hub id
+    trust = model_cfg.trust_remote_code
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
+    except Exception as e:
+        raise PolicyLoadError(f"cannot load a tokenizer from {source!r}: {type(e).__name__}: {e}") from e
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise PolicyLoadError(f"the tokenizer of {source!r} has neither a pad token nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust}
+    if model_cfg.attn_implementation is not None:
+        kwargs["attn_implementation"] = model_cfg.attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except Exception as e:
+        raise PolicyLoadError(f"cannot load a causal LM from {source!r}: {type(e).__name__}: {e}") from e
+    model.to(device)
+    model.eval()
+    emb_rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > emb_rows:
+        raise PolicyLoadError(
+            f"the tokenizer of {source!r} has {len(tokenizer)} tokens but the model's embedding has only "
+            f"{emb_rows} rows; tokenizer and model do not belong together"
+        )
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    gen = getattr(model, "generation_config", None)
+    if gen is not None and gen.pad_token_id is None:
+        gen.pad_token_id = tokenizer.pad_token_id
+
+    tok_id = f"tokenizer@{tokenizer_digest(tokenizer)[:12]}"
+    if is_embedded:
+        check_embedded_roundtrip(tokenizer)
+        model_id = f"{EMBEDDED_MODEL_NAME}@{weights_digest(EMBEDDED_DIR)[:12]}"
+    else:
+        label = Path(source).name if Path(source).exists() else name
+        model_id = f"{label}@{config_digest(model.config)[:12]}"
+    return Policy(
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        model_id=model_id,
+        tokenizer_id=tok_id,
+        system_prompt=default_system_prompt(model_cfg, is_embedded),
+        is_embedded=is_embedded,
+        path=source,
+    )
