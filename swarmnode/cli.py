@@ -509,6 +509,76 @@ def report(
         print(json.dumps(rows))
 
 
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: swarm vs isolated learning, tree sampling, gossip, verify.")
+app.add_typer(bench_app, name="bench")
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@bench_app.command("swarm")
+def bench_swarm(
+    nodes: int = typer.Option(2, "--nodes", help="N nodes in the swarm and N isolated nodes"),
+    steps: int = typer.Option(200, "--steps", help="optimizer steps (rounds) per node"),
+    model: Optional[str] = typer.Option(None, "--model", help='"embedded" (default), a local HF model dir or a hub id'),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config of every node (default: packaged)"),
+    splits: str = typer.Option("8/0,4/4", "--splits", help="local/external prompts per step, e.g. 8/0,6/2,4/4,2/6"),
+    normalization: str = typer.Option("per_source,joint", "--normalization", help="per_source,joint"),
+    off_policy: str = typer.Option("none", "--off-policy", help="none,luffy,tis"),
+    eval_size: int = typer.Option(100, "--eval-size", help="held-out tasks per evaluation"),
+    eval_every: int = typer.Option(50, "--eval-every", help="held-out evaluation every K steps (0: before/after)"),
+    out: Path = typer.Option(Path("docs"), "--out", help="directory of the markdown table and PNG plots"),
+    work_dir: Path = typer.Option(Path("runs/bench_swarm"), "--work-dir", help="run directories of the nodes"),
+    prefix: str = typer.Option("swarm_bench_results", "--prefix", help="file name prefix of the outputs"),
+) -> None:
+    """Swarm vs isolated learning at equal generation compute per node (cumulative reward, held-out accuracy)."""
+    from swarmnode.bench import run_bench
+
+    try:
+        res = run_bench(nodes=nodes, steps=steps, model=model, config=str(config) if config else None, splits=splits,
+                        normalization=normalization, off_policy=off_policy, eval_size=eval_size,
+                        eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
+                        log=lambda s: console.print(s, highlight=False, markup=False))
+    except (ValueError, RuntimeError) as e:
+        _fail(str(e))
+        return
+    console.print(res.markdown.read_text(), highlight=False, markup=False)
+    console.print(f"wrote {res.markdown} and {', '.join(str(p) for p in res.plots)}", highlight=False)
+
+
+@bench_app.command("tree", context_settings=_PASSTHROUGH)
+def bench_tree(ctx: typer.Context) -> None:
+    """Tree vs independent sampling (scripts/bench_tree.py; its flags pass through, --help shows them)."""
+    from swarmnode.bench import load_script
+
+    try:
+        mod = load_script("bench_tree")
+    except FileNotFoundError as e:
+        _fail(str(e))
+        return
+    raise typer.Exit(mod.main(list(ctx.args)) or 0)
+
+
+@bench_app.command("gossip", context_settings=_PASSTHROUGH)
+def bench_gossip(ctx: typer.Context) -> None:
+    """Gossip propagation latency and bytes on loopback (scripts/bench_gossip.py; flags pass through)."""
+    from swarmnode.bench import run_script
+
+    try:
+        raise typer.Exit(run_script("bench_gossip", list(ctx.args)))
+    except FileNotFoundError as e:
+        _fail(str(e))
+
+
+@bench_app.command("verify", context_settings=_PASSTHROUGH)
+def bench_verify(ctx: typer.Context) -> None:
+    """Verification throughput (scripts/bench_verify.py; flags pass through)."""
+    from swarmnode.bench import run_script
+
+    try:
+        raise typer.Exit(run_script("bench_verify", list(ctx.args)))
+    except FileNotFoundError as e:
+        _fail(str(e))
+
+
 def main() -> None:  # pragma: no cover
     app()
 

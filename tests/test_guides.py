@@ -188,7 +188,7 @@ def test_guide_commands_run_as_written(guide, tmp_path):
                 time.sleep(b.interrupt)
                 assert p.poll() is None, f"{where}\nexited early:\n{log.read_text()[-3000:]}"
                 os.killpg(p.pid, signal.SIGINT)
-                rc = p.wait(60)
+                rc = p.wait(300)
                 out_text = log.read_text(errors="replace")
             else:
                 res = subprocess.run(["bash", "-e", "-c", code], cwd=work, env=env, capture_output=True, text=True,

@@ -330,7 +330,7 @@ def test_swarm_up_two_nodes_and_ctrl_c(setup):
 
         wait_for(both_trained_on_each_other, 240, [(launcher, rd)], "the two nodes of swarm up exchanging samples")
         os.kill(launcher.pid, signal.SIGINT)  # Ctrl-C
-        launcher.wait(150)
+        launcher.wait(400)
         text = (rd / "stdout.log").read_text(errors="replace")
         assert launcher.returncode == 0, text[-3000:]
         assert "exit codes: [0, 0]" in text

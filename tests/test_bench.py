@@ -1,0 +1,138 @@
+"""The swarm-vs-isolated benchmark's plumbing (swarmnode/bench.py): planning, configs, summaries, a tiny real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from swarmnode.bench import (
+    Arm,
+    node_config,
+    parse_splits,
+    plan_arms,
+    rounds_to_reach,
+    run_arm,
+    summarize_arm,
+    write_report,
+)
+from swarmnode.config import load_config
+
+
+def test_parse_splits_and_errors():
+    assert parse_splits("8/0, 4/4,2/6,4/4") == [(8, 0), (4, 4), (2, 6)]
+    for bad in ("", "4", "4/x", "0/8", "4/-1", "1/2/3"):
+        with pytest.raises(ValueError, match="split"):
+            parse_splits(bad)
+
+
+def test_plan_arms_isolated_once_per_I_and_ablations():
+    arms = plan_arms([(8, 0), (4, 4), (2, 6)], ["per_source", "joint"], ["none", "luffy"])
+    names = [a.name for a in arms]
+    assert names == [
+        "isolated-8", "isolated-4", "isolated-2",
+        "swarm-4x4-per_source-none", "swarm-4x4-joint-none", "swarm-4x4-per_source-luffy",
+        "swarm-2x6-per_source-none", "swarm-2x6-joint-none", "swarm-2x6-per_source-luffy",
+    ]
+    with pytest.raises(ValueError, match="--normalization"):
+        plan_arms([(4, 4)], ["both"])
+    with pytest.raises(ValueError, match="--off-policy"):
+        plan_arms([(4, 4)], ["per_source"], ["ppo"])
+
+
+def test_node_config_equal_generation_compute(tmp_path):
+    base = load_config(None)
+    iso = node_config(base, Arm(2, 0, False), 1, steps=7, eval_every=3, eval_size=5, run_dir=tmp_path / "a",
+                      swarm_id="x")
+    sw = node_config(base, Arm(2, 6, True, "joint", "luffy"), 1, steps=7, eval_every=3, eval_size=5,
+                     run_dir=tmp_path / "b", swarm_id="bench-x", initial_peers=["/ip4/127.0.0.1/tcp/1/p2p/Qm"])
+    for c in (iso, sw):  # both sample I=2 prompts x G completions per step
+        assert c.sampling.prompts_per_step == 2
+        assert c.sampling.num_generations == base.sampling.num_generations
+        assert (c.seed, c.steps, c.eval_every, c.tasks.eval_size) == (1, 7, 3, 5)
+        assert c.tasks.seed == base.tasks.seed  # shared so peers can verify each other's TaskRefs
+    assert not iso.swarm.enabled
+    assert sw.swarm.enabled and sw.swarm.num_external == 6
+    assert sw.swarm.max_external_share == pytest.approx(0.75)  # 6 / (2 + 6)
+    assert (sw.swarm.normalization, sw.swarm.off_policy, sw.swarm.swarm_id) == ("joint", "luffy", "bench-x")
+    assert sw.swarm.initial_peers == ["/ip4/127.0.0.1/tcp/1/p2p/Qm"]
+
+
+def test_rounds_to_reach():
+    curve = [(0, 0.10), (25, 0.30), (50, 0.29), (75, 0.50)]
+    assert rounds_to_reach(curve, 0.30) == 25
+    assert rounds_to_reach(curve, 0.40) == 75
+    assert rounds_to_reach(curve, 0.60) is None
+
+
+def _write_node(d: Path, rewards: list[float], ext: list[int], evals: list[tuple[str, int, float]]) -> None:
+    d.mkdir(parents=True)
+    with open(d / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"step": 0, "eval": "before", "accuracy": evals[0][2]}) + "\n")
+        for k, (r, e) in enumerate(zip(rewards, ext), start=1):
+            f.write(json.dumps({"step": k, "reward": r, "samples_external": e, "step_time": 0.5}) + "\n")
+        for tag, step, acc in evals[1:]:
+            f.write(json.dumps({"step": step, "eval": tag, "accuracy": acc}) + "\n")
+
+
+def test_summarize_and_report(tmp_path):
+    iso, sw = tmp_path / "isolated-4", tmp_path / "swarm"
+    _write_node(iso / "node-0", [0.0, 0.5, 0.5], [0, 0, 0], [("before", 0, 0.1), ("after", 3, 0.3)])
+    _write_node(iso / "node-1", [0.5, 0.5, 1.0], [0, 0, 0], [("before", 0, 0.1), ("after", 3, 0.5)])
+    _write_node(sw / "node-0", [1.0, 1.0, 1.0], [0, 8, 16], [("before", 0, 0.1), ("periodic", 2, 0.4),
+                                                            ("after", 3, 0.6)])
+    _write_node(sw / "node-1", [0.5, 1.0, 1.0], [8, 8, 8], [("before", 0, 0.1), ("periodic", 2, 0.4),
+                                                           ("after", 3, 0.4)])
+    s_iso, s_sw = summarize_arm(iso), summarize_arm(sw)
+    # node means per step: iso [0.25, 0.5, 0.75] -> 1.5; swarm [0.75, 1.0, 1.0] -> 2.75
+    assert s_iso["reward"] == pytest.approx([0.25, 0.5, 0.75])
+    assert s_iso["cumulative_reward"] == pytest.approx(1.5)
+    assert s_iso["cumulative_reward_per_node"] == pytest.approx([1.0, 2.0])
+    assert s_sw["cumulative_reward"] == pytest.approx(2.75)
+    assert s_iso["accuracy"] == [(0, pytest.approx(0.1)), (3, pytest.approx(0.4))]
+    assert s_sw["accuracy"] == [(0, pytest.approx(0.1)), (2, pytest.approx(0.4)), (3, pytest.approx(0.5))]
+    assert s_sw["external_per_step"] == pytest.approx((4 + 8 + 12) / 3)
+    md, pngs = write_report([(Arm(4, 0, False), s_iso), (Arm(4, 4, True), s_sw)], tmp_path / "out",
+                            command="swarmnode bench swarm --test", prefix="t")
+    text = md.read_text()
+    assert "`swarmnode bench swarm --test`" in text
+    row = [ln for ln in text.splitlines() if ln.startswith("| swarm 4/4")][0]
+    assert "| 2.75 | +83.3% |" in row  # 2.75 / 1.5 - 1
+    assert "| 2 |" in row  # the swarm reached the isolated final accuracy 0.4 at step 2
+    assert all(p.is_file() and p.stat().st_size > 1000 for p in pngs)
+    with pytest.raises(FileNotFoundError):
+        summarize_arm(tmp_path / "missing")
+
+
+@pytest.mark.slow
+def test_tiny_swarm_arm_runs_and_exchanges(tmp_path):
+    """Two real node processes in a loopback swarm, a few steps, tiny held-out eval (plumbing only)."""
+    base = load_config(None, {"sampling.max_completion_length": 8})
+    arm = Arm(2, 2, True)
+    arm_dir = run_arm(arm, base, tmp_path, nodes=2, steps=4, eval_every=2, eval_size=4, timeout=240, nice=0)
+    s = summarize_arm(arm_dir)
+    assert s["nodes"] == 2 and s["steps"] == 4 and len(s["reward"]) == 4
+    assert [p[0] for p in s["accuracy"]] == [0, 2, 4]
+    for i in range(2):
+        res = json.loads((arm_dir / f"node-{i}" / "result.json").read_text())
+        assert res["steps"] == 4 and res["barrier_ok"]
+        cfg = json.loads((arm_dir / f"node-{i}" / "spec.json").read_text())
+        assert cfg["stream"] == i and cfg["config"]["seed"] == i
+    assert (arm_dir / "joined-1").exists()  # node 1 reached node 0's DHT before training
+    recs = [json.loads(x) for x in (arm_dir / "node-1" / "metrics.jsonl").read_text().splitlines()]
+    assert all("bench/buffered_trees" in r and "swarm/peers" in r for r in recs if "reward" in r)
+
+
+def test_cli_bench_rejects_bad_input_before_running(tmp_path):
+    from typer.testing import CliRunner
+
+    from swarmnode.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "swarm", "--splits", "4-4", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "I/J" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--nodes", "1", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "--nodes must be >= 2" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--off-policy", "ppo", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "none, luffy, tis" in r.output
+    assert not any(tmp_path.iterdir())
