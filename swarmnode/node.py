@@ -162,7 +162,7 @@ class Node:
         m: dict[str, Any] = {"step": step + 1}
 
         # 1. draw
-        refs = self.tasks.refs_for_step(step, cfg.sampling.prompts_per_step)
+        refs = self.tasks.refs_for_step(step, cfg.sampling.prompts_per_step, stream=cfg.tasks.stream)
         tasks = [self.tasks.get(r) for r in refs]
 
         # 2. sample

@@ -136,17 +136,8 @@ class ExternalTree:
 
 
 # ------------------------------------------------------------------------------------------ stats
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def _std(xs: Sequence[float]) -> float:
-    """Unbiased std (``torch.std`` default, TRL's convention); 0.0 for fewer than two values."""
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+# mean and unbiased std (``torch.std`` default, TRL's convention) are the estimators' own helpers
+from swarmnode.rollout.advantages import _mean, _std  # noqa: E402
 
 
 def _zero_variance(xs: Sequence[float]) -> bool:
