@@ -25,6 +25,17 @@ app = typer.Typer(
 console = Console(stderr=False)
 
 
+@app.callback()
+def _main_callback() -> None:
+    """swarmnode: decentralized RL post-training of language models on verifiable tasks."""
+    # A process started in the background of a non-interactive shell inherits SIGINT as *ignored*, and Python then
+    # never raises KeyboardInterrupt: Ctrl-C (or a supervisor's SIGINT) would not stop `swarm up` or `top`.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _fail(msg: str, code: int = 2) -> None:
     console.print(f"[bold red]error:[/] {msg}", highlight=False)
     raise typer.Exit(code)
