@@ -213,6 +213,14 @@ class NodeMonitor:
         prev = sys.excepthook
 
         def hook(tp, val, tb):  # noqa: ANN001 - the sys.excepthook signature
+            # Only the main thread's uncaught exception is a crash of the node. Helper threads (multiprocessing's
+            # resource sharer, hivemind's pipes) can raise ConnectionResetError/BrokenPipeError while the DHT child
+            # goes down with the process group on SIGTERM; the round loop is unaffected, so log, do not fail the run.
+            off_main = threading.current_thread() is not threading.main_thread()
+            shutting_down = getattr(self.node, "stop_requested", False) and issubclass(tp, (OSError, EOFError))
+            if off_main or shutting_down:
+                log.warning("ignored %s in %s: %s", tp.__name__, threading.current_thread().name, val)
+                return
             if not self._closed and not issubclass(tp, KeyboardInterrupt):
                 try:
                     ck = self.tracker.document()["checkpoint"].get("step")
