@@ -223,7 +223,7 @@ def eval_cmd(
     cfg = _load(config, {"model.device": device})
     _setup_logging(None, False)
     from swarmnode.evaluation import evaluate
-    from swarmnode.policy.loading import build_prompt, load_policy
+    from swarmnode.policy.loading import load_policy
     from swarmnode.tasks.mix import TaskMix
     from swarmnode.train.checkpoint import load_latest_checkpoint
 
@@ -245,7 +245,7 @@ def eval_cmd(
         pol.model,
         pol.tokenizer,
         [tasks.get(r) for r in refs],
-        lambda t: build_prompt(pol.tokenizer, t.question, cfg.model.system_prompt),
+        lambda t: pol.prompt(t.question),
         lambda t, c: tasks.score_detail(t, c)["correct"],
         max_new_tokens=cfg.sampling.max_completion_length,
     )

@@ -31,7 +31,7 @@ from swarmnode.evaluation import EvalResult, evaluate
 from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, rss_bytes
 from swarmnode.monitor.runtime import NodeMonitor
 from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
-from swarmnode.policy.loading import Policy, build_prompt, load_policy
+from swarmnode.policy.loading import Policy, load_policy
 from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.sampler import PromptSpec
@@ -146,7 +146,7 @@ class Node:
 
     def prompt_for(self, task: Task) -> str:
         """The prompt text of a task (the tokenizer's chat template when it has one)."""
-        return build_prompt(self.policy.tokenizer, task.question, self.cfg.model.system_prompt)
+        return self.policy.prompt(task.question)
 
     def _prompt_spec(self, task: Task) -> PromptSpec:
         text = self.prompt_for(task)

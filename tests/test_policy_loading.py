@@ -295,3 +295,29 @@ def test_build_prompt_folds_system_into_user_when_template_refuses_it(embedded):
         "[{{ m['role'] }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
     )
     assert build_prompt(tok, "Q", "S") == "[user]S\n\nQ[assistant]"
+
+
+def test_node_and_eval_prompts_carry_the_policy_system_prompt(tmp_path):
+    """A real (non-embedded) model trained by a node gets reasoning-gym's answer-tag system prompt even when
+    ``model.system_prompt`` is left unset: the node prompts through ``Policy.prompt``, not the raw config key."""
+    from swarmnode.config import RunConfig
+    from swarmnode.node import Node
+
+    d = tmp_path / "tiny-llama"
+    _save_tiny_llama(d)
+    cfg = RunConfig.model_validate({
+        "steps": 1, "run_dir": str(tmp_path / "run"),
+        "model": {"name_or_path": str(d), "device": "cpu", "dtype": "float32"},
+        "sampling": {"prompts_per_step": 1, "num_generations": 2, "max_completion_length": 4},
+        "train": {"micro_batch_size": 2},
+    })
+    assert cfg.model.system_prompt is None
+    node = Node(cfg)
+    try:
+        task = node.tasks.get(node.tasks.eval_refs(1)[0])
+        prompt = node.prompt_for(task)
+        assert node.policy.system_prompt == DEFAULT_SYSTEM_PROMPT
+        assert DEFAULT_SYSTEM_PROMPT in prompt and task.question in prompt
+        assert prompt == node.policy.prompt(task.question)
+    finally:
+        node.close()
