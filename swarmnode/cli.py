@@ -568,6 +568,17 @@ def bench_tree(ctx: typer.Context) -> None:
     raise typer.Exit(mod.main(list(ctx.args)) or 0)
 
 
+@bench_app.command("tree-learning", context_settings=_PASSTHROUGH)
+def bench_tree_learning(ctx: typer.Context) -> None:
+    """Tree vs chain held-out accuracy at equal generated tokens (scripts/bench_tree_learning.py; flags pass through)."""
+    from swarmnode.bench import run_script
+
+    try:
+        raise typer.Exit(run_script("bench_tree_learning", list(ctx.args)))
+    except FileNotFoundError as e:
+        _fail(str(e))
+
+
 @bench_app.command("gossip", context_settings=_PASSTHROUGH)
 def bench_gossip(ctx: typer.Context) -> None:
     """Gossip propagation latency and bytes on loopback (scripts/bench_gossip.py; flags pass through)."""

@@ -107,6 +107,9 @@ class TreeConfig(_Strict):
     prune_similarity: float = Field(
         0.9, gt=0, le=1, description="prune a branch whose text is this similar (edit ratio) to its sibling"
     )
+    prune_min_tokens: int | None = Field(
+        None, ge=1, description="tokens a new branch decodes before the near-duplicate test (LATR r); None = segment_length"
+    )
     repetition_window: int = Field(8, ge=2, description="stop a branch whose last window repeats this often")
 
 

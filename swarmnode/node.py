@@ -177,6 +177,9 @@ class Node:
             )
         for tr in trees:
             tr.model_id, tr.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
+        gen_tokens = sum(t.generated_tokens() for t in trees)  # pruned branches' tokens were generated too
+        n_pruned = sum(len(t.pruned_leaves()) for t in trees)
+        trees = [t.without_pruned() for t in trees]  # a pruned branch is neither scored nor trained on
 
         # 3. score
         with self.timer.phase("score"):
@@ -189,7 +192,6 @@ class Node:
                     fmt += d["format"]
                     n_leaves += 1
                 tree.update_stats()
-        gen_tokens = sum(t.generated_tokens() for t in trees)
         self.tokens_generated += gen_tokens
 
         # 4. publish, 5. gather (swarm only)
@@ -245,6 +247,7 @@ class Node:
                 "reward": correct / max(n_leaves, 1),
                 "format": fmt / max(n_leaves, 1),
                 "leaves": n_leaves,
+                "leaves_pruned": n_pruned,
                 "groups": adv.num_groups,
                 "zero_variance_groups": adv.num_zero_variance_groups,
                 "samples_local": len(local),

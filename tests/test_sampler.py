@@ -306,3 +306,52 @@ def test_near_duplicate():
     assert near_duplicate("the answer is 42", "the answer is 42", 0.9)
     assert near_duplicate("the answer is 42", "the answer is 43", 0.9)  # ratio 0.9375
     assert not near_duplicate("the answer is 42", "so we add 7 to 5", 0.9)
+
+
+def test_pruned_leaves_are_dropped_before_scoring_and_training():
+    """``without_pruned`` keeps every non-pruned leaf with its exact completion and drops pruned branches and
+    the segments only they used; the node scores and trains on that tree (node.py step 3)."""
+    from swarmnode.rollout.tree import RolloutTree
+    from swarmnode.tasks.base import TaskRef
+
+    t = RolloutTree(task=TaskRef(source="rg:x", config_digest="0" * 16, seed=1, index=0), prompt_ids=[1, 2])
+    a = t.add_child(0, [5, 6], text="ab")
+    b = t.add_child(a, [7], text="c", finish_reason="eos")            # leaf "abc"
+    c = t.add_child(a, [8, 9], text="de")                              # inner node used only by a pruned leaf
+    p1 = t.add_child(c, [10], text="f", finish_reason="pruned")
+    p2 = t.add_child(0, [11], text="g", finish_reason="pruned")
+    d = t.add_child(0, [12, 13], text="hi", finish_reason="answer")
+    assert t.pruned_leaves() == [p1, p2]
+    kept = t.without_pruned()
+    assert kept.pruned_leaves() == []
+    assert sorted(kept.completion_ids(i) for i in kept.leaves()) == sorted([[5, 6, 7], [12, 13]])
+    assert len(kept.nodes) == 4  # root, a, b, d: c is gone with its only leaf
+    assert [kept.nodes[i].finish_reason for i in kept.leaves()] == ["eos", "answer"]
+    assert kept.nodes[kept.nodes[1].node_id].finish_reason is None  # inner nodes carry no finish reason
+    un = RolloutTree(task=t.task, prompt_ids=[1])
+    un.add_child(0, [3], finish_reason="eos")
+    assert un.without_pruned() is un
+
+
+def test_prune_near_duplicates_waits_for_min_tokens():
+    """A branch is compared with its sibling only once it has ``min_tokens`` tokens of its own (LATR's r), once."""
+    from types import SimpleNamespace as NS
+
+    from swarmnode.rollout.sampler import prune_near_duplicates
+
+    def path(completion, born_at, ref=None):
+        return NS(completion=completion, born_at=born_at, ref=ref, finish_reason=None, pruned=False)
+
+    dec = lambda ids: "".join(chr(97 + i) for i in ids)  # noqa: E731
+    sib = path([1, 2, 3, 4, 5], 0)
+    young = path([1, 2, 3, 4], 2, ref=sib)        # 2 own tokens, identical to the sibling's
+    assert prune_near_duplicates([young], dec, 0.9, min_tokens=3) == 0 and young.ref is sib  # not yet compared
+    young.completion.append(5)                    # 3 own tokens: now compared, and a duplicate
+    assert prune_near_duplicates([young], dec, 0.9, min_tokens=3) == 1
+    assert young.pruned and young.finish_reason == "pruned" and young.ref is None
+    other = path([1, 2, 7, 8, 9], 2, ref=sib)     # diverges: compared once, kept, never compared again
+    assert prune_near_duplicates([other], dec, 0.9, min_tokens=3) == 0
+    assert not other.pruned and other.ref is None
+    done = path([1, 2, 3], 2, ref=sib)
+    done.finish_reason = "eos"                    # a finished branch is a result, never pruned
+    assert prune_near_duplicates([done], dec, 0.9, min_tokens=1) == 0 and done.finish_reason == "eos"

@@ -70,7 +70,7 @@ from swarmnode.rollout.sampler import (
     PromptStats,
     SampledTrees,
     SamplerStats,
-    near_duplicate,
+    prune_near_duplicates,
     split_copies,
     treepo_total_copies,
 )
@@ -665,25 +665,8 @@ class _VRun:
                     reason = "depth"
                 pp.finish_reason = reason
             # near-duplicate pruning: a branch's first segment against its sibling's
-            thr = self.tcfg.prune_similarity
-            for pp in paths:
-                ref = pp.ref
-                if ref is None:
-                    continue
-                if pp.finish_reason is not None:
-                    pp.ref = None
-                    continue
-                mine = pp.completion[pp.born_at:]
-                if len(mine) < self.seg:
-                    continue
-                pp.ref = None
-                theirs = ref.completion[pp.born_at:] if len(ref.completion) > pp.born_at else []
-                n = min(len(mine), len(theirs))
-                if n == 0 or ref.completion[: pp.born_at] != pp.completion[: pp.born_at]:
-                    continue
-                if near_duplicate(self.decode_text(mine[:n]), self.decode_text(theirs[:n]), thr):
-                    pp.finish_reason = "pruned"
-                    pp.pruned = True
+            prune_near_duplicates(paths, self.decode_text, self.tcfg.prune_similarity,
+                                  self.tcfg.prune_min_tokens or self.seg)
             # budget transfer (TreePO) with uniform placement
             finished_now: dict[int, int] = {}
             live_of: dict[int, list[int]] = {}

@@ -36,8 +36,8 @@ first_vanilla_mode``):
    ``min(b, w - leaves)`` copies; at most ``w`` fallbacks per prompt.
 
 Pruning (LATR's lookahead filter, references.md §1.4 step 6): a new branch is compared with its sibling
-(the path it forked from, or the first copy of a boundary fork) once it has decoded ``segment_length``
-tokens; if ``difflib.SequenceMatcher(None, a, b).ratio() >= prune_similarity`` on the texts of the two
+(the path it forked from, or the first copy of a boundary fork) once it has decoded ``prune_min_tokens``
+tokens (LATR's r; default ``segment_length``); if ``difflib.SequenceMatcher(None, a, b).ratio() >= prune_similarity`` on the texts of the two
 continuations (cut to equal token counts) the branch stops with ``finish_reason="pruned"``. Pruned leaves
 stay in the tree and are counted (:attr:`PromptStats.pruned`); they do not take one of the ``w`` slots.
 
@@ -76,6 +76,7 @@ __all__ = [
     "surprisal_fork_points",
     "lookahead_alternative",
     "near_duplicate",
+    "prune_near_duplicates",
 ]
 
 #: finish reasons that make a leaf a preferred fallback source (TreePO's ``soft_boxed_and_eos``)
@@ -287,6 +288,47 @@ def near_duplicate(a: str, b: str, threshold: float) -> bool:
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= threshold
 
 
+def prune_near_duplicates(paths: Sequence, decode_text, threshold: float, min_tokens: int) -> int:
+    """LATR's lookahead pruning (references.md §1.4 step 6) of the live paths of one decoding step, in place.
+
+    Each path (any object with ``completion: list[int]``, ``born_at: int``, ``ref`` (the sibling it is compared
+    with, or ``None``), ``finish_reason`` and ``pruned``) that is a new branch is compared once, as soon as it
+    has decoded ``min_tokens`` tokens since it diverged, with its sibling's continuation cut to the same length;
+    if :func:`near_duplicate` holds at ``threshold`` it stops with ``finish_reason="pruned"``. A finished
+    branch is a result and never pruned. Shared by the HF sampler and the vLLM backend.
+
+    Args:
+        paths: the live paths after a segment was decoded.
+        decode_text: ``token ids -> str`` (the tokenizer's decode).
+        threshold: ``tree.prune_similarity`` in (0, 1].
+        min_tokens: ``tree.prune_min_tokens`` (LATR's r), >= 1.
+
+    Returns:
+        The number of paths pruned.
+    """
+    pruned = 0
+    for pp in paths:
+        ref = pp.ref
+        if ref is None:
+            continue
+        if pp.finish_reason is not None:
+            pp.ref = None  # a finished branch is a result, never pruned
+            continue
+        mine = pp.completion[pp.born_at:]
+        if len(mine) < min_tokens:
+            continue
+        pp.ref = None
+        theirs = ref.completion[pp.born_at:] if len(ref.completion) > pp.born_at else []
+        n = min(len(mine), len(theirs))
+        if n == 0 or ref.completion[: pp.born_at] != pp.completion[: pp.born_at]:
+            continue
+        if near_duplicate(decode_text(mine[:n]), decode_text(theirs[:n]), threshold):
+            pp.finish_reason = "pruned"
+            pp.pruned = True
+            pruned += 1
+    return pruned
+
+
 # ============================================================================ sampler internals
 @dataclass
 class _Path:
@@ -321,6 +363,7 @@ class _Run:
         self.budget = self.tcfg.token_budget
         self.max_len = cfg.max_completion_length
         self.seg = self.tcfg.segment_length
+        self.prune_min = self.tcfg.prune_min_tokens or self.seg  # LATR r: compare a branch only after this many tokens
         self.b = self.tcfg.branching_factor
         self.prompts = prompts
         model_id = str(getattr(getattr(engine.model, "config", None), "_name_or_path", "") or "")
@@ -689,25 +732,7 @@ class _Run:
         return eng.concat(parts), new_paths
 
     def _prune(self, paths: list[_Path], recs: list[SegmentRecord]) -> None:
-        thr = self.tcfg.prune_similarity
-        for pp in paths:
-            ref = pp.ref
-            if ref is None:
-                continue
-            mine = pp.completion[pp.born_at:]
-            if pp.finish_reason is not None:
-                pp.ref = None  # a finished branch is a result, never pruned
-                continue
-            if len(mine) < self.seg:
-                continue
-            pp.ref = None
-            theirs = ref.completion[pp.born_at:] if len(ref.completion) > pp.born_at else []
-            n = min(len(mine), len(theirs))
-            if n == 0 or ref.completion[: pp.born_at] != pp.completion[: pp.born_at]:
-                continue
-            if near_duplicate(self.decode_text(mine[:n]), self.decode_text(theirs[:n]), thr):
-                pp.finish_reason = "pruned"
-                pp.pruned = True
+        prune_near_duplicates(paths, self.decode_text, self.tcfg.prune_similarity, self.prune_min)
 
     def _fallback(self, batch: KVBatch, paths: list[_Path]) -> tuple[KVBatch, list[_Path]]:
         """TreePO fallback: re-fork a finished leaf at a segment boundary for prompts with no live path."""

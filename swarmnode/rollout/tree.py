@@ -12,7 +12,7 @@ concatenation of the segments on the path root -> leaf.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from swarmnode.tasks.base import TaskRef
 
@@ -217,6 +217,63 @@ class RolloutTree:
     def leaves_under(self, node_id: int) -> list[int]:
         """Leaf ids in the subtree of ``node_id``."""
         return [n for n in self.iter_subtree(node_id) if self.nodes[n].is_leaf]
+
+    def subtree(self, leaves: Iterable[int]) -> "RolloutTree":
+        """A new tree with the root, the given leaves and all their ancestors, in the original node order.
+
+        Token ids, text, behaviour log-probs and policy versions are copied; kept leaves keep their finish
+        reason and reward, inner nodes get neither; :meth:`update_stats` has run. A kept inner node whose
+        children were all dropped cannot occur: only ancestors of kept leaves are kept.
+
+        Args:
+            leaves: node ids of leaves of this tree.
+
+        Raises:
+            ValueError: an id is not a leaf of this tree (or is the root).
+        """
+        keep: set[int] = {0}
+        wanted = set(leaves)
+        for lid in wanted:
+            if not (0 < lid < len(self.nodes)) or not self.nodes[lid].is_leaf:
+                raise ValueError(f"node {lid} is not a leaf of the tree of task {self.task.key()}")
+            cur: int | None = lid
+            while cur is not None and cur not in keep:
+                keep.add(cur)
+                cur = self.nodes[cur].parent
+        out = RolloutTree(task=self.task, prompt_ids=list(self.prompt_ids), prompt_text=self.prompt_text,
+                          task_name=self.task_name, model_id=self.model_id, tokenizer_id=self.tokenizer_id)
+        out.nodes[0].policy_version = self.nodes[0].policy_version
+        new_id = {0: 0}
+        for i in sorted(keep):
+            if i == 0:
+                continue
+            n = self.nodes[i]
+            is_leaf = i in wanted
+            nid = out.add_child(new_id[n.parent], list(n.token_ids), text=n.text,
+                                logprobs=list(n.logprobs) or None, policy_version=n.policy_version,
+                                finish_reason=n.finish_reason if is_leaf else None)
+            if is_leaf:
+                out.nodes[nid].reward = n.reward
+            new_id[i] = nid
+        out.update_stats()
+        return out
+
+    def pruned_leaves(self) -> list[int]:
+        """Leaves the sampler cut as near-duplicates of a sibling (``finish_reason == "pruned"``)."""
+        return [i for i in self.leaves() if self.nodes[i].finish_reason == "pruned"]
+
+    def without_pruned(self) -> "RolloutTree":
+        """This tree without the sampler's pruned leaves (and the segments only they used): what is scored
+        and trained on.
+
+        A pruned leaf is an unfinished copy of a sibling's continuation. LATR (arXiv 2510.24302; references.md
+        §1.4 step 6) drops pruned branches instead of training on them: scoring one would give an unfinished
+        answer a reward of 0 and push down a prefix that its sibling may finish correctly. Returns ``self``
+        when nothing was pruned.
+        """
+        if not self.pruned_leaves():
+            return self
+        return self.subtree([i for i in self.leaves() if self.nodes[i].finish_reason != "pruned"])
 
     def update_stats(self) -> None:
         """Recompute ``visit_count`` and ``reward_sum`` of every node from the scored leaves under it."""

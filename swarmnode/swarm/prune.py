@@ -107,43 +107,12 @@ class PruneStats:
 
 
 def subtree_with_leaves(tree: RolloutTree, leaves: Iterable[int]) -> RolloutTree:
-    """A new tree with the root, the given leaves and all their ancestors, in the original node order.
-
-    Token ids, text, behaviour log-probs and policy versions are copied; kept leaves keep their finish
-    reason and reward, inner nodes get neither; ``update_stats`` has run.
-
-    Args:
-        tree: the source tree (``nodes[i].parent < i``).
-        leaves: node ids of leaves of ``tree``.
+    """``tree.subtree(leaves)``: the root, the given leaves and their ancestors (see :meth:`RolloutTree.subtree`).
 
     Raises:
         ValueError: an id is not a leaf of ``tree`` (or is the root).
     """
-    keep: set[int] = {0}
-    wanted = set(leaves)
-    for lid in wanted:
-        if not (0 < lid < len(tree.nodes)) or not tree.nodes[lid].is_leaf:
-            raise ValueError(f"node {lid} is not a leaf of the tree of task {tree.task.key()}")
-        cur: int | None = lid
-        while cur is not None and cur not in keep:
-            keep.add(cur)
-            cur = tree.nodes[cur].parent
-    out = RolloutTree(task=tree.task, prompt_ids=list(tree.prompt_ids), prompt_text=tree.prompt_text,
-                      task_name=tree.task_name, model_id=tree.model_id, tokenizer_id=tree.tokenizer_id)
-    out.nodes[0].policy_version = tree.nodes[0].policy_version
-    new_id = {0: 0}
-    for i in sorted(keep):
-        if i == 0:
-            continue
-        n = tree.nodes[i]
-        is_leaf = i in wanted
-        nid = out.add_child(new_id[n.parent], list(n.token_ids), text=n.text, logprobs=list(n.logprobs) or None,
-                            policy_version=n.policy_version, finish_reason=n.finish_reason if is_leaf else None)
-        if is_leaf:
-            out.nodes[nid].reward = n.reward
-        new_id[i] = nid
-    out.update_stats()
-    return out
+    return tree.subtree(leaves)
 
 
 def _similar(a: str, b: str, threshold: float) -> bool:
