@@ -2,7 +2,9 @@
 
 Same as ``swarmnode bench swarm`` (see ``swarmnode/bench.py`` for the method): N nodes in a loopback swarm
 versus N isolated nodes, splits I/J local/external prompts per step, per-source vs joint normalization,
-off-policy modes; writes a markdown table and PNG plots under ``--out``.
+off-policy modes; writes a markdown table and PNG plots under ``--out``. ``--hostile`` adds, for every swarm arm,
+the same arm with one hostile peer in the swarm (``swarmnode.swarm.adversary.HostilePeer``) and reports the honest
+nodes' rejections of its input by reason.
 
 Example (the bounded run recorded in docs/benchmarks.md):
 
@@ -33,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="docs")
     ap.add_argument("--work-dir", default="runs/bench_swarm")
     ap.add_argument("--prefix", default="swarm_bench_results")
+    ap.add_argument("--hostile", action="store_true",
+                    help="also run every swarm arm with one hostile peer in the swarm (labelled +hostile)")
     a = ap.parse_args(argv)
     argv_list = sys.argv[1:] if argv is None else argv
     res = run_bench(nodes=a.nodes, steps=a.steps, model=a.model, config=a.config, splits=a.splits,
                     normalization=a.normalization, off_policy=a.off_policy, eval_size=a.eval_size,
-                    eval_every=a.eval_every, out=a.out, work_dir=a.work_dir, prefix=a.prefix,
+                    eval_every=a.eval_every, out=a.out, work_dir=a.work_dir, prefix=a.prefix, hostile=a.hostile,
                     command=" ".join(shlex.quote(x) for x in ["python", "scripts/bench_swarm.py", *argv_list]))
     print(res.markdown.read_text())
     print("plots:", ", ".join(str(p) for p in res.plots))

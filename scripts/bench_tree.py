@@ -181,6 +181,7 @@ def run_bench(
     seed: int = 0,
     repeats: int = 1,
     equal_budget: bool = True,
+    prune_min_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Run chain and tree sampling side by side and return their numbers and ratios.
 
@@ -194,6 +195,7 @@ def run_bench(
         seed: generator seed (the same for both modes).
         repeats: timed repetitions per mode, chain and tree alternating (median wall time reported; token
             counts are identical across repetitions: same seed).
+        prune_min_tokens: ``tree.prune_min_tokens`` (None: ``segment_length``).
         equal_budget: also run both modes under a per-prompt token budget equal to the tree's largest
             per-prompt usage.
 
@@ -212,7 +214,7 @@ def run_bench(
             top_p=top_p,
             tree=TreeConfig(
                 mode=mode, segment_length=segment_length, max_depth=depth, branching_factor=branching_factor,
-                branching=branching, token_budget=budget,
+                branching=branching, token_budget=budget, prune_min_tokens=prune_min_tokens,
             ),
         )
 
@@ -324,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--prune-min-tokens", type=int, default=None,
+                    help="tokens a branch decodes before the near-duplicate test (default: segment length)")
     ap.add_argument("--no-budget", action="store_true", help="skip the equal-budget comparison")
     ap.add_argument("--json", type=str, default=None, help="also write the results as JSON to this file")
     args = ap.parse_args(argv)
@@ -332,11 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     model, tok, desc = load_model(args.model, args.seed)
     print(f"model: {desc} (loaded in {time.perf_counter() - t0:.1f}s)", flush=True)
+    prompts = None
+    if args.model == "embedded":  # the embedded model's own prompt format and task (docs/embedded_model.md)
+        from swarmnode.policy.loading import build_prompt
+
+        prompts = [build_prompt(tok, f"Calculate {1 + (3 * i) % 9} {'+-'[i % 2]} {(5 * i + 2) % 10}.")
+                   for i in range(args.prompts)]
     res = run_bench(
-        model, tok, num_prompts=args.prompts, num_generations=args.num_generations,
+        model, tok, prompts, num_prompts=args.prompts, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length, segment_length=args.segment_length, max_depth=args.max_depth,
         branching_factor=args.branching_factor, branching=args.branching, temperature=args.temperature,
         top_p=args.top_p, seed=args.seed, repeats=args.repeats, equal_budget=not args.no_budget,
+        prune_min_tokens=args.prune_min_tokens,
     )
     res["model"] = desc
     print(format_table(res))

@@ -6,7 +6,7 @@ generated ``--tokens`` sampled tokens (a tree segment shared by several leaves c
 completion token), and evaluates greedy held-out accuracy each time another ``--tokens / --evals`` tokens
 have been generated. So the curves compare learning per generated token, the compute a sampler saves.
 
-Arms are ``MODE:ESTIMATOR`` (``chain:grpo``, ``tree:treerl``, ...). Runs go ``--parallel`` at a time, one
+Arms are ``MODE:ESTIMATOR[:BRANCHING]`` (``chain:grpo``, ``tree:treerl``, ``tree:grpo:lookahead``, ...). Runs go ``--parallel`` at a time, one
 torch thread each, one child process per (arm, seed); a run's metrics land in
 ``<work-dir>/<arm>/seed-<s>/metrics.jsonl``. Outputs: ``<out>/<prefix>.md`` (table, command) and
 ``<out>/<prefix>.png`` (accuracy vs generated tokens, mean over seeds, thin lines per seed).
@@ -35,21 +35,26 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ESTIMATORS = ("grpo", "mc_grpo", "treepo", "tree_grpo", "treerl")
+BRANCHINGS = ("uniform", "surprisal", "lookahead")
 
 
-def parse_arms(text: str) -> list[tuple[str, str]]:
-    """``"chain:grpo,tree:treerl"`` -> ``[("chain", "grpo"), ("tree", "treerl")]``.
+def parse_arms(text: str) -> list[tuple[str, str, str]]:
+    """``"chain:grpo,tree:treerl,tree:grpo:lookahead"`` -> ``[("chain", "grpo", ""), ("tree", "treerl", ""),
+    ("tree", "grpo", "lookahead")]``; the optional third part is the tree's branching rule ("" = ``--branching``).
 
     Raises:
-        ValueError: an arm is not ``MODE:ESTIMATOR`` with MODE in chain/tree and a known estimator.
+        ValueError: an arm is not ``MODE:ESTIMATOR[:BRANCHING]`` with MODE in chain/tree, a known estimator and
+            (tree only) a known branching rule.
     """
     arms = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        mode, _, est = part.partition(":")
-        if mode not in ("chain", "tree") or est not in ESTIMATORS:
-            raise ValueError(f"--arms: {part!r} is not MODE:ESTIMATOR with MODE chain|tree and ESTIMATOR one of "
-                             f"{', '.join(ESTIMATORS)}")
-        arms.append((mode, est))
+        mode, est, *rest = part.split(":") + ([] if ":" in part else [""])
+        branching = rest[0] if rest else ""
+        if (mode not in ("chain", "tree") or est not in ESTIMATORS or len(rest) > 1
+                or branching not in ("", *BRANCHINGS) or (branching and mode == "chain")):
+            raise ValueError(f"--arms: {part!r} is not MODE:ESTIMATOR[:BRANCHING] with MODE chain|tree, ESTIMATOR one "
+                             f"of {', '.join(ESTIMATORS)} and BRANCHING (tree only) one of {', '.join(BRANCHINGS)}")
+        arms.append((mode, est, branching))
     if not arms:
         raise ValueError("--arms: no arm given")
     return arms
@@ -191,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", default="runs/bench_tree_learning")
     ap.add_argument("--out", default="docs")
     ap.add_argument("--prefix", default="tree_learning")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: write the report from the runs already under --work-dir")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -206,17 +213,21 @@ def main(argv: list[str] | None = None) -> int:
             "branching": a.branching, "prune_min_tokens": a.prune_min_tokens}
     work = Path(a.work_dir)
     jobs = []
-    for mode, est in arms:
+    for mode, est, branching in arms:
+        arm_tree = {**tree, "branching": branching or a.branching}
+        label = ":".join(x for x in (mode, est, branching) if x)
         for s in seeds:
-            rd = work / f"{mode}-{est}" / f"seed-{s}"
+            rd = work / label.replace(":", "-") / f"seed-{s}"
+            jobs.append((label, rd))
+            if a.report_only:
+                continue
             if rd.exists():
                 shutil.rmtree(rd)
             rd.mkdir(parents=True)
-            spec = {"config": arm_config(base_d, mode, est, s, rd, tree), "tokens": a.tokens, "evals": a.evals}
+            spec = {"config": arm_config(base_d, mode, est, s, rd, arm_tree), "tokens": a.tokens, "evals": a.evals}
             (rd / "spec.json").write_text(json.dumps(spec))
-            jobs.append((f"{mode}:{est}", rd))
     running: list[tuple[str, Path, subprocess.Popen]] = []
-    pending = list(jobs)
+    pending = [] if a.report_only else list(jobs)
     failed = []
     while pending or running:
         while pending and len(running) < a.parallel:

@@ -22,8 +22,15 @@ reward -- SAPO's measure, local samples only), held-out greedy accuracy before /
 after, and rounds to reach the isolated nodes' final accuracy (first evaluation step whose node-mean accuracy
 is at least the isolated arm's final node-mean accuracy at the same ``I``).
 
+With ``--hostile`` every swarm arm also runs with one :class:`~swarmnode.swarm.adversary.HostilePeer` in the
+swarm (its own process, ``python -m swarmnode.bench hostile spec.json``, joining through node 0 and attacking
+with every class of ``NETWORK_CASES`` in rounds), labelled ``… +hostile``, so that the honest nodes' curves with
+and without it can be compared; the report adds, per hostile arm, the honest nodes' rejections of the hostile
+peer's input by reason, what they accepted from it (must be 0), bans, and the transport failures it caused.
+
 Public API: :func:`parse_splits`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`, :func:`run_arm`,
-:func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`run_bench`, :func:`worker_main`.
+:func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`hostile_report`, :func:`run_bench`,
+:func:`worker_main`, :func:`hostile_main`.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,8 +55,10 @@ __all__ = [
     "summarize_arm",
     "rounds_to_reach",
     "write_report",
+    "hostile_report",
     "run_bench",
     "worker_main",
+    "hostile_main",
     "BufferedSwarm",
     "load_script",
     "run_script",
@@ -104,6 +113,7 @@ class Arm:
         external: J, external groups a swarm node may add per step (0 for isolated arms).
         swarm: whether the nodes gossip (False: N independent nodes).
         normalization / off_policy: ``swarm.normalization`` / ``swarm.off_policy`` (swarm arms only).
+        hostile: one :class:`~swarmnode.swarm.adversary.HostilePeer` process joins the swarm (swarm arms only).
     """
 
     local: int
@@ -111,30 +121,34 @@ class Arm:
     swarm: bool
     normalization: str = "per_source"
     off_policy: str = "none"
+    hostile: bool = False
 
     @property
     def name(self) -> str:
-        """Directory-safe label, e.g. ``isolated-4`` or ``swarm-4x4-per_source-none``."""
+        """Directory-safe label, e.g. ``isolated-4``, ``swarm-4x4-per_source-none`` or ``…-none-hostile``."""
         if not self.swarm:
             return f"isolated-{self.local}"
-        return f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}"
+        return f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}" + (
+            "-hostile" if self.hostile else "")
 
     @property
     def label(self) -> str:
-        """Human label for tables and legends."""
+        """Human label for tables and legends (``… +hostile`` when a hostile peer is in the swarm)."""
         if not self.swarm:
             return f"isolated {self.local}/0"
-        return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}"
+        return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}" + (
+            " +hostile" if self.hostile else "")
 
 
 def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] = ("per_source",),
-              off_policies: Sequence[str] = ("none",)) -> list[Arm]:
+              off_policies: Sequence[str] = ("none",), hostile: bool = False) -> list[Arm]:
     """The arms to run for the given splits and ablations.
 
     For every split ``I/J``: the isolated arm with ``I`` prompts (once per distinct I); for ``J > 0`` also a
     swarm arm for every normalization (with the first off-policy mode) and for every further off-policy
     mode (with the first normalization). ``I/0`` splits have no swarm arm: with no external groups a swarm
-    node trains exactly like an isolated one.
+    node trains exactly like an isolated one. With ``hostile``, every swarm arm is followed by its twin with one
+    hostile peer in the swarm (``Arm.hostile``).
 
     Raises:
         ValueError: unknown normalization or off-policy mode, or empty lists.
@@ -146,6 +160,8 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     def add(a: Arm) -> None:
         if a not in arms:
             arms.append(a)
+        if hostile and a.swarm and not a.hostile:
+            add(replace(a, hostile=True))
 
     for i, j in splits:
         add(Arm(i, 0, False))
@@ -297,6 +313,12 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     wall = time.time() - t0
     after = node.evaluate()
     node.log_eval(after, "after")
+    if node.swarm is not None:  # per-peer verdicts (rejections by reason, bans) for the report
+        try:
+            (Path(cfg.run_dir) / "swarm_snapshot.json").write_text(json.dumps(node.swarm.client.snapshot(),
+                                                                              default=str))
+        except Exception as e:  # noqa: BLE001 - the report only loses this section
+            print(f"could not write swarm_snapshot.json: {e}", file=sys.stderr)
     node.close()
     result = {"index": idx, "steps": node.step, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
               "train_seconds": wall, "samples_external_used": ext_used, "barrier_ok": synced,
@@ -305,14 +327,98 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     return 0
 
 
+HOSTILE_INFO = "hostile.json"
+"""File in a hostile arm's directory: the hostile peer's ids while it runs, plus its counters after it stopped."""
+HOSTILE_STOP = "hostile.stop"
+"""File whose existence tells the hostile peer process of an arm to stop."""
+
+
+def hostile_main(spec_path: str | os.PathLike) -> int:
+    """Run the hostile peer of a benchmark arm from a JSON spec (``python -m swarmnode.bench hostile SPEC``).
+
+    Spec keys: ``config`` (the honest nodes' RunConfig as a dict: swarm id, swarm knobs, bootstrap peers, model
+    and tasks), ``arm_dir``, ``interval`` (seconds between rounds), ``seed``, ``wait_for_nodes`` (seconds to wait
+    for node 0's barrier file ``ready-0``, so that it joins node 0 instead of starting solo). Loads the honest
+    nodes' tokenizer (through the model config) and task mix, starts a
+    :class:`~swarmnode.swarm.adversary.HostilePeer` and runs rounds until ``<arm_dir>/hostile.stop`` exists or
+    SIGTERM/SIGINT arrives. Writes ``<arm_dir>/hostile.json``
+    (``peer_id``, ``sender_id``, ``libp2p_peer_id``; after stopping also ``delivered``, ``rounds`` and the rest
+    of :meth:`HostilePeer.stats`). Returns the exit code (0: ok).
+    """
+    import threading
+
+    import torch
+
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(1)
+    from swarmnode.config import RunConfig
+    from swarmnode.policy.loading import load_policy
+    from swarmnode.swarm.adversary import HostilePeer
+    from swarmnode.tasks.mix import TaskMix
+
+    cfg = RunConfig.model_validate(spec["config"])
+    arm_dir = Path(spec["arm_dir"])
+    policy = load_policy(cfg.model)  # the honest nodes' tokenizer: same-tokenizer classes reach their checks
+    tok = policy.tokenizer
+    vocab = len(tok)
+    try:
+        vocab = max(vocab, int(policy.model.get_input_embeddings().weight.shape[0]))
+    except Exception:  # noqa: BLE001
+        pass
+    del policy.model
+    tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def tokenize(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    # node 0 (the bootstrap peer) reached the barrier only after its swarm layer started: join it then, not solo
+    deadline = time.monotonic() + float(spec.get("wait_for_nodes", 600))
+    while not (arm_dir / "ready-0").exists() and time.monotonic() < deadline and not stop.is_set():
+        stop.wait(0.5)
+    info = arm_dir / HOSTILE_INFO
+    hp = HostilePeer(cfg.swarm, tasks, initial_peers=list(cfg.swarm.initial_peers), tokenize=tokenize,
+                     tokenizer_id=policy.tokenizer_id, vocab_size=vocab, seed=int(spec.get("seed", 0)))
+
+    def write(extra: dict | None = None) -> None:
+        tmp = info.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"peer_id": hp.peer_id, "sender_id": hp.sender_id,
+                                   "libp2p_peer_id": hp.libp2p_peer_id, **(extra or {})}))
+        os.replace(tmp, info)
+
+    interval = float(spec.get("interval", 5.0))
+    try:
+        write()
+        while not stop.is_set() and not (arm_dir / HOSTILE_STOP).exists():
+            t0 = time.monotonic()
+            try:
+                hp.run_round()
+            except Exception as e:  # noqa: BLE001 - the attack goes on
+                print(f"hostile round failed: {type(e).__name__}: {e}", file=sys.stderr)
+            write({"rounds": hp.rounds, "delivered": dict(hp.delivered)})
+            stop.wait(max(0.0, interval - (time.monotonic() - t0)))
+    finally:
+        try:
+            write(hp.stats())
+        finally:
+            hp.close()
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ running an arm
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
-            eval_size: int, timeout: float = 1800.0, nice: int = 10, threads: int = 1) -> Path:
+            eval_size: int, timeout: float = 1800.0, nice: int = 10, threads: int = 1,
+            hostile_interval: float = 5.0) -> Path:
     """Run ``nodes`` processes of ``arm`` concurrently under ``out_root/<arm.name>/node-<i>``; return the arm dir.
 
     A swarm arm's node 0 listens on a fixed loopback port with a pre-generated libp2p identity (as
-    ``swarmnode swarm up`` does) and the others bootstrap from it. Processes still running after ``timeout``
-    seconds are killed (their process groups). A previous run in the same directory is removed first.
+    ``swarmnode swarm up`` does) and the others bootstrap from it. A hostile arm (``arm.hostile``) also runs
+    :func:`hostile_main` in ``<arm dir>/hostile`` (bootstrapping from node 0, a round every
+    ``hostile_interval`` seconds) until the honest nodes are done; its failure never fails the arm. Processes
+    still running after ``timeout`` seconds are killed (their process groups). A previous run in the same
+    directory is removed first.
 
     Raises:
         RuntimeError: a node exited with a non-zero code or did not write ``result.json`` (the message names
@@ -358,6 +464,24 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
         finally:
             log.close()
         procs.append((i, p, rd))
+    hostile = None
+    if arm.swarm and arm.hostile:
+        hd = arm_dir / "hostile"
+        hd.mkdir(parents=True, exist_ok=True)
+        hcfg = node_config(base, arm, nodes, steps=steps, eval_every=eval_every, eval_size=eval_size, run_dir=hd,
+                           swarm_id=swarm_id, initial_peers=boot)
+        sp = hd / "spec.json"
+        sp.write_text(json.dumps({"config": hcfg.model_dump(mode="json"), "arm_dir": str(arm_dir),
+                                  "interval": hostile_interval, "seed": nodes}))
+        cmd = [sys.executable, "-m", "swarmnode.bench", "hostile", str(sp)]
+        if nice:
+            cmd = ["nice", "-n", str(nice), *cmd]
+        log = open(hd / "stdout.log", "wb")
+        try:
+            hostile = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                       start_new_session=True)
+        finally:
+            log.close()
     deadline = time.monotonic() + timeout
     try:
         for i, p, rd in procs:
@@ -373,11 +497,33 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
                 except (ProcessLookupError, PermissionError):
                     p.kill()
                 p.wait(10)
+        if hostile is not None:
+            _stop_hostile(hostile, arm_dir)
     for i, p, rd in procs:
         if p.returncode != 0 or not (rd / "result.json").exists():
             tail = (rd / "stdout.log").read_text(errors="replace")[-1500:]
             raise RuntimeError(f"{arm.name} node {i} failed (exit {p.returncode}); log {rd / 'stdout.log'}:\n{tail}")
     return arm_dir
+
+
+def _stop_hostile(p: subprocess.Popen, arm_dir: Path, grace: float = 60.0) -> None:
+    """Ask the hostile peer process to stop (stop file, then SIGTERM), SIGKILL its group after ``grace`` s."""
+    (arm_dir / HOSTILE_STOP).write_text(str(time.time()))
+    try:
+        p.wait(grace / 2)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(grace / 2)
+        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                p.kill()
+            p.wait(10)
+    if p.returncode != 0:
+        print(f"warning: the hostile peer of {arm_dir.name} exited with {p.returncode} "
+              f"(log {arm_dir / 'hostile' / 'stdout.log'})", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------ summaries
@@ -414,7 +560,8 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     that every node completed), ``cumulative_reward`` (sum of that list, i.e. the node-mean of SAPO's
     cumulative reward), ``cumulative_reward_per_node``, ``accuracy`` (list of ``(step, node-mean accuracy)``
     over the evaluations every node logged; step 0 = before), ``accuracy_before`` / ``accuracy_after``,
-    ``external_per_step`` (node-mean external samples used per step), ``seconds_per_step``.
+    ``external_per_step`` (node-mean external samples used per step), ``seconds_per_step``, and for an arm with
+    a hostile peer (``hostile.json``) ``hostile`` (see :func:`_hostile_summary`).
 
     Raises:
         FileNotFoundError: no ``node-*/metrics.jsonl`` under ``arm_dir``.
@@ -444,6 +591,7 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         evals.append(ev)
         times.append(sum(st) / max(len(st), 1))
     n = len(files)
+    hostile = _hostile_summary(arm_dir, files)
     common = sorted(set.intersection(*(set(r) for r in rewards)))
     reward = [sum(r[s] for r in rewards) / n for s in common]
     ext = [sum(e[s] for e in externals) / n for s in common]
@@ -460,7 +608,98 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         "accuracy_after": acc[-1][1] if acc else None,
         "external_per_step": sum(ext) / max(len(ext), 1),
         "seconds_per_step": sum(times) / max(len(times), 1),
+        **({"hostile": hostile} if hostile is not None else {}),
     }
+
+
+_FETCH_FAILURES = ("timeout", "too_large", "truncated", "digest_mismatch", "bad_response")
+
+
+def _hostile_summary(arm_dir: Path, metric_files: Sequence[Path]) -> dict[str, Any] | None:
+    """What the honest nodes of a hostile arm did with the hostile peer's input (None: no ``hostile.json``).
+
+    Per honest node (lists in node order): ``rejected_by_reason`` (its PeerBook's rejections charged to either id
+    of the hostile peer, its ``sn1…`` peer id and its transport id, merged), ``accepted`` (trees accepted from it),
+    ``banned``, ``bans``, ``refused_banned`` (bundles dropped unread while it was banned), ``refused_while_banned``
+    (manifests and bundles refused as ``banned``, any peer), ``rate_limited``, ``fetch_failures``
+    (``fetch/<reason>`` counts of failed bundle fetches, any peer) and ``external_used`` (samples from it in
+    training batches, from ``metrics.jsonl``); plus ``peer_id``, ``delivered`` (classes the hostile peer
+    delivered, from its own counters) and ``rounds``. A node without ``swarm_snapshot.json`` gets empty entries.
+    """
+    try:
+        info = json.loads((arm_dir / HOSTILE_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    ids = [i for i in (info.get("peer_id"), info.get("sender_id")) if i]
+    out: dict[str, Any] = {"peer_id": info.get("peer_id"), "delivered": info.get("delivered", {}),
+                           "rounds": info.get("rounds"), "rejected_by_reason": [], "accepted": [], "banned": [],
+                           "bans": [], "refused_banned": [], "refused_while_banned": [], "rate_limited": [],
+                           "fetch_failures": [], "external_used": []}
+    for f in metric_files:
+        try:
+            snap = json.loads((f.parent / "swarm_snapshot.json").read_text())
+        except (OSError, ValueError):
+            snap = {}
+        peers = ((snap.get("verifier") or {}).get("peers") or {}).get("peers") or {}
+        rows = [peers[i] for i in ids if i in peers]
+        rej: dict[str, int] = {}
+        for r in rows:
+            for reason, k in (r.get("rejected") or {}).items():
+                rej[reason] = rej.get(reason, 0) + int(k)
+        out["rejected_by_reason"].append(dict(sorted(rej.items())))
+        for key in ("accepted", "bans", "refused_banned", "rate_limited"):
+            out[key].append(sum(int(r.get(key, 0)) for r in rows))
+        out["banned"].append(any(bool(r.get("banned")) for r in rows))
+        out["refused_while_banned"].append(int((snap.get("rejected") or {}).get("banned", 0)))
+        counts = snap.get("counts") or {}
+        out["fetch_failures"].append({k: int(counts[f"fetch/{k}"]) for k in _FETCH_FAILURES
+                                      if counts.get(f"fetch/{k}")})
+        used = 0
+        if info.get("peer_id"):
+            key = f"external:{info['peer_id']}/used"
+            used = sum(int(rec.get(key, 0) or 0) for rec in _read_jsonl(f))
+        out["external_used"].append(used)
+    return out
+
+
+def hostile_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
+    """Markdown: for every arm with a hostile peer, the honest nodes' rejections of its input by reason
+    (``a / b`` = node 0 / node 1), what they accepted and trained on from it, bans and transport failures.
+    Empty when no arm had a hostile peer."""
+    lines: list[str] = []
+    for a, s in results:
+        h = s.get("hostile")
+        if not a.hostile or not h:
+            continue
+
+        def per_node(xs: Sequence[Any]) -> str:
+            return " / ".join(str(x) for x in xs)
+
+        reasons = sorted({r for row in h["rejected_by_reason"] for r in row})
+        fails = sorted({r for row in h["fetch_failures"] for r in row})
+        lines += [
+            f"### Hostile peer in {a.label}",
+            "",
+            f"Hostile peer `{h['peer_id']}`: {h.get('rounds')} rounds, classes delivered "
+            f"{sum((h.get('delivered') or {}).values())} times ({len(h.get('delivered') or {})} distinct). "
+            "Per honest node (node 0 / node 1 / …):",
+            "",
+            "| | honest nodes |",
+            "|---|---|",
+            f"| accepted trees from it | {per_node(h['accepted'])} |",
+            f"| samples from it in training batches | {per_node(h['external_used'])} |",
+            f"| banned at the end | {per_node(['yes' if b else 'no' for b in h['banned']])} |",
+            f"| bans | {per_node(h['bans'])} |",
+            f"| inputs refused unread as banned (manifests + bundles, any peer) | "
+            f"{per_node(h['refused_while_banned'])} |",
+            f"| bundles dropped by the rate limit | {per_node(h['rate_limited'])} |",
+        ]
+        lines += [f"| rejected: {r} | {per_node([row.get(r, 0) for row in h['rejected_by_reason']])} |"
+                  for r in reasons]
+        lines += [f"| failed fetches (any peer): {r} | {per_node([row.get(r, 0) for row in h['fetch_failures']])} |"
+                  for r in fails]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _moving_average(xs: Sequence[float], k: int) -> list[float]:
@@ -518,6 +757,9 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
             f"| {a.label} | {s['cumulative_reward']:.2f} | {r_i} | {r_ij} | {pct(s['accuracy_before'])} → "
             f"{pct(s['accuracy_after'])} | {reach} | {s['external_per_step']:.1f} | {s['seconds_per_step']:.2f} |"
         )
+    hostile = hostile_report(results)
+    if hostile:
+        lines += ["", "## Hostile peer", "", hostile]
     md = outp / f"{prefix}.md"
     md.write_text("\n".join(lines) + "\n")
 
@@ -571,7 +813,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               eval_size: int = 100, eval_every: int = 25, out: str | os.PathLike = "docs",
               work_dir: str | os.PathLike = "runs/bench_swarm", prefix: str = "swarm_bench",
               arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
-              log: Any = print) -> BenchResult:
+              hostile: bool = False, log: Any = print) -> BenchResult:
     """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
 
     Args:
@@ -587,6 +829,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         arm_timeout: seconds before an arm's processes are killed.
         nice: niceness of the node processes (0: not niced).
         command: the command line to record in the report (default: ``sys.argv``).
+        hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile``; see
+            :func:`plan_arms` and :func:`run_arm`).
         log: a ``print``-like callable for progress lines.
 
     Raises:
@@ -599,7 +843,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         raise ValueError(f"--nodes must be >= 2 (a swarm of one is an isolated node); got {nodes}")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1; got {steps}")
-    arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","))
+    arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile)
     base = load_config(config, {"model.name_or_path": model})
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
     res = BenchResult(command=cmd)
@@ -613,6 +857,10 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         res.results.append((arm, s))
         log(f"    cumulative reward {s['cumulative_reward']:.2f}  accuracy {s['accuracy_before']} -> "
             f"{s['accuracy_after']}  ext/step {s['external_per_step']:.1f}  ({time.time() - t0:.0f} s)")
+        if s.get("hostile"):
+            h = s["hostile"]
+            log(f"    hostile peer: accepted {h['accepted']}, banned {h['banned']}, rejected "
+                f"{[sum(r.values()) for r in h['rejected_by_reason']]} by the honest nodes")
     res.markdown, res.plots = write_report(res.results, out, command=cmd, prefix=prefix)
     return res
 
@@ -656,8 +904,10 @@ def _main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - exerc
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 2 and argv[0] == "worker":
         return worker_main(argv[1])
-    print("usage: python -m swarmnode.bench worker SPEC.json  (use `swarmnode bench swarm` for the benchmark)",
-          file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "hostile":
+        return hostile_main(argv[1])
+    print("usage: python -m swarmnode.bench {worker,hostile} SPEC.json  (use `swarmnode bench swarm` for the "
+          "benchmark)", file=sys.stderr)
     return 2
 
 

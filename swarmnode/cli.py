@@ -539,6 +539,8 @@ def bench_swarm(
     out: Path = typer.Option(Path("docs"), "--out", help="directory of the markdown table and PNG plots"),
     work_dir: Path = typer.Option(Path("runs/bench_swarm"), "--work-dir", help="run directories of the nodes"),
     prefix: str = typer.Option("swarm_bench_results", "--prefix", help="file name prefix of the outputs"),
+    hostile: bool = typer.Option(False, "--hostile", help="also run every swarm arm with one hostile peer "
+                                 "(swarmnode.swarm.adversary.HostilePeer) in the swarm, labelled +hostile"),
 ) -> None:
     """Swarm vs isolated learning at equal generation compute per node (cumulative reward, held-out accuracy)."""
     from swarmnode.bench import run_bench
@@ -546,7 +548,7 @@ def bench_swarm(
     try:
         res = run_bench(nodes=nodes, steps=steps, model=model, config=str(config) if config else None, splits=splits,
                         normalization=normalization, off_policy=off_policy, eval_size=eval_size,
-                        eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
+                        eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix, hostile=hostile,
                         log=lambda s: console.print(s, highlight=False, markup=False))
     except (ValueError, RuntimeError) as e:
         _fail(str(e))

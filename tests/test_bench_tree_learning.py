@@ -16,8 +16,9 @@ mod = load_script("bench_tree_learning")
 
 
 def test_parse_arms_and_errors():
-    assert mod.parse_arms("chain:grpo, tree:treerl") == [("chain", "grpo"), ("tree", "treerl")]
-    for bad in ("", "tree", "tree:ppo", "beam:grpo"):
+    assert mod.parse_arms("chain:grpo, tree:treerl,tree:grpo:lookahead") == [
+        ("chain", "grpo", ""), ("tree", "treerl", ""), ("tree", "grpo", "lookahead")]
+    for bad in ("", "tree", "tree:ppo", "beam:grpo", "chain:grpo:lookahead", "tree:grpo:beam", "tree:grpo:uniform:x"):
         with pytest.raises(ValueError, match="--arms"):
             mod.parse_arms(bad)
 

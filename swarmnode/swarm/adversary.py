@@ -44,6 +44,13 @@ flood                 N copies of one valid bundle                              
 Two classes live in the transport and are tested there (:data:`TRANSPORT_CASES`): a peer that accepts a
 stream and never answers, and a DHT record written under another publisher's subkey.
 
+:class:`HostilePeer` delivers all of it over a real swarm: a peer with its own identity and ``p2pd`` in the
+swarm's hivemind DHT that announces the factory's bytes in signed manifests inside its own DHT record, serves
+them over the real bundle stream, misbehaves on the stream itself (silent, over-claiming, short, lying), writes
+garbage records and records under other publishers' subkeys, and replays / floods bundles that its victims
+already accepted. :data:`NETWORK_CASES` lists every class with the stage where an honest node stops it and the
+reason it is counted under (``tests/test_hostile_swarm.py``; ``swarmnode bench swarm --hostile``).
+
 Token ids use a byte-level tokenizer by default (:func:`byte_tokenize`: UTF-8 bytes, vocabulary 256), a
 real, reversible tokenizer whose ids are easy to check by hand; pass your own ``tokenize`` to use a model's.
 """
@@ -52,8 +59,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import random
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -73,7 +83,12 @@ __all__ = [
     "byte_tokenize",
     "byte_detokenize",
     "Mutator",
+    "NETWORK_CASES",
+    "NetworkCase",
+    "HostilePeer",
 ]
+
+log = logging.getLogger(__name__)
 
 BYTE_TOKENIZER_ID = "bytes-utf8"
 """Tokenizer id of :func:`byte_tokenize`."""
@@ -533,6 +548,747 @@ class HostileFactory:
     def with_sender(self, hi: HostileInput, sender: str | None) -> HostileInput:
         """A copy of ``hi`` delivered by ``sender``."""
         return replace(hi, sender=sender)
+
+
+# ====================================================================== a hostile peer on a real swarm
+@dataclass(frozen=True)
+class NetworkCase:
+    """One hostile class as :class:`HostilePeer` delivers it over a real swarm, and what an honest node must do.
+
+    Attributes:
+        name: the class (a key of :data:`NETWORK_CASES`).
+        stage: where an honest :class:`~swarmnode.swarm.gossip.SwarmClient` stops it -- ``"record"`` (decoding
+            the DHT record), ``"manifest"`` (``Verifier.verify_manifest``: the bundle bytes are never fetched),
+            ``"bundle"`` (fetched over the p2p stream, ``Verifier.verify_bundle`` in ``gather``), ``"transport"``
+            (the fetch itself fails: counted as ``fetch/<reason>`` in ``SwarmClient.snapshot()["counts"]``, charged
+            to no one) or ``"dht"`` (every honest DHT peer's record validator refuses it; nothing reaches gossip).
+        reason: the ``Rejection.reason`` (the fetch reason for the transport stage; ``None`` for the dht stage).
+        charged: the id of the hostile peer an honest PeerBook charges: ``"signer"`` (its ``sn1…`` peer id),
+            ``"sender"`` (its transport id ``p2p:<libp2p PeerID>``) or ``None`` (not charged).
+        hard: whether the rejection is a strike towards a ban.
+        description: what the peer sends.
+    """
+
+    name: str
+    stage: str
+    reason: str | None
+    charged: str | None
+    hard: bool
+    description: str
+
+
+NETWORK_CASES: dict[str, NetworkCase] = {c.name: c for c in (
+    # the DHT record itself
+    NetworkCase("record_garbage", "record", "malformed", "signer", True,
+                "a DHT record under its own subkey that is not msgpack"),
+    NetworkCase("foreign_subkey", "dht", None, None, False,
+                "a manifest record stored under a victim's owner-marked subkey, signed with its own key"),
+    # manifests in its own record: rejected before any byte of the bundle is fetched
+    NetworkCase("owner_mismatch", "manifest", "owner_mismatch", "signer", True,
+                "a manifest signed by another key (the factory's victim) inside its own record"),
+    NetworkCase("manifest_forged_signature", "manifest", "bad_signature", "signer", True,
+                "a manifest with a zero signature"),
+    NetworkCase("manifest_truncated", "manifest", "malformed", "signer", True, "the first half of a manifest"),
+    NetworkCase("foreign_task", "manifest", "foreign_task", "signer", True, "a bundle of a task outside the mix"),
+    NetworkCase("heldout_task", "manifest", "foreign_task", "signer", True, "a bundle of a held-out task"),
+    NetworkCase("wrong_swarm", "manifest", "wrong_swarm", "signer", False, "a bundle for another swarm id"),
+    NetworkCase("stale", "manifest", "stale", None, False, "a bundle created an hour before the freshness window"),
+    NetworkCase("future", "manifest", "future", "signer", False, "a bundle created an hour in the future"),
+    NetworkCase("oversized", "manifest", "too_large", "signer", False,
+                "a signed bundle over the receivers' swarm.max_bundle_bytes (only when that cap is below the "
+                "protocol's 4 MiB; otherwise see overclaim)"),
+    NetworkCase("flood", "manifest", "duplicate", None, False,
+                "many manifests announcing the exact bytes of a bundle that a victim already accepted"),
+    # bundles served over the p2p stream (the manifest tells the truth, or covers bytes that do not decode)
+    NetworkCase("forged_signature", "bundle", "bad_signature", "sender", True, "one bit of the signature flipped"),
+    NetworkCase("impersonation", "bundle", "bad_signature", "sender", True, "a victim's key, its own signature"),
+    NetworkCase("key_mismatch", "bundle", "key_mismatch", "signer", True, "body publisher = victim, signed by itself"),
+    NetworkCase("reward_mismatch", "bundle", "reward_mismatch", "signer", True, "a wrong answer claimed as reward 1"),
+    NetworkCase("format_bonus_split", "bundle", "reward_mismatch", "signer", True, "inconsistent format bonuses"),
+    NetworkCase("prompt_mismatch", "bundle", "prompt_mismatch", "signer", False, "a prompt without the question"),
+    NetworkCase("text_mismatch", "bundle", "text_mismatch", "signer", False,
+                "correct-answer text over the token ids of a wrong answer (receivers that detokenize)"),
+    NetworkCase("token_out_of_vocab", "bundle", "vocab", "signer", True, "token ids beyond the receivers' vocabulary"),
+    NetworkCase("wire_vocab", "bundle", "vocab", "signer", True, "a token id beyond its own declared vocabulary"),
+    NetworkCase("truncated", "bundle", "malformed", "sender", False, "the first half of a bundle envelope"),
+    NetworkCase("garbage_c1", "bundle", "malformed", "sender", False, "the reserved msgpack byte 0xc1 and noise"),
+    NetworkCase("garbage_ext", "bundle", "malformed", "sender", False, "a msgpack ext value"),
+    NetworkCase("deep_nesting", "bundle", "too_large", "sender", False, "50 000 nested one-element arrays"),
+    NetworkCase("huge_count", "bundle", "too_large", "sender", False, "an array header announcing 2^32 - 1 items"),
+    NetworkCase("signed_deep_nesting", "bundle", "too_large", "signer", True, "a signed body of nested arrays"),
+    NetworkCase("signed_huge_count", "bundle", "too_large", "signer", True,
+                "a signed body announcing 2^32 - 1 entries"),
+    NetworkCase("tree_shape", "bundle", "tree_shape", "signer", True, "an inner node with a finish reason"),
+    NetworkCase("non_canonical_body", "bundle", "non_canonical", "signer", True, "a signed body, keys out of order"),
+    NetworkCase("manifest_mismatch", "bundle", "manifest_mismatch", "signer", True,
+                "a bundle whose own manifest lies about it (policy version)"),
+    NetworkCase("wrap", "bundle", "manifest_mismatch", "signer", True,
+                "another key's genuine signed bundle announced in its own manifest (charged to the announcer, "
+                "never to the bundle's signer)"),
+    NetworkCase("replay", "bundle", "replay", "signer", False,
+                "the trees of a bundle that a victim already accepted (or published), re-signed under its own key"),
+    # the stream itself
+    NetworkCase("silent", "transport", "timeout", None, False, "accepts the bundle stream and never answers"),
+    NetworkCase("overclaim", "transport", "too_large", None, False, "declares a 1 GiB body on the stream"),
+    NetworkCase("short_stream", "transport", "truncated", None, False,
+                "declares the body's size, sends 10 bytes, closes"),
+    NetworkCase("lie", "transport", "digest_mismatch", None, False, "serves other bytes than the announced digest"),
+)}
+"""Every class :class:`HostilePeer` delivers over a real swarm, with its stage and expected reason (in the order
+the peer publishes them)."""
+
+_TRUTHFUL = frozenset({"forged_signature", "reward_mismatch", "format_bonus_split", "prompt_mismatch", "text_mismatch",
+                       "token_out_of_vocab", "foreign_task", "heldout_task", "wrong_swarm", "stale", "future",
+                       "oversized"})
+_COVERED = frozenset({"impersonation", "key_mismatch", "truncated", "garbage_c1", "garbage_ext", "deep_nesting",
+                      "huge_count", "signed_deep_nesting", "signed_huge_count", "tree_shape", "non_canonical_body",
+                      "wire_vocab"})
+_STREAM_MODES = {"silent": "hang", "overclaim": "overclaim", "short_stream": "short", "lie": "lie"}
+_RECORD_CASES = ("record_garbage", "foreign_subkey")
+_HARVESTED = ("replay", "flood")  # need a bundle that a victim already accepted: published last
+_GARBAGE_RECORD = b"\xc1 swarmnode hostile record: not msgpack \xc1"
+_MAP_CAP = 4096
+
+_NET_CLASSES: dict[str, type] = {}
+
+
+async def _routing_peers(_dht: Any, node: Any) -> list[str]:
+    """Runs inside the DHT process: base58 libp2p PeerIDs of the DHT routing table (every swarm node's bundle
+    server answers on its DHT daemon's PeerID)."""
+    return [p.to_base58() for p in node.protocol.routing_table.uid_to_peer_id.values()]
+
+
+def _network_classes() -> tuple[type, type, type]:
+    """``(HostileDHT, HostileServer, BundleStore)``; defined on first use, so that importing this module for the
+    byte-level factory does not import hivemind. (hivemind forks its DHT process, so the validator class is never
+    pickled.)"""
+    if _NET_CLASSES:
+        return _NET_CLASSES["dht"], _NET_CLASSES["server"], _NET_CLASSES["store"]
+    import asyncio
+    from collections import Counter
+
+    from swarmnode.swarm.dht import SwarmDHT
+    from swarmnode.swarm.transport import _FOUND, _HEADER_LEN, _MAGIC, _REQUEST_LEN, BundleServer, BundleStore
+    from swarmnode.swarm.validator import _SIG_PREFIX, Ed25519RecordValidator, owner_marker
+
+    class ForgingValidator(Ed25519RecordValidator):
+        """Signs *any* owner-marked record with its own key (a victim's subkey included); validates honestly."""
+
+        def sign_value(self, record: Any) -> bytes:
+            if b"[ed25519:" not in record.subkey:
+                return record.value
+            payload = self._payload(record.key, record.subkey, record.value, record.expiration_time)
+            return record.value + _SIG_PREFIX + self._private_key.sign(payload) + b"]"
+
+    class HostileDHT(SwarmDHT):
+        """A :class:`SwarmDHT` whose validator forges signatures under other publishers' subkeys."""
+
+        def __init__(self, private_key: Any, **kw: Any) -> None:
+            start = kw.pop("start", True)
+            super().__init__(private_key, start=False, **kw)
+            v = self.validator
+            self.validator = ForgingValidator(private_key, key_spaces=v.key_spaces, max_ttl=v.max_ttl,
+                                              max_clock_skew=v.max_clock_skew, max_value_bytes=v.max_value_bytes)
+            if start:
+                self.start()
+
+        def store_foreign(self, owner_key: bytes, key: str, value: bytes, ttl: float,
+                          timeout: float | None = None) -> bool:
+            """Store ``value`` under ``key`` in ``owner_key``'s subkey; True if any peer (or we) stored it."""
+            expiration = time.time() + ttl
+            subkey = owner_marker(owner_key)
+            try:
+                ok = self._call(lambda d: d.store(key, value, expiration, subkey=subkey, return_future=True),
+                                self.call_timeout if timeout is None else timeout, nbytes=len(value))
+            except Exception:  # noqa: BLE001 - refused or timed out: the attack failed, as it should
+                return False
+            return bool(all(ok.values()) if isinstance(ok, dict) else ok)
+
+    class HostileServer(BundleServer):
+        """A :class:`BundleServer` that misbehaves per digest: ``modes[digest]`` is ``"hang"`` (accept the stream,
+        never answer), ``"overclaim"`` (declare 1 GiB), ``"short"`` (declare the size, send 10 bytes, close) or
+        ``"lie"`` (serve ``lies[digest]``); other digests are served honestly from the store."""
+
+        def __init__(self, dht: Any, store: Any, *, hang_seconds: float = 120.0, **kw: Any) -> None:
+            super().__init__(dht, store, **kw)
+            self.modes: OrderedDict[str, str] = OrderedDict()
+            self.lies: OrderedDict[str, bytes] = OrderedDict()
+            self.requests: Counter[str] = Counter()
+            self.hang_seconds = float(hang_seconds)
+
+        async def _serve(self, reader: Any, writer: Any) -> None:
+            request = await asyncio.wait_for(reader.readexactly(_REQUEST_LEN), self.request_timeout)
+            digest = request[len(_MAGIC):].hex()
+            self.requests[digest] += 1
+            mode = self.modes.get(digest)
+            body = self.store.get(digest)
+            if mode == "hang":  # until the client gives up and closes the stream (bounded)
+                await asyncio.wait_for(reader.read(1), self.hang_seconds)
+                return
+            if mode == "overclaim":
+                writer.write(_FOUND + (1 << 30).to_bytes(_HEADER_LEN, "big"))
+                await writer.drain()
+                await asyncio.wait_for(reader.read(1), self.hang_seconds)
+                return
+            if mode == "short" and body is not None:
+                writer.write(_FOUND + len(body).to_bytes(_HEADER_LEN, "big") + body[:10])
+                await writer.drain()
+                return
+            fake = self.lies.get(digest) if mode == "lie" else None
+            if fake is not None:
+                writer.write(_FOUND + len(fake).to_bytes(_HEADER_LEN, "big") + fake)
+                await writer.drain()
+                return
+            again = asyncio.StreamReader()  # the honest protocol, from the request already read
+            again.feed_data(request)
+            again.feed_eof()
+            await super()._serve(again, writer)
+
+    _NET_CLASSES.update(dht=HostileDHT, server=HostileServer, store=BundleStore)
+    return HostileDHT, HostileServer, BundleStore
+
+
+def _bounded_put(d: OrderedDict, key: Any, value: Any, cap: int = _MAP_CAP) -> None:
+    d[key] = value
+    d.move_to_end(key)
+    while len(d) > cap:
+        d.popitem(last=False)
+
+
+class HostilePeer:
+    """A hostile peer on a real swarm: its own Ed25519 identity and libp2p daemon in the swarm's hivemind DHT,
+    publishing every class of :data:`NETWORK_CASES` it can deliver over the network (design.md §6; issue 5).
+
+    The bytes come from :class:`HostileFactory`; the network parts are the real ones (a
+    :class:`~swarmnode.swarm.dht.SwarmDHT` whose record validator forges signatures under other publishers'
+    subkeys, and a :class:`~swarmnode.swarm.transport.BundleServer` whose stream handler misbehaves per digest).
+    Each hostile bundle is announced in a signed manifest inside the peer's own DHT record -- a truthful manifest
+    when one exists (then the receiver rejects it for the same reason, before fetching, whenever the flaw shows
+    in the manifest: swarm id, time, tasks, size) or a *cover* manifest (a fresh, in-swarm manifest naming the
+    bytes' digest and size) for bytes that do not decode -- and served over the real p2p stream.
+
+    Classes are published in *waves* of at most ``MAX_RECORD_MANIFESTS`` manifests (one DHT record per time
+    bucket and publisher, :meth:`waves`); :meth:`run_round` publishes the next slot of a cycle -- each wave, then
+    a garbage record -- as its record of the current bucket, and a record under each victim's subkey, after
+    :meth:`harvest` has looked for *victim-accepted* bundles: bundles it can fetch from a peer that is not their
+    publisher (honest nodes re-serve only what they verified and accepted, so such a peer has accepted it), the
+    material of ``replay`` and ``flood`` (skipped until there is some).
+
+    In-process (tests): call :meth:`publish_wave` / :meth:`run_round` yourself, or :meth:`start_loop`. As a
+    process (benchmarks): ``swarmnode.bench`` runs :meth:`run` until told to stop.
+
+    Args:
+        swarm_cfg: the honest nodes' ``swarm`` config (:class:`~swarmnode.config.SwarmConfig`): ``swarm_id``,
+            ``initial_peers`` (used when ``initial_peers`` is None), ``bucket_seconds``, ``read_buckets``,
+            ``freshness_seconds``, ``max_clock_skew`` (s), ``max_bundle_bytes`` (the receivers' byte cap, for
+            ``oversized``), ``dht_timeout`` and ``fetch_timeout`` (s).
+        tasks: the swarm's task mix (``swarmnode.tasks.TaskMix``), to build bundles of real tasks.
+        initial_peers: multiaddrs (with ``/p2p/<PeerID>``) of honest nodes to join through.
+        identity: its signing key (default: a fresh random :class:`~swarmnode.swarm.identity.Identity`).
+        tokenize / tokenizer_id / vocab_size: the honest nodes' tokenizer (``text -> ids``), its id and size, so
+            that the same-tokenizer classes (``token_out_of_vocab``, ``text_mismatch``) reach their checks.
+        cases: class names to deliver, in :data:`NETWORK_CASES` order (default: all).
+        flood_copies: manifests per ``flood`` (1..16).
+        host_maddrs: where its p2pd listens (default: loopback, a free port).
+        hang_seconds: longest a silent stream is held open (s; the receiver gives up after its fetch timeout).
+        dht_kwargs: extra keyword arguments for its :class:`~swarmnode.swarm.dht.SwarmDHT`.
+        seed: seed of the random parts of the bytes.
+        start: start the DHT and the stream handler now (else call :meth:`start`).
+
+    Raises:
+        ValueError: an unknown case name or ``flood_copies`` out of range.
+    """
+
+    def __init__(
+        self,
+        swarm_cfg: Any,
+        tasks: Any,
+        *,
+        initial_peers: list[str] | None = None,
+        identity: Identity | None = None,
+        tokenize: Callable[[str], list[int]] = byte_tokenize,
+        tokenizer_id: str = BYTE_TOKENIZER_ID,
+        vocab_size: int = BYTE_VOCAB_SIZE,
+        cases: list[str] | None = None,
+        flood_copies: int = 4,
+        host_maddrs: list[str] | None = None,
+        hang_seconds: float = 120.0,
+        dht_kwargs: dict | None = None,
+        seed: int = 0,
+        start: bool = True,
+    ) -> None:
+        from collections import Counter
+
+        from cryptography.hazmat.primitives import serialization
+
+        names = list(NETWORK_CASES) if cases is None else list(cases)
+        unknown = [n for n in names if n not in NETWORK_CASES]
+        if unknown:
+            raise ValueError(f"unknown hostile network cases {unknown}; known: {', '.join(NETWORK_CASES)}")
+        if not 1 <= int(flood_copies) <= wire.MAX_RECORD_MANIFESTS:
+            raise ValueError(f"flood_copies must be in 1..{wire.MAX_RECORD_MANIFESTS}, got {flood_copies!r}")
+        self.cases = [n for n in NETWORK_CASES if n in names]
+        self.flood_copies = int(flood_copies)
+        self.scfg = swarm_cfg
+        self.swarm_id: str = swarm_cfg.swarm_id
+        self.tasks = tasks
+        self.identity = identity or Identity.generate()
+        self.public_key = self.identity.public_key_bytes
+        self.peer_id = self.identity.peer_id
+        self.receiver_cap = min(int(swarm_cfg.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
+        self.read_buckets = int(swarm_cfg.read_buckets)
+        self.fetch_timeout = float(swarm_cfg.fetch_timeout)
+        self.dht_timeout = float(swarm_cfg.dht_timeout)
+        self.vocab_size = int(vocab_size)
+        self.factory = HostileFactory(self.identity, tasks, swarm_id=self.swarm_id, tokenize=tokenize,
+                                      tokenizer_id=tokenizer_id, vocab_size=vocab_size,
+                                      model_id="hostile/model", freshness_seconds=swarm_cfg.freshness_seconds,
+                                      max_clock_skew=swarm_cfg.max_clock_skew, max_bundle_bytes=self.receiver_cap,
+                                      sender=None, seed=seed)
+        self.delivered: Counter[str] = Counter()
+        self.rounds = 0
+        self.foreign_store_accepted = 0
+        self.victims: list[bytes] = []
+        self._proven: OrderedDict[str, bytes] = OrderedDict()  # victim-accepted bundles: digest -> bytes
+        self._tries: OrderedDict[str, int] = OrderedDict()
+        self._names: OrderedDict[str, str] = OrderedDict()  # digest of bytes we serve -> case name
+        self._unstored: dict[int, tuple[bytes, list[str]]] = {}  # wave -> (record, names) whose store failed
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        dht_cls, server_cls, store_cls = _network_classes()
+        key = serialization.load_pem_private_key(self.identity.to_pem(), password=None)
+        read_window = (self.read_buckets + 1) * float(swarm_cfg.bucket_seconds)
+        kw: dict[str, Any] = dict(
+            swarm_ids=[self.swarm_id],
+            initial_peers=list(swarm_cfg.initial_peers if initial_peers is None else initial_peers),
+            host_maddrs=list(host_maddrs or ["/ip4/127.0.0.1/tcp/0"]),
+            bucket_seconds=float(swarm_cfg.bucket_seconds),
+            manifest_ttl=min(900.0, max(120.0, read_window)),
+            max_clock_skew=float(swarm_cfg.max_clock_skew),
+            max_record_bytes=wire.MAX_RECORD_BYTES,
+            call_timeout=self.dht_timeout,
+            join_backoff=(1.0, 30.0),
+            start=False,
+        )
+        kw.update(dht_kwargs or {})
+        self.dht = dht_cls(key, **kw)
+        self.server = server_cls(self.dht, store_cls(max_total_bytes=256 * 1024 * 1024,
+                                                     max_item_bytes=wire.MAX_ENVELOPE_BYTES),
+                                 max_concurrent_serves=64, request_timeout=max(self.fetch_timeout, 5.0),
+                                 hang_seconds=hang_seconds, start=False)
+        self._started = False
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ lifecycle and identity
+    def start(self) -> None:
+        """Start the DHT (solo when no initial peer answers yet; it keeps joining) and the stream handler."""
+        if self._started:
+            return
+        from swarmnode.swarm.gossip import _install_fork_hook
+
+        self._started = True
+        _install_fork_hook()
+        self.dht.start()
+        self.server.start()
+
+    @property
+    def libp2p_peer_id(self) -> str | None:
+        """Base58 libp2p PeerID of its daemon (None while no DHT runs)."""
+        return self.dht.peer_id
+
+    @property
+    def sender_id(self) -> str:
+        """The transport id honest nodes charge for bytes fetched from it: ``p2p:<libp2p PeerID>``."""
+        return f"p2p:{self.libp2p_peer_id}"
+
+    def maddrs(self) -> list[str]:
+        """Its multiaddrs (with ``/p2p/<PeerID>``)."""
+        return self.dht.visible_maddrs()
+
+    def close(self) -> None:
+        """Stop the loop (if any), the stream handler and the DHT (idempotent)."""
+        self.stop_loop()
+        try:
+            self.server.close()
+        finally:
+            self.dht.shutdown()
+
+    def __enter__(self) -> HostilePeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ what it publishes
+    def waves(self) -> list[list[str]]:
+        """The classes in publication order, in waves of at most ``MAX_RECORD_MANIFESTS`` manifests each (one DHT
+        record); the record-level classes are not in waves (:meth:`publish_garbage_record`,
+        :meth:`publish_foreign_subkey`), ``replay`` and ``flood`` come last (they need harvested bundles)."""
+        order = [n for n in self.cases if n not in _RECORD_CASES and n not in _HARVESTED]
+        order += [n for n in _HARVESTED if n in self.cases]
+        waves: list[list[str]] = []
+        cur: list[str] = []
+        used = 0
+        for n in order:
+            k = self.flood_copies if n == "flood" else 1
+            if cur and used + k > wire.MAX_RECORD_MANIFESTS:
+                waves.append(cur)
+                cur, used = [], 0
+            cur.append(n)
+            used += k
+        if cur:
+            waves.append(cur)
+        return waves
+
+    def expected_rejections(self, delivered: dict[str, int] | None = None) -> dict[str, dict[str, int]]:
+        """What an honest node's PeerBook must hold for this peer after judging ``delivered`` (default: every class
+        delivered so far, each once per delivery) with no ban in between: ``{peer id: {reason: count}}`` for its
+        ``sn1…`` id and its transport id (:attr:`sender_id`). Uncharged and transport-stage classes are left out."""
+        out: dict[str, dict[str, int]] = {self.peer_id: {}, self.sender_id: {}}
+        for name, n in (self.delivered if delivered is None else delivered).items():
+            c = NETWORK_CASES[name]
+            if c.charged is None or c.reason is None or c.stage in ("transport", "dht"):
+                continue
+            row = out[self.peer_id if c.charged == "signer" else self.sender_id]
+            row[c.reason] = row.get(c.reason, 0) + int(n)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """JSON-ready counters: ids, rounds, classes delivered, stream requests per class, harvested bundles,
+        foreign-subkey stores some peer accepted (must stay 0), the stream handler's counters."""
+        with self._lock:
+            requests: dict[str, int] = {}
+            for digest, n in list(self.server.requests.items()):
+                name = self._names.get(digest, "other")
+                requests[name] = requests.get(name, 0) + n
+            return {"peer_id": self.peer_id, "sender_id": self.sender_id, "libp2p_peer_id": self.libp2p_peer_id,
+                    "rounds": self.rounds, "delivered": dict(self.delivered), "stream_requests": requests,
+                    "harvested": len(self._proven), "foreign_store_accepted": self.foreign_store_accepted,
+                    "server": dict(self.server.counters)}
+
+    def requests_for(self, name: str) -> int:
+        """Stream requests honest nodes made for the bytes of class ``name`` (0: never fetched)."""
+        with self._lock:
+            return sum(n for d, n in list(self.server.requests.items()) if self._names.get(d) == name)
+
+    # ------------------------------------------------------------------ harvesting victim-accepted bundles
+    def harvest(self, max_fetches: int = 4) -> int:
+        """Read the swarm's manifest records and fetch announced bundles from peers other than their publisher.
+
+        A peer serves another's bundle only after verifying and accepting it, so every bundle fetched this way
+        was accepted by someone (its publisher knows it too): the material of ``replay`` and ``flood``. Also
+        records the other publishers' keys (the victims of ``foreign_subkey``).
+
+        Args:
+            max_fetches: most fetch attempts this call (each bounded by ``swarm.fetch_timeout``).
+
+        Returns:
+            The number of new victim-accepted bundles.
+        """
+        entries = self.dht.read_manifests(self.swarm_id, self.dht.recent_buckets(self.read_buckets),
+                                          timeout=self.dht_timeout)
+        contacts: dict[bytes, tuple[str, list[str]]] = {}
+        found: list[tuple[bytes, wire.Manifest]] = []
+        own_libp2p = self.libp2p_peer_id
+        for owner, value in entries:
+            if owner == self.public_key:
+                continue
+            try:
+                rec = wire.decode_manifest_record(value)
+            except wire.WireError:
+                continue
+            if rec.libp2p_peer_id == own_libp2p:
+                continue
+            contacts[owner] = (rec.libp2p_peer_id, list(rec.maddrs))
+            for menv in rec.manifests:
+                try:
+                    env, m = wire.decode(menv, expected_kind=wire.KIND_MANIFEST)
+                except wire.WireError:
+                    continue
+                if env.public_key == owner and isinstance(m, wire.Manifest) and m.swarm_id == self.swarm_id:
+                    found.append((owner, m))
+        self.victims = list(contacts)
+        relays = {c[0]: c[1] for c in contacts.values()}  # libp2p PeerID -> multiaddrs
+        try:  # peers that publish nothing still re-serve what they accepted: the DHT's routing table knows them
+            for pid in self.dht.run_coroutine(_routing_peers, timeout=self.dht_timeout):
+                relays.setdefault(pid, [])
+        except Exception as e:  # noqa: BLE001
+            log.debug("hostile peer: no routing table: %s", e)
+        relays.pop(own_libp2p, None)
+        found.sort(key=lambda x: x[1].created_at, reverse=True)
+        new = attempts = 0
+        for owner, m in found:
+            digest = m.bundle_digest.hex()
+            if digest in self._proven or self._tries.get(digest, 0) >= 5:
+                continue
+            for libp2p_id, maddrs in relays.items():
+                if libp2p_id == contacts[owner][0] or attempts >= max_fetches:
+                    continue
+                attempts += 1
+                _bounded_put(self._tries, digest, self._tries.get(digest, 0) + 1)
+                try:
+                    res = self.server.fetch_result(libp2p_id, digest, timeout=min(self.fetch_timeout, 3.0),
+                                                   max_bytes=m.bundle_size, maddrs=maddrs, cache=False)
+                except ValueError:
+                    continue
+                if res.ok and res.body is not None:
+                    _bounded_put(self._proven, digest, res.body, 16)
+                    new += 1
+                    break
+            if attempts >= max_fetches:
+                break
+        return new
+
+    # ------------------------------------------------------------------ building one class
+    def _sign_manifest(self, m: wire.Manifest) -> bytes:
+        return wire.encode_manifest(m, self.identity)
+
+    def _truthful(self, data: bytes) -> bytes | None:
+        """Our manifest of a hostile bundle whose body decodes (None when it does not, or is not ours)."""
+        if len(data) > wire.MAX_ENVELOPE_BYTES:
+            return None
+        try:
+            b = wire.decode_body(wire.KIND_BUNDLE, _unpack(data)["body"])
+            return self._sign_manifest(wire.manifest_for_bundle(data, b))  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - not decodable, or not ours to announce
+            return None
+
+    def _cover(self, data: bytes) -> bytes:
+        """A fresh, in-swarm manifest of ours announcing ``data``'s digest and size (for bytes that do not decode)."""
+        ref = self.tasks.refs_for_step(0, 1)[0]
+        m = wire.Manifest(swarm_id=self.swarm_id, publisher_key=self.public_key,
+                          bundle_digest=wire.envelope_digest(data), bundle_size=len(data), tasks=[ref],
+                          created_at=time.time(), policy_version=0, num_trees=1, num_leaves=2)
+        return self._sign_manifest(m)
+
+    def _announce_other(self, data: bytes, **changes: Any) -> bytes:
+        """Our manifest for genuine signed bytes of another publisher (optionally with fields changed)."""
+        b = wire.decode_bundle(data)
+        m = replace(wire.manifest_for_bundle(data, b), publisher_key=self.public_key, **changes)
+        return self._sign_manifest(m)
+
+    def _hostile_bytes(self, name: str) -> bytes:
+        f = self.factory
+        if name.startswith("garbage_"):
+            return next(hi.data for hi in f.garbage() if hi.name == name)
+        if name == "token_out_of_vocab":
+            return f.token_out_of_vocab(self.vocab_size).data
+        return getattr(f, name)().data
+
+    def _build(self, name: str) -> list[tuple[bytes, bytes | None, str | None]]:
+        """``[(manifest envelope, bytes to serve or None, stream mode or None)]`` for one class (empty: cannot now)."""
+        f = self.factory
+        if name in _TRUTHFUL:
+            data = self._hostile_bytes(name)
+            menv = self._truthful(data)
+            return [] if menv is None else [(menv, data, None)]
+        if name in _COVERED:
+            data = self._hostile_bytes(name)
+            return [(self._cover(data), data, None)]
+        if name in _STREAM_MODES:
+            data = f.reward_mismatch().data
+            menv = self._truthful(data)
+            return [] if menv is None else [(menv, data, _STREAM_MODES[name])]
+        if name == "owner_mismatch":
+            b, env = f.bundle(f.honest_trees(1), identity=f.victim)
+            return [(f.manifest(env, b, identity=f.victim)[1], None, None)]
+        if name in ("manifest_forged_signature", "manifest_truncated"):
+            return [(next(hi.data for hi in f.manifest_cases() if hi.name == name), None, None)]
+        if name == "manifest_mismatch":
+            data = f.reward_mismatch().data
+            b = wire.decode_bundle(data)
+            m = replace(wire.manifest_for_bundle(data, b), policy_version=b.policy_version + 1)
+            return [(self._sign_manifest(m), data, None)]
+        if name == "wrap":
+            _, data = f.bundle(f.honest_trees(1), identity=f.victim)
+            return [(self._announce_other(data), data, None)]
+        with self._lock:
+            proven = list(self._proven.values())
+        if not proven:
+            return []
+        src = proven[-1]
+        if name == "flood":
+            now = time.time()
+            return [(self._announce_other(src, created_at=now - 0.001 * k), src, None)
+                    for k in range(self.flood_copies)]
+        if name == "replay":
+            b = wire.decode_bundle(src)
+            trees = wire.trees_from_bundle(b)
+            for t, wt in zip(trees, b.trees):
+                for j in t.leaves():
+                    t.nodes[j].reward = wt.nodes[j].claimed_reward
+            _, data = f.bundle(trees, tokenizer_id=b.tokenizer_id, vocab_size=b.vocab_size)
+            menv = self._truthful(data)
+            return [] if menv is None else [(menv, data, None)]
+        raise ValueError(f"{name!r} is not published in waves")
+
+    def _serve(self, name: str, data: bytes, mode: str | None) -> None:
+        digest = self.server.put(data)
+        with self._lock:
+            _bounded_put(self._names, digest, name)
+            if mode is not None:
+                _bounded_put(self.server.modes, digest, mode)
+            if mode == "lie":
+                _bounded_put(self.server.lies, digest, data[:-1] + bytes([data[-1] ^ 1]))
+
+    def _record(self, manifests: list[bytes]) -> bytes:
+        contact = self.dht.contact()
+        if contact is None:
+            raise ConnectionError("no DHT daemon runs")
+        maddrs = [m for m in contact.maddrs if len(m.encode()) <= wire.MAX_ID_BYTES][: wire.MAX_RECORD_ADDRS]
+        return wire.encode_manifest_record(wire.ManifestRecord(manifests, contact.peer_id, maddrs))
+
+    # ------------------------------------------------------------------ publishing
+    def publish_wave(self, index: int) -> list[str]:
+        """Build the classes of wave ``index`` (modulo the number of waves) afresh and store them as our record
+        of the current time bucket (replacing our previous record there).
+
+        Returns:
+            The classes delivered (stored in the DHT); classes that cannot be built now (``replay`` / ``flood``
+            before :meth:`harvest` found material, ``oversized`` with a 4 MiB receiver cap) are left out, and
+            nothing is delivered when the DHT store fails -- the next call for the same wave then stores the same
+            record bytes again (a store that timed out may still have reached some peers: receivers must not see
+            two different versions of one delivery).
+        """
+        waves = self.waves()
+        if not waves:
+            return []
+        index %= len(waves)
+        pending = self._unstored.get(index)
+        if pending is not None:
+            record, names = pending
+            if not self.dht.publish_manifest(self.swarm_id, self.dht.current_bucket(), record,
+                                             timeout=self.dht_timeout):
+                return []
+            del self._unstored[index]
+            with self._lock:
+                self.delivered.update(names)
+            return names
+        manifests: list[bytes] = []
+        names = []
+        for name in waves[index]:
+            try:
+                items = self._build(name)
+            except Exception as e:  # noqa: BLE001 - a harness bug must not stop the other classes
+                log.warning("hostile peer: cannot build %s: %s: %s", name, type(e).__name__, e)
+                continue
+            for menv, data, mode in items:
+                if data is not None:
+                    self._serve(name, data, mode)
+                manifests.append(menv)
+            if items:
+                names.append(name)
+        if not manifests:
+            return []
+        try:
+            record = self._record(manifests)
+        except (ConnectionError, wire.WireError) as e:
+            log.warning("hostile peer: cannot build its record: %s", e)
+            return []
+        if not self.dht.publish_manifest(self.swarm_id, self.dht.current_bucket(), record, timeout=self.dht_timeout):
+            self._unstored[index] = (record, names)
+            return []
+        with self._lock:
+            self.delivered.update(names)
+        return names
+
+    def publish_garbage_record(self) -> list[str]:
+        """``record_garbage``: store bytes that are not msgpack as our record of the current time bucket (replacing
+        our previous record there; receivers read the current bucket on every poll).
+
+        Returns:
+            ``["record_garbage"]`` when stored, else ``[]`` (also when the class is not enabled).
+        """
+        if "record_garbage" not in self.cases:
+            return []
+        if not self.dht.publish_manifest(self.swarm_id, self.dht.current_bucket(), _GARBAGE_RECORD,
+                                         timeout=self.dht_timeout):
+            return []
+        with self._lock:
+            self.delivered["record_garbage"] += 1
+        return ["record_garbage"]
+
+    def publish_foreign_subkey(self) -> list[str]:
+        """``foreign_subkey``: store a manifest record of ours under every victim's owner-marked subkey (at most
+        four victims: the publishers :meth:`harvest` saw) in the current bucket, signed with our own key. Honest
+        DHT peers must refuse it; :attr:`foreign_store_accepted` counts stores that some peer accepted.
+
+        Returns:
+            ``["foreign_subkey"]`` when attempted, else ``[]`` (no victim known yet, or the class is not enabled).
+        """
+        if "foreign_subkey" not in self.cases or not self.victims:
+            return []
+        from swarmnode.swarm.validator import manifest_key
+
+        menv = self._truthful(self.factory.reward_mismatch().data)
+        try:
+            record = self._record([menv]) if menv is not None else None
+        except (ConnectionError, wire.WireError):
+            record = None
+        if record is None:
+            return []
+        key = manifest_key(self.swarm_id, self.dht.current_bucket())
+        for victim in self.victims[:4]:
+            if self.dht.store_foreign(victim, key, record, ttl=float(self.scfg.bucket_seconds),
+                                      timeout=self.dht_timeout):
+                self.foreign_store_accepted += 1
+        with self._lock:
+            self.delivered["foreign_subkey"] += 1
+        return ["foreign_subkey"]
+
+    def run_round(self) -> list[str]:
+        """One round: :meth:`harvest`, then the next slot of the cycle (each wave, then the garbage record; a slot
+        replaces our record of the current bucket) and the victims' subkeys.
+
+        Returns:
+            The classes delivered this round; none while it has initial peers but has not joined them yet (a
+            record stored solo reaches no one).
+        """
+        if self.dht.initial_peers and not self.dht.connected:
+            return []
+        try:
+            self.harvest()
+        except Exception as e:  # noqa: BLE001 - the attack goes on without material
+            log.debug("hostile peer: harvest failed: %s", e)
+        n_waves = len(self.waves())
+        slots = n_waves + (1 if "record_garbage" in self.cases else 0)
+        slot = self.rounds % max(slots, 1)
+        names = self.publish_wave(slot) if slot < n_waves else self.publish_garbage_record()
+        names += self.publish_foreign_subkey()
+        self.rounds += 1
+        return names
+
+    def run(self, stop: threading.Event | None = None, interval: float = 3.0) -> None:
+        """Run rounds every ``interval`` seconds until ``stop`` is set (default: :meth:`stop_loop`'s event).
+
+        A round's failures are logged, never raised: the peer keeps attacking.
+        """
+        stop = self._stop if stop is None else stop
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.run_round()
+            except Exception:  # noqa: BLE001
+                log.exception("hostile peer: round failed")
+            stop.wait(max(0.0, interval - (time.monotonic() - t0)))
+
+    def start_loop(self, interval: float = 3.0) -> None:
+        """Run :meth:`run` in a daemon thread (in-process use)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, kwargs={"interval": interval}, name="hostile-peer",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop_loop(self, timeout: float = 30.0) -> None:
+        """Stop the thread of :meth:`start_loop` (waits for the current round, at most ``timeout`` s)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
 
 
 # ====================================================================== fuzzing

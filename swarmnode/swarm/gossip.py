@@ -491,6 +491,8 @@ class SwarmClient:
         now = time.time()
         for envelope, bundle in self._bundles(pruned, int(policy_version), now):
             self.server.put(envelope)
+            with self._vlock:  # an echo of our own rollouts is a duplicate / replay, never an external sample
+                self.verifier.note_published(envelope, bundle)
             manifest = wire.manifest_for_bundle(envelope, bundle)
             menv = wire.encode_manifest(manifest, self.identity)
             bucket = self.dht.current_bucket(bundle.created_at)

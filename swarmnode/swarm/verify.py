@@ -20,7 +20,8 @@ step  check                                                      reason (hard/so
  4    allowlist (private swarm), before the body is parsed       ``not_allowed`` (soft)
  2'   body: msgpack limits, schema, shape, vocab, canonical      wire reasons (hard, to the signer: the
                                                                  signature proves the bytes are its own)
- 3'   decoded bundle == its manifest                             ``manifest_mismatch`` (hard)
+ 3'   decoded bundle == its manifest                             ``manifest_mismatch`` (hard, to the manifest's
+                                                                 publisher)
  4'   swarm id; protocol version (wire)                          ``wrong_swarm`` (soft), ``bad_version`` (soft)
  5    ``now - skew - freshness <= t <= now + skew``              ``stale``, ``future`` (soft; a stale
                                                                  *manifest* is not charged: old records
@@ -50,7 +51,17 @@ manifest, whose bytes the record owner signed inside its DHT record, ``malformed
 ``non_canonical`` are hard too. Once the signature verifies, everything wrong *inside* the body is the
 signer's and hard. Context failures that a relay could cause by replaying someone else's signed bytes
 (``wrong_swarm``, ``stale``, ``future``, ``duplicate``, ``not_allowed``) are soft and charged to the
-sender when known, else to the signer.
+sender when known, else to the signer. A decoded bundle that differs from the manifest that announced it is
+charged to that manifest's publisher: when the bundle is someone else's genuine signed bytes, the announcer
+lied, not the bundle's signer (a hostile peer wrapping an honest peer's bundle in its own manifest would
+otherwise get the honest peer banned), and the bytes are not marked as judged, so their publisher's own
+announcement is still verified.
+
+Our own bundles
+---------------
+:meth:`Verifier.note_published` remembers the bytes and the tree contents of every bundle we publish, so a
+peer that echoes them back to us -- as they are (``duplicate``) or re-signed under its own key (``replay``)
+-- never becomes an external sample attributed to it.
 
 Claimed rewards (step 6)
 ------------------------
@@ -432,6 +443,21 @@ class Verifier:
                              f"{self.skew:g} s)")
         return None
 
+    def note_published(self, envelope: bytes, bundle: wire.RolloutBundle) -> None:
+        """Remember a bundle we published: its exact bytes (``duplicate``) and its trees' contents (``replay``).
+
+        Args:
+            envelope: the signed envelope bytes we serve.
+            bundle: the :class:`~swarmnode.swarm.wire.RolloutBundle` inside it.
+
+        A peer that sends our own rollouts back -- as they are or re-signed under its own key -- is then
+        rejected like any other copy instead of becoming an external sample attributed to it. Bounded like the
+        other seen-digest sets (capacity and TTL).
+        """
+        self._seen_bundles.add(hashlib.sha256(bytes(envelope)).digest(), "own")
+        for wt in bundle.trees:
+            self._seen_trees.add(tree_digest(wt))
+
     def seen(self, bundle_digest: bytes | str) -> bool:
         """True when a bundle with this envelope digest (32 bytes or hex) already got a verdict.
 
@@ -645,6 +671,9 @@ class Verifier:
             try:
                 wire.check_manifest(manifest, data, b)
             except wire.WireError as e:
+                if bytes(manifest.publisher_key) != bytes(env.public_key):
+                    # genuine bytes of another signer announced by the manifest's publisher: the announcer lied
+                    raise self._reject(e.reason, e.detail, publisher_hint, True) from None
                 raise final(self._reject(e.reason, e.detail, signer, True))
         # ---- step 4: swarm id (protocol version and allowlist were checked above)
         if b.swarm_id != self.swarm_id:

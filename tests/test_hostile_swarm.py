@@ -1,0 +1,342 @@
+"""Trust nothing, on the network (issue 5): an honest training node beside a hostile peer on a real swarm.
+
+Real parts only: hivemind DHTs and ``p2pd`` on loopback, Ed25519 keys, the node's own verifier, tokenizer and
+model (the embedded default, or ``$SWARMNODE_TEST_MODEL``), real reasoning-gym tasks. The hostile peer is
+:class:`swarmnode.swarm.adversary.HostilePeer`; an honest peer (a plain ``SwarmClient``) publishes good bundles
+beside it, so that the node has something to accept and the hostile peer something to replay.
+
+The fast tests pin the two attribution rules a hostile peer on the network exploits (a wrapped bundle is the
+announcer's fault, our own rollouts echoed back are not new samples) and the benchmark's ``--hostile``
+plumbing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from monitor_helpers import test_model
+from swarmnode.config import SwarmConfig, load_config
+from swarmnode.swarm import wire
+from swarmnode.swarm.adversary import (
+    BYTE_TOKENIZER_ID,
+    NETWORK_CASES,
+    HostileFactory,
+    byte_detokenize,
+)
+from swarmnode.swarm.identity import Identity
+from swarmnode.swarm.verify import Rejection, Verifier
+from swarmnode.tasks import ReasoningGymSource, TaskMix
+
+HOSTILE = Identity.from_private_bytes(hashlib.sha256(b"test_hostile_swarm hostile").digest())
+HONEST = Identity.from_private_bytes(hashlib.sha256(b"test_hostile_swarm honest").digest())
+CHAIN2 = {"min_terms": 2, "max_terms": 2}
+
+
+# ============================================================================ attribution rules (pure)
+@pytest.fixture(scope="module")
+def mix() -> TaskMix:
+    return TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+
+
+def _verifier(mix: TaskMix) -> Verifier:
+    return Verifier(SwarmConfig(swarm_id="attrib", ban_after=3), mix, 256, BYTE_TOKENIZER_ID,
+                    detokenize=byte_detokenize)
+
+
+def test_wrapped_bundle_is_charged_to_its_announcer_and_stays_acceptable(mix):
+    """A peer that announces another peer's genuine signed bundle in its own manifest is the liar: it is charged
+    (hard), the bundle's signer is not, and the bundle is still accepted under its publisher's own manifest."""
+    v = _verifier(mix)
+    honest = HostileFactory(HONEST, mix, swarm_id="attrib")
+    b, env = honest.bundle(honest.honest_trees(2, 4))
+    m_honest = wire.manifest_for_bundle(env, b)
+    m_wrap = replace(m_honest, publisher_key=HOSTILE.public_key_bytes)
+    m_wrap = v.verify_manifest(wire.encode_manifest(m_wrap, HOSTILE), HOSTILE.public_key_bytes)
+    for _ in range(3):  # three wrappers: enough strikes for a ban (ban_after=3) -- of the announcer
+        with pytest.raises(Rejection) as ei:
+            v.verify_bundle(env, m_wrap, "p2p:hostile")
+        assert (ei.value.reason, ei.value.hard, ei.value.peer) == ("manifest_mismatch", True, HOSTILE.peer_id)
+    assert v.peers.banned() == [HOSTILE.peer_id]
+    assert HONEST.peer_id not in v.peers.snapshot()["peers"]
+    m = v.verify_manifest(wire.encode_manifest(m_honest, HONEST), HONEST.public_key_bytes)  # not "seen" yet
+    assert len(v.verify_bundle(env, m, "p2p:honest")) == 2
+
+
+def test_our_own_rollouts_echoed_back_are_duplicates_or_replays(mix):
+    """What we published comes back from a peer as the same bytes (duplicate) or re-signed (replay): never a
+    new external sample attributed to that peer."""
+    v = _verifier(mix)
+    ours = HostileFactory(HONEST, mix, swarm_id="attrib")
+    b, env = ours.bundle(ours.honest_trees(2, 4))
+    v.note_published(env, b)  # what SwarmClient.publish does
+    hostile = HostileFactory(HOSTILE, mix, swarm_id="attrib")
+    trees = wire.trees_from_bundle(b)
+    for t, wt in zip(trees, b.trees):
+        for j in t.leaves():
+            t.nodes[j].reward = wt.nodes[j].claimed_reward
+    _, copy = hostile.bundle(trees)
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(copy, None, "p2p:hostile")
+    assert (ei.value.reason, ei.value.peer, ei.value.hard) == ("replay", HOSTILE.peer_id, False)
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(env, None, "p2p:hostile")
+    assert ei.value.reason == "duplicate"
+    announce = wire.encode_manifest(replace(wire.manifest_for_bundle(env, b), publisher_key=HOSTILE.public_key_bytes),
+                                    HOSTILE)
+    with pytest.raises(Rejection) as ei:  # announced by someone else: dropped before any byte is fetched
+        v.verify_manifest(announce, HOSTILE.public_key_bytes)
+    assert ei.value.reason == "duplicate" and not ei.value.charged
+    assert v.snapshot()["bundles_accepted"] == 0
+
+
+def test_a_node_knows_the_rollouts_it_published(mix, tmp_path):
+    """SwarmClient.publish tells its verifier what it published (no network needed to publish): the pruned trees
+    re-signed by another key come back as a replay, the exact bytes as a duplicate."""
+    from swarmnode.config import RunConfig
+    from swarmnode.swarm.gossip import SwarmClient
+    from swarmnode.swarm.prune import prune_trees
+
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id="attrib"))
+    client = SwarmClient(cfg, HONEST, mix, 256, "m", BYTE_TOKENIZER_ID, None, None, start=False)
+    try:
+        trees = HostileFactory(HONEST, mix, swarm_id="attrib").honest_trees(2, 4)
+        assert client.publish(trees, step=0, policy_version=3)["swarm/bundles_published"] == 1
+        published, _ = prune_trees(trees, client.prune_rule)
+        _, copy = HostileFactory(HOSTILE, mix, swarm_id="attrib").bundle(published)
+        with pytest.raises(Rejection) as ei:
+            client.verifier.verify_bundle(copy, None, "p2p:hostile")
+        assert (ei.value.reason, ei.value.peer) == ("replay", HOSTILE.peer_id)
+    finally:
+        client.close()
+
+
+def test_network_case_table_is_consistent():
+    from swarmnode.swarm.verify import HARD_REASONS, REASONS, SOFT_REASONS
+
+    stages = {"record", "manifest", "bundle", "transport", "dht"}
+    for c in NETWORK_CASES.values():
+        assert c.stage in stages, c
+        if c.stage in ("record", "manifest", "bundle"):
+            assert c.reason in REASONS, c
+            assert not (c.hard and c.reason in SOFT_REASONS) and not (not c.hard and c.reason in HARD_REASONS), c
+        if c.charged is None:
+            assert not c.hard, c
+    # the classes of the issue, all delivered over the network
+    assert {"forged_signature", "reward_mismatch", "foreign_task", "oversized", "truncated", "garbage_c1",
+            "deep_nesting", "huge_count", "replay", "stale", "future", "token_out_of_vocab", "wrong_swarm", "flood",
+            "foreign_subkey", "silent"} <= set(NETWORK_CASES)
+
+
+# ============================================================================ the benchmark's --hostile plumbing
+def test_bench_plans_hostile_twins_of_swarm_arms():
+    from swarmnode.bench import Arm, plan_arms
+
+    arms = plan_arms([(4, 0), (4, 4)], ["per_source"], ["none"], hostile=True)
+    assert [a.name for a in arms] == ["isolated-4", "swarm-4x4-per_source-none", "swarm-4x4-per_source-none-hostile"]
+    assert arms[2].label == "swarm 4/4 per_source none +hostile" and arms[2].hostile and arms[2].swarm
+    assert not any(a.hostile for a in plan_arms([(4, 4)], ["per_source"], ["none"]))
+    assert Arm(4, 0, False).label == "isolated 4/0"
+
+
+def test_bench_summary_reports_rejections_of_the_hostile_peer(tmp_path):
+    from swarmnode.bench import Arm, hostile_report, summarize_arm, write_report
+
+    arm = tmp_path / "swarm-hostile"
+    for i, (rej, refused) in enumerate([({"reward_mismatch": 2, "bad_signature": 1}, 5), ({"vocab": 1}, 0)]):
+        d = arm / f"node-{i}"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text(
+            json.dumps({"step": 0, "eval": "before", "accuracy": 0.1}) + "\n"
+            + json.dumps({"step": 1, "reward": 0.5, "samples_external": 2, "external:sn1hostile/used": 0}) + "\n")
+        peers = {"sn1hostile": {"accepted": 0, "rejected": rej, "hard": sum(rej.values()), "refused_banned": refused,
+                                "rate_limited": 0, "bans": 1 if refused else 0, "banned": bool(refused)},
+                 "p2p:12D3KooWhostile": {"accepted": 0, "rejected": {"malformed": 3}, "hard": 0, "refused_banned": 0,
+                                         "rate_limited": 0, "bans": 0, "banned": False},
+                 "sn1honest": {"accepted": 7, "rejected": {}, "hard": 0, "refused_banned": 0, "rate_limited": 0,
+                               "bans": 0, "banned": False}}
+        (d / "swarm_snapshot.json").write_text(json.dumps(
+            {"counts": {"fetch/timeout": 2, "fetch/ok": 9}, "rejected": {"banned": refused + 1},
+             "verifier": {"peers": {"peers": peers}}}))
+    (arm / "hostile.json").write_text(json.dumps({"peer_id": "sn1hostile", "sender_id": "p2p:12D3KooWhostile",
+                                                  "delivered": {"reward_mismatch": 3}}))
+    s = summarize_arm(arm)
+    h = s["hostile"]
+    assert h["rejected_by_reason"] == [{"bad_signature": 1, "malformed": 3, "reward_mismatch": 2},
+                                       {"malformed": 3, "vocab": 1}]
+    assert h["accepted"] == [0, 0] and h["banned"] == [True, False] and h["refused_banned"] == [5, 0]
+    assert h["refused_while_banned"] == [6, 1] and h["bans"] == [1, 0]
+    assert h["fetch_failures"] == [{"timeout": 2}, {"timeout": 2}] and h["external_used"] == [0, 0]
+    text = hostile_report([(Arm(4, 4, True, hostile=True), s)])
+    assert "swarm 4/4 per_source none +hostile" in text and "| rejected: reward_mismatch | 2 / 0 |" in text
+    assert "| banned at the end | yes / no |" in text and "| accepted trees from it | 0 / 0 |" in text
+    md, _ = write_report([(Arm(4, 4, True, hostile=True), s)], tmp_path / "out", command="x", prefix="t")
+    assert "Hostile peer" in md.read_text()
+
+
+# ============================================================================ the network scenario
+FAST_DHT = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout": 60.0}
+FETCH_TIMEOUT = 3.0
+
+
+@pytest.mark.slow
+def test_honest_node_beside_a_hostile_peer(tmp_path):
+    """Every class the hostile peer delivers is rejected and counted under its reason by the training node; the
+    honest peer (ban_after=3) bans it; the node keeps training, every gather within the fetch timeout."""
+    from swarmnode.node import Node
+    from swarmnode.swarm.adversary import HostilePeer
+    from swarmnode.swarm.gossip import SwarmClient, build_swarm
+
+    rd = tmp_path / "node"
+    cfg = load_config(None, {
+        "model.name_or_path": test_model(), "model.device": "cpu", "run_dir": str(rd), "steps": 400,
+        "sampling.prompts_per_step": 2, "sampling.num_generations": 4, "train.micro_batch_size": 8,
+        "train.drop_zero_variance_groups": False,  # every step trains on its local samples, whatever the rewards
+        "checkpoint.save_steps": 1000, "swarm.enabled": True, "swarm.swarm_id": f"hostile-{time.time_ns() % 10**9}",
+        "swarm.identity_path": str(rd / "identity.pem"), "swarm.ban_after": 1000,  # count every class, never ban
+        "swarm.fetch_timeout": FETCH_TIMEOUT, "swarm.dht_timeout": 5.0, "swarm.bucket_seconds": 10.0,
+        "swarm.max_bundle_bytes": 64 * 1024,
+    })
+    node = Node(cfg)
+    honest = hostile = None
+    try:
+        node.swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
+                                 prompt_for=node.prompt_for, poll_interval=0.5, dht_kwargs=FAST_DHT)
+        client = node.swarm
+        tok = node.policy.tokenizer
+
+        def tokenize(text: str) -> list[int]:
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+
+        def detokenize(ids: list[int]) -> str:
+            return tok.decode(list(ids), skip_special_tokens=True)
+
+        same_tok = {"tokenize": tokenize, "tokenizer_id": node.policy.tokenizer_id, "vocab_size": client.vocab_size}
+        honest_cfg = cfg.model_copy(update={"swarm": cfg.swarm.model_copy(update={
+            "ban_after": 3, "initial_peers": client.maddrs(), "identity_path": None})})
+        honest = SwarmClient(honest_cfg, HONEST, node.tasks, client.vocab_size, "honest/model",
+                             node.policy.tokenizer_id, tokenize, None, detokenize=detokenize, poll_interval=0.5,
+                             heartbeat_interval=2.0, dht_kwargs=FAST_DHT)
+        hostile = HostilePeer(cfg.swarm, node.tasks, initial_peers=client.maddrs(), identity=HOSTILE,
+                              dht_kwargs=FAST_DHT, **same_tok)
+        fh = HostileFactory(HONEST, node.tasks, swarm_id=cfg.swarm.swarm_id, model_id="honest/model", **same_tok)
+        ids = (hostile.peer_id, hostile.sender_id)
+
+        def charged() -> dict[str, dict[str, int]]:
+            peers = client.peers.snapshot()["peers"]
+            return {p: peers.get(p, {}).get("rejected", {}) for p in ids}
+
+        # the attack, one slot at a time (each replaces the hostile peer's record of the current bucket, so the
+        # next one waits until the node judged the previous one); replay and flood wait for harvested material
+        plan = [("harvest", None)] + [("wave", i) for i in range(len(hostile.waves()))] + [
+            ("garbage", None), ("subkey", None), ("transport", None), ("tail", 3)]
+        state = {"k": 0, "sent": False, "tail": 0}
+        records: list[dict] = []
+        honest_metrics: list[dict] = []
+        deadline = time.monotonic() + 240
+
+        def transport_seen() -> bool:
+            counts = client.snapshot()["counts"]
+            stats = client.verifier.snapshot()["rejected"]
+            return (all(counts.get(f"fetch/{NETWORK_CASES[n].reason}", 0) >= 1
+                        for n in ("silent", "overclaim", "short_stream", "lie"))
+                    and stats.get("stale", 0) >= 1 and stats.get("duplicate", 0) >= hostile.flood_copies)
+
+        def on_step(res) -> None:
+            records.append(res.metrics)
+            honest.publish(fh.honest_trees(1, 4), res.step, policy_version=3)
+            honest_metrics.append(honest.gather(res.step, 3)[1])
+            if time.monotonic() > deadline:
+                node.stop_requested = True
+                return
+            what, arg = plan[state["k"]]
+            done = False
+            if what == "harvest":
+                hostile.harvest()
+                done = hostile.stats()["harvested"] > 0 and bool(hostile.victims)
+            elif what in ("wave", "garbage"):
+                if not state["sent"]:
+                    sent = hostile.publish_wave(arg) if what == "wave" else hostile.publish_garbage_record()
+                    state["sent"] = bool(sent)
+                else:
+                    done = charged() == hostile.expected_rejections()
+            elif what == "subkey":
+                done = bool(hostile.publish_foreign_subkey())
+            elif what == "transport":
+                done = transport_seen()
+            else:
+                state["tail"] += 1
+                if state["tail"] >= arg:
+                    node.stop_requested = True
+            if done:
+                state["k"] += 1
+                state["sent"] = False
+
+        node.run(on_step)
+        assert plan[state["k"]][0] == "tail", f"the attack did not finish: stuck at {plan[state['k']]}, " \
+            f"delivered {dict(hostile.delivered)}, charged {charged()}, expected {hostile.expected_rejections()}"
+
+        # 1. every class was delivered over the network ...
+        assert set(hostile.delivered) == set(NETWORK_CASES), set(NETWORK_CASES) - set(hostile.delivered)
+        # ... and counted under its reason, charged to the right id of the hostile peer, exactly once each
+        exp = hostile.expected_rejections()
+        assert charged() == exp
+        assert exp[hostile.peer_id]["reward_mismatch"] == 2 and exp[hostile.peer_id]["manifest_mismatch"] == 2
+        assert exp[hostile.sender_id] == {"bad_signature": 2, "malformed": 3, "too_large": 2}
+        book = client.peers.snapshot()["peers"]
+        hard = sum(n for name, n in hostile.delivered.items() if NETWORK_CASES[name].hard)
+        assert sum(book[p]["hard"] for p in ids) == hard
+        # uncharged and transport-stage classes are counted too
+        stats = client.verifier.snapshot()["rejected"]
+        assert stats["stale"] >= 1 and stats["duplicate"] >= hostile.flood_copies
+        counts = client.snapshot()["counts"]
+        for n in ("silent", "overclaim", "short_stream", "lie"):
+            assert counts.get(f"fetch/{NETWORK_CASES[n].reason}", 0) >= 1, (n, counts)
+        # bytes rejected from their manifest were never fetched; bundle-stage bytes were
+        for name, c in NETWORK_CASES.items():
+            if c.stage == "manifest":
+                assert hostile.requests_for(name) == 0, name
+            elif c.stage in ("bundle", "transport"):
+                assert hostile.requests_for(name) >= 1, name
+        # the per-step metrics report the same rejections
+        for reason in {r for p in ids for r in exp[p]}:
+            total = sum(exp[p].get(reason, 0) for p in ids)
+            assert sum(m.get(f"swarm/rejected/{reason}", 0) for m in records) == total, reason
+
+        # 2. 100% rejected: nothing of the hostile peer was accepted, nothing trained on
+        assert all(book.get(p, {}).get("accepted", 0) == 0 for p in ids)
+        assert not [a for a in client.accepted if a.publisher == hostile.peer_id]
+        assert not [k for m in records for k in m if k.startswith(f"external:{hostile.peer_id}")]
+        assert not [a for a in honest.accepted if a.publisher == hostile.peer_id]
+        # ... while the honest peer's bundles were accepted and trained on; no honest key was ever charged (not
+        # the honest peer whose subkey was forged, not the key whose genuine bundle was wrapped)
+        assert book[HONEST.peer_id]["accepted"] > 0 and book[HONEST.peer_id]["rejected"] == {}
+        assert sum(m.get(f"external:{HONEST.peer_id}/used", 0) for m in records) > 0
+        assert hostile.factory.victim.peer_id not in book
+        assert hostile.foreign_store_accepted == 0  # no DHT peer stored a record under another's subkey ...
+        assert set(hostile.victims) >= {HONEST.public_key_bytes}  # ... though it tried, under the honest peers' keys
+        assert honest.peers.snapshot()["peers"].get(client.peer_id, {}).get("rejected", {}) == {}
+
+        # 3. the honest peer (ban_after=3) banned it and then dropped its input unread
+        hbook = honest.peers.snapshot()
+        assert hostile.peer_id in hbook["banned"] and hbook["peers"][hostile.peer_id]["bans"] >= 1
+        assert honest.snapshot()["rejected"].get("banned", 0) > 0
+        assert max(m.get("swarm/banned", 0) for m in honest_metrics) >= 1
+
+        # 4. the node kept training: every step it started finished, with local samples, external samples from
+        #    the honest peer, and no gather phase longer than the fetch timeout (+ generous slack: loaded machine)
+        assert node.step == len(records) >= len(plan) and [r["step"] for r in records] == list(range(1, node.step + 1))
+        assert all(r["samples_local"] > 0 for r in records)
+        slack = 10.0
+        assert max(r["time"]["verify"] for r in records) <= FETCH_TIMEOUT + slack
+        assert max(r["swarm/gather_s"] for r in records) <= FETCH_TIMEOUT + slack
+        assert list((rd / "checkpoints").glob("step-*")), "the node checkpointed when it stopped"
+    finally:
+        for x in (hostile, honest):
+            if x is not None:
+                x.close()
+        node.close()
