@@ -39,7 +39,9 @@ Pruning (LATR's lookahead filter, references.md §1.4 step 6): a new branch is c
 (the path it forked from, or the first copy of a boundary fork) once it has decoded ``prune_min_tokens``
 tokens (LATR's r; default ``segment_length``); if ``difflib.SequenceMatcher(None, a, b).ratio() >= prune_similarity`` on the texts of the two
 continuations (cut to equal token counts) the branch stops with ``finish_reason="pruned"``. Pruned leaves
-stay in the tree and are counted (:attr:`PromptStats.pruned`); they do not take one of the ``w`` slots.
+stay in the returned tree and are counted (:attr:`PromptStats.pruned`); they do not take one of the ``w`` slots.
+The node drops them before scoring and training (:meth:`RolloutTree.without_pruned`, as LATR does); their
+tokens still count as generated.
 
 Invariants (``tests/test_sampler.py``): generated tokens per prompt never exceed ``token_budget``; every
 leaf's completion is the concatenation of its path's segments and equals, token for token, what the engine
