@@ -408,6 +408,16 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
 
 
 # ------------------------------------------------------------------------------------------ running an arm
+def _spawn(role: str, spec: Path, log_path: Path, *, nice: int, env: dict[str, str]) -> subprocess.Popen:
+    """Start ``python -m swarmnode.bench ROLE SPEC`` (niced, own session, output to ``log_path``)."""
+    cmd = [sys.executable, "-m", "swarmnode.bench", role, str(spec)]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
             eval_size: int, timeout: float = 1800.0, nice: int = 10, threads: int = 1,
             hostile_interval: float = 5.0) -> Path:
@@ -454,16 +464,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
                 "arm_dir": str(arm_dir), "threads": threads}
         sp = rd / "spec.json"
         sp.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "swarmnode.bench", "worker", str(sp)]
-        if nice:
-            cmd = ["nice", "-n", str(nice), *cmd]
-        log = open(rd / "stdout.log", "wb")
-        try:
-            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                 start_new_session=True)
-        finally:
-            log.close()
-        procs.append((i, p, rd))
+        procs.append((i, _spawn("worker", sp, rd / "stdout.log", nice=nice, env=env), rd))
     hostile = None
     if arm.swarm and arm.hostile:
         hd = arm_dir / "hostile"
@@ -473,15 +474,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
         sp = hd / "spec.json"
         sp.write_text(json.dumps({"config": hcfg.model_dump(mode="json"), "arm_dir": str(arm_dir),
                                   "interval": hostile_interval, "seed": nodes}))
-        cmd = [sys.executable, "-m", "swarmnode.bench", "hostile", str(sp)]
-        if nice:
-            cmd = ["nice", "-n", str(nice), *cmd]
-        log = open(hd / "stdout.log", "wb")
-        try:
-            hostile = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                       start_new_session=True)
-        finally:
-            log.close()
+        hostile = _spawn("hostile", sp, hd / "stdout.log", nice=nice, env=env)
     deadline = time.monotonic() + timeout
     try:
         for i, p, rd in procs:
