@@ -19,6 +19,18 @@ def test_every_shipped_config_validates(path):
     assert isinstance(cfg, RunConfig)
 
 
+def test_tree_config_is_the_default_with_only_the_sampler_changed():
+    """configs/tree.yaml is what docs/results.md and docs/benchmarks.md compare with the default: it may differ
+    from it in the tree sampler (and its run directory) only."""
+    default = load_config(None).model_dump()
+    tree = load_config(ROOT / "configs" / "tree.yaml").model_dump()
+    assert tree["sampling"]["tree"]["mode"] == "tree" and tree["sampling"]["tree"]["branching"] == "lookahead"
+    for d in (default, tree):
+        d["sampling"].pop("tree")
+        d.pop("run_dir")
+    assert tree == default
+
+
 def test_overrides_win_and_none_is_ignored():
     cfg = load_config(None, {"train.learning_rate": 1e-5, "steps": 3, "seed": None})
     assert cfg.train.learning_rate == 1e-5

@@ -254,23 +254,6 @@ def test_fallback_reforks_finished_leaves_without_reprefill(atok):
     assert_consistent(model, atok, trees, cfg, 0)
 
 
-def test_lookahead_fallback_fills_every_missing_leaf_in_one_round(atok):
-    """A confident model gives lookahead no near-tie to fork on; the fallback then re-forks all missing leaves
-    at once (LATR pads a root's branches in one go) instead of b per sequential round as TreePO does."""
-    s0, s1, s2 = _ids(atok, "abc")
-    model = bigram_llama(len(atok), {s0: [s1], s1: [s2], s2: [atok.eos_token_id]})
-    kw = dict(num_generations=6, max_completion_length=12, segment_length=4, branching_factor=2)
-    look = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], _cfg("tree", "lookahead", **kw),
-                           0, torch.Generator().manual_seed(0))
-    uni = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], _cfg("tree", **kw), 0,
-                          torch.Generator().manual_seed(0))
-    assert look.stats.prompts[0].leaves == uni.stats.prompts[0].leaves == 6
-    assert uni.stats.prompts[0].fallbacks == 2  # 2 root copies, then 2 rounds of b = 2
-    assert look.stats.prompts[0].fallbacks == 1  # 2 root copies, then the 4 missing leaves in one round
-    assert look.stats.forward_calls < uni.stats.forward_calls
-    assert_consistent(model, atok, look, _cfg("tree", "lookahead", **kw), 0)
-
-
 # ------------------------------------------------------------------------------------------ rule functions
 def test_treepo_budget_transfer():
     # the tree doubles until the width is reached (b=2, w=8): 2 -> 4 -> 8 -> 8
