@@ -202,30 +202,55 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.worker:
         return worker(a.worker)
-    from swarmnode.config import load_config
+    from pydantic import ValidationError
 
-    arms = parse_arms(a.arms)
-    seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    base = load_config(a.config)
-    base_d = json.loads(json.dumps(base.model_dump(mode="json")))
-    base_d["tasks"]["eval_size"] = a.eval_size
-    tree = {"segment_length": a.segment_length, "max_depth": a.max_depth, "branching_factor": a.branching_factor,
-            "branching": a.branching, "prune_min_tokens": a.prune_min_tokens}
+    from swarmnode.config import ConfigError, RunConfig, load_config
+
     work = Path(a.work_dir)
-    jobs = []
-    for mode, est, branching in arms:
-        arm_tree = {**tree, "branching": branching or a.branching}
-        label = ":".join(x for x in (mode, est, branching) if x)
-        for s in seeds:
-            rd = work / label.replace(":", "-") / f"seed-{s}"
-            jobs.append((label, rd))
-            if a.report_only:
-                continue
-            if rd.exists():
-                shutil.rmtree(rd)
-            rd.mkdir(parents=True)
-            spec = {"config": arm_config(base_d, mode, est, s, rd, arm_tree), "tokens": a.tokens, "evals": a.evals}
-            (rd / "spec.json").write_text(json.dumps(spec))
+    jobs: list[tuple[str, Path]] = []
+    specs: list[tuple[Path, dict]] = []
+    try:  # every input is checked before any run directory is touched
+        arms = parse_arms(a.arms)
+        try:
+            seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--seeds: expected comma-separated integers, got {a.seeds!r}") from None
+        if not seeds or any(x < 0 for x in seeds):
+            raise ValueError(f"--seeds: expected one or more integers >= 0, got {a.seeds!r}")
+        for flag, v in (("--tokens", a.tokens), ("--evals", a.evals), ("--parallel", a.parallel)):
+            if v < 1:
+                raise ValueError(f"{flag}: expected an integer >= 1, got {v}")
+        base_d = json.loads(json.dumps(load_config(a.config).model_dump(mode="json")))
+        base_d["tasks"]["eval_size"] = a.eval_size
+        tree = {"segment_length": a.segment_length, "max_depth": a.max_depth,
+                "branching_factor": a.branching_factor, "branching": a.branching,
+                "prune_min_tokens": a.prune_min_tokens}
+        for mode, est, branching in arms:
+            arm_tree = {**tree, "branching": branching or a.branching}
+            label = ":".join(x for x in (mode, est, branching) if x)
+            for seed in seeds:
+                rd = work / label.replace(":", "-") / f"seed-{seed}"
+                jobs.append((label, rd))
+                if a.report_only:
+                    if not (rd / "result.json").is_file():
+                        raise ValueError(f"--report-only: {rd} holds no finished run (no result.json)")
+                    continue
+                spec = {"config": arm_config(base_d, mode, est, seed, rd, arm_tree), "tokens": a.tokens,
+                        "evals": a.evals}
+                try:
+                    RunConfig.model_validate(spec["config"])
+                except ValidationError as e:
+                    raise ValueError(f"arm {label}: invalid run config from the flags: "
+                                     f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+                specs.append((rd, spec))
+    except (ValueError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for rd, spec in specs:
+        if rd.exists():
+            shutil.rmtree(rd)
+        rd.mkdir(parents=True)
+        (rd / "spec.json").write_text(json.dumps(spec))
     running: list[tuple[str, Path, subprocess.Popen]] = []
     pending = [] if a.report_only else list(jobs)
     failed = []

@@ -56,3 +56,15 @@ def test_tiny_run_stops_at_the_token_budget_and_reports(tmp_path):
         assert len(steps) < 2 or steps[-2]["tokens_total"] < 800
     md = (out / "t.md").read_text()
     assert "| chain:grpo | 1 |" in md and "| tree:treerl | 1 |" in md and (out / "t.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("bad, flag", [
+    (["--arms", "tree:foo"], "--arms"), (["--tokens", "0"], "--tokens"), (["--evals", "0"], "--evals"),
+    (["--seeds", "x"], "--seeds"), (["--config", "/nonexistent.yaml"], "nonexistent"),
+    (["--eval-size", "0"], "eval_size"), (["--report-only", "--seeds", "7"], "--report-only"),
+])
+def test_bad_input_fails_cleanly_before_touching_anything(tmp_path, capsys, bad, flag):
+    work = tmp_path / "w"
+    assert mod.main([*bad, "--work-dir", str(work), "--out", str(tmp_path / "o")]) == 2
+    assert flag in capsys.readouterr().err
+    assert not work.exists() and not (tmp_path / "o").exists()
