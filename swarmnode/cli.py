@@ -229,11 +229,13 @@ def eval_cmd(
 
     path = checkpoint or cfg.model.name_or_path
     p = Path(path)
-    if (p / "checkpoints").is_dir():  # a run directory: its newest valid checkpoint
+    if (p / "checkpoints").is_dir():  # a run directory: its newest valid checkpoint's model
         ck = load_latest_checkpoint(p)
         if ck is None:
             _fail(f"{p} holds no valid checkpoint (expected {p}/checkpoints/step-*/ with a manifest)")
-        path = str(ck.path)
+        path = str(ck.model_path)
+    elif (p / "model" / "config.json").is_file():  # one checkpoint directory (step-XXXXXXXX/)
+        path = str(p / "model")
     try:
         tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
         pol = load_policy(cfg.model.model_copy(update={"name_or_path": path}))

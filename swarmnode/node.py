@@ -299,6 +299,7 @@ class Node:
             config_yaml=dump_config(self.cfg),
             extra={"tokens_generated": self.tokens_generated, "base_model_id": self.base_model_id},
             keep_last=self.cfg.checkpoint.keep_last,
+            policy_meta={"system_prompt": self.policy.system_prompt},
         )
 
     # ------------------------------------------------------------------ the loop

@@ -321,3 +321,53 @@ def test_node_and_eval_prompts_carry_the_policy_system_prompt(tmp_path):
         assert prompt == node.policy.prompt(task.question)
     finally:
         node.close()
+
+
+def test_resume_and_eval_of_a_checkpoint_prompt_as_in_training(tmp_path):
+    """A checkpoint of the embedded model is a local directory; it must still be prompted without a system
+    prompt when a run resumes from it or ``swarmnode eval`` loads it (model/swarmnode.json records how it was
+    trained). A real model's checkpoint keeps the answer-tag prompt."""
+    import subprocess
+    import sys
+
+    from swarmnode.config import RunConfig
+    from swarmnode.node import Node
+    from swarmnode.train.checkpoint import load_latest_checkpoint
+
+    def cfg_for(model: str, run: Path) -> RunConfig:
+        return RunConfig.model_validate({
+            "steps": 1, "run_dir": str(run), "model": {"name_or_path": model, "device": "cpu", "dtype": "float32"},
+            "sampling": {"prompts_per_step": 1, "num_generations": 2, "max_completion_length": 4},
+            "train": {"micro_batch_size": 2}, "tasks": {"eval_size": 4},
+        })
+
+    d = tmp_path / "tiny-llama"
+    _save_tiny_llama(d)
+    for model, expected in (("embedded", None), (str(d), DEFAULT_SYSTEM_PROMPT)):
+        run = tmp_path / f"run-{'emb' if model == 'embedded' else 'llama'}"
+        node = Node(cfg_for(model, run))
+        try:
+            node.run()
+        finally:
+            node.close()
+        ck = load_latest_checkpoint(run)
+        assert json.loads((ck.model_path / "swarmnode.json").read_text()) == {"system_prompt": expected}
+        resumed = Node(cfg_for(model, run).model_copy(update={"steps": 2}))
+        try:
+            assert resumed.resumed_from == ck.path and resumed.policy.path == str(ck.model_path)
+            assert resumed.policy.system_prompt == expected
+        finally:
+            resumed.close()
+        assert load_policy(ModelConfig(name_or_path=str(ck.model_path), device="cpu")).system_prompt == expected
+    # `swarmnode eval <run dir>` and `swarmnode eval <checkpoint dir>` load the checkpoint's model directory
+    run = tmp_path / "run-emb"
+    ck = load_latest_checkpoint(run)
+    for target in (run, ck.path):
+        r = subprocess.run([sys.executable, "-m", "swarmnode.cli", "eval", str(target), "--n", "4", "--json"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1])["model"] == str(ck.model_path)
+    # a checkpoint written before model/swarmnode.json existed was trained without a system prompt
+    old = load_latest_checkpoint(tmp_path / "run-llama").model_path
+    (old / "swarmnode.json").unlink()
+    assert load_policy(ModelConfig(name_or_path=str(old), device="cpu")).system_prompt is None

@@ -235,11 +235,37 @@ def config_digest(model_config: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------ prompts
-def default_system_prompt(model_cfg: ModelConfig, is_embedded: bool) -> str | None:
-    """The system prompt a policy uses: the configured one (``""`` = none), else ``None`` for the
-    embedded model and :data:`DEFAULT_SYSTEM_PROMPT` (reasoning-gym's answer-tag prompt) otherwise."""
+POLICY_META_FILE = "swarmnode.json"
+"""Written next to a checkpoint's weights (``swarmnode.train.checkpoint``): how the model was prompted in training."""
+
+
+def default_system_prompt(model_cfg: ModelConfig, is_embedded: bool, model_dir: str | Path | None = None) -> str | None:
+    """The system prompt a policy uses, first match wins:
+
+    1. the configured ``model.system_prompt`` (``""`` = none);
+    2. the one a swarmnode checkpoint's model directory was trained with (``model_dir/swarmnode.json``), so a
+       resumed run or ``swarmnode eval`` of a checkpoint prompts the model as it was trained (a checkpoint of
+       the embedded model is a local directory, but it was trained without a system prompt);
+    3. ``None`` for the embedded model, :data:`DEFAULT_SYSTEM_PROMPT` (reasoning-gym's answer-tag prompt) otherwise.
+
+    A checkpoint written before ``swarmnode.json`` existed gets ``None``: nodes of that version prompted without
+    a system prompt. An unreadable or malformed ``swarmnode.json`` is ignored (rule 3 applies).
+    """
     if model_cfg.system_prompt is not None:
         return model_cfg.system_prompt or None
+    if model_dir is not None:
+        meta_path = Path(model_dir) / POLICY_META_FILE
+        if meta_path.is_file():
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                meta = None
+            if isinstance(meta, dict) and "system_prompt" in meta and (
+                    meta["system_prompt"] is None or isinstance(meta["system_prompt"], str)):
+                return meta["system_prompt"] or None
+        elif (meta_path.parent.parent / "trainer_state.json").is_file() and (
+                meta_path.parent.parent / "manifest.json").is_file():
+            return None  # a swarmnode checkpoint older than swarmnode.json: nodes then prompted without one
     return None if is_embedded else DEFAULT_SYSTEM_PROMPT
 
 
@@ -435,7 +461,7 @@ def load_policy(model_cfg: ModelConfig) -> Policy:
         dtype=dtype,
         model_id=model_id,
         tokenizer_id=tok_id,
-        system_prompt=default_system_prompt(model_cfg, is_embedded),
+        system_prompt=default_system_prompt(model_cfg, is_embedded, source if Path(source).is_dir() else None),
         is_embedded=is_embedded,
         path=source,
     )

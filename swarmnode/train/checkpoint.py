@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from swarmnode.policy.loading import POLICY_META_FILE
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
@@ -177,6 +179,7 @@ def save_checkpoint(
     config_yaml: str,
     extra: dict[str, Any] | None = None,
     keep_last: int = 2,
+    policy_meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint atomically and return its ``step-XXXXXXXX`` directory.
 
@@ -189,9 +192,12 @@ def save_checkpoint(
         config_yaml: the run configuration as YAML text.
         extra: JSON-serializable dict saved in ``trainer_state.json`` (e.g. task-stream position, metrics).
         keep_last: complete checkpoints to keep (>= 1); older ones are deleted after the new one is in place.
+        policy_meta: JSON-serializable dict written next to the weights as ``model/swarmnode.json``
+            (:data:`POLICY_META_FILE`; e.g. the system prompt the policy was trained with), so that loading the
+            model directory alone -- ``swarmnode eval``, a resumed run -- prompts it as it was trained.
 
     Raises:
-        ValueError: ``step < 0`` or ``keep_last < 1``; ``extra`` not JSON-serializable.
+        ValueError: ``step < 0`` or ``keep_last < 1``; ``extra`` or ``policy_meta`` not JSON-serializable.
         OSError / any exception from the model or tokenizer: the partial temp dir is removed on a normal
             exception; on a hard crash it is left as ``.tmp-*`` and ignored by loading. Previous
             checkpoints are untouched in both cases.
@@ -204,6 +210,10 @@ def save_checkpoint(
         state_json = json.dumps({"step": int(step), "extra": extra or {}}, indent=2, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint `extra` must be JSON-serializable: {e}") from None
+    try:
+        meta_json = json.dumps(policy_meta, indent=2, sort_keys=True) if policy_meta is not None else None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint `policy_meta` must be JSON-serializable: {e}") from None
     root = Path(run_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(step)
@@ -215,6 +225,8 @@ def save_checkpoint(
         model.save_pretrained(model_dir, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)
+        if meta_json is not None:
+            (model_dir / POLICY_META_FILE).write_text(meta_json, encoding="utf-8")
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if scheduler is not None:
