@@ -331,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-budget", action="store_true", help="skip the equal-budget comparison")
     ap.add_argument("--json", type=str, default=None, help="also write the results as JSON to this file")
     args = ap.parse_args(argv)
+    for flag, v in (("--prompts", args.prompts), ("--num-generations", args.num_generations),
+                    ("--max-completion-length", args.max_completion_length),
+                    ("--segment-length", args.segment_length), ("--branching-factor", args.branching_factor),
+                    ("--repeats", args.repeats), ("--max-depth", args.max_depth or 1),
+                    ("--prune-min-tokens", args.prune_min_tokens or 1)):
+        if v < 1:
+            ap.error(f"{flag}: expected an integer >= 1, got {v}")
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

@@ -234,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
                 if a.report_only:
                     if not (rd / "result.json").is_file():
                         raise ValueError(f"--report-only: {rd} holds no finished run (no result.json)")
+                    ran = json.loads((rd / "spec.json").read_text())
+                    if (ran["tokens"], ran["evals"]) != (a.tokens, a.evals):
+                        raise ValueError(f"--report-only: {rd} ran with --tokens {ran['tokens']} --evals "
+                                         f"{ran['evals']}, not --tokens {a.tokens} --evals {a.evals}")
                     continue
                 spec = {"config": arm_config(base_d, mode, est, seed, rd, arm_tree), "tokens": a.tokens,
                         "evals": a.evals}

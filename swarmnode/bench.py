@@ -831,13 +831,17 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         RuntimeError: a node process failed (see :func:`run_arm`).
     """
     from swarmnode.config import load_config
+    from swarmnode.policy.loading import check_model_source
 
     if nodes < 2:
         raise ValueError(f"--nodes must be >= 2 (a swarm of one is an isolated node); got {nodes}")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1; got {steps}")
+    if eval_size < 1 or eval_every < 0:
+        raise ValueError(f"--eval-size must be >= 1 and --eval-every >= 0; got {eval_size} and {eval_every}")
     arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile)
     base = load_config(config, {"model.name_or_path": model})
+    check_model_source(base.model.name_or_path)  # a bad local path fails here, not in N worker processes
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
     res = BenchResult(command=cmd)
     for k, arm in enumerate(arms):

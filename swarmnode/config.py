@@ -269,6 +269,8 @@ def set_dotted(data: dict, dotted: str, value: Any) -> None:
 def read_yaml(path: str | Path) -> dict:
     """Read a YAML mapping. Raises :class:`ConfigError` naming the file on any problem."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a directory (expected a YAML file)")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist (expected a YAML file)")
     try:

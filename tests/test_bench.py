@@ -135,4 +135,11 @@ def test_cli_bench_rejects_bad_input_before_running(tmp_path):
     assert r.exit_code == 2 and "--nodes must be >= 2" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--off-policy", "ppo", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "none, luffy, tis" in r.output
+    work = ["--out", str(tmp_path), "--work-dir", str(tmp_path / "w")]
+    r = CliRunner().invoke(app, ["bench", "swarm", "--eval-size", "0", *work])
+    assert r.exit_code == 2 and "--eval-size must be >= 1" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--model", str(tmp_path / "no-model"), *work])
+    assert r.exit_code == 2 and "save_pretrained" in r.output and "no-model" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--config", str(tmp_path), *work])
+    assert r.exit_code == 2 and "directory" in r.output and "YAML" in r.output
     assert not any(tmp_path.iterdir())

@@ -328,6 +328,22 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
+def check_model_source(name: str) -> None:
+    """Fail fast on a ``model.name_or_path`` that names a local path which is not a saved model directory.
+
+    ``"embedded"`` and hub ids pass (a hub id is only resolved when loading). Used by launchers (``bench swarm``)
+    before they start processes.
+
+    Raises:
+        PolicyLoadError: the path does not exist, is not a directory, or has no ``config.json``.
+    """
+    if name == EMBEDDED_NAME:
+        return
+    local = Path(name).expanduser()
+    if local.exists() or _looks_like_path(name):
+        _check_model_dir(local, "model directory")
+
+
 def _check_model_dir(path: Path, what: str) -> None:
     if not path.exists():
         raise PolicyLoadError(f"{what} {path} does not exist (expected a directory saved with save_pretrained)")
