@@ -182,8 +182,9 @@ def write_report(results: dict[str, list[dict]], out: Path, prefix: str, command
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=None, help="base YAML config (default: the packaged default)")
-    ap.add_argument("--arms", default="chain:grpo,tree:grpo,tree:treerl")
-    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--arms", default="chain:grpo,tree:grpo,tree:treerl",
+                    help="comma-separated MODE:ESTIMATOR[:BRANCHING], e.g. chain:grpo,tree:grpo:lookahead")
+    ap.add_argument("--seeds", default="0,1", help="comma-separated seeds; one run per arm and seed")
     ap.add_argument("--tokens", type=int, default=140_000, help="generated tokens per run")
     ap.add_argument("--evals", type=int, default=7, help="held-out evaluations per run (evenly in tokens)")
     ap.add_argument("--eval-size", type=int, default=200)
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prune-min-tokens", type=int, default=4)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--work-dir", default="runs/bench_tree_learning")
-    ap.add_argument("--out", default="docs")
+    ap.add_argument("--out", default="runs/bench_tree_learning", help="directory of the table and the plot")
     ap.add_argument("--prefix", default="tree_learning")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: write the report from the runs already under --work-dir")
