@@ -107,9 +107,10 @@ def worker(spec_path: str) -> int:
 
 def read_curve(run_dir: Path) -> dict[str, Any]:
     """Held-out curve ``[(tokens, accuracy)]``, steps, tokens and mean training reward of one finished run."""
+    from swarmnode.monitor.metrics import read_metrics
+
     evals, rewards, zero_var, groups = [], [], 0, 0
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in read_metrics(run_dir / "metrics.jsonl"):
         if "eval" in r:
             evals.append((int(r["tokens_total"]), float(r["accuracy"])))
         elif "reward" in r:

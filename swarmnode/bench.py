@@ -46,6 +46,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from swarmnode.monitor.metrics import read_metrics
+from swarmnode.monitor.report import moving_average
+
 __all__ = [
     "Arm",
     "parse_splits",
@@ -534,18 +537,6 @@ def rounds_to_reach(curve: Sequence[tuple[int, float]], target: float) -> int | 
     return None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     """Node-mean curves and totals of one arm directory (``node-*/metrics.jsonl``).
 
@@ -572,7 +563,7 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         ex: dict[int, int] = {}
         ev: dict[int, float] = {}
         st: list[float] = []
-        for rec in _read_jsonl(f):
+        for rec in read_metrics(f):
             if "eval" in rec:
                 ev[0 if rec["eval"] == "before" else int(rec["step"])] = float(rec["accuracy"])
             elif "reward" in rec and "step" in rec:
@@ -650,7 +641,7 @@ def _hostile_summary(arm_dir: Path, metric_files: Sequence[Path]) -> dict[str, A
         used = 0
         if info.get("peer_id"):
             key = f"external:{info['peer_id']}/used"
-            used = sum(int(rec.get(key, 0) or 0) for rec in _read_jsonl(f))
+            used = sum(int(rec.get(key, 0) or 0) for rec in read_metrics(f))
         out["external_used"].append(used)
     return out
 
@@ -693,16 +684,6 @@ def hostile_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
                   for r in fails]
         lines.append("")
     return "\n".join(lines)
-
-
-def _moving_average(xs: Sequence[float], k: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, v in enumerate(xs):
-        acc += v
-        if i >= k:
-            acc -= xs[i - k]
-        out.append(acc / min(i + 1, k))
-    return out
 
 
 def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLike, *, command: str,
@@ -764,7 +745,7 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
             c = colors[k % len(colors)]
             style = "-" if a.swarm else "--"
             if kind == "reward":
-                ax.plot(range(1, len(s["reward"]) + 1), _moving_average(s["reward"], smooth), style, color=c,
+                ax.plot(range(1, len(s["reward"]) + 1), moving_average(s["reward"], smooth), style, color=c,
                         label=a.label)
                 ax.set_ylabel(f"local reward (node mean, moving avg {smooth})")
             elif kind == "cumulative":

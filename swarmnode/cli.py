@@ -225,7 +225,7 @@ def eval_cmd(
     from swarmnode.evaluation import evaluate
     from swarmnode.policy.loading import load_policy
     from swarmnode.tasks.mix import TaskMix
-    from swarmnode.train.checkpoint import load_latest_checkpoint
+    from swarmnode.train.checkpoint import MODEL_SUBDIR, load_latest_checkpoint
 
     path = checkpoint or cfg.model.name_or_path
     p = Path(path)
@@ -234,8 +234,8 @@ def eval_cmd(
         if ck is None:
             _fail(f"{p} holds no valid checkpoint (expected {p}/checkpoints/step-*/ with a manifest)")
         path = str(ck.model_path)
-    elif (p / "model" / "config.json").is_file():  # one checkpoint directory (step-XXXXXXXX/)
-        path = str(p / "model")
+    elif (p / MODEL_SUBDIR / "config.json").is_file():  # one checkpoint directory (checkpoints/step-<n>/)
+        path = str(p / MODEL_SUBDIR)
     try:
         tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
         pol = load_policy(cfg.model.model_copy(update={"name_or_path": path}))
