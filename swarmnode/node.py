@@ -39,7 +39,8 @@ from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.mix import TaskMix
 from swarmnode.train.batch import samples_from_trees
-from swarmnode.train.external import ExternalTree, compose_batch, make_token_weight_fn, process_external
+from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.train.external import compose_batch, make_token_weight_fn, process_external
 from swarmnode.train.checkpoint import load_latest_checkpoint, load_training_state, restore_rng, save_checkpoint
 from swarmnode.train.samples import Sample
 from swarmnode.train.trainer import Trainer
@@ -53,7 +54,7 @@ class SwarmHook(Protocol):
     def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
         """Publish scored local trees; returns metrics. Never raises on network trouble."""
 
-    def gather(self, step: int, policy_version: int) -> tuple[list[ExternalTree], dict[str, Any]]:
+    def gather(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
         """Return peers' trees accepted by the verification pipeline (leaf rewards are OUR re-scores), and metrics.
 
         Never raises on network trouble or hostile input; rejected input is counted, never returned."""
@@ -195,7 +196,7 @@ class Node:
         self.tokens_generated += gen_tokens
 
         # 4. publish, 5. gather (swarm only)
-        candidates: list[ExternalTree] = []
+        candidates: list[PeerTree] = []
         if self.swarm is not None:
             with self.timer.phase("gossip"):
                 m.update(self.swarm.publish(trees, step, policy_version=step))

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarmnode.config import SwarmConfig
+from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 from swarmnode.train.external import (
     ADV_EPS,
-    ExternalTree,
     compose_batch,
     effective_off_policy_mode,
     external_cap,
@@ -46,14 +46,15 @@ def ext(
     version=0,
     same_tokenizer=True,
     with_logprobs=True,
-) -> ExternalTree:
+) -> PeerTree:
     lengths = lengths or [2] * len(rewards)
     comps = [[10 + k for k in range(n)] for n in lengths]
     lps = [[-0.1 * (k + 1) for k in range(n)] for n in lengths] if with_logprobs else None
     tree = RolloutTree.from_group(task(task_index), [1, 2, 3], comps, logprobs=lps)
     for lid, r in zip(tree.leaves(), rewards):
         tree.nodes[lid].reward = float(r)
-    return ExternalTree(tree, peer, model_id, tokenizer_id, version, same_tokenizer)
+    return PeerTree(tree, peer, model_id=model_id, tokenizer_id=tokenizer_id, policy_version=version,
+                    same_tokenizer=same_tokenizer)
 
 
 def advs(samples, source=None):
@@ -170,7 +171,7 @@ def test_bad_arguments_raise_clear_errors():
         external_samples([], normalization="pooled")
     with pytest.raises(ValueError, match="max_len"):
         external_samples([], max_len=0)
-    with pytest.raises(TypeError, match="ExternalTree"):
+    with pytest.raises(TypeError, match="PeerTree"):
         external_samples(["x"])
     with pytest.raises(ValueError, match="selection"):
         select_external([], 4, "best", 0.5)

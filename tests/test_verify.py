@@ -17,6 +17,7 @@ from swarmnode.swarm.adversary import (
     byte_tokenize,
 )
 from swarmnode.swarm.identity import Identity
+from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.swarm.peers import UNATTRIBUTED, PeerBook
 from swarmnode.swarm.verify import (
     HARD_REASONS,
@@ -24,7 +25,6 @@ from swarmnode.swarm.verify import (
     SOFT_REASONS,
     UNCHARGED_REASONS,
     Rejection,
-    VerifiedTree,
     Verifier,
     verify_many,
 )
@@ -78,7 +78,7 @@ def make_factory(mix, clock, identity=ATTACKER) -> HostileFactory:
     return HostileFactory(identity, mix, swarm_id=SWARM, clock=clock, max_bundle_bytes=CAP)
 
 
-def feed(v: Verifier, case) -> Rejection | list[VerifiedTree]:
+def feed(v: Verifier, case) -> Rejection | list[PeerTree]:
     for p in case.prior:
         assert v.verify_bundle(p, None, case.sender)
     try:
@@ -99,7 +99,7 @@ def test_honest_bundle_accepted_with_our_own_rewards(peer_mix, our_mix, clock):
     out = v.verify_bundle(h.data, m, "transport:honest")
     assert len(out) == 2
     for vt in out:
-        assert isinstance(vt, VerifiedTree)
+        assert isinstance(vt, PeerTree)
         assert vt.peer_id == HONEST.peer_id and vt.publisher_key == HONEST.public_key_bytes
         assert vt.same_tokenizer is True and vt.tokenizer_id == BYTE_TOKENIZER_ID
         assert vt.model_id == "hostile/model" and vt.policy_version == 3

@@ -39,7 +39,7 @@ Gather (main thread, :meth:`SwarmClient.gather`)
     tasks, **every leaf re-scored**) on the caller's thread -- the main thread in a node, where the scorers'
     ``SIGALRM`` time limits work -- for at most ``gather_budget_s`` seconds (the rest waits for the next
     step); an accepted body is put into our ``BundleServer`` so others can fetch it from us; accepted trees
-    become :class:`~swarmnode.train.external.ExternalTree` s (rewards are **our** re-scores; the trainer's
+    become :class:`~swarmnode.rollout.peer_tree.PeerTree` s (rewards are **our** re-scores; the trainer's
     type is imported inside :meth:`SwarmClient.gather`, so importing the swarm package does not import
     ``train``). A tree from a producer with another tokenizer was re-tokenized by the verifier; its prompt is
     replaced by *our* prompt for the same task (``prompt_for``) so that the receiver trains on completions in
@@ -85,7 +85,8 @@ from swarmnode.swarm.dht import SwarmDHT, parse_multiaddr
 from swarmnode.swarm.identity import Identity, load_or_create, peer_id_from_public_key
 from swarmnode.swarm.prune import PruneRule, prune_trees
 from swarmnode.swarm.transport import BundleServer, BundleStore
-from swarmnode.swarm.verify import Rejection, VerifiedTree, Verifier
+from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.swarm.verify import Rejection, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -794,35 +795,29 @@ class SwarmClient:
                         self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 2.0 ** tries)
 
     # ------------------------------------------------------------------ gather (main thread)
-    def gather(self, step: int, policy_version: int) -> tuple[list[Any], dict[str, Any]]:
+    def gather(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
         """Verify the fetched bundles (at most ``gather_budget_s`` s) and return their trees plus metrics.
 
         Returns:
-            ``(trees, metrics)``: :class:`swarmnode.train.external.ExternalTree` s (one per accepted tree, leaf
+            ``(trees, metrics)``: :class:`swarmnode.rollout.peer_tree.PeerTree` s (one per accepted tree, leaf
             rewards are **our** re-scores; re-tokenized trees carry our prompt when ``prompt_for`` is set)
             and the metrics of the module docstring.
 
         Never raises on network trouble or hostile input; rejected input is counted, never returned.
         """
-        from swarmnode.train.external import ExternalTree  # the trainer's type; imported here, not at load
-
         vts, m = self.gather_verified(step, policy_version)
-        out = []
         for vt in vts:
             if not vt.same_tokenizer:
                 self._reprompt(vt)
-            out.append(ExternalTree(tree=vt.tree, peer_id=vt.peer_id, model_id=vt.model_id,
-                                    tokenizer_id=vt.tokenizer_id, policy_version=vt.policy_version,
-                                    same_tokenizer=vt.same_tokenizer))
-        return out, m
+        return vts, m
 
-    def gather_verified(self, step: int, policy_version: int) -> tuple[list[VerifiedTree], dict[str, Any]]:
-        """:meth:`gather` without the conversion: the accepted :class:`VerifiedTree` s and the metrics."""
+    def gather_verified(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
+        """:meth:`gather` without the conversion: the accepted :class:`PeerTree` s and the metrics."""
         t0 = time.monotonic()
         with self._lock:
             items = list(self._pending)
             self._pending.clear()
-        out: list[VerifiedTree] = []
+        out: list[PeerTree] = []
         received = retok = 0
         latencies: list[float] = []
         for k, item in enumerate(items):
@@ -882,7 +877,7 @@ class SwarmClient:
             m["swarm/latency_max_s"] = latencies[-1]
         return out, m
 
-    def _reprompt(self, vt: VerifiedTree) -> None:
+    def _reprompt(self, vt: PeerTree) -> None:
         """Give a re-tokenized tree our own prompt for its task (best effort; the original stays on failure)."""
         if self.prompt_for is None or self.retokenize is None:
             return

@@ -88,7 +88,7 @@ given, each leaf's ``detokenize(completion ids)`` must equal its text (``text_mi
 compute belongs to the ids we train on. **Without** ``detokenize`` the ids are trusted to match the text.
 With another tokenizer, the prompt text and every segment text are re-tokenized with ``retokenize`` (tree
 structure kept), behaviour log-probs are dropped and ``same_tokenizer`` is False. Staleness by signed policy
-version is left to selection (``VerifiedTree.policy_version`` carries it).
+version is left to selection (``PeerTree.policy_version`` carries it).
 
 Bounds
 ------
@@ -111,6 +111,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.identity import peer_id_from_public_key
@@ -125,7 +126,7 @@ __all__ = [
     "UNCHARGED_REASONS",
     "REWARD_TOL",
     "Rejection",
-    "VerifiedTree",
+    "PeerTree",
     "Verifier",
     "tree_digest",
     "verify_many",
@@ -213,32 +214,6 @@ class Rejection(Exception):
 
     def __str__(self) -> str:
         return f"{self.reason} ({'hard' if self.hard else 'soft'}, peer {self.peer}): {self.detail}"
-
-
-@dataclass
-class VerifiedTree:
-    """One accepted tree, ready for ``train.external.ExternalTree`` (same fields plus provenance).
-
-    Attributes:
-        tree: the :class:`RolloutTree`; every leaf's ``reward`` is **our** re-score, ``task_name`` is set,
-            ``update_stats`` has run. Token ids are in **our** vocabulary (re-tokenized when the producer's
-            tokenizer differs; then ``logprobs`` are empty).
-        peer_id: the signer's printable peer id (``"sn1…"``).
-        publisher_key: the signer's raw 32-byte Ed25519 public key.
-        model_id / tokenizer_id: from the signed bundle header.
-        policy_version: the bundle's signed policy version (for the staleness bound in selection).
-        same_tokenizer: True when the ids are the producer's own (its tokenizer id equals ours).
-        digest: hex SHA-256 of the bundle envelope it came in.
-    """
-
-    tree: RolloutTree
-    peer_id: str
-    publisher_key: bytes
-    model_id: str
-    tokenizer_id: str
-    policy_version: int
-    same_tokenizer: bool
-    digest: str
 
 
 class _TTLSet:
@@ -593,7 +568,7 @@ class Verifier:
 
     # ================================================================== bundles
     def verify_bundle(self, data: bytes, manifest: wire.Manifest | None = None,
-                      sender: str | None = None) -> list[VerifiedTree]:
+                      sender: str | None = None) -> list[PeerTree]:
         """Verify a bundle and return its accepted trees with our own re-scored rewards.
 
         Args:
@@ -614,7 +589,7 @@ class Verifier:
                           else UNATTRIBUTED)
         return self._guard(lambda: self._verify_bundle(data, manifest, sender), hint)
 
-    def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None) -> list[VerifiedTree]:
+    def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None) -> list[PeerTree]:
         deliverer = sender or UNATTRIBUTED
         publisher_hint = None
         if manifest is not None:
@@ -687,7 +662,7 @@ class Verifier:
         return self._check_content(b, env, digest, signer, final)
 
     def _check_content(self, b: wire.RolloutBundle, env: wire.Envelope, digest: bytes, signer: str,
-                       final: Callable[[Rejection], Rejection]) -> list[VerifiedTree]:
+                       final: Callable[[Rejection], Rejection]) -> list[PeerTree]:
         seeds: dict[tuple[str, str], set[int]] = {}
         for i, wt in enumerate(b.trees):
             ref = wt.task
@@ -808,14 +783,14 @@ class Verifier:
                                          f"+{hi[2]!r}", signer, True))
         # build the accepted trees
         rolled = wire.trees_from_bundle(b)
-        out: list[VerifiedTree] = []
+        out: list[PeerTree] = []
         for i in keep:
             tree = rolled[i] if same_tok else self._retokenized(b.trees[i], b, signer, final)
             tree.task_name = getattr(tasks[i], "name", "") or ""
             for j in tree.leaves():
                 tree.nodes[j].reward = scores[(i, j)]
             tree.update_stats()
-            out.append(VerifiedTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
+            out.append(PeerTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
                                     model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
                                     same_tokenizer=same_tok, digest=digest.hex()))
         # verdict: accepted (minus replays)
@@ -874,9 +849,9 @@ def _path(wt: wire.WireTree, leaf: int) -> list[int]:
 
 
 def verify_many(verifier: Verifier, items: Sequence[tuple[bytes, wire.Manifest | None, str | None]]
-                ) -> tuple[list[VerifiedTree], list[Rejection]]:
+                ) -> tuple[list[PeerTree], list[Rejection]]:
     """Verify several bundles, collecting accepted trees and rejections (one bad bundle never stops the rest)."""
-    trees: list[VerifiedTree] = []
+    trees: list[PeerTree] = []
     rejections: list[Rejection] = []
     for data, manifest, sender in items:
         try:

@@ -3,7 +3,7 @@
 A node trains on its own rollouts plus rollouts gossiped by peers (SAPO: I local + J external groups per
 step). External rollouts come from *another* policy, so they are processed separately from local ones:
 
-1. **Selection** (:func:`select_external`): one candidate is one :class:`ExternalTree` — one peer's group
+1. **Selection** (:func:`select_external`): one candidate is one :class:`PeerTree` — one peer's group
    of leaves for one task, already re-verified (every leaf reward is the receiver's own re-score).
    Zero-variance groups are dropped first (no signal; SAPO drops zero-advantage rollouts), then stale
    groups, then ``contrast`` (highest reward variance first) or ``random`` (uniform) picks at most
@@ -23,7 +23,7 @@ step). External rollouts come from *another* policy, so they are processed separ
 5. **Batch composition** (:func:`compose_batch`): the external share of a batch is capped (SAPO: 4/4 best,
    2/6 oscillated); zero-advantage external samples are dropped first; per-source metrics.
 
-Nothing here imports ``swarm``: the swarm layer builds :class:`ExternalTree` s (design.md §3).
+Nothing here imports ``swarm``: the swarm layer builds :class:`PeerTree` s (design.md §3).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import torch
 
+from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 from swarmnode.train.samples import Sample
@@ -42,7 +43,6 @@ from swarmnode.train.samples import Sample
 __all__ = [
     "ADV_EPS",
     "ZERO_STD_ATOL",
-    "ExternalTree",
     "select_external",
     "external_samples",
     "joint_task_stats",
@@ -67,72 +67,6 @@ _NORMALIZATIONS = ("per_source", "joint")
 _LENGTH_POLICIES = ("drop", "truncate")
 _OFF_POLICY_MODES = ("none", "luffy", "tis")
 _SCALE_REWARDS = ("group", "batch", "none")
-
-
-# ------------------------------------------------------------------------------------------ data
-@dataclass
-class ExternalTree:
-    """One peer's re-verified rollout tree for one task (one external *group* of leaves).
-
-    Produced by the swarm layer after verification (design.md §6): leaf rewards are the receiver's own
-    re-scores, and when the producer's tokenizer differs from ours the prompt and completion ids were
-    re-tokenized into **our** vocabulary (then behaviour log-probs are meaningless and are ignored here).
-
-    Attributes:
-        tree: the :class:`RolloutTree`; every leaf must carry a finite reward.
-        peer_id: the producing peer (e.g. its public-key hex); becomes the source tag ``external:<peer_id>``.
-        model_id: the producer's model id (from the signed bundle header).
-        tokenizer_id: the producer's tokenizer id.
-        policy_version: the producer's optimizer step when it sampled the tree (int >= 0).
-        same_tokenizer: ``True`` when the token ids are the producer's own (no re-tokenization happened).
-
-    Raises:
-        TypeError / ValueError: a field has the wrong type, ``peer_id`` is empty or ``policy_version < 0``.
-    """
-
-    tree: RolloutTree
-    peer_id: str
-    model_id: str = ""
-    tokenizer_id: str = ""
-    policy_version: int = 0
-    same_tokenizer: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tree, RolloutTree):
-            raise TypeError(f"ExternalTree.tree must be a RolloutTree, got {type(self.tree).__name__}")
-        if not isinstance(self.peer_id, str) or not self.peer_id:
-            raise ValueError(f"ExternalTree.peer_id must be a non-empty string, got {self.peer_id!r}")
-        if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, int):
-            raise TypeError(f"ExternalTree.policy_version must be an int, got {type(self.policy_version).__name__}")
-        if self.policy_version < 0:
-            raise ValueError(f"ExternalTree.policy_version must be >= 0, got {self.policy_version}")
-
-    @property
-    def source(self) -> str:
-        """The Sample source tag, ``"external:<peer_id>"``."""
-        return f"external:{self.peer_id}"
-
-    @property
-    def task_key(self) -> str:
-        """``tree.task.key()``."""
-        return self.tree.task.key()
-
-    def rewards(self) -> list[float]:
-        """Leaf rewards in leaf order.
-
-        Raises:
-            ValueError: a leaf is unscored or has a non-finite reward (the swarm layer must re-score first).
-        """
-        out = []
-        for lid in self.tree.leaves():
-            r = self.tree.nodes[lid].reward
-            if r is None or not math.isfinite(float(r)):
-                raise ValueError(
-                    f"external tree from peer {self.peer_id} (task {self.task_key}): leaf {lid} has reward {r!r}; "
-                    "every leaf must be re-scored by the receiver before source-specific processing"
-                )
-            out.append(float(r))
-        return out
 
 
 # ------------------------------------------------------------------------------------------ stats
@@ -164,7 +98,7 @@ def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
 
 # ------------------------------------------------------------------------------------------ selection
 def select_external(
-    candidates: Sequence[ExternalTree],
+    candidates: Sequence[PeerTree],
     num_external: int,
     selection: Literal["random", "contrast"],
     max_peer_share: float,
@@ -174,7 +108,7 @@ def select_external(
     max_staleness: int | None = None,
     our_model_id: str | None = None,
     stats: dict[str, Any] | None = None,
-) -> list[ExternalTree]:
+) -> list[PeerTree]:
     """Pick at most ``num_external`` external groups for this step (SAPO's J; design.md §5).
 
     Order of filters:
@@ -219,13 +153,13 @@ def select_external(
         raise ValueError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
     gen = _as_rng(rng)
     for i, c in enumerate(candidates):
-        if not isinstance(c, ExternalTree):
-            raise TypeError(f"candidates[{i}] is a {type(c).__name__}, expected an ExternalTree")
+        if not isinstance(c, PeerTree):
+            raise TypeError(f"candidates[{i}] is a {type(c).__name__}, expected a PeerTree")
 
     # tolerance: 0.3 * 10 == 3.0000000000000004 must give 3, not 4
     peer_cap = max(1, math.ceil(max_peer_share * num_external - 1e-9))
     n_zero = n_stale = n_cap = 0
-    scored: list[tuple[ExternalTree, float]] = []
+    scored: list[tuple[PeerTree, float]] = []
     for c in candidates:
         rewards = c.rewards()
         if _zero_variance(rewards):
@@ -245,7 +179,7 @@ def select_external(
     if selection == "contrast":
         scored.sort(key=lambda cv: cv[1], reverse=True)
 
-    chosen: list[ExternalTree] = []
+    chosen: list[PeerTree] = []
     per_peer: dict[str, int] = {}
     for c, _ in scored:
         if len(chosen) >= num_external:
@@ -286,7 +220,7 @@ def _local_rewards_for(local_rewards_by_task: Mapping[Any, Sequence[float]] | No
 
 
 def joint_task_stats(
-    selected: Sequence[ExternalTree],
+    selected: Sequence[PeerTree],
     local_rewards_by_task: Mapping[Any, Sequence[float]] | None,
 ) -> dict[str, tuple[float, float, int]]:
     """Pooled reward statistics per task for ``joint`` normalization (ablation only).
@@ -312,7 +246,7 @@ def joint_task_stats(
 
 @dataclass
 class _Leaf:
-    ext: ExternalTree
+    ext: PeerTree
     leaf: int
     reward: float
     completion: list[int]
@@ -321,7 +255,7 @@ class _Leaf:
 
 
 def external_samples(
-    selected: Sequence[ExternalTree],
+    selected: Sequence[PeerTree],
     normalization: Literal["per_source", "joint"] = "per_source",
     local_rewards_by_task: Mapping[Any, Sequence[float]] | None = None,
     max_len: int | None = None,
@@ -380,8 +314,8 @@ def external_samples(
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
         raise ValueError(f"max_len (swarm.max_external_completion_length) must be an int >= 1 or None, got {max_len!r}")
     for i, e in enumerate(selected):
-        if not isinstance(e, ExternalTree):
-            raise TypeError(f"selected[{i}] is a {type(e).__name__}, expected an ExternalTree")
+        if not isinstance(e, PeerTree):
+            raise TypeError(f"selected[{i}] is a {type(e).__name__}, expected a PeerTree")
 
     m = {
         "external/groups_in": len(selected),
@@ -819,7 +753,7 @@ def _source_metrics(offered: Iterable[Sample], used: Iterable[Sample]) -> dict[s
 
 # ------------------------------------------------------------------------------------------ one call
 def process_external(
-    candidates: Sequence[ExternalTree],
+    candidates: Sequence[PeerTree],
     swarm_cfg: Any,
     *,
     current_version: int,
