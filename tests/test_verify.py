@@ -179,6 +179,9 @@ def test_every_hostile_class_is_rejected_and_counted(peer_mix, clock):
         if c.name == "manifest_stale":  # old DHT records are not the owner's fault
             assert not r.charged
             continue
+        if c.name == "replay":  # a copy between two peers: nobody can tell who was first, nobody is charged
+            assert not r.charged
+            continue
         assert r.charged
         expected[r.reason] += 1
     snap = v.peers.snapshot()
@@ -186,7 +189,7 @@ def test_every_hostile_class_is_rejected_and_counted(peer_mix, clock):
     assert snap["totals"]["hard"] == sum(c.expected_hard for c in cases)
     # only the honest originals of the duplicate / replay cases were accepted
     assert v.snapshot()["bundles_accepted"] == priors
-    assert v.snapshot()["rejected"] == dict(expected + collections.Counter({"stale": 1}))
+    assert v.snapshot()["rejected"] == dict(expected + collections.Counter({"stale": 1, "replay": 1}))
 
 
 def test_attribution_of_rejections(peer_mix, clock):
@@ -296,8 +299,9 @@ def test_partial_replay_drops_only_the_copied_tree(peer_mix, clock):
     _, env2 = copycat.bundle([a, b])  # another key re-publishes tree a next to a new tree b
     out = v.verify_bundle(env2, None, "transport:y")
     assert len(out) == 1 and out[0].tree.task == b.task and out[0].peer_id == ATTACKER.peer_id
-    assert v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"] == {"replay": 1}
-    assert v.snapshot()["trees_replayed"] == 1
+    # a copy between two peers is dropped without charging anyone: the verifier cannot tell who was first
+    assert v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"] == {}
+    assert v.snapshot()["trees_replayed"] == 1 and v.snapshot()["rejected"] == {"replay": 1}
 
 
 def test_other_tokenizer_is_retokenized_or_refused(peer_mix, clock):
@@ -366,7 +370,10 @@ def test_rescoring_time_budget(peer_mix, clock):
 
 def test_internal_errors_never_escape(peer_mix, clock):
     class BrokenScorer(TaskMix):
-        def score_detail(self, task, completion):
+        def score_detail(self, task, completion, **kw):
+            raise RuntimeError("scorer bug")
+
+        def rescore(self, task, completion):
             raise RuntimeError("scorer bug")
 
     mix = BrokenScorer([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
