@@ -131,6 +131,7 @@ __all__ = [
     "PeerTree",
     "Verifier",
     "content_key",
+    "special_token_ids",
     "tree_digest",
     "verify_many",
 ]
@@ -1040,6 +1041,30 @@ def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
         h.update(len(t).to_bytes(4, "little"))
         h.update(t.encode("utf-8", "surrogatepass"))
     return h.digest()
+
+
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """Every special token id of a Hugging Face tokenizer: ``all_special_ids`` plus each added token marked
+    ``special`` (``added_tokens_decoder``; chat-role tokens such as ``<|user|>`` are often only there).
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer (duck-typed; missing attributes count as none).
+
+    Returns:
+        The set of ids (ints). Never raises.
+    """
+    out: set[int] = set()
+    try:
+        out.update(int(t) for t in (getattr(tokenizer, "all_special_ids", None) or []))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+            if getattr(tok, "special", False):
+                out.add(int(i))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
 
 
 def _path(wt: wire.WireTree, leaf: int) -> list[int]:
