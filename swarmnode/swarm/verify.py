@@ -30,11 +30,20 @@ step  check                                                      reason (hard/so
       at most ``max_seeds_per_source`` dataset seeds per source  ``too_large`` (soft)
       token ids < our vocab size when the tokenizer id is ours   ``vocab`` (hard)
       tokenizer differs and no re-tokenizer                      ``tokenizer_mismatch`` (not charged)
-      task regenerated; its question is inside the prompt text   ``prompt_mismatch`` (soft)
-      tree content seen before (copy / re-publication)           ``replay`` (soft; the tree is dropped)
+      every leaf not marked pruned carries a claimed reward      ``missing_reward`` (soft)
+      at least one leaf not marked pruned                        ``pruned_only`` (soft)
       leaf text bounded (chars per leaf and per bundle)          ``too_large`` (soft)
+      (other tokenizer: segment texts re-tokenized into ours)    ``retokenize_failed`` (not charged)
+      completion TOKENS per leaf <= max_completion_tokens        ``too_long`` (soft)
+      task regenerated; its question is inside the prompt text   ``prompt_mismatch`` (soft)
+      our prompt + completion tokens over all leaves (bundle     ``too_many_tokens`` (soft)
+      expanded into samples) <= max_bundle_tokens
+      no special token in a completion but one final EOS         ``special_token`` (soft)
       text == detokenize(ids) (same tokenizer, when given)       ``text_mismatch`` (soft)
-      EVERY leaf re-scored with ``tasks.score_detail``           ``reward_mismatch`` (hard, whole bundle)
+      encode(decode(ids)) == ids (same tokenizer)                ``not_roundtrip`` (soft)
+      normalized tree content seen before (copy / re-signing)    ``replay`` (not charged, the tree is dropped;
+                                                                 soft when it copies OUR rollouts)
+      EVERY live leaf re-scored with ``tasks.rescore``           ``reward_mismatch`` (hard, whole bundle)
       re-scoring within ``verify_budget_s``                      ``verify_timeout`` (soft)
 ====  =========================================================  ==============================================
 
@@ -65,36 +74,65 @@ peer that echoes them back to us -- as they are (``duplicate``) or re-signed und
 
 Claimed rewards (step 6)
 ------------------------
-A claimed reward is compared with **our** re-score of the leaf's completion text
-(``tasks.score_detail(task, text) -> {"correct", "format", "reward"}``). The format bonus weight is a
-local setting (``tasks.format_reward``), so the claim is checked up to one unknown weight ``w ∈ [0, 1]``
-per bundle: a leaf with ``format == 0`` must claim ``correct`` (abs tol :data:`REWARD_TOL` = 1e-6, as
-grail's reward stage); leaves with ``format == 1`` must claim ``correct + w`` with the **same** ``w`` for
-the whole bundle (within ``2·tol``). Anything else is ``reward_mismatch``, a hard rejection of the whole
-bundle. A leaf without a claim (``r = nil``, e.g. a pruned leaf) is re-scored like every other leaf.
-Accepted trees carry **our** rewards (``correct + our format_reward · format``), never the claims.
+A claimed reward is compared with **our** re-score of the leaf's completion (``tasks.rescore(task, text) ->
+{"correct", "partial", "format"}``). ``correct`` is exact (1 only for the verifier's full score of 1.0) and
+0 whenever the answer format rule fails (one ``<answer>…</answer>``, nothing but whitespace after it:
+:func:`~swarmnode.tasks.verifiers.format_reward`); ``partial`` is the dataset's raw score, so a peer that
+keeps partial credit for its local rewards (``tasks.partial_credit``) is not called a liar. The format bonus
+weight is a local setting (``tasks.format_reward``), so the claim is checked up to one unknown weight
+``w ∈ [0, 1]`` per bundle: a leaf with ``format == 0`` must claim ``correct`` or ``partial`` (abs tol
+:data:`REWARD_TOL` = 1e-6, as grail's reward stage); leaves with ``format == 1`` must claim ``correct + w`` or
+``partial + w`` with the **same** ``w`` for the whole bundle (within ``2·tol``). Anything else is
+``reward_mismatch``, a hard rejection of the whole bundle. A leaf that is not pruned must carry a claim
+(``missing_reward``). Accepted trees carry **our** rewards (exact ``correct + our format_reward · format``;
+partial credit never reaches an external sample), never the claims.
 
-The prompt check
-----------------
-We cannot rebuild the peer's prompt (we do not know its chat template or system prompt), so we check
-that the regenerated question text is contained in the prompt text (and, with ``detokenize`` and the same
-tokenizer, in ``detokenize(prompt_ids)``). It is soft: an honest node that left-truncates a long prompt
-fails it too.
+The ids are the truth
+---------------------
+What we score is the text a leaf's ids decode to **with special tokens included** (``detokenize`` must not
+skip them), after one final EOS id (``eos_ids``) is stripped; any other special token id (``special_ids``,
+see :func:`special_token_ids`) rejects the bundle (``special_token``). With the tokenizer id equal to ours,
+ids must be ``< our_vocab_size`` (hard ``vocab``), the leaf's text fields must equal the decoded text
+(``text_mismatch``) and the ids must round-trip, ``encode(decode(ids)) == ids`` (``not_roundtrip``): the
+reward belongs to the ids we train on, and ids our tokenizer never emits for their text do not pass. With
+another tokenizer every segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviour
+log-probs are dropped, ``same_tokenizer`` is False, and we score what *our* ids decode to (characters our
+tokenizer cannot represent become its unknown token, a special token: rejected). **Without** ``detokenize``
+the ids are trusted to match the text (bare test setups only). Lengths are counted in tokens of our
+vocabulary: ``max_completion_tokens`` per leaf (``swarm.max_external_completion_length``, the node's
+``sampling.max_completion_length`` by default) and ``max_bundle_tokens`` for the bundle expanded into samples
+(our prompt + completion for every leaf: a node shared by many leaves counts once per leaf), checked by
+prefix sums before any text is concatenated or scored.
 
-Token ids
----------
-With the tokenizer id equal to ours, ids must be ``< our_vocab_size`` (hard ``vocab``); with ``detokenize``
-given, each leaf's ``detokenize(completion ids)`` must equal its text (``text_mismatch``), so the reward we
-compute belongs to the ids we train on. **Without** ``detokenize`` the ids are trusted to match the text.
-With another tokenizer, the prompt text and every segment text are re-tokenized with ``retokenize`` (tree
-structure kept), behaviour log-probs are dropped and ``same_tokenizer`` is False. Staleness by signed policy
-version is left to selection (``PeerTree.policy_version`` carries it).
+Our own prompt
+--------------
+We cannot rebuild the peer's prompt, and we must not train on it (an attacker's system prompt or a 16k-token
+prompt would reach the trainer). So the sender's prompt is only *checked*: the regenerated question must be
+contained in its prompt text (and, with ``detokenize`` and the same tokenizer, in ``detokenize(prompt_ids)``;
+soft ``prompt_mismatch``: an honest node that left-truncates a long prompt fails it too). Then every accepted
+tree gets **our** prompt for its TaskRef (``prompt_for(task)``, encoded with ``encode``, left-truncated to
+``max_prompt_length``), same tokenizer or not.
+
+Copies, replays and staleness
+-----------------------------
+A tree's content key (:func:`content_key`) is its TaskRef plus the sorted, normalized (NFKC, lower case,
+whitespace collapsed) texts of its live leaves: a copy re-signed under another key, at another time, with a
+trailing space or reordered leaves has the same key. Keys of accepted trees (and of our own published trees,
+:meth:`Verifier.note_published`) are kept for ``replay_window_s`` (``swarm.replay_window_seconds``, far
+longer than the freshness window, so a copy re-signed later with a fresh time is still caught; bounded by
+``seen_capacity``). A copy is dropped without charging anyone -- between two peers the receiver cannot tell
+who was first, and the real author must never pay for a copier who raced ahead -- except a copy of **our own**
+rollouts, which proves the signer copied (soft ``replay``). Leaves marked ``pruned`` are never scored nor
+returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
+caller passes (``received_at``), never the signed policy version (which stays a claim in
+``PeerTree.policy_version``) or the signed creation time (bounded by the freshness check).
 
 Bounds
 ------
-Bytes are capped before decoding; msgpack runs with explicit limits (wire); seen-digest sets are bounded
-(capacity and TTL ``freshness + 2·skew``, after which the freshness check rejects a replay anyway); leaf
-texts are length-checked (prefix sums) before any concatenation; at most ``max_seeds_per_source`` dataset
+Bytes are capped before decoding; msgpack runs with explicit limits (wire); seen-bundle and seen-manifest
+digest sets are bounded (capacity and TTL ``freshness + 2·skew``, after which the freshness check rejects the
+same bytes anyway), the content-key set by capacity and ``replay_window_s``; leaf texts (characters) and
+completions and bundles (tokens) are length-checked by prefix sums before any concatenation; at most ``max_seeds_per_source`` dataset
 seeds are regenerated per source and bundle; re-scoring stops after ``verify_budget_s`` (checked between
 leaves; each reasoning-gym ``score_answer`` is itself bounded by ``SIGALRM`` on the **main thread** only:
 call the verifier from the main thread or a worker process).

@@ -21,9 +21,12 @@ chosen by SHA-256 of ``"<eval_seed>:<line>"``) is held out; training draws only 
 
 Reward
 ------
-``reward = correct + format_reward · format`` where ``correct`` is the source's verifier score in [0, 1]
-and ``format`` is :func:`~swarmnode.tasks.verifiers.format_reward` in {0, 1}; the total lies in
-``[0, 1 + format_reward]`` (the format term is an *extra* reward, as in DeepSeek-R1's rule-based rewards).
+``reward = correct + format_reward · format`` where ``format`` is the answer format rule
+(:func:`~swarmnode.tasks.verifiers.format_reward` in {0, 1}: one ``<answer>…</answer>``, nothing but
+whitespace after it) and ``correct`` is **exact** -- 1 only when the source's verifier gives a full score of
+1.0, else 0; and 0 whenever the format rule fails -- unless ``tasks.partial_credit`` keeps the raw score for
+local rewards (never for a peer's leaves); the total lies in ``[0, 1 + format_reward]`` (the format term is an
+*extra* reward, as in DeepSeek-R1's rule-based rewards).
 :meth:`TaskMix.score_detail` keeps the two parts apart; compare ``correct`` (not the total) when
 re-scoring a peer's claim, since ``format_reward`` is a local setting.
 """
