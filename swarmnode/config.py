@@ -92,6 +92,10 @@ class TasksConfig(_Strict):
     format_reward: float = Field(
         0.0, ge=0, le=1, description="extra reward for a well-formed <answer>…</answer> (0 disables)"
     )
+    partial_credit: bool = Field(
+        False, description="keep reasoning-gym's partial credit (e.g. len(oracle)/len(answer)) in LOCAL rewards; "
+        "off = a reward of 1 only for a full score of 1.0, else 0. Peers' leaves are always re-scored exactly"
+    )
 
 
 class TreeConfig(_Strict):
@@ -182,7 +186,19 @@ class SwarmConfig(_Strict):
     off_policy: Literal["none", "luffy", "tis"] = "none"
     luffy_gamma: float = Field(0.1, gt=0)
     tis_cap: float = Field(2.0, gt=1)
-    max_external_completion_length: int | None = Field(None, ge=1)
+    max_external_completion_length: int | None = Field(
+        None, ge=1, description="most TOKENS of one external completion (root-to-leaf path, in our vocabulary); "
+        "longer ones are rejected at verification (reason too_long). None = our sampling.max_completion_length"
+    )
+    max_bundle_tokens: int = Field(
+        131072, ge=1, description="most tokens of one bundle expanded into samples (our prompt + completion per "
+        "leaf, so a tree with shared nodes costs what its leaves expand to); checked before any expansion, "
+        "larger bundles are rejected (reason too_many_tokens)"
+    )
+    replay_window_seconds: float = Field(
+        21600.0, gt=0, description="seconds the receiver remembers the normalized content (TaskRef + "
+        "completion texts) of every accepted tree, so copies and re-signed replays are dropped (reason replay)"
+    )
     external_length_policy: Literal["drop", "truncate"] = "drop"
     rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")

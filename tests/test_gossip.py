@@ -172,7 +172,7 @@ FAST_DHT = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout
 
 def _client(tmp_path, name, mix, *, peers=(), tokenizer_id=BYTE_TOKENIZER_ID, **kw) -> SwarmClient:
     cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, initial_peers=list(peers), dht_timeout=5.0,
-                                      fetch_timeout=5.0))
+                                      fetch_timeout=5.0, max_external_completion_length=256))
     ident = Identity.from_private_bytes(hashlib.sha256(f"test_gossip {name}".encode()).digest())
     kw.setdefault("detokenize", byte_detokenize if tokenizer_id == BYTE_TOKENIZER_ID else None)
     return SwarmClient(cfg, ident, mix, 256, f"model-{name}", tokenizer_id, byte_tokenize, tmp_path / name,

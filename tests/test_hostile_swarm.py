@@ -101,7 +101,8 @@ def test_a_node_knows_the_rollouts_it_published(mix, tmp_path):
     from swarmnode.swarm.gossip import SwarmClient
     from swarmnode.swarm.prune import prune_trees
 
-    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id="attrib"))
+    # the factory's completions are longer than sampling.max_completion_length (the default token cap)
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id="attrib", max_external_completion_length=256))
     client = SwarmClient(cfg, HONEST, mix, 256, "m", BYTE_TOKENIZER_ID, None, None, start=False)
     try:
         trees = HostileFactory(HONEST, mix, swarm_id="attrib").honest_trees(2, 4)
@@ -200,6 +201,7 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
         "swarm.identity_path": str(rd / "identity.pem"), "swarm.ban_after": 1000,  # count every class, never ban
         "swarm.fetch_timeout": FETCH_TIMEOUT, "swarm.dht_timeout": 5.0, "swarm.bucket_seconds": 10.0,
         "swarm.max_bundle_bytes": 64 * 1024,
+        "swarm.max_external_completion_length": 256,  # the factory's completions exceed max_completion_length
     })
     node = Node(cfg)
     honest = hostile = None

@@ -90,8 +90,11 @@ def test_chain_sum_scores(chain):
     assert chain.score(t, "<answer>30</answer>") == 0.0
     assert chain.score(t, "-30") == 0.0  # no answer tag: 0 (documented fallback)
     assert chain.score(t, "answer: -30") == 0.0
-    # reasoning-gym's base rule: oracle contained in the answer scores len(oracle)/len(answer) = 3/17
-    assert chain.score(t, "<answer>the answer is -30</answer>") == pytest.approx(3 / 17)
+    # reasoning-gym's base rule: oracle contained in the answer scores len(oracle)/len(answer) = 3/17 -- partial
+    # credit, which is no reward by default (exact: 1 only for a full score of 1.0), kept only when asked for
+    assert chain.score(t, "<answer>the answer is -30</answer>") == 0.0
+    assert chain.score(t, "<answer>the answer is -30</answer>", partial_credit=True) == pytest.approx(3 / 17)
+    assert chain.score_raw(t, "<answer>the answer is -30</answer>") == pytest.approx(3 / 17)
     assert chain.score(t, "<answer>-30</answer> oops <answer>5</answer>") == 0.0  # the last tag counts
 
 
@@ -390,11 +393,14 @@ def test_mix_rewards(mix31):
     t = m.get(ref)
     assert m.score_detail(t, "<answer>-30</answer>") == {"correct": 1.0, "format": 1.0, "reward": 1.25}
     assert m.score_detail(t, "<answer>7</answer>") == {"correct": 0.0, "format": 1.0, "reward": 0.25}
+    # outside the answer format (two answers; text after the answer): no reward at all
     assert m.score_detail(t, "<answer>7</answer><answer>-30</answer>") == {
-        "correct": 1.0,
+        "correct": 0.0,
         "format": 0.0,
-        "reward": 1.0,
+        "reward": 0.0,
     }
+    assert m.score_detail(t, "<answer>-30</answer> PAYLOAD") == {"correct": 0.0, "format": 0.0, "reward": 0.0}
+    assert m.score_detail(t, "think <answer>-30</answer>\n ") == {"correct": 1.0, "format": 1.0, "reward": 1.25}
     assert m.score_detail(t, None) == {"correct": 0.0, "format": 0.0, "reward": 0.0}
     assert m.score(t, "<answer>-30</answer>") == 1.25
     assert mix31.score(t, "<answer>-30</answer>") == 1.0  # format_reward 0: reward == correctness

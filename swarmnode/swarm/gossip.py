@@ -41,9 +41,9 @@ Gather (main thread, :meth:`SwarmClient.gather`)
     step); an accepted body is put into our ``BundleServer`` so others can fetch it from us; accepted trees
     become :class:`~swarmnode.rollout.peer_tree.PeerTree` s (rewards are **our** re-scores; the trainer's
     type is imported inside :meth:`SwarmClient.gather`, so importing the swarm package does not import
-    ``train``). A tree from a producer with another tokenizer was re-tokenized by the verifier; its prompt is
-    replaced by *our* prompt for the same task (``prompt_for``) so that the receiver trains on completions in
-    its own prompt format.
+    ``train``). A tree from a producer with another tokenizer was re-tokenized by the verifier. Every tree,
+    same tokenizer or not, carries *our* prompt for its TaskRef (``prompt_for``, built by the verifier): the
+    sender's prompt text and ids never reach a Sample.
 
 Bootstrap robustness (design.md §7): several initial peers may be given; :class:`SwarmDHT` starts solo when
 none answers and keeps joining with backoff, so the node trains solo meanwhile; the state shows up in the
@@ -86,7 +86,7 @@ from swarmnode.swarm.identity import Identity, load_or_create, peer_id_from_publ
 from swarmnode.swarm.prune import PruneRule, prune_trees
 from swarmnode.swarm.transport import BundleServer, BundleStore
 from swarmnode.rollout.peer_tree import PeerTree
-from swarmnode.swarm.verify import Rejection, Verifier
+from swarmnode.swarm.verify import Rejection, Verifier, special_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +226,12 @@ class SwarmClient:
         retokenize: ``text -> list[int]`` in our vocabulary, for bundles from another tokenizer; ``None``
             refuses them (``tokenizer_mismatch``).
         run_dir: the run directory (``swarm.json``, ``p2p.key``); ``None`` writes nothing.
-        detokenize: ``list[int] -> str`` of our tokenizer (``skip_special_tokens``), so same-tokenizer bundles
-            must satisfy ``text == detokenize(ids)``; ``None`` trusts their ids.
-        prompt_for: ``Task -> prompt text`` in our own format; when given, re-tokenized external trees get our
-            prompt (``retokenize(prompt_for(task))``, left-truncated to ``max_prompt_length``).
+        detokenize: ``list[int] -> str`` of our tokenizer, special tokens included (what a completion's ids
+            say is what we score); same-tokenizer bundles must satisfy ``text == detokenize(ids)``; ``None``
+            trusts their ids.
+        prompt_for: ``Task -> prompt text`` in our own format: every accepted external tree is trained under
+            it (``retokenize(prompt_for(task))``, left-truncated to ``max_prompt_length``), never under the
+            sender's prompt. ``None``: the bare question text.
         prune: the :class:`~swarmnode.swarm.prune.PruneRule` (default ``PruneRule()``).
         poll_interval: seconds between DHT polls (default ``min(2, bucket_seconds / 4)``).
         heartbeat_interval: seconds between heartbeats.
@@ -241,6 +243,8 @@ class SwarmClient:
         dht_kwargs: extra keyword arguments for :class:`SwarmDHT` (e.g. ``health_interval``, ``join_backoff``).
         on_accept: optional callback ``(AcceptedBundle) -> None`` run by :meth:`gather` for each accepted bundle.
         start: start the DHT, the bundle server and the threads now (else call :meth:`start`).
+        verifier_kwargs: extra keyword arguments for the :class:`~swarmnode.swarm.verify.Verifier` (our
+            tokenizer's ``special_ids``, ``eos_ids``, ``encode``; see :func:`build_swarm`).
 
     Raises:
         ValueError / TypeError: malformed multiaddrs, swarm id or arguments (the message names the field).
@@ -269,6 +273,7 @@ class SwarmClient:
         dht_kwargs: dict | None = None,
         on_accept: Callable[[AcceptedBundle], None] | None = None,
         start: bool = True,
+        verifier_kwargs: dict | None = None,
     ) -> None:
         if not isinstance(identity, Identity):
             raise TypeError(f"identity must be a swarmnode.swarm.identity.Identity, got {type(identity).__name__}")
@@ -300,7 +305,11 @@ class SwarmClient:
         self.max_concurrent_fetches = int(max_concurrent_fetches)
         self._full_read_every = max(1, round(self.scfg.bucket_seconds / (2 * self.poll_interval)))
 
-        self.verifier = Verifier(self.scfg, tasks, vocab_size, tokenizer_id, retokenize, detokenize=detokenize)
+        max_comp = self.scfg.max_external_completion_length or getattr(
+            getattr(cfg, "sampling", None), "max_completion_length", None)
+        self.verifier = Verifier(self.scfg, tasks, vocab_size, tokenizer_id, retokenize, detokenize=detokenize,
+                                 prompt_for=prompt_for, max_prompt_length=self.max_prompt_length,
+                                 max_completion_tokens=max_comp, **(verifier_kwargs or {}))
         self.peers = self.verifier.peers
 
         key = serialization.load_pem_private_key(identity.to_pem(), password=None)
@@ -800,16 +809,13 @@ class SwarmClient:
 
         Returns:
             ``(trees, metrics)``: :class:`swarmnode.rollout.peer_tree.PeerTree` s (one per accepted tree, leaf
-            rewards are **our** re-scores; re-tokenized trees carry our prompt when ``prompt_for`` is set)
-            and the metrics of the module docstring.
+            rewards are **our** re-scores, every tree carries **our** prompt for its TaskRef -- the verifier
+            builds it with ``prompt_for``, same tokenizer or not -- and ``received_at`` is when its body
+            arrived here) and the metrics of the module docstring.
 
         Never raises on network trouble or hostile input; rejected input is counted, never returned.
         """
-        vts, m = self.gather_verified(step, policy_version)
-        for vt in vts:
-            if not vt.same_tokenizer:
-                self._reprompt(vt)
-        return vts, m
+        return self.gather_verified(step, policy_version)
 
     def gather_verified(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
         """:meth:`gather` without the conversion: the accepted :class:`PeerTree` s and the metrics."""
@@ -828,7 +834,8 @@ class SwarmClient:
             received += 1
             try:
                 with self._vlock:
-                    vts = self.verifier.verify_bundle(item.body, item.manifest, item.sender)
+                    vts = self.verifier.verify_bundle(item.body, item.manifest, item.sender,
+                                                      received_at=item.fetched_at)
             except Rejection as r:
                 self._reject(r, item.manifest.num_leaves)
                 continue
@@ -878,17 +885,8 @@ class SwarmClient:
         return out, m
 
     def _reprompt(self, vt: PeerTree) -> None:
-        """Give a re-tokenized tree our own prompt for its task (best effort; the original stays on failure)."""
-        if self.prompt_for is None or self.retokenize is None:
-            return
-        try:
-            task = self.tasks.get(vt.tree.task)
-            text = self.prompt_for(task)
-            ids = list(self.retokenize(text))[-self.max_prompt_length:]
-            if ids and all(type(t) is int and 0 <= t < self.vocab_size for t in ids):
-                vt.tree.prompt_text, vt.tree.prompt_ids = text, ids
-        except Exception as e:  # noqa: BLE001
-            log.debug("re-prompting an external tree failed: %s", e)
+        """Kept for callers of the old API: the verifier now gives every accepted tree our own prompt."""
+        return None
 
     # ------------------------------------------------------------------ reporting
     def snapshot(self) -> dict[str, Any]:
@@ -950,11 +948,20 @@ def build_swarm(
     def retokenize(text: str) -> list[int]:
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
-    def detokenize(ids: list[int]) -> str:
-        return tok.decode(list(ids), skip_special_tokens=True)
+    def detokenize(ids: list[int]) -> str:  # special tokens INCLUDED: we score what the trained ids say
+        return tok.decode(list(ids), skip_special_tokens=False)
 
+    eos: set[int] = set()
+    for src in (getattr(tok, "eos_token_id", None),
+                getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)):
+        for t in (src if isinstance(src, (list, tuple)) else [src]):
+            if isinstance(t, int):
+                eos.add(t)
+    vkw = {"special_ids": special_token_ids(tok), "eos_ids": eos, "encode": retokenize}
+    vkw.update(kwargs.pop("verifier_kwargs", None) or {})
     return SwarmClient(cfg, identity, tasks, vocab, model_id or policy.model_id, policy.tokenizer_id,
-                       retokenize, run_dir, detokenize=detokenize, prompt_for=prompt_for, **kwargs)
+                       retokenize, run_dir, detokenize=detokenize, prompt_for=prompt_for, verifier_kwargs=vkw,
+                       **kwargs)
 
 
 def list_peers(

@@ -30,11 +30,20 @@ step  check                                                      reason (hard/so
       at most ``max_seeds_per_source`` dataset seeds per source  ``too_large`` (soft)
       token ids < our vocab size when the tokenizer id is ours   ``vocab`` (hard)
       tokenizer differs and no re-tokenizer                      ``tokenizer_mismatch`` (not charged)
-      task regenerated; its question is inside the prompt text   ``prompt_mismatch`` (soft)
-      tree content seen before (copy / re-publication)           ``replay`` (soft; the tree is dropped)
+      every leaf not marked pruned carries a claimed reward      ``missing_reward`` (soft)
+      at least one leaf not marked pruned                        ``pruned_only`` (soft)
       leaf text bounded (chars per leaf and per bundle)          ``too_large`` (soft)
+      (other tokenizer: segment texts re-tokenized into ours)    ``retokenize_failed`` (not charged)
+      completion TOKENS per leaf <= max_completion_tokens        ``too_long`` (soft)
+      task regenerated; its question is inside the prompt text   ``prompt_mismatch`` (soft)
+      our prompt + completion tokens over all leaves (bundle     ``too_many_tokens`` (soft)
+      expanded into samples) <= max_bundle_tokens
+      no special token in a completion but one final EOS         ``special_token`` (soft)
       text == detokenize(ids) (same tokenizer, when given)       ``text_mismatch`` (soft)
-      EVERY leaf re-scored with ``tasks.score_detail``           ``reward_mismatch`` (hard, whole bundle)
+      encode(decode(ids)) == ids (same tokenizer)                ``not_roundtrip`` (soft)
+      normalized tree content seen before (copy / re-signing)    ``replay`` (not charged, the tree is dropped;
+                                                                 soft when it copies OUR rollouts)
+      EVERY live leaf re-scored with ``tasks.rescore``           ``reward_mismatch`` (hard, whole bundle)
       re-scoring within ``verify_budget_s``                      ``verify_timeout`` (soft)
 ====  =========================================================  ==============================================
 
@@ -65,36 +74,65 @@ peer that echoes them back to us -- as they are (``duplicate``) or re-signed und
 
 Claimed rewards (step 6)
 ------------------------
-A claimed reward is compared with **our** re-score of the leaf's completion text
-(``tasks.score_detail(task, text) -> {"correct", "format", "reward"}``). The format bonus weight is a
-local setting (``tasks.format_reward``), so the claim is checked up to one unknown weight ``w ∈ [0, 1]``
-per bundle: a leaf with ``format == 0`` must claim ``correct`` (abs tol :data:`REWARD_TOL` = 1e-6, as
-grail's reward stage); leaves with ``format == 1`` must claim ``correct + w`` with the **same** ``w`` for
-the whole bundle (within ``2·tol``). Anything else is ``reward_mismatch``, a hard rejection of the whole
-bundle. A leaf without a claim (``r = nil``, e.g. a pruned leaf) is re-scored like every other leaf.
-Accepted trees carry **our** rewards (``correct + our format_reward · format``), never the claims.
+A claimed reward is compared with **our** re-score of the leaf's completion (``tasks.rescore(task, text) ->
+{"correct", "partial", "format"}``). ``correct`` is exact (1 only for the verifier's full score of 1.0) and
+0 whenever the answer format rule fails (one ``<answer>…</answer>``, nothing but whitespace after it:
+:func:`~swarmnode.tasks.verifiers.format_reward`); ``partial`` is the dataset's raw score, so a peer that
+keeps partial credit for its local rewards (``tasks.partial_credit``) is not called a liar. The format bonus
+weight is a local setting (``tasks.format_reward``), so the claim is checked up to one unknown weight
+``w ∈ [0, 1]`` per bundle: a leaf with ``format == 0`` must claim ``correct`` or ``partial`` (abs tol
+:data:`REWARD_TOL` = 1e-6, as grail's reward stage); leaves with ``format == 1`` must claim ``correct + w`` or
+``partial + w`` with the **same** ``w`` for the whole bundle (within ``2·tol``). Anything else is
+``reward_mismatch``, a hard rejection of the whole bundle. A leaf that is not pruned must carry a claim
+(``missing_reward``). Accepted trees carry **our** rewards (exact ``correct + our format_reward · format``;
+partial credit never reaches an external sample), never the claims.
 
-The prompt check
-----------------
-We cannot rebuild the peer's prompt (we do not know its chat template or system prompt), so we check
-that the regenerated question text is contained in the prompt text (and, with ``detokenize`` and the same
-tokenizer, in ``detokenize(prompt_ids)``). It is soft: an honest node that left-truncates a long prompt
-fails it too.
+The ids are the truth
+---------------------
+What we score is the text a leaf's ids decode to **with special tokens included** (``detokenize`` must not
+skip them), after one final EOS id (``eos_ids``) is stripped; any other special token id (``special_ids``,
+see :func:`special_token_ids`) rejects the bundle (``special_token``). With the tokenizer id equal to ours,
+ids must be ``< our_vocab_size`` (hard ``vocab``), the leaf's text fields must equal the decoded text
+(``text_mismatch``) and the ids must round-trip, ``encode(decode(ids)) == ids`` (``not_roundtrip``): the
+reward belongs to the ids we train on, and ids our tokenizer never emits for their text do not pass. With
+another tokenizer every segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviour
+log-probs are dropped, ``same_tokenizer`` is False, and we score what *our* ids decode to (characters our
+tokenizer cannot represent become its unknown token, a special token: rejected). **Without** ``detokenize``
+the ids are trusted to match the text (bare test setups only). Lengths are counted in tokens of our
+vocabulary: ``max_completion_tokens`` per leaf (``swarm.max_external_completion_length``, the node's
+``sampling.max_completion_length`` by default) and ``max_bundle_tokens`` for the bundle expanded into samples
+(our prompt + completion for every leaf: a node shared by many leaves counts once per leaf), checked by
+prefix sums before any text is concatenated or scored.
 
-Token ids
----------
-With the tokenizer id equal to ours, ids must be ``< our_vocab_size`` (hard ``vocab``); with ``detokenize``
-given, each leaf's ``detokenize(completion ids)`` must equal its text (``text_mismatch``), so the reward we
-compute belongs to the ids we train on. **Without** ``detokenize`` the ids are trusted to match the text.
-With another tokenizer, the prompt text and every segment text are re-tokenized with ``retokenize`` (tree
-structure kept), behaviour log-probs are dropped and ``same_tokenizer`` is False. Staleness by signed policy
-version is left to selection (``PeerTree.policy_version`` carries it).
+Our own prompt
+--------------
+We cannot rebuild the peer's prompt, and we must not train on it (an attacker's system prompt or a 16k-token
+prompt would reach the trainer). So the sender's prompt is only *checked*: the regenerated question must be
+contained in its prompt text (and, with ``detokenize`` and the same tokenizer, in ``detokenize(prompt_ids)``;
+soft ``prompt_mismatch``: an honest node that left-truncates a long prompt fails it too). Then every accepted
+tree gets **our** prompt for its TaskRef (``prompt_for(task)``, encoded with ``encode``, left-truncated to
+``max_prompt_length``), same tokenizer or not.
+
+Copies, replays and staleness
+-----------------------------
+A tree's content key (:func:`content_key`) is its TaskRef plus the sorted, normalized (NFKC, lower case,
+whitespace collapsed) texts of its live leaves: a copy re-signed under another key, at another time, with a
+trailing space or reordered leaves has the same key. Keys of accepted trees (and of our own published trees,
+:meth:`Verifier.note_published`) are kept for ``replay_window_s`` (``swarm.replay_window_seconds``, far
+longer than the freshness window, so a copy re-signed later with a fresh time is still caught; bounded by
+``seen_capacity``). A copy is dropped without charging anyone -- between two peers the receiver cannot tell
+who was first, and the real author must never pay for a copier who raced ahead -- except a copy of **our own**
+rollouts, which proves the signer copied (soft ``replay``). Leaves marked ``pruned`` are never scored nor
+returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
+caller passes (``received_at``), never the signed policy version (which stays a claim in
+``PeerTree.policy_version``) or the signed creation time (bounded by the freshness check).
 
 Bounds
 ------
-Bytes are capped before decoding; msgpack runs with explicit limits (wire); seen-digest sets are bounded
-(capacity and TTL ``freshness + 2·skew``, after which the freshness check rejects a replay anyway); leaf
-texts are length-checked (prefix sums) before any concatenation; at most ``max_seeds_per_source`` dataset
+Bytes are capped before decoding; msgpack runs with explicit limits (wire); seen-bundle and seen-manifest
+digest sets are bounded (capacity and TTL ``freshness + 2·skew``, after which the freshness check rejects the
+same bytes anyway), the content-key set by capacity and ``replay_window_s``; leaf texts (characters) and
+completions and bundles (tokens) are length-checked by prefix sums before any concatenation; at most ``max_seeds_per_source`` dataset
 seeds are regenerated per source and bundle; re-scoring stops after ``verify_budget_s`` (checked between
 leaves; each reasoning-gym ``score_answer`` is itself bounded by ``SIGALRM`` on the **main thread** only:
 call the verifier from the main thread or a worker process).
@@ -109,13 +147,15 @@ import time
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.identity import peer_id_from_public_key
 from swarmnode.swarm.peers import UNATTRIBUTED, LogLimiter, PeerBook
+from swarmnode.tasks.base import TaskRef
+from swarmnode.tasks.partition import normalize_question
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +168,8 @@ __all__ = [
     "Rejection",
     "PeerTree",
     "Verifier",
+    "content_key",
+    "special_token_ids",
     "tree_digest",
     "verify_many",
 ]
@@ -156,7 +198,13 @@ REASONS: dict[str, str] = {
     "stale": "created more than freshness_seconds (+ clock skew) ago",
     "future": "created more than max_clock_skew seconds in the future",
     "duplicate": "the exact bytes were seen before",
-    "replay": "a tree whose content was already accepted (re-published or copied)",
+    "replay": "a tree whose normalized content (TaskRef + completion texts) was seen before (re-published or copied)",
+    "missing_reward": "a leaf that is not pruned carries no claimed reward",
+    "pruned_only": "every tree holds only leaves marked pruned (nothing to score or train)",
+    "too_long": "a completion longer than max_external_completion_length tokens (our vocabulary)",
+    "too_many_tokens": "the bundle expands into more than max_bundle_tokens tokens of samples",
+    "special_token": "a completion's ids hold a special token other than one final EOS",
+    "not_roundtrip": "same-tokenizer ids that our tokenizer does not produce for their own text",
     "foreign_task": "a TaskRef outside this swarm's training task set (unknown source, held-out, bad seed)",
     "prompt_mismatch": "the regenerated question is not in the prompt",
     "reward_mismatch": "a claimed reward differs from our re-score",
@@ -180,7 +228,8 @@ signed DHT record) and soft in an unsigned envelope (``too_large`` from our own 
 
 SOFT_REASONS = frozenset({
     "wrong_swarm", "not_allowed", "stale", "future", "duplicate", "replay", "prompt_mismatch", "text_mismatch",
-    "verify_timeout", "bad_kind",
+    "verify_timeout", "bad_kind", "missing_reward", "pruned_only", "too_long", "too_many_tokens", "special_token",
+    "not_roundtrip",
 })
 """Reasons that are always soft (lower the reputation, never ban)."""
 
@@ -311,6 +360,23 @@ class Verifier:
         seen_capacity: capacity of each seen-digest set (bundle digests, tree digests, manifest digests).
         rate_limit_per_minute: used for the default PeerBook when the config has no such field.
         timer: monotonic seconds for the re-scoring budget (``time.monotonic``).
+        encode: ``text -> list[int]`` of OUR tokenizer (no special tokens added; default ``retokenize``): builds
+            our prompts and checks that same-tokenizer ids round-trip (``encode(decode(ids)) == ids``).
+        special_ids: our tokenizer's special token ids (``tokenizer.all_special_ids``): a completion holding one
+            is rejected (``special_token``), except one final EOS.
+        eos_ids: ids that may end a completion (one, last); stripped before the text is decoded and scored.
+        prompt_for: ``Task -> prompt text`` in OUR format (the node's ``prompt_for``): every accepted tree is
+            trained under it (encoded with ``encode``, left-truncated to ``max_prompt_length``), never under the
+            sender's prompt. ``None``: the question text alone (or, without ``encode``, the tree's own prompt --
+            bare test setups only).
+        max_prompt_length: most tokens of our prompt (``sampling.max_prompt_length``).
+        max_completion_tokens: most tokens of one leaf's completion (in our vocabulary); default
+            ``swarm.max_external_completion_length`` or, when that is ``None``, ``wire.MAX_COMPLETION_TOKENS``
+            (the node passes ``sampling.max_completion_length`` then).
+        max_bundle_tokens: most tokens of the bundle expanded into samples (our prompt + completion per leaf);
+            default ``swarm.max_bundle_tokens``.
+        replay_window_s: seconds the normalized content of accepted trees is remembered (default
+            ``swarm.replay_window_seconds``, at least the freshness window).
 
     Not thread-safe (the seen-digest sets are plain ordered dicts): use one verifier from one thread, the
     main thread if reasoning-gym's ``SIGALRM`` time limit on each ``score_answer`` should apply.
@@ -337,6 +403,14 @@ class Verifier:
         seen_capacity: int = 65536,
         rate_limit_per_minute: float = 120.0,
         timer: Callable[[], float] = time.monotonic,
+        encode: Callable[[str], list[int]] | None = None,
+        special_ids: Collection[int] = (),
+        eos_ids: Collection[int] = (),
+        prompt_for: Callable[[Any], str] | None = None,
+        max_prompt_length: int = 512,
+        max_completion_tokens: int | None = None,
+        max_bundle_tokens: int | None = None,
+        replay_window_s: float | None = None,
     ) -> None:
         if isinstance(our_vocab_size, bool) or not isinstance(our_vocab_size, int) or our_vocab_size < 1:
             raise ValueError(f"our_vocab_size must be an int >= 1, got {our_vocab_size!r}")
@@ -348,6 +422,15 @@ class Verifier:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if not (verify_budget_s > 0):
             raise ValueError(f"verify_budget_s must be > 0, got {verify_budget_s!r}")
+        if max_completion_tokens is None:
+            max_completion_tokens = getattr(swarm_cfg, "max_external_completion_length", None) or \
+                wire.MAX_COMPLETION_TOKENS
+        if max_bundle_tokens is None:
+            max_bundle_tokens = getattr(swarm_cfg, "max_bundle_tokens", None) or 131072
+        for name, v in (("max_completion_tokens", max_completion_tokens), ("max_bundle_tokens", max_bundle_tokens),
+                        ("max_prompt_length", max_prompt_length)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         self.cfg = swarm_cfg
         self.tasks = tasks
         self.swarm_id: str = swarm_cfg.swarm_id
@@ -355,6 +438,13 @@ class Verifier:
         self.our_tokenizer_id = our_tokenizer_id
         self.retokenize = retokenize
         self.detokenize = detokenize
+        self.encode = encode if encode is not None else retokenize
+        self.special_ids = frozenset(int(t) for t in special_ids)
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self.prompt_for = prompt_for
+        self.max_prompt_length = int(max_prompt_length)
+        self.max_completion_tokens = int(max_completion_tokens)
+        self.max_bundle_tokens = int(max_bundle_tokens)
         self.clock = clock
         self.freshness = float(swarm_cfg.freshness_seconds)
         self.skew = float(swarm_cfg.max_clock_skew)
@@ -382,12 +472,15 @@ class Verifier:
         self.peers = peers
         ttl = self.freshness + 2.0 * self.skew
         self._seen_bundles = _TTLSet(seen_capacity, ttl, clock)     # envelope digest -> verdict reason
-        self._seen_trees = _TTLSet(seen_capacity, ttl, clock)       # tree content digest -> True
+        window = float(replay_window_s if replay_window_s is not None
+                       else getattr(swarm_cfg, "replay_window_seconds", 0.0) or 0.0)
+        self.replay_window_s = max(window, ttl)
+        self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)  # content_key -> "own" | "peer"
         self._seen_manifests = _TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
         self._internal_log = LogLimiter(10.0)
         self.stats: dict[str, Any] = {
             "manifests_accepted": 0, "bundles_accepted": 0, "trees_accepted": 0, "leaves_accepted": 0,
-            "trees_replayed": 0, "retokenized_trees": 0, "rejected": {},
+            "trees_replayed": 0, "retokenized_trees": 0, "leaves_pruned_dropped": 0, "rejected": {},
         }
 
     # ================================================================== helpers
@@ -431,7 +524,10 @@ class Verifier:
         """
         self._seen_bundles.add(hashlib.sha256(bytes(envelope)).digest(), "own")
         for wt in bundle.trees:
-            self._seen_trees.add(tree_digest(wt))
+            texts = ["".join(wt.nodes[k].text for k in _path(wt, j)) for j in wt.leaves()
+                     if wt.nodes[j].finish_reason != "pruned"]
+            if texts:
+                self._seen_content.add(content_key(wt.task, texts), "own")
 
     def seen(self, bundle_digest: bytes | str) -> bool:
         """True when a bundle with this envelope digest (32 bytes or hex) already got a verdict.
@@ -448,7 +544,7 @@ class Verifier:
         """Verifier counters (accepted manifests/bundles/trees/leaves, rejections by reason) and the PeerBook."""
         out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.stats.items()}
         out["seen_bundles"] = len(self._seen_bundles)
-        out["seen_trees"] = len(self._seen_trees)
+        out["seen_trees"] = len(self._seen_content)
         out["peers"] = self.peers.snapshot()
         return out
 
@@ -568,7 +664,7 @@ class Verifier:
 
     # ================================================================== bundles
     def verify_bundle(self, data: bytes, manifest: wire.Manifest | None = None,
-                      sender: str | None = None) -> list[PeerTree]:
+                      sender: str | None = None, *, received_at: float | None = None) -> list[PeerTree]:
         """Verify a bundle and return its accepted trees with our own re-scored rewards.
 
         Args:
@@ -577,6 +673,9 @@ class Verifier:
                 size, digest and contents must match it.
             sender: transport-level id of the peer that delivered the bytes, when known (charged for failures
                 before the signature verifies).
+            received_at: our wall clock (unix seconds) when the bytes arrived (default: ``clock()`` now); it
+                becomes :attr:`PeerTree.received_at`, the receiver-measured age of the tree (a signed policy
+                version or creation time is never the measure of staleness).
 
         Returns:
             The accepted trees (at least one), in bundle order, minus trees dropped as ``replay``.
@@ -587,9 +686,10 @@ class Verifier:
         hint = sender or (peer_id_from_public_key(manifest.publisher_key)
                           if isinstance(manifest, wire.Manifest) and len(manifest.publisher_key) == 32
                           else UNATTRIBUTED)
-        return self._guard(lambda: self._verify_bundle(data, manifest, sender), hint)
+        return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at), hint)
 
-    def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None) -> list[PeerTree]:
+    def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None,
+                       received_at: float | None = None) -> list[PeerTree]:
         deliverer = sender or UNATTRIBUTED
         publisher_hint = None
         if manifest is not None:
@@ -659,10 +759,11 @@ class Verifier:
         if fresh is not None:
             raise final(self._reject(fresh[0], "bundle " + fresh[1], context_peer, False))
         # ---- step 6: tasks, tokens, prompt, replays, re-scoring
-        return self._check_content(b, env, digest, signer, final)
+        return self._check_content(b, env, digest, signer, final,
+                                   self.clock() if received_at is None else float(received_at))
 
     def _check_content(self, b: wire.RolloutBundle, env: wire.Envelope, digest: bytes, signer: str,
-                       final: Callable[[Rejection], Rejection]) -> list[PeerTree]:
+                       final: Callable[[Rejection], Rejection], received_at: float) -> list[PeerTree]:
         seeds: dict[tuple[str, str], set[int]] = {}
         for i, wt in enumerate(b.trees):
             ref = wt.task
@@ -690,8 +791,52 @@ class Verifier:
             raise final(self._reject("tokenizer_mismatch", f"tokenizer {b.tokenizer_id[:64]!r} is not ours "
                                      f"({self.our_tokenizer_id!r}) and no re-tokenizer is configured", signer,
                                      False, charge=False))
-        # regenerate the tasks, check prompts
+        # live leaves (a leaf marked pruned is never scored nor trained); every live leaf carries a claim
+        live: list[list[int]] = []
+        for i, wt in enumerate(b.trees):
+            lv = [j for j in wt.leaves() if wt.nodes[j].finish_reason != "pruned"]
+            for j in lv:
+                if wt.nodes[j].claimed_reward is None:
+                    raise final(self._reject("missing_reward", f"trees[{i}].nodes[{j}]: a leaf that is not pruned "
+                                             "carries no claimed reward", signer, False))
+            live.append(lv)
+        if not any(live):
+            raise final(self._reject("pruned_only", f"all {len(b.trees)} trees hold only pruned leaves", signer,
+                                     False))
+        # leaf texts: bounded before any concatenation (the text the sender claims; re-tokenizing reads it)
+        total_chars = 0
+        for i, wt in enumerate(b.trees):
+            chars = [0] * len(wt.nodes)
+            for j in range(1, len(wt.nodes)):
+                chars[j] = chars[wt.nodes[j].parent] + len(wt.nodes[j].text)  # type: ignore[index]
+            for j in live[i]:
+                if chars[j] > self.max_completion_chars:
+                    raise final(self._reject("too_large", f"trees[{i}].nodes[{j}]: completion of {chars[j]} chars "
+                                             f"exceeds {self.max_completion_chars}", signer, False))
+                total_chars += chars[j]
+        if total_chars > self.max_scored_chars:
+            raise final(self._reject("too_large", f"{total_chars} completion chars to score exceed "
+                                     f"{self.max_scored_chars}", signer, False))
+        # the trees in OUR vocabulary (same tokenizer: the sender's ids; else re-tokenized segment by segment)
+        rolled = wire.trees_from_bundle(b) if same_tok else [self._retokenized(wt, b, signer, final)
+                                                             for wt in b.trees]
+        # completion token caps (tokens, not characters), per leaf path, by prefix sums: no concatenation yet
+        path_tokens: list[dict[int, int]] = []
+        for i, tree in enumerate(rolled):
+            ntok = [0] * len(tree.nodes)
+            for j in range(1, len(tree.nodes)):
+                ntok[j] = ntok[tree.nodes[j].parent] + len(tree.nodes[j].token_ids)  # type: ignore[index]
+            pt = {}
+            for j in live[i]:
+                if ntok[j] > self.max_completion_tokens:
+                    raise final(self._reject("too_long", f"trees[{i}].nodes[{j}]: completion of {ntok[j]} tokens "
+                                             f"exceeds max_external_completion_length {self.max_completion_tokens}",
+                                             signer, False))
+                pt[j] = ntok[j]
+            path_tokens.append(pt)
+        # regenerate the tasks, check prompts, build OUR prompt for each TaskRef
         tasks = []
+        prompts: list[tuple[str, list[int]]] = []
         for i, wt in enumerate(b.trees):
             try:
                 task = self.tasks.get(wt.task)
@@ -712,108 +857,178 @@ class Verifier:
                     raise final(self._reject("prompt_mismatch", f"trees[{i}]: the prompt ids do not contain the "
                                              "regenerated question", signer, False))
             tasks.append(task)
-        # replays: trees whose content was accepted before are dropped
-        tdigests = [tree_digest(wt) for wt in b.trees]
-        keep = [i for i, d in enumerate(tdigests) if d not in self._seen_trees and d not in tdigests[:i]]
-        if not keep:
-            raise final(self._reject("replay", f"all {len(b.trees)} trees were accepted before", signer, False))
-        # leaf texts: bounded before any concatenation
-        plan = []  # (tree index, leaf index, path) for every leaf of the kept trees
-        total_chars = 0
-        for i in keep:
+            prompts.append(self._our_prompt(task, rolled[i], signer, final))
+        # tokens of the bundle expanded into samples (our prompt + completion per live leaf), before expansion
+        cost = sum(len(prompts[i][1]) * len(live[i]) + sum(path_tokens[i].values()) for i in range(len(rolled)))
+        if cost > self.max_bundle_tokens:
+            raise final(self._reject("too_many_tokens", f"the bundle expands into {cost} tokens of samples "
+                                     f"(prompt + completion per leaf), over max_bundle_tokens {self.max_bundle_tokens}",
+                                     signer, False))
+        # the text each leaf's ids decode to: this is what we score (the ids are the truth)
+        texts: dict[tuple[int, int], str] = {}
+        for i, tree in enumerate(rolled):
             wt = b.trees[i]
-            chars = [0] * len(wt.nodes)
-            for j in range(1, len(wt.nodes)):
-                chars[j] = chars[wt.nodes[j].parent] + len(wt.nodes[j].text)  # type: ignore[index]
-            for j in wt.leaves():
-                if chars[j] > self.max_completion_chars:
-                    raise final(self._reject("too_large", f"trees[{i}].nodes[{j}]: completion of {chars[j]} chars "
-                                             f"exceeds {self.max_completion_chars}", signer, False))
-                total_chars += chars[j]
-                plan.append((i, j))
-        if total_chars > self.max_scored_chars:
-            raise final(self._reject("too_large", f"{total_chars} completion chars to score exceed "
-                                     f"{self.max_scored_chars}", signer, False))
-        # re-score every leaf (bounded by the time budget)
+            for j in live[i]:
+                texts[(i, j)] = self._leaf_text(i, j, tree, wt, same_tok, signer, final)
+        # replays and copies: normalized content (TaskRef + normalized leaf texts), remembered replay_window_seconds
+        ckeys = [content_key(wt.task, [texts[(i, j)] for j in live[i]]) if live[i] else None
+                 for i, wt in enumerate(b.trees)]
+        keep: list[int] = []
+        own_echo = 0
+        copies = 0
+        for i, k in enumerate(ckeys):
+            if k is None:
+                continue
+            seen = self._seen_content.get(k)
+            if seen is not None or k in ckeys[:i]:
+                if seen == "own":
+                    own_echo += 1
+                else:
+                    copies += 1
+                continue
+            keep.append(i)
+        if not keep:
+            # a copy of our own rollouts proves the signer copied; between two peers nobody can tell who was first,
+            # so a cross-peer copy is dropped without charging anyone (the real author must never pay for it)
+            raise final(self._reject("replay", f"all {len(b.trees)} trees were seen before "
+                                     f"({own_echo} of them our own)", signer, False, charge=own_echo > 0))
+        # re-score every kept live leaf (bounded by the time budget)
         t0 = self.timer()
         scores: dict[tuple[int, int], float] = {}
-        fmt_gap: list[tuple[int, int, float]] = []
-        for (i, j) in plan:
+        fmt_claims: list[tuple[int, int, float, float, float]] = []  # (i, j, claim, exact, partial)
+        n_scored = sum(len(live[i]) for i in keep)
+        wfmt = float(getattr(self.tasks, "format_reward", 0.0) or 0.0)
+        for i in keep:
             wt = b.trees[i]
-            path = _path(wt, j)
-            text = "".join(wt.nodes[k].text for k in path)
-            if same_tok and self.detokenize is not None:
-                ids = [t for k in path for t in wt.nodes[k].token_ids]
-                try:
-                    dtext = self.detokenize(ids)
-                except Exception as e:  # noqa: BLE001
-                    raise final(self._reject("text_mismatch", f"trees[{i}].nodes[{j}]: ids do not detokenize: "
-                                             f"{type(e).__name__}", signer, False))
-                if dtext != text:
-                    raise final(self._reject("text_mismatch", f"trees[{i}].nodes[{j}]: the completion text is not "
-                                             "the detokenized token ids", signer, False))
-            d = self.tasks.score_detail(tasks[i], text)
-            correct, fmt, reward = float(d["correct"]), float(d["format"]), float(d["reward"])
-            if not (math.isfinite(correct) and math.isfinite(fmt) and math.isfinite(reward)):
-                raise final(self._reject("internal", f"our scorer returned a non-finite value {d!r}", signer, False,
-                                         charge=False))
-            scores[(i, j)] = reward
-            claim = wt.nodes[j].claimed_reward
-            if claim is not None:
+            for j in live[i]:
+                text = texts[(i, j)]
+                if hasattr(self.tasks, "rescore"):
+                    d = self.tasks.rescore(tasks[i], text)
+                    exact, partial, fmt = float(d["correct"]), float(d["partial"]), float(d["format"])
+                    reward = exact + wfmt * fmt
+                else:  # a task set with only score_detail (its correctness is taken as exact)
+                    d = self.tasks.score_detail(tasks[i], text)
+                    exact = partial = float(d["correct"])
+                    fmt, reward = float(d["format"]), float(d["reward"])
+                if not all(math.isfinite(x) for x in (exact, partial, fmt, reward)):
+                    raise final(self._reject("internal", f"our scorer returned a non-finite value {d!r}", signer,
+                                             False, charge=False))
+                scores[(i, j)] = reward
+                claim = float(wt.nodes[j].claimed_reward)  # type: ignore[arg-type]
                 if fmt < 0.5:
-                    if abs(claim - correct) > REWARD_TOL:
+                    if abs(claim - exact) > REWARD_TOL and abs(claim - partial) > REWARD_TOL:
                         raise final(self._reject("reward_mismatch", f"trees[{i}].nodes[{j}] ({wt.task.key()[:100]}): "
-                                                 f"claimed {claim!r}, our re-score {correct!r}", signer, True))
+                                                 f"claimed {claim!r}, our re-score {exact!r}", signer, True))
                 else:
-                    gap = claim - correct
-                    if not (-REWARD_TOL <= gap <= 1.0 + REWARD_TOL):
+                    if not any(-REWARD_TOL <= claim - c <= 1.0 + REWARD_TOL for c in (exact, partial)):
                         raise final(self._reject("reward_mismatch", f"trees[{i}].nodes[{j}] ({wt.task.key()[:100]}): "
-                                                 f"claimed {claim!r}, our re-score {correct!r} + a format bonus in "
+                                                 f"claimed {claim!r}, our re-score {exact!r} + a format bonus in "
                                                  "[0, 1]", signer, True))
-                    fmt_gap.append((i, j, gap))
-            if self.timer() - t0 > self.verify_budget_s:
-                raise final(self._reject("verify_timeout", f"re-scoring took more than {self.verify_budget_s:g} s "
-                                         f"({len(scores)} of {len(plan)} leaves)", signer, False))
-        if fmt_gap:
-            lo = min(fmt_gap, key=lambda x: x[2])
-            hi = max(fmt_gap, key=lambda x: x[2])
-            if hi[2] - lo[2] > 2 * REWARD_TOL:
-                raise final(self._reject("reward_mismatch", f"format bonus claimed inconsistently: "
-                                         f"trees[{lo[0]}].nodes[{lo[1]}] +{lo[2]!r} vs trees[{hi[0]}].nodes[{hi[1]}] "
-                                         f"+{hi[2]!r}", signer, True))
-        # build the accepted trees
-        rolled = wire.trees_from_bundle(b)
+                    fmt_claims.append((i, j, claim, exact, partial))
+                if self.timer() - t0 > self.verify_budget_s:
+                    raise final(self._reject("verify_timeout", f"re-scoring took more than {self.verify_budget_s:g} "
+                                             f"s ({len(scores)} of {n_scored} leaves)", signer, False))
+        if fmt_claims and not _one_format_weight(fmt_claims):
+            raise final(self._reject("reward_mismatch", "format bonus claimed inconsistently: no single weight in "
+                                     f"[0, 1] explains the claims of the {len(fmt_claims)} well-formatted leaves",
+                                     signer, True))
+        # build the accepted trees: our ids, our prompt, our rewards, no pruned leaves
         out: list[PeerTree] = []
         for i in keep:
-            tree = rolled[i] if same_tok else self._retokenized(b.trees[i], b, signer, final)
+            tree = rolled[i]
             tree.task_name = getattr(tasks[i], "name", "") or ""
-            for j in tree.leaves():
+            tree.prompt_text, tree.prompt_ids = prompts[i]
+            for j in live[i]:
                 tree.nodes[j].reward = scores[(i, j)]
+            if len(live[i]) != len(tree.leaves()):
+                tree = tree.subtree(live[i])
             tree.update_stats()
             out.append(PeerTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
-                                    model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
-                                    same_tokenizer=same_tok, digest=digest.hex()))
+                                model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
+                                same_tokenizer=same_tok, digest=digest.hex(), received_at=float(received_at)))
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
         for i in keep:
-            self._seen_trees.add(tdigests[i])
-        dropped = len(b.trees) - len(keep)
-        for _ in range(dropped):
-            self.peers.record_reject(signer, "replay", False, "a tree whose content was accepted before")
+            self._seen_content.add(ckeys[i], "peer")
+        n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
+        if n_pruned:
+            self.stats["leaves_pruned_dropped"] += n_pruned
+        for _ in range(own_echo):
+            self.peers.record_reject(signer, "replay", False, "a copy of our own rollouts")
+        dropped = own_echo + copies
         if dropped:
             self.stats["trees_replayed"] += dropped
             self.stats["rejected"]["replay"] = self.stats["rejected"].get("replay", 0) + dropped
         self.peers.record_accept(signer, len(out))
         self.stats["bundles_accepted"] += 1
         self.stats["trees_accepted"] += len(out)
-        self.stats["leaves_accepted"] += len(plan)
+        self.stats["leaves_accepted"] += n_scored
         if not same_tok:
             self.stats["retokenized_trees"] += len(out)
         return out
 
+    def _our_prompt(self, task: Any, tree: RolloutTree, signer: str,
+                    final: Callable[[Rejection], Rejection]) -> tuple[str, list[int]]:
+        """``(text, ids)`` of OUR prompt for ``task`` (``prompt_for`` + ``encode``, left-truncated to
+        ``max_prompt_length``); without ``prompt_for``, the question alone in our tokenization. The sender's
+        prompt text and ids never reach a Sample."""
+        try:
+            text = self.prompt_for(task) if self.prompt_for is not None else str(task.question)
+            ids = list(self.encode(text)) if self.encode is not None else None
+        except Exception as e:  # noqa: BLE001 - our own prompt builder failed: our bug, not the peer's
+            raise final(self._reject("internal", f"building our prompt failed: {type(e).__name__}: {str(e)[:120]}",
+                                     signer, False, charge=False))
+        if ids is None:  # no encoder (tests with a bare verifier): keep the ids of the tree we trust
+            if self.prompt_for is None:
+                return tree.prompt_text, list(tree.prompt_ids)
+            raise final(self._reject("internal", "prompt_for is set but no encoder is configured", signer, False,
+                                     charge=False))
+        if not _ids_ok(ids, self.our_vocab_size):
+            raise final(self._reject("internal", "our prompt encodes to ids outside our vocabulary", signer, False,
+                                     charge=False))
+        return text, ids[-self.max_prompt_length:]
+
+    def _leaf_text(self, i: int, j: int, tree: RolloutTree, wt: wire.WireTree, same_tok: bool, signer: str,
+                   final: Callable[[Rejection], Rejection]) -> str:
+        """The completion text of leaf ``j`` of tree ``i`` as its ids (in our vocabulary) decode, special tokens
+        included, without one final EOS; rejects special tokens elsewhere and ids that do not round-trip."""
+        ids = tree.completion_ids(j)
+        if ids and ids[-1] in self.eos_ids:
+            ids = ids[:-1]
+        bad = next((t for t in ids if t in self.special_ids or t in self.eos_ids), None)
+        if bad is not None:
+            raise final(self._reject("special_token", f"trees[{i}].nodes[{j}]: the completion holds special token "
+                                     f"{bad} (only one final EOS is allowed)", signer, False))
+        if self.detokenize is None:
+            return tree.completion_text(j)  # no decoder configured: the ids are trusted to match the text
+        try:
+            dtext = self.detokenize(ids)
+        except Exception as e:  # noqa: BLE001
+            raise final(self._reject("text_mismatch", f"trees[{i}].nodes[{j}]: ids do not detokenize: "
+                                     f"{type(e).__name__}", signer, False))
+        if not isinstance(dtext, str):
+            raise final(self._reject("internal", "detokenize returned a non-string", signer, False, charge=False))
+        if same_tok:
+            if dtext != "".join(wt.nodes[k].text for k in _path(wt, j)):
+                raise final(self._reject("text_mismatch", f"trees[{i}].nodes[{j}]: the completion text is not the "
+                                         "detokenized token ids", signer, False))
+            if self.encode is not None:
+                try:
+                    back = list(self.encode(dtext))
+                except Exception as e:  # noqa: BLE001
+                    raise final(self._reject("internal", f"our encoder failed: {type(e).__name__}", signer, False,
+                                             charge=False))
+                if back != ids:
+                    raise final(self._reject("not_roundtrip", f"trees[{i}].nodes[{j}]: the ids are not what our "
+                                             "tokenizer makes of their own text (encode(decode(ids)) != ids)",
+                                             signer, False))
+        return dtext
+
     def _retokenized(self, wt: wire.WireTree, b: wire.RolloutBundle, signer: str,
                      final: Callable[[Rejection], Rejection]) -> RolloutTree:
-        """The tree in our vocabulary: prompt text and every segment text re-tokenized, log-probs dropped."""
+        """The tree in our vocabulary: every segment text re-tokenized (structure kept), log-probs dropped.
+
+        The prompt is not re-tokenized: the tree gets our own prompt for its TaskRef later."""
         assert self.retokenize is not None
 
         def tok(text: str, what: str) -> list[int]:
@@ -828,14 +1043,66 @@ class Verifier:
                                          f"[0, {self.our_vocab_size})", signer, False, charge=False))
             return ids
 
-        tree = RolloutTree(task=wt.task, prompt_ids=tok(wt.prompt_text, "prompt"), prompt_text=wt.prompt_text,
-                           model_id=b.model_id, tokenizer_id=b.tokenizer_id)
+        tree = RolloutTree(task=wt.task, prompt_ids=[], prompt_text="", model_id=b.model_id,
+                           tokenizer_id=b.tokenizer_id)
         tree.nodes[0].policy_version = wt.nodes[0].policy_version
         for k, n in enumerate(wt.nodes[1:], start=1):
             assert n.parent is not None
-            tree.add_child(n.parent, tok(n.text, f"nodes[{k}].text") if n.text else [], text=n.text, logprobs=None,
-                           policy_version=n.policy_version, finish_reason=n.finish_reason)
+            tree.add_child(n.parent, tok(n.text, f"nodes[{k}].text") if n.text else [], text=n.text,
+                           logprobs=None, policy_version=n.policy_version, finish_reason=n.finish_reason)
         return tree
+
+
+def _one_format_weight(claims: list[tuple[int, int, float, float, float]]) -> bool:
+    """True when one format weight ``w`` in [0, 1] explains every well-formatted leaf's claim as
+    ``exact + w`` or ``partial + w`` (within ``2·REWARD_TOL``)."""
+    _, _, c0, e0, p0 = claims[0]
+    for w in {c0 - e0, c0 - p0}:
+        if not (-REWARD_TOL <= w <= 1.0 + REWARD_TOL):
+            continue
+        if all(abs(c - e - w) <= 2 * REWARD_TOL or abs(c - p - w) <= 2 * REWARD_TOL for _, _, c, e, p in claims):
+            return True
+    return False
+
+
+def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
+    """SHA-256 naming a tree's normalized content: its TaskRef and the sorted normalized completion texts.
+
+    Normalization is :func:`~swarmnode.tasks.partition.normalize_question` (NFKC, lower case, whitespace runs
+    collapsed, ends stripped), so a copy with a trailing space, other line breaks, reordered leaves, another
+    key, another signature time or other metadata has the same key. Local use only (not part of the protocol).
+    """
+    h = hashlib.sha256()
+    h.update(repr(ref.to_list()).encode("utf-8", "surrogatepass"))
+    for t in sorted(normalize_question(x) for x in leaf_texts):
+        h.update(b"\x00L")
+        h.update(len(t).to_bytes(4, "little"))
+        h.update(t.encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """Every special token id of a Hugging Face tokenizer: ``all_special_ids`` plus each added token marked
+    ``special`` (``added_tokens_decoder``; chat-role tokens such as ``<|user|>`` are often only there).
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer (duck-typed; missing attributes count as none).
+
+    Returns:
+        The set of ids (ints). Never raises.
+    """
+    out: set[int] = set()
+    try:
+        out.update(int(t) for t in (getattr(tokenizer, "all_special_ids", None) or []))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+            if getattr(tok, "special", False):
+                out.add(int(i))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
 
 
 def _path(wt: wire.WireTree, leaf: int) -> list[int]:

@@ -161,8 +161,9 @@ class JsonlSource:
         q, a, meta = self._items[ref.index]
         return Task(ref=ref, question=q, answer=a, metadata=dict(meta), name=self.name)
 
-    def score(self, task: Task, completion: Any) -> float:
-        """Correctness reward in {0.0, 1.0}; never raises.
+    def score(self, task: Task, completion: Any, *, partial_credit: bool = False) -> float:
+        """Correctness reward in {0.0, 1.0} (always exact; ``partial_credit`` is accepted and has no effect);
+        never raises.
 
         The gold answer is read again from the file via ``task.ref`` (never from ``task.answer``); the
         prediction is the last ``<answer>…</answer>`` of ``completion`` (no tag: 0.0); equivalence is
@@ -178,3 +179,7 @@ class JsonlSource:
             return math_verify_score(gold, pred)
         except Exception:
             return 0.0
+
+    def score_raw(self, task: Task, completion: Any) -> float:
+        """Same as :meth:`score` (a JSONL answer is right or wrong: there is no partial credit)."""
+        return self.score(task, completion)

@@ -21,9 +21,12 @@ chosen by SHA-256 of ``"<eval_seed>:<line>"``) is held out; training draws only 
 
 Reward
 ------
-``reward = correct + format_reward · format`` where ``correct`` is the source's verifier score in [0, 1]
-and ``format`` is :func:`~swarmnode.tasks.verifiers.format_reward` in {0, 1}; the total lies in
-``[0, 1 + format_reward]`` (the format term is an *extra* reward, as in DeepSeek-R1's rule-based rewards).
+``reward = correct + format_reward · format`` where ``format`` is the answer format rule
+(:func:`~swarmnode.tasks.verifiers.format_reward` in {0, 1}: one ``<answer>…</answer>``, nothing but
+whitespace after it) and ``correct`` is **exact** -- 1 only when the source's verifier gives a full score of
+1.0, else 0; and 0 whenever the format rule fails -- unless ``tasks.partial_credit`` keeps the raw score for
+local rewards (never for a peer's leaves); the total lies in ``[0, 1 + format_reward]`` (the format term is an
+*extra* reward, as in DeepSeek-R1's rule-based rewards).
 :meth:`TaskMix.score_detail` keeps the two parts apart; compare ``correct`` (not the total) when
 re-scoring a peer's claim, since ``format_reward`` is a local setting.
 """
@@ -40,7 +43,7 @@ import numpy as np
 from swarmnode.config import TasksConfig
 from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.jsonl_source import JsonlSource
-from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
+from swarmnode.tasks.reasoning_gym_source import EXACT_TOL, ReasoningGymSource
 from swarmnode.tasks.verifiers import format_reward
 
 Source = Union[ReasoningGymSource, JsonlSource]
@@ -59,6 +62,8 @@ class TaskMix:
         eval_size: default number of held-out tasks (:meth:`eval_refs` with ``n=None``).
         format_reward: weight of the format term of the reward, in [0, 1].
         jsonl_holdout: fraction of each JSONL file held out for evaluation, in [0, 1).
+        partial_credit: ``tasks.partial_credit``: local rewards keep reasoning-gym's partial credit
+            (:meth:`score_detail`); peers' leaves are always re-scored exactly.
 
     Raises:
         ValueError: empty or mismatched ``sources``/``weights``, a non-positive or non-finite weight, a
@@ -75,6 +80,7 @@ class TaskMix:
         eval_size: int = 200,
         format_reward: float = 0.0,
         jsonl_holdout: float = 0.1,
+        partial_credit: bool = False,
     ) -> None:
         sources = list(sources)
         weights = [float(w) for w in weights]
@@ -110,6 +116,7 @@ class TaskMix:
         self.eval_size = eval_size
         self.format_reward = float(format_reward)
         self.jsonl_holdout = float(jsonl_holdout)
+        self.partial_credit = bool(partial_credit)
 
         self._by_key: dict[tuple[str, str], int] = {}
         for i, s in enumerate(sources):
@@ -182,6 +189,7 @@ class TaskMix:
             eval_size=cfg.eval_size,
             format_reward=cfg.format_reward,
             jsonl_holdout=jsonl_holdout,
+            partial_credit=getattr(cfg, "partial_credit", False),
         )
 
     # ------------------------------------------------------------------ seeds
@@ -367,21 +375,51 @@ class TaskMix:
         return s.get(ref)
 
     # ------------------------------------------------------------------ rewards
-    def score_detail(self, task: Task, completion: Any) -> dict[str, float]:
+    def score_detail(self, task: Task, completion: Any, *, external: bool = False) -> dict[str, float]:
         """The reward of ``completion`` and its parts; never raises.
 
+        Args:
+            task: the regenerated task (its ``ref`` picks the source; the gold answer is regenerated from it).
+            completion: the completion text (untrusted; without a final EOS token).
+            external: ``True`` when re-scoring a peer's leaf: correctness is then always exact, whatever
+                ``partial_credit`` says.
+
         Returns:
-            ``{"correct": c, "format": f, "reward": c + format_reward · f}`` with ``c`` the source's verifier
-            score in [0, 1] (0.0 when ``task.ref`` is not from this mix), ``f`` in {0.0, 1.0}
-            (:func:`~swarmnode.tasks.verifiers.format_reward`) and ``reward`` in ``[0, 1 + format_reward]``.
+            ``{"correct": c, "format": f, "reward": c + format_reward · f}`` with ``f`` in {0.0, 1.0} the answer
+            format rule (:func:`~swarmnode.tasks.verifiers.format_reward`: one ``<answer>…</answer>``, nothing
+            but whitespace after it) and ``c`` the source's correctness: exact (1.0 only for a full score of
+            1.0, else 0.0) unless ``partial_credit`` is on and ``external`` is False. A completion that breaks
+            the format rule gets ``c = 0`` and ``reward = 0`` (text outside the answer format is not free).
+            ``c`` is 0.0 when ``task.ref`` is not from this mix; ``reward`` lies in ``[0, 1 + format_reward]``.
         """
-        try:
-            s = self.source_for(getattr(task, "ref", None))
-            correct = float(s.score(task, completion)) if s is not None else 0.0
-        except Exception:
-            correct = 0.0
+        d = self.rescore(task, completion)
+        correct = d["partial"] if (self.partial_credit and not external) else d["correct"]
+        return {"correct": correct, "format": d["format"], "reward": correct + self.format_reward * d["format"]}
+
+    def rescore(self, task: Task, completion: Any) -> dict[str, float]:
+        """Both correctness readings of ``completion`` from one verifier call; never raises.
+
+        Returns:
+            ``{"correct": exact correctness, "partial": the source's raw score in [0, 1], "format": f}``, both
+            correctness values 0.0 when the format rule fails (``f == 0``). The verifier (``swarm/verify.py``)
+            trains on ``correct`` and accepts a peer's claim of either reading (a peer with
+            ``tasks.partial_credit`` on claims its local partial rewards).
+        """
         fmt = format_reward(completion)
-        return {"correct": correct, "format": fmt, "reward": correct + self.format_reward * fmt}
+        raw = 0.0
+        if fmt > 0:
+            try:
+                s = self.source_for(getattr(task, "ref", None))
+                if s is not None:
+                    raw = float(s.score_raw(task, completion)) if hasattr(s, "score_raw") else float(
+                        s.score(task, completion))
+                    if not math.isfinite(raw):
+                        raw = 0.0
+                    raw = min(1.0, max(0.0, raw))
+            except Exception:
+                raw = 0.0
+        exact = 1.0 if raw >= 1.0 - EXACT_TOL else 0.0
+        return {"correct": exact, "partial": raw, "format": fmt}
 
     def score(self, task: Task, completion: Any) -> float:
         """``score_detail(task, completion)["reward"]``, in ``[0, 1 + format_reward]``; never raises."""

@@ -28,6 +28,9 @@ from swarmnode.tasks.verifiers import VerifierTimeout, clamp01, extract_answer, 
 
 logger = logging.getLogger(__name__)
 
+#: A raw score at least ``1 - EXACT_TOL`` counts as fully correct (exact rewards; float noise only).
+EXACT_TOL = 1e-9
+
 #: Seconds one ``score_answer`` call may take on the main thread before it scores 0.
 DEFAULT_SCORE_TIMEOUT_S = 2.0
 
@@ -206,8 +209,24 @@ class ReasoningGymSource:
         )
 
     # ------------------------------------------------------------------ scoring
-    def score(self, task: Task, completion: Any) -> float:
-        """Correctness reward in [0, 1] of ``completion`` for ``task``; never raises.
+    def score(self, task: Task, completion: Any, *, partial_credit: bool = False) -> float:
+        """Correctness reward of ``completion`` for ``task``: **exact** by default; never raises.
+
+        ``1.0`` only when the dataset's full score (:meth:`score_raw`) is 1.0 (within :data:`EXACT_TOL`), else
+        ``0.0``. reasoning-gym's own scores can be partial -- its base rule gives ``len(oracle)/len(answer)``
+        when the answer merely *contains* the oracle, so a completion listing many numbers collects 0.01-0.03,
+        which per-group normalization turns into an advantage as large as a correct answer's (issue 12,
+        finding 2). Partial credit is therefore no reward unless ``partial_credit=True`` (config
+        ``tasks.partial_credit``, for *local* rewards only; re-scores of peers' leaves are always exact), which
+        returns the raw score in [0, 1].
+        """
+        v = self.score_raw(task, completion)
+        if partial_credit:
+            return v
+        return 1.0 if v >= 1.0 - EXACT_TOL else 0.0
+
+    def score_raw(self, task: Task, completion: Any) -> float:
+        """The dataset's own score in [0, 1] of ``completion`` for ``task`` (partial credit kept); never raises.
 
         The answer is :func:`~swarmnode.tasks.verifiers.extract_answer` of the completion (the last
         ``<answer>…</answer>``). It is scored by the dataset's own ``score_answer(answer, entry)`` where

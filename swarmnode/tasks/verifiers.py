@@ -137,12 +137,16 @@ def extract_answer(text: Any) -> str | None:
 
 
 def format_reward(text: Any) -> float:
-    """1.0 when ``text`` holds exactly one well-formed ``<answer>…</answer>`` with non-empty content, else 0.0.
+    """1.0 when ``text`` obeys the answer format rule, else 0.0. Never raises.
 
-    Well-formed: exactly one ``<answer>`` and exactly one ``</answer>`` in the whole text, the opening tag
-    first, and non-whitespace content between them. Text before and after the pair is allowed. Non-``str``
-    input gives 0.0. Never raises. (The format reward of DeepSeek-R1 / Open-R1's ``format_reward``, reduced to
-    the answer tag that reasoning-gym's default system prompt asks for.)
+    The rule (the task's answer format, applied to our own and to peers' completions alike): exactly one
+    ``<answer>`` and exactly one ``</answer>`` in the whole text, the opening tag first, non-whitespace content
+    between them, and **nothing but whitespace after** ``</answer>``. Text before the pair (reasoning) is
+    allowed. Text after the answer is not: it is not part of any answer, and a format that let it through
+    would train arbitrary trailing text with the full advantage of a correct answer. A final EOS token is
+    not text: callers score the completion without it (``swarm/verify.py`` strips one final EOS id before
+    decoding). Non-``str`` input gives 0.0. (DeepSeek-R1 / Open-R1's ``format_reward``, reduced to the
+    answer tag that reasoning-gym's default system prompt asks for.)
     """
     try:
         if not isinstance(text, str):
@@ -154,6 +158,8 @@ def format_reward(text: Any) -> float:
         if end < start:
             return 0.0
         inner = text[start + len(ANSWER_OPEN) : end]
+        if text[end + len(ANSWER_CLOSE) :].strip():
+            return 0.0
         return 1.0 if inner.strip() else 0.0
     except Exception:  # pragma: no cover - defensive
         return 0.0
