@@ -42,6 +42,7 @@ from swarmnode.train.batch import compose_batch, samples_from_trees
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.train.external import process_external
 from swarmnode.train.off_policy import make_token_weight_fn
+from swarmnode.train.screen import SCREEN_REASON, LikelihoodScreen
 from swarmnode.train.checkpoint import load_latest_checkpoint, load_training_state, restore_rng, save_checkpoint
 from swarmnode.train.samples import Sample
 from swarmnode.train.trainer import Trainer
@@ -141,6 +142,13 @@ class Node:
             self.base_model_id = str(ckpt.extra.get("base_model_id", self.base_model_id))
             log.info("resumed from %s at step %d", ckpt.path, self.step)
         self.token_weight_fn = make_token_weight_fn(cfg.swarm)
+        self.screen = LikelihoodScreen.from_config(
+            cfg.swarm.screen,
+            temperature=cfg.sampling.temperature,
+            pad_token_id=self.policy.tokenizer.pad_token_id or 0,
+            max_rows=cfg.train.micro_batch_size,
+            max_tokens=cfg.train.max_tokens_per_micro_batch,
+        )
         self.resumed_from = ckpt.path if ckpt is not None else None
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
@@ -250,6 +258,23 @@ class Node:
                 m["external/failed_stage"] = "process"
                 log.warning("step %d: processing %d external trees failed (%s: %s); training on local samples only",
                             step + 1, len(candidates), type(e).__name__, str(e)[:200])
+        if cfg.swarm.screen.enabled and self.swarm is not None:
+            # our own completions of this step join the reference, then peers' are scored against it
+            self.screen.observe(tree.completion_logprobs(leaf) for tree in trees for leaf in tree.leaves())
+            if external:
+                try:
+                    with self.timer.phase("screen"):
+                        sr = self.screen.screen(self.policy.model, external)
+                    external = sr.kept
+                    m.update(sr.metrics)
+                    for peer, n in sr.rejected_by_peer.items():
+                        self.swarm.charge(peer, SCREEN_REASON, n)
+                except _EXTERNAL_FAILURES as e:
+                    m["external/failed"] += 1
+                    m["external/failed_stage"] = "screen"
+                    log.warning("step %d: screening %d external samples failed (%s: %s); training on local samples "
+                                "only", step + 1, len(external), type(e).__name__, str(e)[:200])
+                    external = []
         batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
         external_used = [s for s in batch if not s.is_local]
         m.update(bm)

@@ -153,3 +153,19 @@ def test_local_failures_are_not_swallowed(tmp_path):
             node.run_step()
     finally:
         node.close()
+
+
+def test_payload_carriers_are_screened_and_charged_to_their_peer(tmp_path):
+    def make(node, step):
+        t = honest_like_tree(node, step, "pay")
+        tok = node.policy.tokenizer
+        for lid in t.tree.leaves():
+            t.tree.nodes[lid].token_ids = tok("zq#pwned!<answer>3</answer>", add_special_tokens=False)["input_ids"]
+        return [t]
+
+    cfg = make_cfg(tmp_path, screen={"min_history": 8}, max_external_share=1.0)
+    swarm = CraftedSwarm(make)
+    _, ms = run_node(cfg, swarm, steps=2)
+    assert all(m["screen/warmup"] == 0 and m["screen/checked"] == 4 for m in ms)
+    assert all(m["screen/rejected"] == 4 and m["samples_external"] == 0 for m in ms)
+    assert swarm.charges == [("pay", "likelihood_screen", 4)] * 2
