@@ -9,7 +9,8 @@ and after the hostile steps. Nothing asserts on time.
 
 Arms: ``drop`` (defaults: L = our max_completion_length, overlong leaves dropped), ``truncate`` (leaves cut to
 L, then the per-step token budget), ``long`` (``swarm.max_external_completion_length = 16384`` with truncate:
-an operator who allows long external samples is still bounded by ``swarm.max_external_tokens_per_step``).
+an operator who allows long external samples is still bounded by ``swarm.max_external_tokens_per_step``),
+``truncate_unscreened`` (truncate with the likelihood screen off, so the 255 truncated samples reach the trainer).
 
 Usage: nice python scripts/bench_bounded.py [--steps 3] [--arms drop truncate long] [--out report.json]
 """
@@ -34,6 +35,7 @@ ARMS = {
     "drop": {},
     "truncate": {"external_length_policy": "truncate"},
     "long": {"external_length_policy": "truncate", "max_external_completion_length": 16384},
+    "truncate_unscreened": {"external_length_policy": "truncate", "screen": {"enabled": False}},
 }
 
 
@@ -91,7 +93,7 @@ def run_arm(arm: str, steps: int, n_shared: int, leaves: int, workdir: Path) -> 
             per_step.append({k: m.get(k) for k in (
                 "select/selected", "select/dropped_token_budget", "select/tokens", "external/dropped_overlong",
                 "external/truncated", "external/samples", "external/failed", "screen/rejected", "samples_external",
-                "samples_local")})
+                "samples_local", "train/skipped", "train/tokens")})
         gc.collect()
         end = proc.memory_info().rss
     finally:
