@@ -151,6 +151,45 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
     mask_truncated_completions: bool = False
     drop_zero_variance_groups: bool = True
+    advantage_std_floor: float = Field(
+        0.1,
+        ge=0,
+        description="smallest reward spread (std or MAD, reward units) an advantage is divided by, for local and "
+        "external groups alike: A = (r - mean) / (max(std, floor) + eps), so rewards 0.02 vs 0 are not blown up "
+        "to +-0.7..1.5 (0 = TRL's formula; 0.1 never binds for binary rewards and groups under 100 leaves). Default 0.1",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        16384,
+        ge=1,
+        description="padded tokens (rows x (longest prompt + longest completion)) per forward/backward; micro-batches "
+        "are packed by this and by micro_batch_size, whichever binds first; a single longer sample runs alone. "
+        "None = micro_batch_size only. Default 16384",
+    )
+
+
+class ScreenConfig(_Strict):
+    """Likelihood screen of external completions (train/screen.py; "Hail to the Thief", arXiv 2511.09780).
+
+    Each external completion is scored under our current policy (one batched no-grad forward); it is rejected
+    when its mean token log-prob, or its lowest mean over any ``window`` consecutive tokens, is an outlier
+    against the same statistics of our own recent completions (their behaviour log-probs)."""
+
+    enabled: bool = Field(True, description="screen external completions before training on them. Default true")
+    window: int = Field(8, ge=1, description="tokens of the sliding window for the windowed-mean statistic. Default 8")
+    history: int = Field(
+        1024, ge=16, description="how many of our own recent completions form the reference distribution. Default 1024"
+    )
+    min_history: int = Field(
+        32, ge=1, description="our own completions needed before the screen rejects anything (until then it only "
+        "counts). Default 32",
+    )
+    quantile: float = Field(
+        0.01, gt=0, lt=0.5, description="lower quantile of our own statistics used as the reference point. Default 0.01"
+    )
+    margin: float = Field(
+        1.0, ge=0, description="nats per token below the reference quantile at which a completion is rejected "
+        "(threshold = quantile - margin, for both statistics). Default 1.0",
+    )
 
 
 class SwarmConfig(_Strict):
@@ -200,6 +239,17 @@ class SwarmConfig(_Strict):
         "completion texts) of every accepted tree, so copies and re-signed replays are dropped (reason replay)"
     )
     external_length_policy: Literal["drop", "truncate"] = "drop"
+    max_external_tokens_per_step: int = Field(
+        32768,
+        ge=0,
+        description="tokens (prompt + completion, per leaf, after the length cap) of all external samples in one "
+        "step, all peers together; a tree is costed by the samples it expands into, before it is decoded, and "
+        "skipped when it does not fit. Default 32768",
+    )
+    screen: ScreenConfig = Field(
+        default_factory=lambda: ScreenConfig(),
+        description="likelihood screen of external completions under our own policy (train/screen.py)",
+    )
     rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")
     ban_seconds: float = Field(600.0, gt=0)

@@ -38,9 +38,11 @@ from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.mix import TaskMix, stream_for_peer
-from swarmnode.train.batch import samples_from_trees
+from swarmnode.train.batch import compose_batch, samples_from_trees
 from swarmnode.rollout.peer_tree import PeerTree
-from swarmnode.train.external import compose_batch, make_token_weight_fn, process_external
+from swarmnode.train.external import process_external
+from swarmnode.train.off_policy import make_token_weight_fn
+from swarmnode.train.screen import SCREEN_REASON, LikelihoodScreen
 from swarmnode.train.checkpoint import load_latest_checkpoint, load_training_state, restore_rng, save_checkpoint
 from swarmnode.train.samples import Sample
 from swarmnode.train.trainer import Trainer
@@ -62,7 +64,17 @@ class SwarmHook(Protocol):
 
         Never raises on network trouble or hostile input; rejected input is counted, never returned."""
 
+    def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
+        """Charge ``peer_id`` for ``n`` of its samples the trainer rejected under ``reason`` (e.g.
+        ``"likelihood_screen"``): a soft rejection each, counted in the peer's record. Never raises."""
+
     def close(self) -> None: ...
+
+
+# Failures of external input inside steps 6-7 that must not kill the node (issue 12 finding 1): the
+# allocator's RuntimeError ("can't allocate memory", CUDA OOM is a RuntimeError too), MemoryError, and the
+# ValueError / TypeError / IndexError of bad shapes or ids.
+_EXTERNAL_FAILURES = (RuntimeError, MemoryError, ValueError, TypeError, IndexError)
 
 
 @dataclass
@@ -133,6 +145,13 @@ class Node:
             self.base_model_id = str(ckpt.extra.get("base_model_id", self.base_model_id))
             log.info("resumed from %s at step %d", ckpt.path, self.step)
         self.token_weight_fn = make_token_weight_fn(cfg.swarm)
+        self.screen = LikelihoodScreen.from_config(
+            cfg.swarm.screen,
+            temperature=cfg.sampling.temperature,
+            pad_token_id=self.policy.tokenizer.pad_token_id or 0,
+            max_rows=cfg.train.micro_batch_size,
+            max_tokens=cfg.train.max_tokens_per_micro_batch,
+        )
         self.resumed_from = ckpt.path if ckpt is not None else None
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
@@ -222,8 +241,9 @@ class Node:
                 m.update(sm)
 
         # 6. process: local advantages from the local trees; each external group normalized within its own
-        #    source (peer, task), length-controlled, and capped in share (train/external.py)
-        adv = compute_advantages(trees, cfg.train.advantage_estimator, cfg.train.scale_rewards)
+        #    source (peer, task), bounded in tokens and length, screened by likelihood, capped in share
+        adv = compute_advantages(trees, cfg.train.advantage_estimator, cfg.train.scale_rewards,
+                                 std_floor=cfg.train.advantage_std_floor)
         local = samples_from_trees(
             trees,
             adv,
@@ -232,25 +252,66 @@ class Node:
             mask_truncated=cfg.train.mask_truncated_completions,
         )
         external: list[Sample] = []
+        m["external/failed"] = 0
         if candidates:
-            external, em = process_external(
-                candidates,
-                cfg.swarm,
-                current_version=step,
-                our_model_id=self.base_model_id,
-                our_tokenizer_id=self.policy.tokenizer_id,
-                local_rewards_by_task={t.task.key(): t.leaf_rewards() for t in trees},
-                scale_rewards=cfg.train.scale_rewards,
-                rng=random.Random(cfg.seed * 7_919 + step),
-            )
-            m.update(em)
+            try:
+                external, em = process_external(
+                    candidates,
+                    cfg.swarm,
+                    current_version=step,
+                    our_model_id=self.base_model_id,
+                    our_tokenizer_id=self.policy.tokenizer_id,
+                    local_rewards_by_task={t.task.key(): t.leaf_rewards() for t in trees},
+                    scale_rewards=cfg.train.scale_rewards,
+                    rng=random.Random(cfg.seed * 7_919 + step),
+                    max_completion_length=cfg.sampling.max_completion_length,
+                    max_prompt_length=cfg.sampling.max_prompt_length,
+                    std_floor=cfg.train.advantage_std_floor,
+                )
+                m.update(em)
+            except _EXTERNAL_FAILURES as e:  # peer input never kills the node: drop it, count it, go on
+                external = []
+                m["external/failed"] += 1
+                m["external/failed_stage"] = "process"
+                log.warning("step %d: processing %d external trees failed (%s: %s); training on local samples only",
+                            step + 1, len(candidates), type(e).__name__, str(e)[:200])
+        if cfg.swarm.screen.enabled and self.swarm is not None:
+            # our own completions of this step join the reference, then peers' are scored against it
+            self.screen.observe(tree.completion_logprobs(leaf) for tree in trees for leaf in tree.leaves())
+            if external:
+                try:
+                    with self.timer.phase("screen"):
+                        sr = self.screen.screen(self.policy.model, external)
+                    external = sr.kept
+                    m.update(sr.metrics)
+                    for peer, n in sr.rejected_by_peer.items():
+                        self.swarm.charge(peer, SCREEN_REASON, n)
+                except _EXTERNAL_FAILURES as e:
+                    m["external/failed"] += 1
+                    m["external/failed_stage"] = "screen"
+                    log.warning("step %d: screening %d external samples failed (%s: %s); training on local samples "
+                                "only", step + 1, len(external), type(e).__name__, str(e)[:200])
+                    external = []
         batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
         external_used = [s for s in batch if not s.is_local]
         m.update(bm)
 
-        # 7. update
+        # 7. update (a failure with external samples in the batch: gradients zeroed, redone on local samples)
         with self.timer.phase("train"):
-            tm = self.trainer.step(batch, token_weight_fn=self.token_weight_fn if external_used else None)
+            try:
+                tm = self.trainer.step(batch, token_weight_fn=self.token_weight_fn if external_used else None)
+            except _EXTERNAL_FAILURES as e:
+                if not external_used:
+                    raise  # our own samples: a real bug, not peer input
+                self.trainer.optimizer.zero_grad(set_to_none=True)
+                m["external/failed"] += 1
+                m["external/failed_stage"] = "train"
+                m["external/failed_samples"] = len(external_used)
+                log.warning("step %d: training on %d external samples failed (%s: %s); redoing the step on local "
+                            "samples only", step + 1, len(external_used), type(e).__name__, str(e)[:200])
+                batch = [s for s in batch if s.is_local]
+                external_used = []
+                tm = self.trainer.step(batch, token_weight_fn=None)
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
         self.step += 1
 

@@ -163,10 +163,13 @@ def test_mc_grpo_even_group_lower_median_and_clamp():
     assert res.dropped[0] == {t.leaves()[3]}
     # tiny positive MAD with an outlier: (1 - .02) / (.01 + .001) = 89 -> clamped at 10
     t2 = group_tree(1, [0.0, 0.01, 0.02, 0.03, 1.0])
-    res2 = compute_advantages([t2], "mc_grpo", "group")
+    res2 = compute_advantages([t2], "mc_grpo", "group", std_floor=0.0)  # the clamp, without the floor
     vals = leaf_values(res2, 0, t2)
     assert vals[4] == 10.0
     assert vals[0] == pytest.approx(-0.02 / 0.011)
+    # with the default floor (0.1) the MAD 0.01 is raised to 0.1: (1 - .02) / (.1 + .001), no clamp needed
+    floored = leaf_values(compute_advantages([t2], "mc_grpo", "group"), 0, t2)
+    assert floored[4] == pytest.approx(0.98 / 0.101)
 
 
 def test_mc_grpo_batch_and_none():
@@ -369,3 +372,25 @@ def test_samples_from_trees():
     assert [s.loss_mask for s in kept] == [[1, 1], [1, 1], [0, 0]]
     with pytest.raises(ValueError, match="same list"):
         samples_from_trees([t], res)
+
+
+def test_std_floor_keeps_tiny_reward_differences_small():
+    """Issue 12 finding 2: rewards 0.02 vs 0 must not become an advantage as strong as a correct answer."""
+    t = group_tree(0, [0.02, 0.0])
+    raw = leaf_values(compute_advantages([t], "grpo", "group", std_floor=0.0), 0, t)
+    assert raw[0] == pytest.approx(0.01 / (math.sqrt(2) * 0.01 + 1e-4))  # 0.70: TRL's formula blows it up
+    t8 = group_tree(1, [0.02] + [0.0] * 7)
+    raw8 = leaf_values(compute_advantages([t8], "grpo", "group", std_floor=0.0), 0, t8)
+    assert raw8[0] > 2.4  # as strong as one correct answer in eight
+    for est in ("grpo", "mc_grpo", "tree_grpo", "treerl", "treepo"):
+        vals = leaf_values(compute_advantages([t8], est, "group"), 0, t8)
+        assert max(abs(v) for v in vals) <= 0.4 + 1e-9, est  # <= 2 terms (tree_grpo, treerl) of 0.02 / 0.1
+    floored = leaf_values(compute_advantages([t8], "grpo", "group"), 0, t8)
+    assert floored[0] == pytest.approx((0.02 - 0.0025) / (0.1 + 1e-4))
+    # binary rewards: a floor of 0.1 never binds for G < 100 (smallest std sqrt(1/G))
+    tb = group_tree(2, [1.0] + [0.0] * 63)
+    assert leaf_values(compute_advantages([tb], "grpo", "group"), 0, tb) == pytest.approx(
+        leaf_values(compute_advantages([tb], "grpo", "group", std_floor=0.0), 0, tb)
+    )
+    with pytest.raises(ValueError, match="advantage_std_floor"):
+        compute_advantages([t], "grpo", "group", std_floor=-1.0)

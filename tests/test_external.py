@@ -1,4 +1,5 @@
-"""Source-specific processing of external rollouts (swarmnode/train/external.py): hand-computed values."""
+"""Source-specific processing of external rollouts (train/external.py, train/batch.py, train/off_policy.py,
+rollout/advantages.py): hand-computed values."""
 
 from __future__ import annotations
 
@@ -14,18 +15,10 @@ from swarmnode.config import SwarmConfig
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
-from swarmnode.train.external import (
-    ADV_EPS,
-    compose_batch,
-    effective_off_policy_mode,
-    external_cap,
-    external_samples,
-    external_token_loss,
-    joint_task_stats,
-    off_policy_token_weights,
-    process_external,
-    select_external,
-)
+from swarmnode.rollout.advantages import ADV_EPS, joint_task_stats
+from swarmnode.train.batch import compose_batch, external_cap, external_samples
+from swarmnode.train.external import process_external, select_external, tree_sample_tokens
+from swarmnode.train.off_policy import effective_off_policy_mode, external_token_loss, off_policy_token_weights
 from swarmnode.train.samples import Sample
 
 OUR_MODEL = "our-model"
@@ -298,17 +291,75 @@ def test_zero_variance_groups_dropped_first():
     assert select_external(cands[:3], 10, "contrast", 1.0, 0) == []
 
 
-def test_contrast_prefers_high_variance_ties_random():
+def test_contrast_ranks_within_a_peer_ties_random():
     lo1 = ext([1, 0, 0, 0], peer="A", task_index=1)  # var 0.25
-    lo2 = ext([1, 1, 1, 0], peer="B", task_index=2)  # var 0.25
-    hi = ext([1, 0], peer="C", task_index=3)  # var 0.5
-    mid = ext([1, 0, 0], peer="D", task_index=4)  # var 1/3
+    lo2 = ext([1, 1, 1, 0], peer="A", task_index=2)  # var 0.25
+    hi = ext([1, 0], peer="A", task_index=3)  # var 0.5
+    mid = ext([1, 0, 0], peer="A", task_index=4)  # var 1/3
     firsts_of_tie = set()
     for seed in range(20):
         out = select_external([lo1, lo2, hi, mid], 3, "contrast", 1.0, seed)
         assert out[0] is hi and out[1] is mid and out[2] in (lo1, lo2)
-        firsts_of_tie.add(out[2].peer_id)
-    assert firsts_of_tie == {"A", "B"}
+        firsts_of_tie.add(out[2].tree.task.index)
+    assert firsts_of_tie == {1, 2}
+
+
+def test_contrast_does_not_put_two_leaf_trees_first_across_peers():
+    """Issue 12 finding 7: four fresh keys sending 2-leaf [1, 0] trees took every slot under global contrast."""
+    honest = [ext([1, 0, 0, 1, 0, 0, 0, 0], peer=f"H{p}", task_index=10 * p + i) for p in range(4) for i in range(2)]
+    sybils = [ext([1, 0], peer=f"S{p}", task_index=100 + 10 * p + i) for p in range(4) for i in range(3)]
+    honest_slots = 0
+    firsts = set()
+    for seed in range(200):
+        stats: dict = {}
+        out = select_external(sybils + honest, 4, "contrast", 0.5, seed, stats=stats)
+        assert len(out) == 4 and stats["select/peers"] == 4  # one tree per peer: round-robin over publishers
+        honest_slots += sum(1 for c in out if c.peer_id.startswith("H"))
+        firsts.add(out[0].peer_id)
+    # 4 honest of 8 publishers: about half of the slots (binomial, 800 slots: 400 +- 3 sigma = 42)
+    assert 330 <= honest_slots <= 470, honest_slots
+    assert len(firsts) == 8  # every publisher is first in some step
+
+
+def test_round_robin_and_per_peer_cap_bound_one_publisher():
+    many = [ext([1, 0], peer="A", task_index=i) for i in range(20)]
+    few = [ext([1, 0, 0], peer="B", task_index=100)]
+    stats: dict = {}
+    out = select_external(many + few, 6, "contrast", 0.5, 3, stats=stats)
+    assert sum(1 for c in out if c.peer_id == "A") == 3 and sum(1 for c in out if c.peer_id == "B") == 1
+    assert stats["select/dropped_peer_cap"] == 17 and stats["select/selected"] == 4
+
+
+def test_token_budget_costs_trees_by_expanded_samples():
+    # 255 leaves sharing one 1000-token segment, each with its own 1-token tail: 255 samples of 1001 tokens
+    t = RolloutTree(task=task(7), prompt_ids=[1, 2, 3])
+    shared = t.add_child(0, list(range(10, 1010)), logprobs=[-0.1] * 1000)
+    for k in range(255):
+        leaf = t.add_child(shared, [5 + (k % 3)], logprobs=[-0.1])
+        t.nodes[leaf].reward = float(k % 2)
+    big = PeerTree(t, "X", model_id=OUR_MODEL, tokenizer_id=OUR_TOK, same_tokenizer=True)
+    assert tree_sample_tokens(big) == 255 * (3 + 1001)
+    assert tree_sample_tokens(big, max_len=32, length_policy="drop") == 0
+    assert tree_sample_tokens(big, max_len=32, length_policy="truncate") == 255 * 35
+    assert tree_sample_tokens(big, max_len=32, length_policy="truncate", max_prompt_len=2) == 255 * 34
+    small = ext([1, 0], peer="Y", task_index=8)  # 2 leaves x (3 + 2)
+    stats: dict = {}
+    out = select_external([big, small], 4, "contrast", 1.0, 0, stats=stats, max_tokens=1000)
+    assert out == [small] and stats["select/dropped_token_budget"] == 1 and stats["select/tokens"] == 10
+    out = select_external([big, small], 4, "contrast", 1.0, 0, max_tokens=10**6)
+    assert set(map(id, out)) == {id(big), id(small)}
+    # process_external: with our L = 32 and the drop policy nothing of the big tree is decoded
+    cfg = SwarmConfig(num_external=4, max_peer_share=1.0)
+    samples, m = process_external([big, small], cfg, current_version=0, our_model_id=OUR_MODEL,
+                                  our_tokenizer_id=OUR_TOK, rng=0, max_completion_length=32)
+    assert m["external/max_completion_length"] == 32 and m["external/dropped_overlong"] == 255
+    assert {s.source for s in samples} == {"external:Y"}
+    cfg = SwarmConfig(num_external=4, max_peer_share=1.0, external_length_policy="truncate",
+                      max_external_tokens_per_step=255 * 35 + 10)
+    samples, m = process_external([big, small], cfg, current_version=0, our_model_id=OUR_MODEL,
+                                  our_tokenizer_id=OUR_TOK, rng=0, max_completion_length=32)
+    assert max(len(s.completion_ids) for s in samples) == 32 and m["select/tokens"] == 255 * 35 + 10
+    assert sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples) == 255 * 35 + 10
 
 
 def test_random_is_uniform_over_nonzero_variance_groups():
@@ -442,7 +493,21 @@ def test_process_external_with_swarm_config():
     cands = [ext([1, 0, 0, 0], peer="A", task_index=1, lengths=[2, 2, 2, 6]), ext([1, 0], peer="A", task_index=2),
              ext([1, 0, 0], peer="B", task_index=3, model_id="foreign"), ext([1, 1], peer="C")]
     samples, m = process_external(cands, cfg, current_version=3, our_model_id=OUR_MODEL, our_tokenizer_id=OUR_TOK, rng=0)
-    # peer cap ceil(0.9) = 1: A's [1,0] (var .5) first, then B's [1,0,0] (var 1/3); A's second group skipped
-    assert [s.source for s in samples] == ["external:A"] * 2 + ["external:B"] * 3
+    # peer cap ceil(0.9) = 1: A's [1,0] (var .5, A's best), and B's [1,0,0]; A's second group skipped
+    assert sorted(s.source for s in samples) == ["external:A"] * 2 + ["external:B"] * 3
+    assert {s.group_id for s in samples if s.source == "external:A"} == {f"{task(2).key()}|external:A"}
     assert m["select/dropped_zero_variance"] == 1 and m["select/dropped_peer_cap"] == 1
     assert m["external/tis_fallback_samples"] == 3
+
+
+def test_external_normalization_has_the_std_floor():
+    """Issue 12 finding 2: a farmed 0.02 vs 0 must not become +0.86 (eps 1e-4 alone)."""
+    farmed = ext([0.02, 0, 0, 0, 0, 0, 0, 0], peer="F")
+    raw, _ = external_samples([farmed], "per_source", std_floor=0.0)
+    assert advs(raw)[0] > 2.4  # as strong as one correct answer in eight without the floor
+    floored, _ = external_samples([farmed], "per_source")
+    assert advs(floored)[0] == pytest.approx((0.02 - 0.0025) / (0.1 + ADV_EPS))
+    honest = ext([1, 0, 0, 0, 0, 0, 0, 0], peer="H")  # binary rewards: the floor does not bind
+    a_raw, _ = external_samples([honest], "per_source", std_floor=0.0)
+    a_fl, _ = external_samples([honest], "per_source")
+    assert advs(a_fl) == pytest.approx(advs(a_raw))

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from swarmnode.config import TrainConfig
 from swarmnode.train.loss import sequence_logprobs
 from swarmnode.train.samples import Sample
-from swarmnode.train.trainer import Trainer, lr_lambda_factory
+from swarmnode.train.trainer import Trainer, lr_lambda_factory, pack_micro_batches
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
@@ -58,10 +58,10 @@ def test_step_raises_positive_and_lowers_negative():
 def test_micro_batching_gives_the_full_batch_gradient(loss_type):
     samples = mixed_samples()
     grads = []
-    for mbs in (1, 2, len(samples)):
+    for mbs, max_tok in ((1, None), (2, None), (16, 12), (16, 1), (len(samples), None)):
         model = tiny_llama()
-        tr = Trainer(model, TrainConfig(loss_type=loss_type, micro_batch_size=mbs), max_completion_length=6,
-                     total_steps=1)
+        tr = Trainer(model, TrainConfig(loss_type=loss_type, micro_batch_size=mbs, max_tokens_per_micro_batch=max_tok),
+                     max_completion_length=6, total_steps=1)
         met = tr.accumulate_gradients(samples)
         grads.append((torch.cat([p.grad.flatten() for p in tr.params]), met["loss"]))
     g_full, loss_full = grads[-1]
@@ -169,3 +169,18 @@ def test_step_restores_model_mode_and_skips_nonfinite():
     m = tr.step(bad)  # the gradient overflows: no update is applied
     assert m["nonfinite_updates"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(snap, model.parameters()))
+
+
+def test_micro_batches_are_packed_by_padded_tokens():
+    long = Sample([1] * 10, [2] * 90, [1.0] * 90)  # 100 tokens alone
+    short = [Sample([1, 2], [3] * k, [1.0] * k) for k in (1, 2, 3, 4, 5, 6)]
+    mbs = pack_micro_batches(short + [long], max_rows=16, max_tokens=20)
+    assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in short + [long])  # each exactly once
+    for mb in mbs:
+        padded = len(mb) * (max(len(s.prompt_ids) for s in mb) + max(len(s.completion_ids) for s in mb))
+        assert padded <= 20 or len(mb) == 1  # a sample longer than the budget runs alone
+    assert [long] in mbs
+    assert [len(mb) for mb in pack_micro_batches(short, max_rows=4, max_tokens=None)] == [4, 2]  # rows only
+    assert [len(mb) for mb in pack_micro_batches(short, max_rows=2, max_tokens=10**6)] == [2, 2, 2]
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch"):
+        pack_micro_batches(short, 2, 0)

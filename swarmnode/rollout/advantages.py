@@ -65,9 +65,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
+from swarmnode.tasks.base import TaskRef
 
 ESTIMATORS = ("grpo", "mc_grpo", "treepo", "tree_grpo", "treerl")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -78,6 +80,14 @@ MC_GRPO_MAX_ABS_ADVANTAGE = 10.0  # our bound on |A| for mc_grpo (MAD can be ~0 
 TREE_GRPO_EPS = 1e-6  # Tree-GRPO / verl grpo: / (std + 1e-6)
 WHITEN_EPS = 1e-8  # verl masked_whiten: * rsqrt(var + 1e-8)
 ZERO_STD_ATOL = 1e-8  # torch.isclose(std, 0) default atol
+STD_FLOOR = 0.1
+"""Default floor on the reward spread a group is divided by (config ``train.advantage_std_floor``).
+
+Without it ``(r - mean) / (std + 1e-4)`` turns any tiny reward difference into a full-size advantage:
+rewards ``[0.02, 0]`` give ``±0.707`` and ``[0.02, 0, 0, 0]`` give ``+1.5``, as strong as a correct answer
+(a farmable partial-credit score, issue 12 finding 2). With the floor, the divisor is
+``max(std, floor) + eps``. For binary rewards the smallest non-zero unbiased std of a group of G leaves is
+``sqrt(1/G)`` (one success), so a floor of 0.1 never binds for G < 100 and binary training is unchanged."""
 
 
 @dataclass
@@ -153,6 +163,27 @@ def _std(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
 
 
+def scale_divisor(spread: float, eps: float, floor: float = 0.0) -> float:
+    """The divisor of a normalized advantage: ``max(spread, floor) + eps``.
+
+    The one place where every estimator (``grpo``, ``mc_grpo``, ``tree_grpo``, ``treerl``, ``treepo``
+    whitening) and the per-source normalization of external groups (:func:`normalize_groups`) turn a reward
+    spread (std, MAD) into a divisor, so the floor (``train.advantage_std_floor``, :data:`STD_FLOOR`) holds
+    for local and external samples alike.
+
+    Args:
+        spread: the group's (or batch's) std or MAD, in reward units (>= 0).
+        eps: the estimator's additive epsilon (``GRPO_EPS``, ``MC_GRPO_EPS``, ...).
+        floor: the smallest spread divided by (>= 0; 0 disables the floor).
+
+    Raises:
+        ValueError: ``floor`` is negative or not finite.
+    """
+    if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor >= 0):
+        raise ValueError(f"advantage std floor (train.advantage_std_floor) must be a finite float >= 0, got {floor!r}")
+    return max(float(spread), float(floor)) + eps
+
+
 def _lower_median(xs: Sequence[float]) -> float:
     """``torch.median`` semantics: the lower of the two middle values for an even count."""
     s = sorted(xs)
@@ -215,8 +246,10 @@ def _is_zero_variance(rewards: Sequence[float]) -> bool:
     return len(rewards) < 2 or _std(rewards) <= ZERO_STD_ATOL
 
 
-def _whiten(values: list[float], weights: list[int]) -> list[float]:
-    """verl ``masked_whiten``: token-weighted mean and unbiased variance, ``(x - mean) / sqrt(var + 1e-8)``."""
+def _whiten(values: list[float], weights: list[int], floor: float = 0.0) -> list[float]:
+    """verl ``masked_whiten``: token-weighted mean and unbiased variance, ``(x - mean) / sqrt(var + 1e-8)``.
+
+    With ``floor > 0`` the variance is first raised to ``floor**2`` (the std floor of :func:`scale_divisor`)."""
     n = sum(weights)
     if n == 0:
         return list(values)
@@ -224,7 +257,7 @@ def _whiten(values: list[float], weights: list[int]) -> list[float]:
     if n < 2:
         return [v - mean for v in values]
     var = sum(w * (v - mean) ** 2 for v, w in zip(values, weights)) / (n - 1)
-    inv = 1.0 / math.sqrt(var + WHITEN_EPS)
+    inv = 1.0 / math.sqrt(max(var, float(floor) ** 2) + WHITEN_EPS)
     return [(v - mean) * inv for v in values]
 
 
@@ -236,6 +269,7 @@ def _leaf_level(
     trees: Sequence[RolloutTree],
     zero: set[str],
     dropped: list[set[int]],
+    floor: float = 0.0,
 ) -> dict[tuple[int, int], float]:
     """Per-leaf scalar advantages for the outcome-level estimators."""
     out: dict[tuple[int, int], float] = {}
@@ -246,7 +280,8 @@ def _leaf_level(
         for g in groups:
             rs = g.rewards
             m = _mean(rs)
-            scale = {"group": _std(rs) + GRPO_EPS, "batch": batch_std + GRPO_EPS, "none": 1.0}[scale_rewards]
+            scale = {"group": scale_divisor(_std(rs), GRPO_EPS, floor),
+                     "batch": scale_divisor(batch_std, GRPO_EPS, floor), "none": 1.0}[scale_rewards]
             for lf in g.leaves:
                 out[(lf.tree, lf.leaf)] = 0.0 if g.key in zero else (lf.reward - m) / scale
         return out
@@ -254,7 +289,8 @@ def _leaf_level(
     if estimator == "mc_grpo":
         if all_rewards:
             batch_mad = _mad(all_rewards)
-            batch_scale = batch_mad + MC_GRPO_EPS if batch_mad > 0 else batch_std + GRPO_EPS
+            batch_scale = (scale_divisor(batch_mad, MC_GRPO_EPS, floor) if batch_mad > 0
+                           else scale_divisor(batch_std, GRPO_EPS, floor))
         else:
             batch_scale = 1.0
         cap = MC_GRPO_MAX_ABS_ADVANTAGE
@@ -268,7 +304,7 @@ def _leaf_level(
                 dropped[lf.tree].add(lf.leaf)
             if scale_rewards == "group":
                 mad = _mad(rs)
-                scale = mad + MC_GRPO_EPS if mad > 0 else _std(rs) + GRPO_EPS
+                scale = scale_divisor(mad, MC_GRPO_EPS, floor) if mad > 0 else scale_divisor(_std(rs), GRPO_EPS, floor)
             elif scale_rewards == "batch":
                 scale = batch_scale
             else:
@@ -301,7 +337,7 @@ def _leaf_level(
         for scope in scopes:
             ids = [(lf.tree, lf.leaf) for g in scope for lf in g.leaves]
             w = [lf.n_tokens for g in scope for lf in g.leaves]
-            for k, v in zip(ids, _whiten([raw[k] for k in ids], w)):
+            for k, v in zip(ids, _whiten([raw[k] for k in ids], w, floor)):
                 out[k] = v
         return out
 
@@ -309,9 +345,9 @@ def _leaf_level(
         for g in groups:
             rs = g.rewards
             if scale_rewards == "group":
-                s_prompt = _std(rs) + TREE_GRPO_EPS
+                s_prompt = scale_divisor(_std(rs), TREE_GRPO_EPS, floor)
             elif scale_rewards == "batch":
-                s_prompt = batch_std + TREE_GRPO_EPS
+                s_prompt = scale_divisor(batch_std, TREE_GRPO_EPS, floor)
             else:
                 s_prompt = 1.0
             m_prompt = _mean(rs)
@@ -335,9 +371,9 @@ def _leaf_level(
                     z_tree = 0.0
                 else:
                     if scale_rewards == "group":
-                        s_tree = _std(trs) + TREE_GRPO_EPS
+                        s_tree = scale_divisor(_std(trs), TREE_GRPO_EPS, floor)
                     elif scale_rewards == "batch":
-                        s_tree = batch_std + TREE_GRPO_EPS
+                        s_tree = scale_divisor(batch_std, TREE_GRPO_EPS, floor)
                     else:
                         s_tree = 1.0
                     z_tree = (lf.reward - _mean(trs)) / s_tree
@@ -348,7 +384,7 @@ def _leaf_level(
 
 
 def _treerl_segment_values(
-    scale_rewards: str, groups: list[_Group], trees: Sequence[RolloutTree], zero: set[str]
+    scale_rewards: str, groups: list[_Group], trees: Sequence[RolloutTree], zero: set[str], floor: float = 0.0
 ) -> dict[int, dict[int, float]]:
     """TreeRL per-segment values: tree index -> node id -> value."""
     all_rewards = [lf.reward for g in groups for lf in g.leaves]
@@ -357,7 +393,8 @@ def _treerl_segment_values(
     for g in groups:
         rs = g.rewards
         v_root = _mean(rs)
-        scale = {"group": _std(rs) + GRPO_EPS, "batch": batch_std + GRPO_EPS, "none": 1.0}[scale_rewards]
+        scale = {"group": scale_divisor(_std(rs), GRPO_EPS, floor),
+                 "batch": scale_divisor(batch_std, GRPO_EPS, floor), "none": 1.0}[scale_rewards]
         for ti in g.trees:
             tree = trees[ti]
             # V(s) and |L(s)| from the leaf rewards (independent of TreeNode.update_stats having run)
@@ -389,6 +426,7 @@ def compute_advantages(
     estimator: str,
     scale_rewards: str = "group",
     group_key: Callable[[RolloutTree], str] | None = None,
+    std_floor: float = STD_FLOOR,
 ) -> AdvantageResult:
     """Turn scored rollout trees into per-token advantages.
 
@@ -399,19 +437,23 @@ def compute_advantages(
             (formulas and sources in the module docstring).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"``: the scope of the scale divisor (module docstring).
         group_key: maps a tree to its group key; default ``tree.task.key()``.
+        std_floor: the smallest reward spread (std or MAD) an advantage is divided by (config
+            ``train.advantage_std_floor``; :data:`STD_FLOOR`; 0 = TRL's formula exactly). See :func:`scale_divisor`.
 
     Returns:
         :class:`AdvantageResult` with per-tree ``{leaf id: [advantage per completion token]}``, the dropped
         leaves, the zero-variance groups and summary statistics.
 
     Raises:
-        ValueError: unknown ``estimator`` / ``scale_rewards``; a leaf without a reward or with a non-finite one.
+        ValueError: unknown ``estimator`` / ``scale_rewards``; a leaf without a reward or with a non-finite one;
+            a negative ``std_floor``.
         TypeError: an element of ``trees`` is not a RolloutTree.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected one of {', '.join(SCALE_REWARDS)}")
+    scale_divisor(0.0, 0.0, std_floor)  # validates the floor
     keyf = group_key or (lambda t: t.task.key())
     groups, keys = _collect(trees, keyf)
     groups = [g for g in groups if g.leaves]
@@ -420,13 +462,13 @@ def compute_advantages(
     advantages: list[dict[int, list[float]]] = [{} for _ in trees]
 
     if estimator == "treerl":
-        seg = _treerl_segment_values(scale_rewards, groups, trees, zero)
+        seg = _treerl_segment_values(scale_rewards, groups, trees, zero, std_floor)
         for g in groups:
             for lf in g.leaves:
                 vals = seg[lf.tree]
                 advantages[lf.tree][lf.leaf] = [vals[s] for s in trees[lf.tree].token_segments(lf.leaf)]
     else:
-        leaf_adv = _leaf_level(estimator, scale_rewards, groups, trees, zero, dropped)
+        leaf_adv = _leaf_level(estimator, scale_rewards, groups, trees, zero, dropped, std_floor)
         for g in groups:
             for lf in g.leaves:
                 advantages[lf.tree][lf.leaf] = [leaf_adv[(lf.tree, lf.leaf)]] * lf.n_tokens
@@ -454,3 +496,97 @@ def compute_advantages(
         advantage_mean=_mean(tok),
         advantage_std=_std(tok),
     )
+
+
+# ------------------------------------------------------------------------------------------ per source
+ADV_EPS = GRPO_EPS
+"""Added to the (floored) std in ``A = (r - mean) / (max(std, floor) + ADV_EPS)`` for external groups."""
+
+
+def _local_rewards_for(local_rewards_by_task: Mapping[Any, Sequence[float]] | None, task: TaskRef) -> list[float]:
+    if not local_rewards_by_task:
+        return []
+    vals = local_rewards_by_task.get(task.key())
+    if vals is None:
+        vals = local_rewards_by_task.get(task)  # type: ignore[call-overload]
+    if vals is None:
+        return []
+    out = [float(v) for v in vals]
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"local_rewards_by_task[{task.key()!r}] holds a non-finite reward")
+    return out
+
+
+def source_advantages(
+    groups: Mapping[str, Sequence[float]],
+    pools: Mapping[str, Sequence[float]] | None = None,
+    scale_rewards: str = "group",
+    std_floor: float = STD_FLOOR,
+) -> dict[str, list[float]]:
+    """Source-specific normalization of external groups (ERILS arXiv 2608.01717; SAPO arXiv 2509.08721).
+
+    For each group key ``g`` with leaf rewards ``groups[g]``: ``A_i = (r_i - mean(P_g)) / d`` where ``P_g`` is
+    ``pools[g]`` when given (``joint``: the group's rewards plus the local rewards of the task, LUFFY's
+    advantage) and otherwise ``groups[g]`` itself (``per_source``). The divisor ``d`` is
+    :func:`scale_divisor` of the unbiased std of ``P_g`` (``scale_rewards="group"``) or of every pool
+    of the call together (``"batch"``, TRL's batch scaling), with ``ADV_EPS`` and the floor ``std_floor``
+    (config ``train.advantage_std_floor``); ``"none"`` only centres. The same divisor as the local
+    estimators, so a peer's 0.02 vs 0 is no stronger than ours.
+
+    Args:
+        groups: group key -> rewards (floats, finite) in leaf order.
+        pools: optional group key -> the pool its statistics come from.
+        scale_rewards: ``"group"``, ``"batch"`` or ``"none"``.
+        std_floor: see :func:`scale_divisor`.
+
+    Returns:
+        group key -> advantages (one float per reward, same order).
+
+    Raises:
+        ValueError: unknown ``scale_rewards``, a non-finite reward, a negative floor.
+    """
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected one of {', '.join(SCALE_REWARDS)}")
+    scale_divisor(0.0, 0.0, std_floor)
+    pool_of = {g: list(pools[g]) if pools is not None and g in pools else list(rs) for g, rs in groups.items()}
+    for g, p in pool_of.items():
+        if not all(math.isfinite(float(r)) for r in p) or not all(math.isfinite(float(r)) for r in groups[g]):
+            raise ValueError(f"group {g!r} holds a non-finite reward")
+    batch_std = _std([r for p in pool_of.values() for r in p])
+    out: dict[str, list[float]] = {}
+    for g, rs in groups.items():
+        p = pool_of[g]
+        mean = _mean(p)
+        if scale_rewards == "group":
+            d = scale_divisor(_std(p), ADV_EPS, std_floor)
+        elif scale_rewards == "batch":
+            d = scale_divisor(batch_std, ADV_EPS, std_floor)
+        else:
+            d = 1.0
+        out[g] = [(float(r) - mean) / d for r in rs]
+    return out
+
+
+def joint_task_stats(
+    selected: Sequence[PeerTree],
+    local_rewards_by_task: Mapping[Any, Sequence[float]] | None,
+) -> dict[str, tuple[float, float, int]]:
+    """Pooled reward statistics per task for ``joint`` normalization (ablation only).
+
+    For each task key present in ``selected``: the pool is every leaf reward of every selected external
+    tree of that task (all peers) plus ``local_rewards_by_task[task]``. Use it to normalize the *local*
+    leaves with the same statistics when running the joint ablation end to end.
+
+    Returns:
+        ``{task_key: (mean, unbiased std, pool size)}``.
+    """
+    pools: dict[str, list[float]] = {}
+    tasks: dict[str, TaskRef] = {}
+    for ext in selected:
+        pools.setdefault(ext.task_key, []).extend(ext.rewards())
+        tasks[ext.task_key] = ext.tree.task
+    out = {}
+    for key, pool in pools.items():
+        full = pool + _local_rewards_for(local_rewards_by_task, tasks[key])
+        out[key] = (_mean(full), _std(full), len(full))
+    return out

@@ -391,6 +391,13 @@ class SwarmClient:
                  "solo (joining in the background)" if st.solo_fallback or not st.connected else
                  f"{st.num_peers} DHT peer(s)")
 
+    def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
+        """The trainer rejected ``n`` of ``peer_id``'s samples under ``reason`` (node.py ``SwarmHook.charge``,
+        e.g. the likelihood screen): ``n`` soft rejections in the peer's PeerBook record (no strike, no ban:
+        a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them."""
+        for _ in range(max(0, min(int(n), 1024))):
+            self.peers.record_reject(str(peer_id), str(reason), False, "rejected by the trainer")
+
     def close(self) -> None:
         """Stop the threads, the bundle server and the DHT (idempotent; bounded by the DHT's timeouts)."""
         if self._closed:

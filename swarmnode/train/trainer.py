@@ -57,6 +57,51 @@ def lr_lambda_factory(scheduler_type: str, warmup_steps: int, total_steps: int) 
     return f
 
 
+def pack_micro_batches(
+    samples: Sequence[Sample], max_rows: int, max_tokens: int | None = None
+) -> list[list[Sample]]:
+    """Split a batch into micro-batches bounded in rows **and** in padded tokens.
+
+    Samples are sorted by total length (prompt + completion; stable, so ties keep batch order) and packed
+    greedily: a micro-batch takes the next sample while it has fewer than ``max_rows`` rows and its padded
+    size ``rows × (longest prompt + longest completion)`` (the tensor :func:`~swarmnode.train.loss.sequence_logprobs`
+    builds: prompts left-padded, completions right-padded) stays within ``max_tokens``. A sample longer
+    than ``max_tokens`` alone forms its own micro-batch (it cannot be split). The summed gradient does not
+    depend on how the batch is cut (the loss uses global counts).
+
+    Args:
+        samples: the batch.
+        max_rows: ``train.micro_batch_size`` (>= 1).
+        max_tokens: ``train.max_tokens_per_micro_batch`` (>= 1) or ``None`` for rows only.
+
+    Returns:
+        Micro-batches (lists of the same Sample objects), every sample exactly once.
+
+    Raises:
+        ValueError: ``max_rows < 1`` or ``max_tokens < 1``.
+    """
+    if int(max_rows) < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {max_rows}")
+    if max_tokens is not None and int(max_tokens) < 1:
+        raise ValueError(f"max_tokens_per_micro_batch must be >= 1 or None, got {max_tokens}")
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    P = T = 0
+    for i in order:
+        s = samples[i]
+        p, t = max(P, len(s.prompt_ids)), max(T, len(s.completion_ids))
+        fits = len(cur) < max_rows and (max_tokens is None or (len(cur) + 1) * (p + t) <= max_tokens)
+        if cur and not fits:
+            out.append(cur)
+            cur, p, t = [], len(s.prompt_ids), len(s.completion_ids)
+        cur.append(s)
+        P, T = p, t
+    if cur:
+        out.append(cur)
+    return out
+
+
 class Trainer:
     """Policy-gradient trainer for a Hugging Face causal LM.
 
@@ -67,7 +112,8 @@ class Trainer:
             restored afterwards.
         train_cfg: :class:`~swarmnode.config.TrainConfig` (learning rate, AdamW betas and weight decay,
             ``max_grad_norm``, scheduler, ``loss_type``, ``epsilon`` / ``epsilon_high``, ``beta``,
-            ``num_iterations``, ``micro_batch_size``).
+            ``num_iterations``, ``micro_batch_size``, ``max_tokens_per_micro_batch``: micro-batches are packed
+            by rows and by padded tokens, see :func:`pack_micro_batches`).
         max_completion_length: the L of ``dr_grpo`` (sampling's ``max_completion_length``).
         total_steps: number of :meth:`step` calls the LR schedule spans.
         ref_model: frozen reference policy for the k3 KL term. Used only when ``beta > 0``; if ``beta > 0``
@@ -144,10 +190,7 @@ class Trainer:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
-        # sort by total length so micro-batches pad little; order does not change the (summed) gradient
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
-        mbs = max(1, int(self.cfg.micro_batch_size))
-        return [[samples[i] for i in order[k : k + mbs]] for k in range(0, len(order), mbs)]
+        return pack_micro_batches(samples, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
 
     def _logprobs(self, model: torch.nn.Module, mb: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
         return sequence_logprobs(

@@ -1,0 +1,245 @@
+"""Likelihood screen of external completions under our own policy (issue 12 finding 4; docs/benchmarks.md).
+
+A correct completion can carry a payload: text before or after the answer that the verifier ignores.
+"Hail to the Thief" (arXiv 2511.09780) shows that such poisoned-but-correct completions, shared in
+decentralized GRPO, teach the payload to the receivers; its defence for nodes of one model family is a
+likelihood check of each external completion under the receiver's own policy. This module is that check.
+
+**Statistics** of a completion ``y`` with per-token log-probs ``ℓ_t = log π(y_t | x, y_<t)`` (natural log,
+under ``log_softmax(logits / temperature)``, the distribution our sampler draws from):
+
+* ``mean``: ``(1/T) Σ_t ℓ_t``;
+* ``window``: the lowest mean of ``ℓ`` over any ``w`` consecutive tokens (``w`` = ``swarm.screen.window``;
+  the whole completion when ``T < w``). A short payload inside an otherwise likely completion lowers this
+  one even when it barely moves the mean.
+
+**Reference**: the same two statistics of our own recent completions, from their behaviour log-probs
+(recorded at sampling time, so no extra forward), in a rolling window of ``swarm.screen.history``
+completions. **Rule**: an external completion is rejected when either statistic is below the reference's
+``quantile`` (``swarm.screen.quantile``) minus ``margin`` nats (``swarm.screen.margin``). Until the
+reference holds ``min_history`` completions nothing is rejected (counted as ``screen/warmup``).
+
+**Scoring**: one batched ``torch.no_grad()`` forward of our current policy over the external samples,
+micro-batched by padded tokens like the trainer (:func:`swarmnode.train.trainer.pack_micro_batches`). The
+samples were already cut to our length caps, so this forward is bounded. For a foreign tokenizer the
+verification layer re-tokenized the text into our vocabulary; the screen scores those ids under our policy
+just the same: text a model of another family writes in another style scores low under ours and is
+rejected more often (the screen is a same-family defence; docs/benchmarks.md "Likelihood screen").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from swarmnode.train.loss import sequence_logprobs
+from swarmnode.train.samples import Sample
+from swarmnode.train.trainer import pack_micro_batches
+
+__all__ = ["completion_stats", "LikelihoodScreen", "ScreenResult", "SCREEN_REASON"]
+
+SCREEN_REASON = "likelihood_screen"
+"""The reason code a rejected sample is charged to its peer under (``SwarmHook.charge``)."""
+
+
+def completion_stats(logprobs: Sequence[float], window: int) -> tuple[float, float]:
+    """``(mean, lowest windowed mean)`` of one completion's token log-probs.
+
+    Args:
+        logprobs: per-token natural-log probabilities (finite floats), length T >= 1.
+        window: w >= 1; when ``T < w`` the window is the whole completion.
+
+    Returns:
+        ``(mean, min over t of mean(logprobs[t : t + w]))``; non-finite inputs give ``-inf``.
+
+    Raises:
+        ValueError: empty ``logprobs`` or ``window < 1``.
+    """
+    if window < 1:
+        raise ValueError(f"window (swarm.screen.window) must be >= 1, got {window}")
+    xs = [float(x) for x in logprobs]
+    if not xs:
+        raise ValueError("completion_stats needs at least one token log-prob")
+    if not all(math.isfinite(x) for x in xs):
+        return -math.inf, -math.inf
+    T = len(xs)
+    mean = sum(xs) / T
+    w = min(window, T)
+    s = sum(xs[:w])
+    lo = s
+    for t in range(w, T):
+        s += xs[t] - xs[t - w]
+        lo = min(lo, s)
+    return mean, lo / w
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (``numpy.quantile`` default) of a non-empty list."""
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class ScreenResult:
+    """What :meth:`LikelihoodScreen.screen` decided.
+
+    Attributes:
+        kept: the samples that passed (same objects, input order).
+        rejected_by_peer: peer id -> number of its samples rejected.
+        metrics: ``screen/checked``, ``screen/rejected``, ``screen/warmup`` (1 while the reference is too small),
+            ``screen/reference`` (completions in it), ``screen/threshold_mean``, ``screen/threshold_window``
+            (nats/token; NaN in warm-up), ``screen/ext_mean_median`` (median mean log-prob of the checked samples).
+        stats: per input sample ``(mean, window)`` under our policy.
+    """
+
+    kept: list[Sample]
+    rejected_by_peer: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    stats: list[tuple[float, float]] = field(default_factory=list)
+
+
+class LikelihoodScreen:
+    """Rolling reference of our own completions, and the screen of external ones against it.
+
+    Args:
+        window, history, min_history, quantile, margin: ``swarm.screen.*`` (swarmnode/config.py
+            ``ScreenConfig``; meanings in the module docstring).
+        temperature: our ``sampling.temperature`` (the screen scores under the distribution we sample from).
+        pad_token_id: id for padded positions of the forward.
+        max_rows, max_tokens: micro-batch bounds of the scoring forward (``train.micro_batch_size``,
+            ``train.max_tokens_per_micro_batch``).
+
+    Raises:
+        ValueError: a parameter out of range.
+    """
+
+    def __init__(
+        self,
+        window: int = 8,
+        history: int = 1024,
+        min_history: int = 32,
+        quantile: float = 0.01,
+        margin: float = 1.0,
+        *,
+        temperature: float = 1.0,
+        pad_token_id: int = 0,
+        max_rows: int = 16,
+        max_tokens: int | None = None,
+    ) -> None:
+        if window < 1 or history < 1 or min_history < 1:
+            raise ValueError(f"screen window/history/min_history must be >= 1, got {window}/{history}/{min_history}")
+        if not 0 < quantile < 0.5:
+            raise ValueError(f"screen quantile must be in (0, 0.5), got {quantile}")
+        if not (math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"screen margin must be a finite float >= 0, got {margin}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.window = int(window)
+        self.min_history = int(min_history)
+        self.quantile = float(quantile)
+        self.margin = float(margin)
+        self.temperature = float(temperature)
+        self.pad_token_id = int(pad_token_id)
+        self.max_rows = int(max_rows)
+        self.max_tokens = max_tokens
+        self._ref: deque[tuple[float, float]] = deque(maxlen=int(history))
+
+    @classmethod
+    def from_config(cls, screen_cfg: Any, *, temperature: float, pad_token_id: int, max_rows: int,
+                    max_tokens: int | None) -> "LikelihoodScreen":
+        """Build from a :class:`swarmnode.config.ScreenConfig`."""
+        return cls(screen_cfg.window, screen_cfg.history, screen_cfg.min_history, screen_cfg.quantile,
+                   screen_cfg.margin, temperature=temperature, pad_token_id=pad_token_id, max_rows=max_rows,
+                   max_tokens=max_tokens)
+
+    # ------------------------------------------------------------------ reference
+    def __len__(self) -> int:
+        return len(self._ref)
+
+    def observe(self, logprob_rows: Iterable[Sequence[float] | None]) -> int:
+        """Add our own completions (their behaviour log-probs) to the reference; returns how many were added.
+
+        Rows that are ``None`` or empty, or hold a non-finite value, are skipped.
+        """
+        n = 0
+        for row in logprob_rows:
+            if not row:
+                continue
+            st = completion_stats(row, self.window)
+            if math.isfinite(st[0]) and math.isfinite(st[1]):
+                self._ref.append(st)
+                n += 1
+        return n
+
+    def thresholds(self) -> tuple[float, float] | None:
+        """``(mean threshold, window threshold)`` in nats/token, or ``None`` during warm-up."""
+        if len(self._ref) < self.min_history:
+            return None
+        means = [a for a, _ in self._ref]
+        wins = [b for _, b in self._ref]
+        return (_quantile(means, self.quantile) - self.margin, _quantile(wins, self.quantile) - self.margin)
+
+    # ------------------------------------------------------------------ screening
+    @torch.no_grad()
+    def score(self, model: torch.nn.Module, samples: Sequence[Sample]) -> list[tuple[float, float]]:
+        """Statistics of each sample's completion under ``model`` (one no-grad forward per micro-batch).
+
+        Returns:
+            ``(mean, window)`` per sample, input order; ``(-inf, -inf)`` for an empty completion.
+        """
+        out: dict[int, tuple[float, float]] = {}
+        was_training = model.training
+        model.eval()
+        try:
+            for mb in pack_micro_batches(list(samples), self.max_rows, self.max_tokens):
+                lp, mask = sequence_logprobs(model, [s.prompt_ids for s in mb], [s.completion_ids for s in mb],
+                                             temperature=self.temperature, pad_token_id=self.pad_token_id)
+                for i, s in enumerate(mb):
+                    T = len(s.completion_ids)
+                    out[id(s)] = completion_stats(lp[i, :T].tolist(), self.window) if T else (-math.inf, -math.inf)
+        finally:
+            model.train(was_training)
+        return [out[id(s)] for s in samples]
+
+    def screen(self, model: torch.nn.Module, samples: Sequence[Sample]) -> ScreenResult:
+        """Score external ``samples`` under ``model`` and reject the outliers (module docstring).
+
+        Args:
+            model: our current policy (HF causal LM).
+            samples: external samples (``source = "external:<peer>"``).
+
+        Returns:
+            :class:`ScreenResult`. In warm-up every sample is kept (and still scored, for the metrics).
+
+        Raises:
+            Whatever the forward raises (RuntimeError / MemoryError / IndexError on bad input): the node
+            catches it and drops the external samples of the step.
+        """
+        stats = self.score(model, samples) if samples else []
+        th = self.thresholds()
+        kept: list[Sample] = []
+        rejected: dict[str, int] = {}
+        for s, (mean, win) in zip(samples, stats):
+            if th is not None and (mean < th[0] or win < th[1]):
+                peer = s.source.split(":", 1)[1] if s.source.startswith("external:") else s.source
+                rejected[peer] = rejected.get(peer, 0) + 1
+            else:
+                kept.append(s)
+        means = sorted(a for a, _ in stats)
+        metrics: dict[str, Any] = {
+            "screen/checked": len(samples),
+            "screen/rejected": len(samples) - len(kept),
+            "screen/warmup": int(th is None),
+            "screen/reference": len(self._ref),
+            "screen/threshold_mean": th[0] if th else float("nan"),
+            "screen/threshold_window": th[1] if th else float("nan"),
+            "screen/ext_mean_median": means[len(means) // 2] if means else float("nan"),
+        }
+        return ScreenResult(kept, rejected, metrics, stats)

@@ -1,0 +1,171 @@
+"""What peer input can do to training (issue 12): a real node (embedded HF model, CPU) fed hostile PeerTrees.
+
+The swarm layer here is a small :class:`~swarmnode.node.SwarmHook` that hands the node crafted trees as if
+they had passed verification: it stands for whatever gets through, so steps 6-7 must hold on their own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swarmnode.config import RunConfig
+from swarmnode.node import Node
+from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.rollout.tree import RolloutTree
+
+
+class CraftedSwarm:
+    """A SwarmHook whose ``gather`` returns ``make(node, step)``; records ``charge`` calls."""
+
+    def __init__(self, make):
+        self.make = make
+        self.node: Node | None = None
+        self.charges: list[tuple[str, str, int]] = []
+
+    def publish(self, trees, step, policy_version):
+        return {}
+
+    def gather(self, step, policy_version):
+        return self.make(self.node, step), {}
+
+    def charge(self, peer_id, reason, n=1):
+        self.charges.append((peer_id, reason, n))
+
+    def close(self):
+        pass
+
+
+def make_cfg(tmp_path, **swarm) -> RunConfig:
+    return RunConfig.model_validate({
+        "steps": 3, "run_dir": str(tmp_path / "run"), "seed": 0,
+        "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
+        "sampling": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 12},
+        "train": {"micro_batch_size": 8},
+        "swarm": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 0.5, **swarm},
+        "checkpoint": {"save_steps": 1000},
+    })
+
+
+def honest_like_tree(node: Node, step: int, peer: str, rewards=(1.0, 0.0, 0.0, 1.0)) -> PeerTree:
+    """A tree of the node's own kind of completions (greedy-ish digits), our prompt."""
+    ref = node.tasks.refs_for_step(step + 1000, 1)[0]
+    task = node.tasks.get(ref)
+    prompt = node.policy.tokenizer(node.prompt_for(task), add_special_tokens=False)["input_ids"]
+    comps = [node.policy.tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("3", "5", "7", "3")]
+    tree = RolloutTree.from_group(ref, prompt, comps)
+    for lid, r in zip(tree.leaves(), rewards):
+        tree.nodes[lid].reward = float(r)
+    return PeerTree(tree, peer, model_id=node.base_model_id, tokenizer_id=node.policy.tokenizer_id,
+                    policy_version=step, same_tokenizer=True)
+
+
+def shared_node_tree(node: Node, step: int, n_shared: int = 16_000, leaves: int = 255) -> PeerTree:
+    """Issue 12 finding 1: 255 leaves sharing one 16k-token segment (a ~100 KB bundle)."""
+    ref = node.tasks.refs_for_step(step + 2000, 1)[0]
+    tree = RolloutTree(task=ref, prompt_ids=[5, 6, 7])
+    shared = tree.add_child(0, [9] * n_shared)
+    for k in range(leaves):
+        leaf = tree.add_child(shared, [10 + k % 5], finish_reason="stop")
+        tree.nodes[leaf].reward = float(k % 2)
+    return PeerTree(tree, "big", model_id=node.base_model_id, tokenizer_id=node.policy.tokenizer_id,
+                    policy_version=step, same_tokenizer=True)
+
+
+def run_node(cfg: RunConfig, swarm: CraftedSwarm, steps: int = 1) -> tuple[Node, list[dict]]:
+    node = Node(cfg, swarm=swarm)
+    swarm.node = node
+    out = []
+    try:
+        for _ in range(steps):
+            out.append(node.run_step().metrics)
+    finally:
+        node.close()
+    return node, out
+
+
+def test_shared_node_tree_is_bounded_before_decoding(tmp_path):
+    swarm = CraftedSwarm(lambda node, step: [shared_node_tree(node, step)])
+    _, (m,) = run_node(make_cfg(tmp_path), swarm)
+    assert m["external/max_completion_length"] == 12  # our own sampling.max_completion_length
+    assert m["external/dropped_overlong"] == 255 and m["samples_external"] == 0
+    assert m["external/failed"] == 0 and m["train/skipped"] in (False, True)
+
+
+def test_shared_node_tree_truncated_is_capped_by_the_step_token_budget(tmp_path):
+    swarm = CraftedSwarm(lambda node, step: [shared_node_tree(node, step), honest_like_tree(node, step, "h")])
+    cfg = make_cfg(tmp_path, external_length_policy="truncate", max_external_tokens_per_step=1000)
+    _, (m,) = run_node(cfg, swarm)
+    # 255 x (3 + 12) = 3825 tokens > 1000: the big tree is skipped as a whole, the honest one is taken
+    assert m["select/dropped_token_budget"] == 1 and m["select/selected"] == 1
+    assert m["select/tokens"] <= 1000
+
+
+def test_processing_failure_is_dropped_and_counted(tmp_path):
+    def make(node, step):
+        t = honest_like_tree(node, step, "nan")
+        t.tree.nodes[t.tree.leaves()[0]].reward = math.nan  # rewards() raises ValueError inside processing
+        return [t]
+
+    swarm = CraftedSwarm(make)
+    node, ms = run_node(make_cfg(tmp_path), swarm, steps=2)
+    assert all(m["external/failed"] == 1 and m["external/failed_stage"] == "process" for m in ms)
+    assert node.step == 2 and all(m["samples_external"] == 0 for m in ms)
+
+
+def test_training_failure_on_external_samples_redoes_the_step_on_local_samples(tmp_path):
+    def make(node, step):
+        t = honest_like_tree(node, step, "oob")
+        bad = t.tree.leaves()[0]
+        t.tree.nodes[bad].token_ids = [10_000]  # outside the embedding: IndexError in the forward
+        return [t]
+
+    cfg = make_cfg(tmp_path, screen={"enabled": False}, max_external_share=1.0)
+    swarm = CraftedSwarm(make)
+    node = Node(cfg, swarm=swarm)
+    swarm.node = node
+    try:
+        before = [p.detach().clone() for p in node.trainer.params]
+        m = node.run_step().metrics
+        assert m["external/failed"] == 1 and m["external/failed_stage"] == "train"
+        assert m["external/failed_samples"] >= 1 and m["samples_external"] == 0
+        assert node.step == 1 and all(p.grad is None for p in node.trainer.params)
+        if not m["train/skipped"]:  # the local-only step trained
+            assert any(not torch.equal(a, p.detach()) for a, p in zip(before, node.trainer.params))
+        m2 = node.run_step().metrics
+        assert node.step == 2 and m2["external/failed"] == 1
+    finally:
+        node.close()
+
+
+def test_local_failures_are_not_swallowed(tmp_path):
+    swarm = CraftedSwarm(lambda node, step: [])
+    node = Node(make_cfg(tmp_path), swarm=swarm)
+    swarm.node = node
+    try:
+        def boom(*a, **k):
+            raise RuntimeError("our own bug")
+
+        node.trainer.step = boom  # no external sample in the batch: the error is ours and must surface
+        with pytest.raises(RuntimeError, match="our own bug"):
+            node.run_step()
+    finally:
+        node.close()
+
+
+def test_payload_carriers_are_screened_and_charged_to_their_peer(tmp_path):
+    def make(node, step):
+        t = honest_like_tree(node, step, "pay")
+        tok = node.policy.tokenizer
+        for lid in t.tree.leaves():
+            t.tree.nodes[lid].token_ids = tok("zq#pwned!<answer>3</answer>", add_special_tokens=False)["input_ids"]
+        return [t]
+
+    cfg = make_cfg(tmp_path, screen={"min_history": 8}, max_external_share=1.0)
+    swarm = CraftedSwarm(make)
+    _, ms = run_node(cfg, swarm, steps=2)
+    assert all(m["screen/warmup"] == 0 and m["screen/checked"] == 4 for m in ms)
+    assert all(m["screen/rejected"] == 4 and m["samples_external"] == 0 for m in ms)
+    assert swarm.charges == [("pay", "likelihood_screen", 4)] * 2

@@ -1,0 +1,108 @@
+"""Likelihood screen (train/screen.py) on the embedded HF model: statistics, reference, rejections, charges."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from swarmnode.config import ModelConfig, SwarmConfig
+from swarmnode.policy.loading import load_policy
+from swarmnode.swarm.gossip import SwarmClient
+from swarmnode.swarm.peers import PeerBook
+from swarmnode.train.samples import Sample
+from swarmnode.train.screen import SCREEN_REASON, LikelihoodScreen, completion_stats
+
+
+def test_completion_stats_hand_values():
+    mean, win = completion_stats([-1.0, -1.0, -5.0, -5.0, -1.0], window=2)
+    assert mean == pytest.approx(-13 / 5) and win == pytest.approx(-5.0)
+    assert completion_stats([-2.0, -4.0], window=8) == pytest.approx((-3.0, -3.0))  # T < w: the whole completion
+    assert completion_stats([-1.0, -math.inf], 2) == (-math.inf, -math.inf)
+    with pytest.raises(ValueError):
+        completion_stats([], 2)
+    with pytest.raises(ValueError, match="window"):
+        completion_stats([-1.0], 0)
+
+
+def test_reference_quantile_thresholds_and_warmup():
+    sc = LikelihoodScreen(window=2, history=200, min_history=10, quantile=0.1, margin=0.5)
+    assert sc.thresholds() is None
+    sc.observe([[-1.0, -1.0]] * 9 + [None, []])
+    assert len(sc) == 9 and sc.thresholds() is None
+    sc.observe([[-float(k), -float(k)] for k in range(1, 12)])  # means -1 .. -11
+    th = sc.thresholds()
+    assert th is not None and th[0] == pytest.approx(th[1])
+    means = sorted([-1.0] * 9 + [-float(k) for k in range(1, 12)])
+    q = means[1] + (means[2] - means[1]) * (0.1 * 19 - 1)  # numpy's linear interpolation at 0.1 * (n - 1)
+    assert th[0] == pytest.approx(q - 0.5)
+    sc2 = LikelihoodScreen(history=16, min_history=1)
+    sc2.observe([[-1.0]] * 40)
+    assert len(sc2) == 16  # a rolling window
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(ModelConfig(name_or_path="embedded", device="cpu", dtype="float32"))
+
+
+def _own_samples(policy, n: int, seed: int):
+    tok = policy.tokenizer
+    prompt = tok(policy.prompt("Calculate 4 - 1."), add_special_tokens=False)["input_ids"]
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.tensor([prompt])
+    rows = []
+    for _ in range(n):
+        out = []
+        cur = ids
+        for _ in range(8):
+            with torch.no_grad():
+                logits = policy.model(cur).logits[0, -1].float()
+            lp = torch.log_softmax(logits, -1)
+            t = int(torch.multinomial(lp.exp(), 1, generator=g))
+            out.append((t, float(lp[t])))
+            cur = torch.cat([cur, torch.tensor([[t]])], 1)
+            if t == tok.eos_token_id:
+                break
+        rows.append(out)
+    return prompt, rows
+
+
+def test_screen_keeps_own_kind_and_rejects_a_payload_and_charges(policy):
+    prompt, rows = _own_samples(policy, 48, seed=0)
+    sc = LikelihoodScreen(window=4, min_history=32, temperature=1.0)
+    sc.observe([[lp for _, lp in r] for r in rows[:40]])
+    tok = policy.tokenizer
+    honest = [Sample(prompt, [t for t, _ in r], [0.0] * len(r), source="external:h") for r in rows[40:]]
+    payload_ids = tok("zq#pwned!<answer>3</answer>", add_special_tokens=False)["input_ids"]
+    poisoned = [Sample(prompt, payload_ids, [0.0] * len(payload_ids), source="external:p") for _ in range(3)]
+    # the screen's scores equal the behaviour log-probs of our own sampler (same policy, same temperature)
+    scored = sc.score(policy.model, honest[:2])
+    for (mean, _), r in zip(scored, rows[40:42]):
+        assert mean == pytest.approx(sum(lp for _, lp in r) / len(r), abs=1e-4)
+    res = sc.screen(policy.model, honest + poisoned)
+    assert res.rejected_by_peer.get("p") == 3
+    assert res.rejected_by_peer.get("h", 0) <= 1  # 8 honest samples; < 5% expected, at most one here
+    assert res.metrics["screen/checked"] == 11 and res.metrics["screen/warmup"] == 0
+    assert all(s.source == "external:h" for s in res.kept)
+
+    # SwarmClient.charge (node.py SwarmHook.charge) books them in the peer's PeerBook record; run on a holder
+    # of a real PeerBook (the method only uses ``self.peers``; a full client would start a DHT)
+    book = PeerBook()
+    for peer, n in res.rejected_by_peer.items():
+        SwarmClient.charge(SimpleNamespace(peers=book), peer, SCREEN_REASON, n)
+    assert book.snapshot()["peers"]["p"]["rejected"] == {SCREEN_REASON: 3}
+    assert not book.is_banned("p")  # soft: a screen can err
+
+
+def test_warmup_keeps_everything(policy):
+    sc = LikelihoodScreen(min_history=32)
+    s = Sample([1, 2], [3, 4], [0.0, 0.0], source="external:x")
+    res = sc.screen(policy.model, [s])
+    assert res.kept == [s] and res.metrics["screen/warmup"] == 1
+
+
+def test_screen_config_defaults_on():
+    assert SwarmConfig().screen.enabled is True
