@@ -171,8 +171,9 @@ FAST_DHT = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout
 
 
 def _client(tmp_path, name, mix, *, peers=(), tokenizer_id=BYTE_TOKENIZER_ID, **kw) -> SwarmClient:
+    # established_after=0: no young-key caps here (they have their own test in test_hostile_swarm.py)
     cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, initial_peers=list(peers), dht_timeout=5.0,
-                                      fetch_timeout=5.0))
+                                      fetch_timeout=5.0, established_after=0))
     ident = Identity.from_private_bytes(hashlib.sha256(f"test_gossip {name}".encode()).digest())
     kw.setdefault("detokenize", byte_detokenize if tokenizer_id == BYTE_TOKENIZER_ID else None)
     return SwarmClient(cfg, ident, mix, 256, f"model-{name}", tokenizer_id, byte_tokenize, tmp_path / name,
