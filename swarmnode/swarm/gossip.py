@@ -493,6 +493,11 @@ class SwarmClient:
         """Multiaddrs (with ``/p2p/<libp2p PeerID>``) other nodes can bootstrap from."""
         return self.dht.visible_maddrs()
 
+    def pending_digests(self) -> set[str]:
+        """Hex digests of the fetched bundle bodies waiting for the next :meth:`gather` (tests, benchmarks)."""
+        with self._lock:
+            return {p.manifest.bundle_digest.hex() for p in self._pending}
+
     def note_accuracy(self, accuracy: float | None) -> None:
         """Record the last held-out accuracy in [0, 1] for the next heartbeats."""
         if accuracy is None or (isinstance(accuracy, (int, float)) and 0.0 <= accuracy <= 1.0):
