@@ -231,16 +231,17 @@ class SwarmConfig(_Strict):
         "resistance: a key's cap grows with the useful trees it had admitted, see trees_per_earned_tree)"
     )
     trees_per_earned_tree: int = Field(
-        8, ge=1, description="useful admitted trees a key needs for each extra tree of per-step cap: cap = "
+        4, ge=1, description="useful admitted trees a key needs for each extra tree of per-step cap: cap = "
         "min(max_trees_per_peer, young_key_trees + earned // trees_per_earned_tree)"
     )
     max_trees_per_peer: int = Field(8, ge=1, description="most external trees admitted from one key per step")
     established_after: int = Field(
-        32, ge=0, description="useful admitted trees after which a key is no longer young (0: every key is "
+        16, ge=0, description="useful admitted trees after which a key is no longer young (0: every key is "
         "established, which turns the young-key pool off)"
     )
-    max_young_trees: int = Field(
-        2, ge=0, description="external trees per step admitted from all young keys together, shared round-robin"
+    max_young_trees: int | None = Field(
+        None, ge=0, description="external trees per step admitted from all young keys together, shared round-robin; "
+        "None = max(1, num_external // 2), so fresh keys together never hold more than half the external groups"
     )
 
 

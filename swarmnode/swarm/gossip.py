@@ -53,7 +53,8 @@ Young keys (issue 12, finding 7: four fresh keys took all four external slots)
     ``swarm.established_after`` useful admitted trees is established and gets ``swarm.max_trees_per_peer``.
     A tree is *useful* when our re-scored rewards of its leaves differ (it carries an advantage); only admitted
     useful trees earn standing (``PeerBook.record_earned``), so standing grows with time and verified work,
-    not with the number of keys. Trees over a cap are dropped and counted (``swarm/trees_capped``).
+    not with the number of keys. Trees over a cap wait for the next steps (bounded, ``swarm/trees_carried``);
+    what no longer fits, or waited longer than the read window, is dropped and counted (``swarm/trees_capped``).
 
 Gather (main thread, :meth:`SwarmClient.gather`)
     drains the queue and verifies every body (``Verifier.verify_bundle``: signature, manifest, freshness,
@@ -130,6 +131,7 @@ P2P_KEY_FILE = "p2p.key"
 """libp2p identity file in the run directory (used when ``swarm.host_maddrs`` has an explicit port)."""
 
 _MSTATE_CAPACITY = 8192
+_MAX_CARRY_TREES = 64  # verified trees over a per-step cap, carried to the next steps
 
 
 _fork_hook_installed = False
@@ -319,10 +321,12 @@ class SwarmClient:
         budget = knob(None, "publisher_fetch_budget_seconds", None)
         self.publisher_budget_s = float(budget) if budget else 2.0 * float(self.scfg.fetch_timeout)
         self.young_key_trees = int(knob(None, "young_key_trees", 1))
-        self.trees_per_earned_tree = int(knob(None, "trees_per_earned_tree", 8))
+        self.trees_per_earned_tree = int(knob(None, "trees_per_earned_tree", 4))
         self.max_trees_per_peer = int(knob(None, "max_trees_per_peer", 8))
-        self.established_after = int(knob(None, "established_after", 32))
-        self.max_young_trees = int(knob(None, "max_young_trees", 2))
+        self.established_after = int(knob(None, "established_after", 16))
+        young_pool = knob(None, "max_young_trees", None)
+        self.max_young_trees = (int(young_pool) if young_pool is not None
+                                else max(1, int(getattr(self.scfg, "num_external", 4)) // 2))
         if (self.fetch_retries < 1 or self.fetch_relays < 0 or self.max_fetches_per_publisher < 1
                 or self.young_key_trees < 0 or self.trees_per_earned_tree < 1 or self.max_trees_per_peer < 1
                 or self.established_after < 0 or self.max_young_trees < 0):
@@ -398,6 +402,7 @@ class SwarmClient:
         self._contacts: OrderedDict[str, tuple[str, float]] = OrderedDict()  # owner -> (libp2p PeerID, seen)
         self._inflight_by_pub: Counter[str] = Counter()  # fetches running or queued, per publisher
         self._spent: Counter[str] = Counter()  # fetch seconds per publisher this step
+        self._carry: list[tuple[float, PeerTree]] = []  # (first seen, tree) over a per-step cap (gather thread)
         self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
         self._wanted: set[str] = set()  # bundle digests in flight or queued
@@ -1002,6 +1007,7 @@ class SwarmClient:
             "swarm/external_trees": len(out),
             "swarm/young_trees": young,
             "swarm/trees_capped": capped,
+            "swarm/trees_carried": len(self._carry),
             "swarm/retokenized_trees": retok,
             "swarm/gather_s": time.monotonic() - t0,
         })
@@ -1028,13 +1034,22 @@ class SwarmClient:
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
         one tree per key per turn, keys in random order. Admitted useful trees earn their key standing.
 
+        Trees over a cap are not lost at once: they are carried to the next steps (older first), at most
+        ``max_trees_per_peer`` per key and ``_MAX_CARRY_TREES`` in all, for at most the read window
+        (``(read_buckets + 1) * bucket_seconds``); beyond that they are dropped.
+
         Returns:
-            ``(admitted trees in arrival order, admitted trees of young keys, trees dropped by a cap)``.
+            ``(admitted trees, admitted trees of young keys, trees dropped by a cap this step)``.
         """
-        if not trees:
-            return trees, 0, 0
+        now = time.monotonic()
+        horizon = now - (self.scfg.read_buckets + 1) * float(self.scfg.bucket_seconds)
+        dropped = sum(1 for t0, _ in self._carry if t0 < horizon)
+        items = [(t0, vt) for t0, vt in self._carry if t0 >= horizon] + [(now, vt) for vt in trees]
+        self._carry = []
+        if not items:
+            return [], 0, dropped
         by_peer: dict[str, list[int]] = {}
-        for i, vt in enumerate(trees):
+        for i, (_, vt) in enumerate(items):
             by_peer.setdefault(vt.peer_id, []).append(i)
         keep: set[int] = set()
         young: dict[str, list[int]] = {}
@@ -1055,11 +1070,25 @@ class SwarmClient:
                     keep.add(young[p].pop(0))
                     pool -= 1
                     n_young += 1
-        out = [vt for i, vt in enumerate(trees) if i in keep]
+        out = [vt for i, (_, vt) in enumerate(items) if i in keep]
+        carry: list[tuple[float, PeerTree]] = []
+        per_peer: Counter[str] = Counter()
+        for i, (t0, vt) in enumerate(items):
+            if i in keep:
+                continue
+            if per_peer[vt.peer_id] < self.max_trees_per_peer:
+                per_peer[vt.peer_id] += 1
+                carry.append((t0, vt))
+            else:
+                dropped += 1
+        if len(carry) > _MAX_CARRY_TREES:  # the oldest go first
+            dropped += len(carry) - _MAX_CARRY_TREES
+            carry = carry[-_MAX_CARRY_TREES:]
+        self._carry = carry
         earned: Counter[str] = Counter(vt.peer_id for vt in out if self._useful(vt))
         for peer, n in earned.items():
             self.peers.record_earned(peer, n)
-        return out, n_young, len(trees) - len(out)
+        return out, n_young, dropped
 
     def _reprompt(self, vt: PeerTree) -> None:
         """Give a re-tokenized tree our own prompt for its task (best effort; the original stays on failure)."""
