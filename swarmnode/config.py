@@ -253,6 +253,63 @@ class SwarmConfig(_Strict):
     rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")
     ban_seconds: float = Field(600.0, gt=0)
+    # ---- the swarm client's networking knobs (swarmnode/swarm/gossip.py and transport.py; issues 12 and 13)
+    poll_interval: float | None = Field(
+        None, gt=0, description="seconds between the fetcher thread's DHT polls; None = min(2, bucket_seconds / 4)"
+    )
+    heartbeat_interval: float = Field(10.0, gt=0, description="seconds between the signed heartbeats we publish")
+    gather_budget_seconds: float | None = Field(
+        None, gt=0, description="seconds one gather (one step) spends verifying fetched bundles; the rest waits for "
+        "the next step; None = fetch_timeout"
+    )
+    max_pending_bundles: int = Field(
+        32, ge=1, description="fetched bundle bodies waiting for verification (bounded queue; the oldest is dropped)"
+    )
+    max_concurrent_fetches: int = Field(4, ge=1, description="bundle fetches running at once (fetch worker threads)")
+    store_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024, description="bytes of bundle bodies kept for serving to peers (LRU; default 128 MiB)"
+    )
+    fetch_retries: int = Field(
+        3, ge=1, description="tries per announced bundle; each try asks the publisher, then up to fetch_relays peers"
+    )
+    fetch_relays: int = Field(
+        2, ge=0, description="other recently seen peers asked per try for a bundle (they may have cached it)"
+    )
+    max_fetches_per_publisher: int = Field(
+        1, ge=1, description="fetches (running or queued) of one publisher's bundles at once, so that a publisher "
+        "whose bodies hang holds at most this many fetch workers"
+    )
+    publisher_fetch_budget_seconds: float | None = Field(
+        None, gt=0, description="seconds of fetching one publisher's bundles may take per step (reset at each gather, "
+        "at most once per fetch_timeout); a publisher whose bodies hang spends its own budget, not others'; "
+        "None = 2 x fetch_timeout"
+    )
+    max_concurrent_serves: int = Field(
+        16, ge=1, description="incoming bundle streams served at once, all peers together (more get 'busy')"
+    )
+    max_serves_per_peer: int = Field(
+        4, ge=1, description="incoming bundle streams served at once for one remote libp2p peer (more get 'busy')"
+    )
+    serve_first_byte_timeout: float = Field(
+        2.0, gt=0, description="seconds a peer may take, after opening a bundle stream, to send its 36-byte request"
+    )
+    young_key_trees: int = Field(
+        1, ge=0, description="external trees per step admitted from a key that has earned nothing yet (Sybil "
+        "resistance: a key's cap grows with the useful trees it had admitted, see trees_per_earned_tree)"
+    )
+    trees_per_earned_tree: int = Field(
+        4, ge=1, description="useful admitted trees a key needs for each extra tree of per-step cap: cap = "
+        "min(max_trees_per_peer, young_key_trees + earned // trees_per_earned_tree)"
+    )
+    max_trees_per_peer: int = Field(8, ge=1, description="most external trees admitted from one key per step")
+    established_after: int = Field(
+        16, ge=0, description="useful admitted trees after which a key is no longer young (0: every key is "
+        "established, which turns the young-key pool off)"
+    )
+    max_young_trees: int | None = Field(
+        None, ge=0, description="external trees per step admitted from all young keys together, shared round-robin; "
+        "None = max(1, num_external // 2), so fresh keys together never hold more than half the external groups"
+    )
 
 
 class CheckpointConfig(_Strict):

@@ -171,8 +171,10 @@ FAST_DHT = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout
 
 
 def _client(tmp_path, name, mix, *, peers=(), tokenizer_id=BYTE_TOKENIZER_ID, **kw) -> SwarmClient:
+    # established_after=0: no young-key caps here (they have their own test in test_hostile_swarm.py)
     cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, initial_peers=list(peers), dht_timeout=5.0,
-                                      fetch_timeout=5.0, max_external_completion_length=256))
+                                      fetch_timeout=5.0, max_external_completion_length=256,
+                                      established_after=0))
     ident = Identity.from_private_bytes(hashlib.sha256(f"test_gossip {name}".encode()).digest())
     kw.setdefault("detokenize", byte_detokenize if tokenizer_id == BYTE_TOKENIZER_ID else None)
     return SwarmClient(cfg, ident, mix, 256, f"model-{name}", tokenizer_id, byte_tokenize, tmp_path / name,
@@ -290,3 +292,120 @@ def test_hostile_records_are_charged_to_their_owner(swarm):
         assert m["swarm/rejected/malformed"] == 1 and m["swarm/rejected/owner_mismatch"] == 1
     finally:
         hostile.shutdown()
+
+
+# ============================================================================ young-key caps and fair order (no network)
+def _offline_client(mix, **swarm) -> SwarmClient:
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, **swarm))
+    ident = Identity.from_private_bytes(hashlib.sha256(b"test_gossip offline").digest())
+    return SwarmClient(cfg, ident, mix, 256, "m", BYTE_TOKENIZER_ID, byte_tokenize, None, start=False)
+
+
+def _peer_trees(mix, key: str, n: int, contrast: bool = True):
+    from swarmnode.rollout.peer_tree import PeerTree
+
+    ident = Identity.from_private_bytes(hashlib.sha256(key.encode()).digest())
+    f = HostileFactory(ident, mix, swarm_id=SWARM)
+    trees = f.contrast_trees(n) if contrast else f.honest_trees(n, 4)
+    if not contrast:  # no reward variance: accepted, but not useful
+        for t in trees:
+            for lid in t.leaves():
+                t.nodes[lid].reward = 0.0
+    return ident.peer_id, [PeerTree(t, ident.peer_id) for t in trees]
+
+
+def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, num_external=4, young_key_trees=1, trees_per_earned_tree=2, established_after=4,
+                        max_trees_per_peer=3)
+    try:
+        assert c.max_young_trees == 2  # None -> num_external // 2
+        keys = [_peer_trees(mix, f"young {i}", 3) for i in range(3)]
+        trees = [t for _, ts in keys for t in ts]
+        out, young, dropped = c._admit(trees)
+        # 3 young keys, 3 trees each: the pool admits 2 trees (one per key per turn), the rest waits
+        assert (len(out), young, dropped) == (2, 2, 0) and len({t.peer_id for t in out}) == 2
+        assert len(c._carry) == 7
+        assert sum(c.peers.earned(p) for p, _ in keys) == 2  # each admitted [1, 0] tree is useful
+        # next step, nothing new arrives: the carried trees are admitted two at a time, older first
+        out2, _, _ = c._admit([])
+        assert len(out2) == 2 and not set(map(id, out2)) & set(map(id, out))
+        # an established key is not limited by the pool, only by max_trees_per_peer
+        est, est_trees = _peer_trees(mix, "established", 5)
+        c.peers.record_earned(est, 4)
+        out3, young3, _ = c._admit(est_trees)
+        assert sum(1 for t in out3 if t.peer_id == est) == 3 and young3 == 2
+        # trees without reward variance are admitted but earn nothing
+        lazy, lazy_trees = _peer_trees(mix, "lazy", 1, contrast=False)
+        c.peers.record_earned(lazy, 10)
+        c._admit(lazy_trees)
+        assert c.peers.earned(lazy) == 10
+        # a young key's cap grows with what it earned: 1 + earned // 2
+        grown, grown_trees = _peer_trees(mix, "grown", 3)
+        c.peers.record_earned(grown, 2)
+        assert c.peers.tree_cap(grown, base=1, per=2, ceiling=3) == 2
+    finally:
+        c.close()
+
+
+def test_fair_order_round_robins_publishers_and_clamps_future_times():
+    from dataclasses import replace as dc_replace
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    try:
+        now = time.time()
+        m0 = wire.Manifest(swarm_id=SWARM, publisher_key=b"\x01" * 32, bundle_digest=b"\x00" * 32, bundle_size=10,
+                           tasks=[REF], created_at=now, policy_version=0, num_trees=1, num_leaves=2)
+
+        def cand(pub: str, t: float, k: int):
+            return (dc_replace(m0, created_at=t, bundle_digest=bytes([k]) * 32), bytes([k]) * 32, pub)
+
+        # "future" announces 5 bundles 25 s ahead; "honest" one made now, "old" one a minute ago
+        cands = [cand("future", now + 25 + i, i) for i in range(5)] + [cand("honest", now - 1, 10),
+                                                                       cand("old", now - 60, 11)]
+        c._spent["future"] = 3.0  # it already used fetch time this step
+        order = c._fair_order(cands)
+        pubs = [x[2] for x in order]
+        # one round over every publisher before anyone's second candidate; publishers that used time go last
+        assert set(pubs[:3]) == {"future", "honest", "old"} and pubs[2] == "future"
+        assert pubs[3:] == ["future"] * 4
+        # future times are clamped to now, so within "future" the order is the announced one (all tie at now)
+        assert [x[1][0] for x in order if x[2] == "future"] == [0, 1, 2, 3, 4]
+    finally:
+        c.close()
+
+
+def test_heartbeat_time_checks():
+    from swarmnode.swarm.gossip import heartbeat_time_ok
+
+    now = 1_000_000.0
+    assert heartbeat_time_ok(now, now, 30, 600) and heartbeat_time_ok(now + 30, now, 30, 600)
+    assert not heartbeat_time_ok(now + 31, now, 30, 600)  # from the future beyond the skew
+    assert heartbeat_time_ok(now - 630, now, 30, 600) and not heartbeat_time_ok(now - 631, now, 30, 600)
+    assert not heartbeat_time_ok(float("nan"), now, 30, 600) and not heartbeat_time_ok(float("inf"), now, 30, 600)
+    assert not heartbeat_time_ok("soon", now, 30, 600)
+
+
+def test_every_client_knob_comes_from_the_swarm_config():
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, poll_interval=1.5, heartbeat_interval=7.0, gather_budget_seconds=2.5,
+                        max_pending_bundles=5, max_concurrent_fetches=3, store_bytes=8 * 1024 * 1024,
+                        fetch_retries=2, fetch_relays=1, max_fetches_per_publisher=2,
+                        publisher_fetch_budget_seconds=4.0, max_concurrent_serves=9, max_serves_per_peer=2,
+                        serve_first_byte_timeout=0.5, max_young_trees=3)
+    try:
+        assert (c.poll_interval, c.heartbeat_interval, c.gather_budget_s, c.max_pending) == (1.5, 7.0, 2.5, 5)
+        assert (c.max_concurrent_fetches, c.server.store.max_total_bytes) == (3, 8 * 1024 * 1024)
+        assert (c.fetch_retries, c.fetch_relays, c.max_fetches_per_publisher, c.publisher_budget_s) == (2, 1, 2, 4.0)
+        assert (c.server.max_concurrent_serves, c.server.max_serves_per_peer, c.server.first_byte_timeout) == (9, 2, 0.5)
+        assert c.max_young_trees == 3 and c.server.max_concurrent_fetches == 3
+    finally:
+        c.close()
+    d = SwarmClient(RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, max_pending_bundles=5)),
+                    Identity.from_private_bytes(hashlib.sha256(b"x").digest()), mix, 256, "m", BYTE_TOKENIZER_ID,
+                    byte_tokenize, None, max_pending=9, poll_interval=0.25, start=False)
+    try:  # constructor arguments win over the config (tests and benchmarks use them)
+        assert (d.max_pending, d.poll_interval, d.publisher_budget_s) == (9, 0.25, 2 * d.scfg.fetch_timeout)
+    finally:
+        d.close()

@@ -174,3 +174,38 @@ def test_log_limiter_reports_suppressed_lines(caplog):
         assert lim.log(lg, logging.INFO, "later") is True
     msgs = [r.getMessage() for r in caplog.records]
     assert msgs == ["line 0", "line 1", "later (3 similar log lines suppressed)"]
+
+
+def test_earned_standing_grows_the_tree_cap_and_a_hard_rejection_resets_it(clock):
+    pb = PeerBook(ban_after=10, ban_seconds=60, rate_limit_per_minute=60, clock=clock)
+    assert pb.earned("new") == 0 and pb.is_young("new", 8) and "new" not in pb  # asking creates nothing
+    assert pb.tree_cap("new", base=1, per=4, ceiling=6) == 1
+    pb.record_earned("p", 3)
+    assert pb.tree_cap("p", base=1, per=4, ceiling=6) == 1  # 1 + 3 // 4
+    pb.record_earned("p", 5)
+    assert pb.earned("p") == 8 and pb.tree_cap("p", base=1, per=4, ceiling=6) == 3  # 1 + 8 // 4
+    assert not pb.is_young("p", 8) and pb.is_young("p", 9)
+    pb.record_earned("p", 100)
+    assert pb.tree_cap("p", base=1, per=4, ceiling=6) == 6  # the ceiling
+    pb.record_earned("p", 0)
+    pb.record_earned("p", -5)
+    assert pb.earned("p") == 108
+    pb.record_reject("p", "duplicate", hard=False)  # soft: standing kept
+    assert pb.earned("p") == 108
+    pb.record_reject("p", "reward_mismatch", hard=True)  # provable misbehaviour: standing lost
+    assert pb.earned("p") == 0 and pb.is_young("p", 1)
+    assert pb.snapshot()["peers"]["p"]["earned"] == 0
+    with pytest.raises(ValueError, match="per >= 1"):
+        pb.tree_cap("p", base=1, per=0, ceiling=4)
+    with pytest.raises(ValueError, match="ceiling"):
+        pb.tree_cap("p", base=3, per=1, ceiling=2)
+
+
+def test_a_flood_of_fresh_keys_cannot_evict_earned_standing(clock):
+    pb = PeerBook(ban_after=10, ban_seconds=60, rate_limit_per_minute=60, clock=clock, max_peers=3)
+    pb.record_earned("honest", 5)
+    for i in range(10):
+        clock.advance(1.0)
+        pb.record_accept(f"sybil{i}")
+    assert "honest" in pb and pb.earned("honest") == 5
+    assert "sybil9" in pb and "sybil8" in pb and len(pb) == 3

@@ -203,3 +203,126 @@ def test_server_survives_dht_restart(net):
     # and B can fetch again too
     other = sa.put(b"from a after b restarted")
     assert sb.fetch(a.peer_id, other, timeout=20) == b"from a after b restarted"
+
+
+# --------------------------------------------------------------------------- issue 12: fair serving, no dialling
+async def _idle_streams(server: BundleServer, target: str, n: int, stop: asyncio.Event, opened: list) -> None:
+    """Keep ``n`` streams to ``target``'s bundle handler open that never send a request (reopened as the target
+    closes them): the slot-holding attack of issue 12, finding 6."""
+    from hivemind.p2p import PeerID
+
+    from swarmnode.swarm.transport import PROTOCOL
+
+    peer = PeerID.from_base58(target)
+    live: list = []
+    while not stop.is_set():
+        live = [(r, w) for r, w in live if not r.at_eof() and not w.is_closing()]
+        while len(live) < n and not stop.is_set():
+            try:
+                _, r, w = await asyncio.wait_for(server._p2p.call_binary_stream_handler(peer, PROTOCOL), 10)
+            except Exception:  # noqa: BLE001 - keep attacking
+                await asyncio.sleep(0.05)
+                continue
+            live.append((r, w))
+            opened.append(1)
+        for r, _ in live:  # notice closed streams (a busy status, or EOF after the first-byte timeout)
+            try:
+                await asyncio.wait_for(r.read(1), 0.01)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+                pass
+        await asyncio.sleep(0.05)
+    for _, w in live:
+        w.close()
+
+
+@pytest.mark.slow
+def test_idle_streams_of_one_peer_do_not_starve_an_honest_fetcher(net):
+    """24 (re-opened) idle streams from the hostile peer to A: A gives that peer at most ``max_serves_per_peer``
+    slots and closes idle ones after ``first_byte_timeout``, so B's fetches from A all succeed meanwhile."""
+    a, sa, sb, sh = net["a"], net["sa"], net["sb"], net["sh"]
+    assert sa.max_serves_per_peer < 24 < sa.max_concurrent_serves + 24
+    bodies = [os.urandom(20_000 + i) for i in range(6)]
+    digests = [sa.put(x) for x in bodies]
+    before = dict(sa.counters)
+    stop_holder: dict = {}
+
+    async def _attack() -> None:
+        stop_holder["stop"] = asyncio.Event()
+        await _idle_streams(sh, a.peer_id, 24, stop_holder["stop"], stop_holder.setdefault("opened", []))
+
+    fut = sh._loop.submit(_attack())
+    try:
+        deadline = time.monotonic() + 60  # wait until the attack holds A's slots (a condition, not a sleep)
+        while time.monotonic() < deadline and sa.counters["serve_busy_peer"] - before.get("serve_busy_peer", 0) < 8:
+            time.sleep(0.1)
+        assert sa.counters["serve_busy_peer"] - before.get("serve_busy_peer", 0) >= 8, dict(sa.counters)
+        results = [sb.fetch_result(a.peer_id, d, timeout=20) for d in digests]
+        assert [r.reason for r in results] == ["ok"] * len(digests)
+        assert [r.body for r in results] == bodies
+        # idle streams were closed by the first-byte timeout, not held until request_timeout
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sa.counters["serve_timeout"] - before.get("serve_timeout", 0) < 1:
+            time.sleep(0.1)
+        assert sa.counters["serve_timeout"] - before.get("serve_timeout", 0) >= 1
+    finally:
+        sh._loop.loop.call_soon_threadsafe(lambda: stop_holder.get("stop") and stop_holder["stop"].set())
+        try:
+            fut.result(30)
+        except Exception:  # noqa: BLE001
+            pass
+    assert sa.serving <= sa.max_concurrent_serves
+
+
+def _unknown_libp2p_peer_id() -> str:
+    """A well-formed libp2p PeerID (identity multihash of an Ed25519 key) of no running node."""
+    from cryptography.hazmat.primitives import serialization
+    from hivemind.p2p import PeerID
+
+    raw = Ed25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
+                                                                 serialization.PublicFormat.Raw)
+    return PeerID(b"\x00\x24\x08\x01\x12\x20" + raw).to_base58()
+
+
+@pytest.mark.slow
+def test_addresses_from_records_are_never_dialled(net):
+    """A record names an address the attacker picked (here a TCP listener of ours that counts connections) for a
+    PeerID: the fetch goes by PeerID only, so nothing connects to that address; a fetch from a real peer with a
+    bogus address in ``maddrs`` still works (libp2p routes by PeerID)."""
+    import socket
+    import threading
+
+    a, sa, sb = net["a"], net["sa"], net["sb"]
+    lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    lsock.settimeout(0.2)
+    port = lsock.getsockname()[1]
+    accepted: list = []
+    stop = threading.Event()
+
+    def _accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                continue
+            accepted.append(1)
+            conn.close()
+
+    t = threading.Thread(target=_accept, daemon=True)
+    t.start()
+    try:
+        ghost = _unknown_libp2p_peer_id()
+        res = sb.fetch_result(ghost, "ab" * 32, timeout=3, maddrs=[f"/ip4/127.0.0.1/tcp/{port}/p2p/{ghost}"])
+        assert not res.ok and res.reason in ("unreachable", "timeout", "error")
+        body = b"routed by peer id"
+        digest = sa.put(body)
+        res = sb.fetch_result(a.peer_id, digest, timeout=20, maddrs=[f"/ip4/127.0.0.1/tcp/{port}/p2p/{a.peer_id}"])
+        assert res.body == body
+        # a dial would have reached the listener within the fetches' timeouts; give a late one time to show up
+        time.sleep(0.5)
+        assert accepted == []
+    finally:
+        stop.set()
+        t.join(5)
+        lsock.close()

@@ -51,6 +51,13 @@ garbage records and records under other publishers' subkeys, and replays / flood
 already accepted. :data:`NETWORK_CASES` lists every class with the stage where an honest node stops it and the
 reason it is counted under (``tests/test_hostile_swarm.py``; ``swarmnode bench swarm --hostile``).
 
+Two attacks of issue 12 are network-level and not bad bytes at all, so they are not :data:`NETWORK_CASES`
+(an honest node *should* accept the bytes; what it must not do is starve its honest peers):
+:meth:`HostilePeer.publish_hanging` (finding 5: honest-looking bundles dated just inside the receivers' clock
+skew, whose bodies hang on the stream) and :meth:`HostilePeer.publish_bundles` with
+:meth:`HostileFactory.contrast_trees` from several fresh keys (finding 7: Sybil keys publishing 2-leaf
+[1, 0] trees, which a ``contrast`` ranking always puts first).
+
 Token ids use a byte-level tokenizer by default (:func:`byte_tokenize`: UTF-8 bytes, vocabulary 256), a
 real, reversible tokenizer whose ids are easy to check by hand; pass your own ``tokenize`` to use a model's.
 """
@@ -244,6 +251,16 @@ class HostileFactory:
         """``n_trees`` honest trees over the training stream's TaskRefs (a new step each call)."""
         refs = self.tasks.refs_for_step(next(self._step), n_trees)
         return [self.tree_for(r, n_leaves) for r in refs]
+
+    def contrast_trees(self, n_trees: int = 2) -> list[RolloutTree]:
+        """``n_trees`` honest 2-leaf trees, one correct and one wrong leaf ([1, 0]): the highest reward variance a
+        tree can have, so a ``contrast`` ranking puts them first (what a Sybil publishes, issue 12 finding 7).
+
+        The tasks come from a stream offset by this factory's key, so several Sybil keys publish different
+        content (identical trees from two keys would be caught as copies, which is not the attack here)."""
+        offset = int.from_bytes(hashlib.sha256(self.identity.public_key_bytes).digest()[:3], "big") * 1000
+        refs = self.tasks.refs_for_step(offset + next(self._step), n_trees)
+        return [self.tree_for(r, 2, correct_leaves=1) for r in refs]
 
     def bundle(self, trees: list[RolloutTree], *, created_at: float | None = None, swarm_id: str | None = None,
                vocab_size: int | None = None, tokenizer_id: str | None = None,
@@ -853,6 +870,8 @@ class HostilePeer:
         self._tries: OrderedDict[str, int] = OrderedDict()
         self._names: OrderedDict[str, str] = OrderedDict()  # digest of bytes we serve -> case name
         self._unstored: dict[int, tuple[bytes, list[str]]] = {}  # wave -> (record, names) whose store failed
+        self._extra: dict[int, list[bytes]] = {}  # bucket -> manifests of publish_bundles, newest last
+        self.published: Counter[str] = Counter()  # bundles of publish_bundles by label (not NETWORK_CASES)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -1193,6 +1212,64 @@ class HostilePeer:
         with self._lock:
             self.delivered.update(names)
         return names
+
+    def publish_bundles(self, bundles: list[list[RolloutTree]], *, created_at: float | None = None,
+                        mode: str | None = None, name: str = "bundles") -> list[str]:
+        """Publish one signed bundle per tree list, with truthful manifests, in our record of the current bucket.
+
+        The record keeps our newest ``MAX_RECORD_MANIFESTS`` manifests of the bucket (earlier calls in the same
+        bucket stay announced, as an honest node's would).
+
+        Args:
+            bundles: the trees of each bundle (e.g. :meth:`HostileFactory.honest_trees` or
+                :meth:`HostileFactory.contrast_trees`).
+            created_at: the signed creation time of the bundles and manifests (default now).
+            mode: the stream behaviour for their bodies (``None``: served honestly; ``"hang"``, ``"overclaim"``,
+                ``"short"`` as in the transport cases).
+            name: the label their stream requests are counted under (:meth:`requests_for`).
+
+        Returns:
+            The hex digests of the bundles announced (empty when the DHT store failed).
+        """
+        if mode not in (None, "hang", "overclaim", "short"):
+            raise ValueError(f"mode must be None, 'hang', 'overclaim' or 'short', got {mode!r}")
+        bucket = self.dht.current_bucket()
+        digests: list[str] = []
+        manifests: list[bytes] = []
+        for trees in bundles:
+            b, env = self.factory.bundle(trees, created_at=created_at)
+            self._serve(name, env, mode)
+            manifests.append(self._sign_manifest(wire.manifest_for_bundle(env, b)))
+            digests.append(wire.envelope_digest(env).hex())
+        box = self._extra.setdefault(bucket, [])
+        box.extend(manifests)
+        del box[:-wire.MAX_RECORD_MANIFESTS]
+        for old in [k for k in self._extra if k < bucket - self.read_buckets - 1]:
+            del self._extra[old]
+        try:
+            record = self._record(list(box))
+        except (ConnectionError, wire.WireError) as e:
+            log.warning("hostile peer: cannot build its record: %s", e)
+            return []
+        if not self.dht.publish_manifest(self.swarm_id, bucket, record, timeout=self.dht_timeout):
+            return []
+        with self._lock:
+            self.published[name] += len(digests)
+        return digests
+
+    def publish_hanging(self, n: int = wire.MAX_RECORD_MANIFESTS, future_s: float | None = None) -> list[str]:
+        """Issue 12, finding 5: ``n`` honest-looking one-tree bundles dated ``future_s`` seconds ahead (default 5 s
+        inside the receivers' ``max_clock_skew``, so they pass the freshness check and used to win a newest-first
+        fetch order), whose bodies hang on the stream until the fetcher gives up. Counted under ``"hanging"``.
+
+        Returns:
+            The hex digests announced (empty when the DHT store failed).
+        """
+        if future_s is None:
+            future_s = max(0.0, float(self.scfg.max_clock_skew) - 5.0)
+        t = time.time() + float(future_s)
+        return self.publish_bundles([self.factory.honest_trees(1, 4) for _ in range(int(n))], created_at=t,
+                                    mode="hang", name="hanging")
 
     def publish_garbage_record(self) -> list[str]:
         """``record_garbage``: store bytes that are not msgpack as our record of the current time bucket (replacing

@@ -28,11 +28,33 @@ Fetcher thread (every ``poll_interval`` seconds)
     every ``bucket_seconds / 2`` seconds: each DHT read costs traffic in every replica), skips our own,
     decodes each record (``wire.decode_manifest_record``; a malformed record is charged to its owner, whose
     DHT signature covers it), verifies every new manifest (``Verifier.verify_manifest`` with the record owner as the expected
-    signer), and fetches announced bodies -- newest first, at most ``max_concurrent_fetches`` at once, each
-    bounded by ``swarm.fetch_timeout`` and capped at the announced size -- from the publisher, then from up to
-    two other live peers that may have cached it (re-serving is the gossip). Fetched bodies wait in a bounded
-    queue (``max_pending``; the oldest is dropped when it is full). Bodies are **not** cached for re-serving
-    before they are verified.
+    signer) -- at most ``swarm.rate_limit_per_minute`` new manifests per publisher (the token bucket its bundles
+    use too) -- and fetches announced bodies from the publisher, then from up to ``swarm.fetch_relays`` other
+    live peers that may have cached it (re-serving is the gossip), each try bounded by ``swarm.fetch_timeout``
+    and capped at the announced size. Bodies are **not** cached for re-serving before they are verified.
+    Fetched bodies wait in a bounded queue (``swarm.max_pending_bundles``; the oldest is dropped when full).
+
+Fair fetching (issue 12, finding 5: future-dated manifests won a newest-first order, hanging bodies held every
+fetch worker, and three such keys cut a victim's accepted honest bundles from 28/28 to 0/27)
+    candidates are fetched **round-robin across publishers** (publishers that used the least fetch time this
+    step first, then those with more earned standing, ties at random), each publisher's own newest first with
+    future timestamps clamped to our clock; at most ``swarm.max_fetches_per_publisher`` fetches of one
+    publisher run or wait at once, of ``swarm.max_concurrent_fetches`` in all; and every publisher has a
+    **time budget per step** (``swarm.publisher_fetch_budget_seconds``, reset at each gather, at most once per
+    ``fetch_timeout``): the seconds its fetches take are charged to it, including the tries at relays, and a
+    publisher over budget waits for the next step. A publisher whose bodies hang spends its own budget and its
+    own worker, not anyone else's.
+
+Young keys (issue 12, finding 7: four fresh keys took all four external slots)
+    keys are free to mint, so :meth:`SwarmClient.gather` admits per step at most
+    ``PeerBook.tree_cap`` trees of a young key (``swarm.young_key_trees``, growing by one per
+    ``swarm.trees_per_earned_tree`` useful trees it had admitted before) and at most ``swarm.max_young_trees``
+    trees of all young keys together (shared round-robin, keys in random order); a key with
+    ``swarm.established_after`` useful admitted trees is established and gets ``swarm.max_trees_per_peer``.
+    A tree is *useful* when our re-scored rewards of its leaves differ (it carries an advantage); only admitted
+    useful trees earn standing (``PeerBook.record_earned``), so standing grows with time and verified work,
+    not with the number of keys. Trees over a cap wait for the next steps (bounded, ``swarm/trees_carried``);
+    what no longer fits, or waited longer than the read window, is dropped and counted (``swarm/trees_capped``).
 
 Gather (main thread, :meth:`SwarmClient.gather`)
     drains the queue and verifies every body (``Verifier.verify_bundle``: signature, manifest, freshness,
@@ -97,6 +119,7 @@ __all__ = [
     "SwarmClient",
     "build_swarm",
     "default_identity_path",
+    "heartbeat_time_ok",
     "identity_path_for",
     "list_peers",
     "read_swarm_info",
@@ -107,9 +130,8 @@ SWARM_INFO_FILE = "swarm.json"
 P2P_KEY_FILE = "p2p.key"
 """libp2p identity file in the run directory (used when ``swarm.host_maddrs`` has an explicit port)."""
 
-_FETCH_RETRIES = 3
 _MSTATE_CAPACITY = 8192
-_RELAYS_PER_FETCH = 2
+_MAX_CARRY_TREES = 64  # verified trees over a per-step cap, carried to the next steps
 
 
 _fork_hook_installed = False
@@ -233,13 +255,16 @@ class SwarmClient:
             it (``retokenize(prompt_for(task))``, left-truncated to ``max_prompt_length``), never under the
             sender's prompt. ``None``: the bare question text.
         prune: the :class:`~swarmnode.swarm.prune.PruneRule` (default ``PruneRule()``).
-        poll_interval: seconds between DHT polls (default ``min(2, bucket_seconds / 4)``).
-        heartbeat_interval: seconds between heartbeats.
-        gather_budget_s: seconds :meth:`gather` spends verifying (default ``swarm.fetch_timeout``); the rest of
-            the queue waits for the next call.
-        max_pending: fetched bodies waiting for verification (bounded queue; oldest dropped when full).
-        max_concurrent_fetches: outgoing fetches at once.
-        store_bytes: bytes of bundle bodies kept for serving (LRU).
+        poll_interval: seconds between DHT polls (default ``swarm.poll_interval``, whose None means
+            ``min(2, bucket_seconds / 4)``).
+        heartbeat_interval: seconds between heartbeats (default ``swarm.heartbeat_interval``).
+        gather_budget_s: seconds :meth:`gather` spends verifying (default ``swarm.gather_budget_seconds``, whose
+            None means ``swarm.fetch_timeout``); the rest of the queue waits for the next call.
+        max_pending: fetched bodies waiting for verification (default ``swarm.max_pending_bundles``).
+        max_concurrent_fetches: outgoing fetches at once (default ``swarm.max_concurrent_fetches``).
+        store_bytes: bytes of bundle bodies kept for serving, LRU (default ``swarm.store_bytes``).
+            Every other knob (fetch retries and relays, per-publisher fetch limits and budget, serving limits,
+            young-key caps) is read from ``cfg.swarm`` only; see ``swarmnode/config.py``.
         dht_kwargs: extra keyword arguments for :class:`SwarmDHT` (e.g. ``health_interval``, ``join_backoff``).
         on_accept: optional callback ``(AcceptedBundle) -> None`` run by :meth:`gather` for each accepted bundle.
         start: start the DHT, the bundle server and the threads now (else call :meth:`start`).
@@ -265,11 +290,11 @@ class SwarmClient:
         prompt_for: Callable[[Any], str] | None = None,
         prune: PruneRule | None = None,
         poll_interval: float | None = None,
-        heartbeat_interval: float = 10.0,
+        heartbeat_interval: float | None = None,
         gather_budget_s: float | None = None,
-        max_pending: int = 32,
-        max_concurrent_fetches: int = 4,
-        store_bytes: int = 128 * 1024 * 1024,
+        max_pending: int | None = None,
+        max_concurrent_fetches: int | None = None,
+        store_bytes: int | None = None,
         dht_kwargs: dict | None = None,
         on_accept: Callable[[AcceptedBundle], None] | None = None,
         start: bool = True,
@@ -279,10 +304,40 @@ class SwarmClient:
             raise TypeError(f"identity must be a swarmnode.swarm.identity.Identity, got {type(identity).__name__}")
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
-        if max_pending < 1 or max_concurrent_fetches < 1 or heartbeat_interval <= 0:
-            raise ValueError("need max_pending >= 1, max_concurrent_fetches >= 1 and heartbeat_interval > 0")
         self.cfg = cfg
         self.scfg = cfg.swarm
+
+        def knob(value: Any, name: str, default: Any) -> Any:  # argument > cfg.swarm.<name> > default
+            return value if value is not None else getattr(self.scfg, name, default)
+
+        poll_interval = knob(poll_interval, "poll_interval", None)
+        heartbeat_interval = knob(heartbeat_interval, "heartbeat_interval", 10.0)
+        gather_budget_s = knob(gather_budget_s, "gather_budget_seconds", None)
+        max_pending = int(knob(max_pending, "max_pending_bundles", 32))
+        max_concurrent_fetches = int(knob(max_concurrent_fetches, "max_concurrent_fetches", 4))
+        store_bytes = int(knob(store_bytes, "store_bytes", 128 * 1024 * 1024))
+        if max_pending < 1 or max_concurrent_fetches < 1 or not heartbeat_interval > 0:
+            raise ValueError("need swarm.max_pending_bundles >= 1, swarm.max_concurrent_fetches >= 1 and "
+                             f"swarm.heartbeat_interval > 0; got {max_pending}, {max_concurrent_fetches}, "
+                             f"{heartbeat_interval!r}")
+        self.fetch_retries = int(knob(None, "fetch_retries", 3))
+        self.fetch_relays = int(knob(None, "fetch_relays", 2))
+        self.max_fetches_per_publisher = int(knob(None, "max_fetches_per_publisher", 1))
+        budget = knob(None, "publisher_fetch_budget_seconds", None)
+        self.publisher_budget_s = float(budget) if budget else 2.0 * float(self.scfg.fetch_timeout)
+        self.young_key_trees = int(knob(None, "young_key_trees", 1))
+        self.trees_per_earned_tree = int(knob(None, "trees_per_earned_tree", 4))
+        self.max_trees_per_peer = int(knob(None, "max_trees_per_peer", 8))
+        self.established_after = int(knob(None, "established_after", 16))
+        young_pool = knob(None, "max_young_trees", None)
+        self.max_young_trees = (int(young_pool) if young_pool is not None
+                                else max(1, int(getattr(self.scfg, "num_external", 4)) // 2))
+        if (self.fetch_retries < 1 or self.fetch_relays < 0 or self.max_fetches_per_publisher < 1
+                or self.young_key_trees < 0 or self.trees_per_earned_tree < 1 or self.max_trees_per_peer < 1
+                or self.established_after < 0 or self.max_young_trees < 0):
+            raise ValueError("swarm knobs out of range: need fetch_retries >= 1, fetch_relays >= 0, "
+                             "max_fetches_per_publisher >= 1, young_key_trees >= 0, trees_per_earned_tree >= 1, "
+                             "max_trees_per_peer >= 1, established_after >= 0, max_young_trees >= 0")
         self.swarm_id: str = self.scfg.swarm_id
         self.identity = identity
         self.public_key = identity.public_key_bytes
@@ -339,6 +394,9 @@ class SwarmClient:
             self.dht,
             BundleStore(max_total_bytes=max(store_bytes, self.max_bundle_bytes), max_item_bytes=self.max_bundle_bytes),
             max_concurrent_fetches=max_concurrent_fetches,
+            max_concurrent_serves=int(knob(None, "max_concurrent_serves", 16)),
+            max_serves_per_peer=int(knob(None, "max_serves_per_peer", 4)),
+            first_byte_timeout=float(knob(None, "serve_first_byte_timeout", 2.0)),
             request_timeout=self.scfg.fetch_timeout,
             default_max_bytes=self.max_bundle_bytes,
             start=False,
@@ -350,7 +408,11 @@ class SwarmClient:
         self._pending: deque[_Pending] = deque()
         self._outbox: dict[int, list[bytes]] = {}
         self._dirty: set[int] = set()
-        self._contacts: OrderedDict[str, tuple[str, list[str], float]] = OrderedDict()
+        self._contacts: OrderedDict[str, tuple[str, float]] = OrderedDict()  # owner -> (libp2p PeerID, seen)
+        self._inflight_by_pub: Counter[str] = Counter()  # fetches running or queued, per publisher
+        self._spent: Counter[str] = Counter()  # fetch seconds per publisher this step
+        self._carry: list[tuple[float, PeerTree]] = []  # (first seen, tree) over a per-step cap (gather thread)
+        self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
         self._wanted: set[str] = set()  # bundle digests in flight or queued
         self._counts: Counter[str] = Counter()
@@ -451,6 +513,11 @@ class SwarmClient:
     def maddrs(self) -> list[str]:
         """Multiaddrs (with ``/p2p/<libp2p PeerID>``) other nodes can bootstrap from."""
         return self.dht.visible_maddrs()
+
+    def pending_digests(self) -> set[str]:
+        """Hex digests of the fetched bundle bodies waiting for the next :meth:`gather` (tests, benchmarks)."""
+        with self._lock:
+            return {p.manifest.bundle_digest.hex() for p in self._pending}
 
     def note_accuracy(self, accuracy: float | None) -> None:
         """Record the last held-out accuracy in [0, 1] for the next heartbeats."""
@@ -685,6 +752,13 @@ class SwarmClient:
                     st = self._mstate.get(mdigest)
                     if st is not None and (st.state in ("done", "inflight") or now < st.next_try):
                         continue
+                if st is None and not self.peers.is_banned(owner_id) and not self.peers.allow(owner_id):
+                    # a new manifest over its publisher's rate limit (swarm.rate_limit_per_minute, the bucket its
+                    # bundles use too): looked at again once a token is back, never verified before that
+                    self._count("manifests_rate_limited")
+                    self._set_state(mdigest, "retry", 0, now + 60.0 / max(float(self.peers.rate_limit_per_minute),
+                                                                          1e-3))
+                    continue
                 try:
                     with self._vlock:
                         manifest = self.verifier.verify_manifest(menv, owner)
@@ -698,28 +772,57 @@ class SwarmClient:
                         self._mstate[mdigest] = _MState("done")
                         continue
                 candidates.append((manifest, mdigest, owner_id))
-        candidates.sort(key=lambda c: c[0].created_at, reverse=True)  # newest first
+        self._new_step(force=False)
         started = 0
-        for manifest, mdigest, owner_id in candidates:
+        for manifest, mdigest, owner_id in self._fair_order(candidates):
             with self._lock:
+                prev = self._mstate.get(mdigest)
                 if self._inflight >= 2 * self.max_concurrent_fetches:  # the rest waits for the next poll
-                    break
+                    self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, 0.0)
+                    continue
                 bdigest = manifest.bundle_digest.hex()
                 if bdigest in self._wanted:
                     continue
+                if (self._inflight_by_pub[owner_id] >= self.max_fetches_per_publisher
+                        or self._spent[owner_id] >= self.publisher_budget_s):
+                    # this publisher's turn is over for now (one worker / its budget): others go first
+                    self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, 0.0)
+                    continue
                 self._wanted.add(bdigest)
-                prev = self._mstate.get(mdigest)
                 self._mstate[mdigest] = _MState("inflight", prev.tries if prev else 0)
                 self._inflight += 1
+                self._inflight_by_pub[owner_id] += 1
             try:
                 self._pool.submit(self._fetch_one, manifest, mdigest, owner_id)
                 started += 1
             except RuntimeError:  # the pool is shut down (closing)
                 with self._lock:
                     self._inflight -= 1
+                    self._inflight_by_pub[owner_id] -= 1
                     self._wanted.discard(bdigest)
                 break
         return started
+
+    def _fair_order(self, candidates: list[tuple[wire.Manifest, bytes, str]]) -> list[tuple[wire.Manifest, bytes, str]]:
+        """Round-robin across publishers: publishers that used the least fetch time this step first, then those
+        with more earned standing, ties at random; each publisher's own candidates newest first, with times in
+        the future clamped to our clock (a future-dated manifest is no newer than one made now)."""
+        wall = time.time()
+        by_pub: dict[str, list[tuple[wire.Manifest, bytes, str]]] = {}
+        for c in candidates:
+            by_pub.setdefault(c[2], []).append(c)
+        for lst in by_pub.values():
+            lst.sort(key=lambda c: min(float(c[0].created_at), wall), reverse=True)
+        pubs = list(by_pub)
+        random.shuffle(pubs)
+        with self._lock:
+            spent = dict(self._spent)
+        pubs.sort(key=lambda p: (spent.get(p, 0.0), -self.peers.earned(p)))
+        out: list[tuple[wire.Manifest, bytes, str]] = []
+        depth = max((len(v) for v in by_pub.values()), default=0)
+        for i in range(depth):
+            out.extend(by_pub[p][i] for p in pubs if i < len(by_pub[p]))
+        return out
 
     def _mark(self, digest: bytes, now: float) -> bool:
         """Mark a record/manifest digest as judged; True the first time."""
@@ -741,46 +844,68 @@ class SwarmClient:
             self._mstate.popitem(last=False)
 
     def _note_contact(self, owner_id: str, rec: wire.ManifestRecord) -> None:
-        maddrs = []
-        for m in rec.maddrs:
-            try:
-                if parse_multiaddr(m)[1] == rec.libp2p_peer_id:
-                    maddrs.append(m)
-            except ValueError:
-                continue
+        """Remember the record owner's libp2p PeerID. The record's ``addrs`` are **never** used for dialling
+        (issue 12, finding 9): fetches go by PeerID and libp2p routes them to addresses it observed itself."""
         try:
             parse_multiaddr(f"/ip4/127.0.0.1/tcp/1/p2p/{rec.libp2p_peer_id}")
         except ValueError:
             return  # not a libp2p PeerID: nothing to fetch from
         with self._lock:
-            self._contacts[owner_id] = (rec.libp2p_peer_id, maddrs[:2], time.monotonic())
+            self._contacts[owner_id] = (rec.libp2p_peer_id, time.monotonic())
             self._contacts.move_to_end(owner_id)
             while len(self._contacts) > 1024:
                 self._contacts.popitem(last=False)
 
-    def _sources(self, publisher: str) -> list[tuple[str, list[str]]]:
-        """The publisher's contact first, then up to two other recently seen peers (who may have cached it)."""
+    def _sources(self, publisher: str) -> list[str]:
+        """libp2p PeerIDs to ask: the publisher's first, then up to ``swarm.fetch_relays`` other recently seen
+        peers (who may have cached it)."""
         with self._lock:
             contacts = dict(self._contacts)
         out = []
         if publisher in contacts:
-            out.append(contacts[publisher][:2])
+            out.append(contacts[publisher][0])
         horizon = time.monotonic() - (self.scfg.read_buckets + 1) * self.scfg.bucket_seconds
-        others = [c[:2] for p, c in contacts.items() if p != publisher and c[2] >= horizon]
+        others = [c[0] for p, c in contacts.items() if p != publisher and c[1] >= horizon]
         random.shuffle(others)
-        out.extend(others[:_RELAYS_PER_FETCH])
-        return out  # type: ignore[return-value]
+        out.extend(others[:self.fetch_relays])
+        return out
+
+    def _new_step(self, force: bool = False) -> None:
+        """Reset the per-publisher fetch budgets: at a gather (a step) at most once per ``fetch_timeout``, or from
+        the fetcher when no gather came for ``bucket_seconds`` (``force=False`` there)."""
+        now = time.monotonic()
+        with self._lock:
+            gap = now - self._budget_reset_at
+            if (force and gap >= float(self.scfg.fetch_timeout)) or gap >= float(self.scfg.bucket_seconds):
+                self._spent.clear()
+                self._budget_reset_at = now
+
+    def _budget_left(self, publisher: str) -> float:
+        with self._lock:
+            return self.publisher_budget_s - self._spent[publisher]
 
     def _fetch_one(self, manifest: wire.Manifest, mdigest: bytes, publisher: str) -> None:
         bdigest = manifest.bundle_digest.hex()
         ok = False
+        attempts = 0
         try:
-            for libp2p_id, maddrs in self._sources(publisher):
+            for libp2p_id in self._sources(publisher):
                 if self._stop.is_set():
                     break
-                res = self.server.fetch_result(libp2p_id, bdigest, timeout=self.scfg.fetch_timeout,
-                                               max_bytes=min(manifest.bundle_size, self.max_bundle_bytes),
-                                               maddrs=maddrs, cache=False)
+                left = self._budget_left(publisher)
+                if left <= 0:  # this publisher spent its budget for the step: the rest waits for the next one
+                    self._count("fetch_over_budget")
+                    break
+                attempts += 1
+                t0 = time.monotonic()
+                try:
+                    res = self.server.fetch_result(libp2p_id, bdigest, timeout=min(float(self.scfg.fetch_timeout),
+                                                                                  max(1.0, left)),
+                                                   max_bytes=min(manifest.bundle_size, self.max_bundle_bytes),
+                                                   cache=False)
+                finally:
+                    with self._lock:
+                        self._spent[publisher] += time.monotonic() - t0
                 self._count(f"fetch/{res.reason}")
                 if res.ok and res.body is not None:
                     item = _Pending(res.body, manifest, f"p2p:{libp2p_id}", time.time())
@@ -798,13 +923,19 @@ class SwarmClient:
         finally:
             with self._lock:
                 self._inflight -= 1
+                self._inflight_by_pub[publisher] -= 1
+                if self._inflight_by_pub[publisher] <= 0:
+                    del self._inflight_by_pub[publisher]
                 prev = self._mstate.get(mdigest)
-                tries = (prev.tries if prev else 0) + 1
+                tries = (prev.tries if prev else 0) + (1 if attempts else 0)
                 if ok:
                     self._mstate[mdigest] = _MState("done", tries)
+                elif not attempts:  # never tried (over budget / closing): not the publisher's failure
+                    self._wanted.discard(bdigest)
+                    self._mstate[mdigest] = _MState("retry", tries, 0.0)
                 else:
                     self._wanted.discard(bdigest)
-                    if tries >= _FETCH_RETRIES:
+                    if tries >= self.fetch_retries:
                         self._mstate[mdigest] = _MState("done", tries)
                         self._counts["fetch_gave_up"] += 1
                     else:
@@ -825,8 +956,13 @@ class SwarmClient:
         return self.gather_verified(step, policy_version)
 
     def gather_verified(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
-        """:meth:`gather` without the conversion: the accepted :class:`PeerTree` s and the metrics."""
+        """:meth:`gather` without the conversion: the accepted :class:`PeerTree` s and the metrics.
+
+        A step boundary for the swarm layer: the per-publisher fetch budgets start afresh (at most once per
+        ``fetch_timeout``), and the verified trees pass the per-key caps of :meth:`_admit` (young keys).
+        """
         t0 = time.monotonic()
+        self._new_step(force=True)
         with self._lock:
             items = list(self._pending)
             self._pending.clear()
@@ -869,6 +1005,7 @@ class SwarmClient:
                     log.exception("on_accept callback failed")
             retok += sum(1 for v in vts if not v.same_tokenizer)
             out.extend(vts)
+        out, young, capped = self._admit(out)
         with self._lock:
             self._counts["bundles_received"] += received
             pending = len(self._pending)
@@ -882,6 +1019,9 @@ class SwarmClient:
         m.update({
             "swarm/pending": pending,
             "swarm/external_trees": len(out),
+            "swarm/young_trees": young,
+            "swarm/trees_capped": capped,
+            "swarm/trees_carried": len(self._carry),
             "swarm/retokenized_trees": retok,
             "swarm/gather_s": time.monotonic() - t0,
         })
@@ -890,6 +1030,79 @@ class SwarmClient:
             m["swarm/latency_p50_s"] = latencies[len(latencies) // 2]
             m["swarm/latency_max_s"] = latencies[-1]
         return out, m
+
+    @staticmethod
+    def _useful(vt: PeerTree) -> bool:
+        """Our re-scored rewards of the tree's leaves differ (it carries an advantage)."""
+        try:
+            r = vt.rewards()
+        except ValueError:
+            return False
+        return len(r) >= 2 and max(r) - min(r) > 1e-9
+
+    def _admit(self, trees: list[PeerTree]) -> tuple[list[PeerTree], int, int]:
+        """The per-step caps on trees per key (Sybil resistance; module docstring, "Young keys").
+
+        An established key (``PeerBook.earned >= swarm.established_after``) gets up to ``swarm.max_trees_per_peer``
+        trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
+        swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
+        one tree per key per turn, keys in random order. Admitted useful trees earn their key standing.
+
+        Trees over a cap are not lost at once: they are carried to the next steps (older first), at most
+        ``max_trees_per_peer`` per key and ``_MAX_CARRY_TREES`` in all, for at most the read window
+        (``(read_buckets + 1) * bucket_seconds``); beyond that they are dropped.
+
+        Returns:
+            ``(admitted trees, admitted trees of young keys, trees dropped by a cap this step)``.
+        """
+        now = time.monotonic()
+        horizon = now - (self.scfg.read_buckets + 1) * float(self.scfg.bucket_seconds)
+        dropped = sum(1 for t0, _ in self._carry if t0 < horizon)
+        items = [(t0, vt) for t0, vt in self._carry if t0 >= horizon] + [(now, vt) for vt in trees]
+        self._carry = []
+        if not items:
+            return [], 0, dropped
+        by_peer: dict[str, list[int]] = {}
+        for i, (_, vt) in enumerate(items):
+            by_peer.setdefault(vt.peer_id, []).append(i)
+        keep: set[int] = set()
+        young: dict[str, list[int]] = {}
+        for peer, idx in by_peer.items():
+            if self.peers.is_young(peer, self.established_after):
+                cap = self.peers.tree_cap(peer, base=self.young_key_trees, per=self.trees_per_earned_tree,
+                                          ceiling=max(self.young_key_trees, self.max_trees_per_peer))
+                young[peer] = idx[:cap]
+            else:
+                keep.update(idx[:self.max_trees_per_peer])
+        pool = self.max_young_trees
+        order = list(young)
+        random.shuffle(order)
+        n_young = 0
+        while pool > 0 and any(young[p] for p in order):
+            for p in order:
+                if pool > 0 and young[p]:
+                    keep.add(young[p].pop(0))
+                    pool -= 1
+                    n_young += 1
+        out = [vt for i, (_, vt) in enumerate(items) if i in keep]
+        carry: list[tuple[float, PeerTree]] = []
+        per_peer: Counter[str] = Counter()
+        for i, (t0, vt) in enumerate(items):
+            if i in keep:
+                continue
+            if per_peer[vt.peer_id] < self.max_trees_per_peer:
+                per_peer[vt.peer_id] += 1
+                carry.append((t0, vt))
+            else:
+                dropped += 1
+        if len(carry) > _MAX_CARRY_TREES:  # the oldest go first
+            dropped += len(carry) - _MAX_CARRY_TREES
+            carry = carry[-_MAX_CARRY_TREES:]
+        self._carry = carry
+        earned: Counter[str] = Counter(vt.peer_id for vt in out if self._useful(vt))
+        for peer, n in earned.items():
+            self.peers.record_earned(peer, n)
+        return out, n_young, dropped
 
     def _reprompt(self, vt: PeerTree) -> None:
         """Kept for callers of the old API: the verifier now gives every accepted tree our own prompt."""
@@ -971,6 +1184,16 @@ def build_swarm(
                        **kwargs)
 
 
+def heartbeat_time_ok(created_at: float, now: float, max_clock_skew: float, freshness_seconds: float) -> bool:
+    """Whether a heartbeat's signed ``created_at`` (s since the epoch) passes the checks manifests get:
+    ``now - freshness_seconds - max_clock_skew <= created_at <= now + max_clock_skew`` (a non-finite time fails)."""
+    try:
+        t = float(created_at)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(t) and now - freshness_seconds - max_clock_skew <= t <= now + max_clock_skew
+
+
 def list_peers(
     swarm_id: str,
     initial_peers: Sequence[str],
@@ -978,6 +1201,8 @@ def list_peers(
     timeout: float = 15.0,
     bucket_seconds: float = 30.0,
     clock: Callable[[], float] = time.time,
+    max_clock_skew: float = 30.0,
+    freshness_seconds: float = 600.0,
 ) -> list[dict[str, Any]]:
     """The swarm as its DHT heartbeats show it (what ``swarmnode peers`` prints).
 
@@ -990,12 +1215,16 @@ def list_peers(
         initial_peers: multiaddrs with ``/p2p/<PeerID>`` of any live node.
         timeout: seconds for joining and for the lookup, each.
         bucket_seconds: the swarm's ``bucket_seconds`` (only used to name protected keys).
-        clock: wall clock (seconds since the epoch) for ``last_seen_s``.
+        clock: wall clock (seconds since the epoch) for ``last_seen_s`` and the time checks.
+        max_clock_skew / freshness_seconds: the swarm's ``max_clock_skew`` and ``freshness_seconds`` (s): a
+            heartbeat created more than ``max_clock_skew`` in the future or more than ``freshness_seconds +
+            max_clock_skew`` ago is left out, as manifests are (a future-dated heartbeat would otherwise show
+            ``last_seen_s`` 0 and shadow its signer's real ones).
 
     Returns:
         Rows sorted by peer id: ``peer_id``, ``model_id``, ``step``, ``reward_mean``, ``accuracy``,
         ``samples_published``, ``samples_accepted``, ``samples_rejected``, ``last_seen_s``. Heartbeats that fail
-        verification are left out.
+        verification or the time checks are left out.
 
     Raises:
         ValueError: no initial peer, or a malformed multiaddr or swarm id.
@@ -1024,6 +1253,8 @@ def list_peers(
         except wire.WireError:
             continue
         if env.public_key != owner or not isinstance(hb, wire.Heartbeat) or hb.swarm_id != swarm_id:
+            continue
+        if not heartbeat_time_ok(hb.created_at, now, max_clock_skew, freshness_seconds):
             continue
         prev = rows.get(hb.peer_id)
         if prev is not None and prev["created_at"] >= hb.created_at:

@@ -44,10 +44,22 @@ A token bucket per peer (capacity ``burst``, default one minute's worth, refille
 ``rate_limit_per_minute / 60`` tokens per second). :meth:`allow` takes one token and is meant to be called
 before any decoding work; a refusal is counted under ``rate_limited`` but does not touch the reputation.
 
+Earned standing (Sybil resistance)
+----------------------------------
+Keys are free to mint, so a fresh key must not get the share of an established one (issue 12, finding 7:
+four fresh keys took all four external slots). :meth:`PeerBook.record_earned` counts the *useful* trees of
+a peer that the swarm layer admitted for training (accepted by the verifier, with reward variance under
+our own re-score; ``swarmnode/swarm/gossip.py``). :meth:`PeerBook.tree_cap` turns that record into a
+per-step cap, ``min(ceiling, base + earned // per)``, and :meth:`PeerBook.is_young` tells keys with fewer
+than ``established_after`` earned trees apart (the swarm layer caps the trees of all young keys together
+per step). Since only admitted trees earn, and admission is itself capped per step, standing grows with
+time and work, not with the number of keys. A hard rejection resets the earned record to 0.
+
 Bounded memory
 --------------
 Peer ids are free to mint (Sybils), so at most ``max_peers`` peers are tracked; beyond that the peer
-seen least recently that is not banned is forgotten. Logging of rejections and bans goes through
+seen least recently that is neither banned nor holding earned standing is forgotten (a flood of fresh
+keys cannot erase the standing of established peers). Logging of rejections and bans goes through
 :class:`LogLimiter` so a flood cannot flood the logs (hivemind #439: log floods on disconnect).
 
 Thread safety: every public method takes one internal lock.
@@ -128,6 +140,7 @@ class PeerRecord:
         decay_time: ``clock()`` time the decayed counters were last brought up to date.
         tokens / token_time: the rate-limit bucket and when it was last refilled.
         first_seen / last_seen: ``clock()`` times.
+        earned: useful trees admitted for training (:meth:`PeerBook.record_earned`); reset by a hard rejection.
     """
 
     accepted: int = 0
@@ -147,6 +160,7 @@ class PeerRecord:
     token_time: float = 0.0
     first_seen: float = 0.0
     last_seen: float = 0.0
+    earned: int = 0
 
 
 class PeerBook:
@@ -220,16 +234,19 @@ class PeerBook:
         return rec
 
     def _evict(self, keep: str, now: float) -> None:
-        # oldest first; banned peers are kept so a Sybil flood cannot unban them
-        for pid in list(self._peers):
-            if len(self._peers) <= self.max_peers:
-                break
-            if pid == keep:
-                continue
-            if self._peers[pid].banned_until > now:
-                continue
-            del self._peers[pid]
-            self.forgotten += 1
+        # oldest first; banned peers are kept so a Sybil flood cannot unban them, and peers with earned
+        # standing are kept so that a flood of fresh keys cannot erase it (they go only when nothing else can)
+        for spare_earned in (True, False):
+            for pid in list(self._peers):
+                if len(self._peers) <= self.max_peers:
+                    break
+                if pid == keep:
+                    continue
+                rec = self._peers[pid]
+                if rec.banned_until > now or (spare_earned and rec.earned > 0):
+                    continue
+                del self._peers[pid]
+                self.forgotten += 1
         while len(self._peers) > self.max_peers:  # everyone is banned: forget the oldest ban
             pid = next(p for p in self._peers if p != keep)
             del self._peers[pid]
@@ -337,6 +354,8 @@ class PeerBook:
             self._decay(rec, now)
             rec.rejected[reason] = rec.rejected.get(reason, 0) + 1
             self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+            if hard and peer != UNATTRIBUTED:
+                rec.earned = 0  # provable misbehaviour costs the standing a key has earned
             if hard:
                 rec.hard += 1
                 rec.dec_hard += 1.0
@@ -361,6 +380,42 @@ class PeerBook:
                               peer, self.ban_seconds, self.ban_after, reason)
             return True
 
+    def record_earned(self, peer: str, n: int = 1) -> None:
+        """Count ``n`` useful trees of ``peer`` admitted for training (its earned standing, see the module
+        docstring). Non-positive ``n`` is ignored."""
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            return
+        with self._lock:
+            rec = self._get(peer, self.clock())
+            rec.earned += n
+
+    def earned(self, peer: str) -> int:
+        """Useful trees of ``peer`` admitted so far (0 for an unknown peer); reset by a hard rejection."""
+        with self._lock:
+            rec = self._peers.get(peer)
+            return 0 if rec is None else rec.earned
+
+    def is_young(self, peer: str, established_after: int) -> bool:
+        """True while ``peer`` has earned fewer than ``established_after`` useful trees (an unknown peer is young;
+        ``established_after <= 0`` makes every peer established)."""
+        return self.earned(peer) < established_after
+
+    def tree_cap(self, peer: str, *, base: int, per: int, ceiling: int) -> int:
+        """Trees of ``peer`` the swarm layer may admit in one step: ``min(ceiling, base + earned // per)``.
+
+        Args:
+            base: a fresh key's cap (int >= 0).
+            per: earned trees per extra tree of cap (int >= 1).
+            ceiling: the most any key gets (int >= base).
+
+        Raises:
+            ValueError: ``per < 1``, ``base < 0`` or ``ceiling < base``.
+        """
+        if per < 1 or base < 0 or ceiling < base:
+            raise ValueError(f"need per >= 1, base >= 0 and ceiling >= base; got per={per!r}, base={base!r}, "
+                             f"ceiling={ceiling!r}")
+        return min(int(ceiling), int(base) + self.earned(peer) // int(per))
+
     def unban(self, peer: str) -> None:
         """Lift ``peer``'s ban now (operator action); strikes are reset."""
         with self._lock:
@@ -376,7 +431,7 @@ class PeerBook:
         Returns:
             ``{"peers": {peer_id: {"accepted", "rejected": {reason: n}, "hard", "soft", "rate_limited",
             "refused_banned", "strikes", "bans", "banned", "ban_remaining_s", "reputation", "first_seen",
-            "last_seen"}}, "banned": [peer ids], "totals": {"accepted", "hard", "soft", "rate_limited",
+            "last_seen", "earned"}}, "banned": [peer ids], "totals": {"accepted", "hard", "soft", "rate_limited",
             "refused_banned", "bans"}, "rejected_by_reason": {reason: n}, "tracked": int, "forgotten": int}``.
             Times are ``clock()`` seconds.
         """
@@ -400,6 +455,7 @@ class PeerBook:
                     "reputation": self._reputation(rec),
                     "first_seen": rec.first_seen,
                     "last_seen": rec.last_seen,
+                    "earned": rec.earned,
                 }
             return {
                 "peers": peers,

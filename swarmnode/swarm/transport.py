@@ -13,6 +13,18 @@ Stream protocol ``/swarmnode/bundle/1.0.0`` (one request per stream):
 * response: one status byte -- ``0x00`` found, ``0x01`` not found, ``0x02`` busy, ``0x03`` bad request --
   and, when found, an 8-byte big-endian body length followed by exactly that many body bytes.
 
+The server bounds what any one peer can hold (issue 12, finding 6: 24 idle streams from one peer took the
+16 shared slots, and an honest peer's fetches went from 17 ok to 0 ok): at most ``max_concurrent_serves``
+streams at once in total and ``max_serves_per_peer`` per remote libp2p PeerID (more get ``busy`` at once),
+and a stream whose 36-byte request has not arrived ``first_byte_timeout`` seconds after it opened is closed
+(an honest client writes its request right after opening the stream).
+
+Dialling: the client never dials addresses taken from a peer's record (issue 12, finding 9: any
+``addrs`` entry of a manifest record whose ``/p2p/`` part matched was dialled, which made every node a
+scanning / reflection tool for whoever writes a record). It opens the stream by PeerID only and lets
+libp2p route it to the addresses libp2p itself observed for that PeerID (an open connection, the
+identify exchange, the daemon's peer routing).
+
 The client enforces, in order: a total ``timeout`` (stream open, request, reading; a peer that accepts
 the stream and never answers costs at most ``timeout``); bounded concurrency (semaphore); the declared
 length against ``max_bytes`` before reading (abort = close the stream); reading at most the declared
@@ -222,8 +234,11 @@ class BundleServer:
     :param dht: a started :class:`SwarmDHT`; the server re-attaches itself after each DHT restart
     :param store: where served bodies live (a new 256 MiB :class:`BundleStore` if None)
     :param max_concurrent_fetches: outgoing fetches running at once (more wait, within their timeout)
-    :param max_concurrent_serves: incoming requests served at once (more get status ``busy``)
-    :param request_timeout: seconds a client may take to send its 36-byte request, and (x4) to read a reply
+    :param max_concurrent_serves: incoming streams served at once, all peers together (more get ``busy``)
+    :param max_serves_per_peer: incoming streams served at once for one remote libp2p PeerID (more get ``busy``)
+    :param first_byte_timeout: seconds a client may take, after opening a stream, to send its 36-byte request
+        (default ``min(2.0, request_timeout)``)
+    :param request_timeout: seconds for each write to a client (x4 per 64 KiB chunk of a body)
     :param default_max_bytes: body-size cap of :meth:`fetch` when ``max_bytes`` is not given
     :param attach_timeout: seconds to attach to the daemon
     :param start: attach now (otherwise call :meth:`start`)
@@ -236,6 +251,8 @@ class BundleServer:
         *,
         max_concurrent_fetches: int = 8,
         max_concurrent_serves: int = 16,
+        max_serves_per_peer: int = 4,
+        first_byte_timeout: float | None = None,
         request_timeout: float = 5.0,
         default_max_bytes: int = DEFAULT_MAX_BUNDLE_BYTES,
         attach_timeout: float = 30.0,
@@ -246,11 +263,17 @@ class BundleServer:
         if max_concurrent_fetches < 1 or max_concurrent_serves < 1 or request_timeout <= 0 or default_max_bytes < 1:
             raise ValueError("need max_concurrent_fetches >= 1, max_concurrent_serves >= 1, request_timeout > 0, "
                              "default_max_bytes >= 1")
+        if max_serves_per_peer < 1 or (first_byte_timeout is not None and not first_byte_timeout > 0):
+            raise ValueError(f"need max_serves_per_peer >= 1 and first_byte_timeout > 0, got {max_serves_per_peer!r}, "
+                             f"{first_byte_timeout!r}")
         self.dht = dht
         self.store = store if store is not None else BundleStore()
         self.max_concurrent_fetches = int(max_concurrent_fetches)
         self.max_concurrent_serves = int(max_concurrent_serves)
+        self.max_serves_per_peer = int(max_serves_per_peer)
         self.request_timeout = float(request_timeout)
+        self.first_byte_timeout = (min(2.0, self.request_timeout) if first_byte_timeout is None
+                                   else float(first_byte_timeout))
         self.default_max_bytes = int(default_max_bytes)
         self.attach_timeout = float(attach_timeout)
         self.counters: Counter[str] = Counter()
@@ -261,6 +284,7 @@ class BundleServer:
         self._fetch_sem: asyncio.Semaphore | None = None
         self._attach_lock: asyncio.Lock | None = None
         self._serving = 0
+        self._serving_by_peer: Counter[str] = Counter()
         self._last_attach_try = -1e9
         self._closed = False
         self._started = False
@@ -376,20 +400,32 @@ class BundleServer:
         """Body to serve for ``digest`` (hook for tests of hostile peers)."""
         return self.store.get(digest)
 
-    async def _handle(self, _stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    @property
+    def serving(self) -> int:
+        """Incoming streams being served right now (all peers)."""
+        return self._serving
+
+    async def _handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = str(getattr(stream_info, "peer_id", None) or "?")
         try:
-            if self._serving >= self.max_concurrent_serves:
-                self._count("serve_busy")
+            if self._serving >= self.max_concurrent_serves or self._serving_by_peer[peer] >= self.max_serves_per_peer:
+                self._count("serve_busy" if self._serving >= self.max_concurrent_serves else "serve_busy_peer")
                 writer.write(_BUSY)
                 await asyncio.wait_for(writer.drain(), self.request_timeout)
                 return
             self._serving += 1
+            self._serving_by_peer[peer] += 1
             try:
                 await self._serve(reader, writer)
             finally:
                 self._serving -= 1
+                self._serving_by_peer[peer] -= 1
+                if self._serving_by_peer[peer] <= 0:
+                    del self._serving_by_peer[peer]
         except asyncio.CancelledError:  # the server is closing; this task is the connection's top level
             pass
+        except asyncio.TimeoutError:
+            self._count("serve_timeout")
         except Exception as e:  # noqa: BLE001 - a misbehaving or departed client must not disturb the server
             self._count("serve_error")
             log.debug("bundle serve failed: %s", e)
@@ -397,7 +433,8 @@ class BundleServer:
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await asyncio.wait_for(reader.readexactly(_REQUEST_LEN), self.request_timeout)
+        # an honest client writes its 36 bytes right after opening the stream: an idle stream is closed soon
+        request = await asyncio.wait_for(reader.readexactly(_REQUEST_LEN), self.first_byte_timeout)
         if not request.startswith(_MAGIC):
             self._count("serve_bad_request")
             writer.write(_BAD_REQUEST)
@@ -455,7 +492,8 @@ class BundleServer:
         :param timeout: total seconds, including waiting for a free fetch slot
         :param max_bytes: body-size cap (default ``default_max_bytes``); a larger declared body is refused
             before it is read
-        :param maddrs: optional multiaddrs of ``peer`` (from its manifest) to dial first
+        :param maddrs: multiaddrs of ``peer`` from its record: checked for form (each must end in ``/p2p/<peer>``)
+            but **never dialled** -- libp2p routes the stream by PeerID to addresses it observed itself
         :param cache: on success, store the body for re-serving (gossip)
         :raises ValueError: malformed ``peer``, ``digest``, ``timeout`` or ``max_bytes`` (the caller's bug,
             not the peer's)
@@ -467,12 +505,13 @@ class BundleServer:
         max_bytes = self.default_max_bytes if max_bytes is None else max_bytes
         if not (isinstance(max_bytes, int) and max_bytes > 0):
             raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
-        dial = [parse_multiaddr(m)[0] for m in maddrs]
+        for m in maddrs:  # the caller's bug when malformed; never dialled (see the module docstring)
+            parse_multiaddr(m)
         if self._closed or self._loop is None:
             return FetchResult(None, "error", peer_id.to_base58())
         self._ensure_attached(timeout)
         try:
-            result = self._loop.run(self._fetch(peer_id, digest, float(timeout), max_bytes, dial), timeout + 2.0)
+            result = self._loop.run(self._fetch(peer_id, digest, float(timeout), max_bytes), timeout + 2.0)
         except Exception as e:  # noqa: BLE001 - includes the outer safety timeout
             result = FetchResult(None, "timeout" if isinstance(e, TimeoutError) else "error", peer_id.to_base58())
         self._count(f"fetch_{result.reason}")
@@ -509,7 +548,7 @@ class BundleServer:
         self._ensure_attached(timeout)
 
         async def _all() -> list[FetchResult]:
-            return list(await asyncio.gather(*(self._fetch(p, d, float(timeout), max_bytes, []) for p, d in parsed)))
+            return list(await asyncio.gather(*(self._fetch(p, d, float(timeout), max_bytes) for p, d in parsed)))
 
         try:
             results = self._loop.run(_all(), timeout + 2.0)
@@ -525,7 +564,7 @@ class BundleServer:
         return results
 
     async def _fetch(
-        self, peer_id: PeerID, digest: str, timeout: float, max_bytes: int, dial: list[str]
+        self, peer_id: PeerID, digest: str, timeout: float, max_bytes: int
     ) -> FetchResult:
         peer = peer_id.to_base58()
         if peer == self.dht.peer_id:  # our own bundle: no network round-trip
@@ -533,7 +572,7 @@ class BundleServer:
             return FetchResult(body, "ok" if body is not None else "not_found", peer, len(body or b""))
         progress = {"nbytes": 0}
         try:
-            return await asyncio.wait_for(self._fetch_inner(peer_id, digest, max_bytes, dial, progress), timeout)
+            return await asyncio.wait_for(self._fetch_inner(peer_id, digest, max_bytes, progress), timeout)
         except asyncio.TimeoutError:
             return FetchResult(None, "timeout", peer, progress["nbytes"])
         except Exception as e:  # noqa: BLE001
@@ -542,7 +581,7 @@ class BundleServer:
                                progress["nbytes"])
 
     async def _fetch_inner(
-        self, peer_id: PeerID, digest: str, max_bytes: int, dial: list[str], progress: dict
+        self, peer_id: PeerID, digest: str, max_bytes: int, progress: dict
     ) -> FetchResult:
         peer = peer_id.to_base58()
         assert self._fetch_sem is not None
@@ -550,11 +589,7 @@ class BundleServer:
             p2p = self._p2p
             if p2p is None:
                 return FetchResult(None, "error", peer)
-            if dial:
-                try:
-                    await p2p._client.connect(peer_id, [Multiaddr(m) for m in dial])
-                except Exception:  # noqa: BLE001 - the daemon may still know another route
-                    pass
+            # by PeerID only: addresses from records are never dialled; libp2p routes to what it observed
             _, reader, writer = await p2p.call_binary_stream_handler(peer_id, PROTOCOL)
             progress["stage"] = "open"
             try:
