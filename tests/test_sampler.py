@@ -85,7 +85,7 @@ def test_rollouts_are_exact_and_consistent(tok, model, mode, branching):
     cfg = _cfg(mode, branching, num_generations=6, max_completion_length=16, segment_length=4, temperature=0.9,
                lookahead_tau_abs=0.02, lookahead_tau_rel=0.5)
     specs = _specs(tok, [CORPUS[0], "Hi", CORPUS[2]])
-    trees = sample_rollouts(model, tok, specs, cfg, policy_version=7, generator=torch.Generator().manual_seed(0))
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, policy_version=7, generator=torch.Generator().manual_seed(0))
     assert isinstance(trees, SampledTrees) and len(trees) == 3
     assert [t.task.index for t in trees] == [0, 1, 2]
     assert trees.stats.prefill_tokens == sum(len(s.prompt_ids) for s in specs)  # each prompt prefilled once
@@ -101,8 +101,8 @@ def test_rollouts_are_exact_and_consistent(tok, model, mode, branching):
 def test_tree_shares_prefixes_and_decodes_fewer_tokens_than_chain(tok, model):
     specs = _specs(tok, [CORPUS[0], CORPUS[1]])
     common = dict(num_generations=8, max_completion_length=16, segment_length=4, max_depth=8)
-    chain = sample_rollouts(model, tok, specs, _cfg("chain", **common), 0, torch.Generator().manual_seed(0))
-    tree = sample_rollouts(model, tok, specs, _cfg("tree", **common), 0, torch.Generator().manual_seed(0))
+    chain = sample_rollouts(DecodeEngine(model, tok), tok, specs, _cfg("chain", **common), 0, torch.Generator().manual_seed(0))
+    tree = sample_rollouts(DecodeEngine(model, tok), tok, specs, _cfg("tree", **common), 0, torch.Generator().manual_seed(0))
     assert [len(t.leaves()) for t in tree] == [len(t.leaves()) for t in chain] == [8, 8]
     if all(tree[i].nodes[lf].finish_reason == "length" for i in range(2) for lf in tree[i].leaves()):
         # b=2 from the root: 2, 4, 8, 8 paths x 4 tokens = 88 per prompt vs 8 x 16 = 128 for chain
@@ -114,7 +114,7 @@ def test_tree_shares_prefixes_and_decodes_fewer_tokens_than_chain(tok, model):
 def test_token_budget_is_never_exceeded(tok, model, branching):
     cfg = _cfg("tree", branching, num_generations=8, max_completion_length=16, segment_length=4, token_budget=30,
                lookahead_tau_abs=0.02, lookahead_tau_rel=0.5)
-    trees = sample_rollouts(model, tok, _specs(tok, [CORPUS[0], "Hi"]), cfg, 0, torch.Generator().manual_seed(3))
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, _specs(tok, [CORPUS[0], "Hi"]), cfg, 0, torch.Generator().manual_seed(3))
     for t, st in zip(trees, trees.stats.prompts):
         assert t.generated_tokens() == st.generated_tokens <= 30
         assert st.generated_tokens >= 20  # the budget is used, not wasted
@@ -123,14 +123,14 @@ def test_token_budget_is_never_exceeded(tok, model, branching):
 
 def test_chain_budget_admits_only_samples_that_fit(tok, model):
     cfg = _cfg("chain", num_generations=8, max_completion_length=16, token_budget=40)
-    trees = sample_rollouts(model, tok, _specs(tok, ["Hi"]), cfg, 0, torch.Generator().manual_seed(0))
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, _specs(tok, ["Hi"]), cfg, 0, torch.Generator().manual_seed(0))
     assert len(trees[0].leaves()) == 2 and trees[0].generated_tokens() <= 40  # 40 // 16 = 2 samples
 
 
 def test_same_generator_state_gives_identical_trees(tok, model):
     cfg = _cfg("tree", "surprisal", num_generations=4, max_completion_length=12, segment_length=4)
     specs = _specs(tok, [CORPUS[1]])
-    a = sample_rollouts(model, tok, specs, cfg, 0, torch.Generator().manual_seed(11))
+    a = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 0, torch.Generator().manual_seed(11))
     b = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 0, torch.Generator().manual_seed(11))
     sig = lambda trees: [(n.parent, n.token_ids, n.finish_reason) for n in trees[0].nodes]  # noqa: E731
     assert sig(a) == sig(b)
@@ -139,18 +139,18 @@ def test_same_generator_state_gives_identical_trees(tok, model):
 def test_long_prompts_are_left_truncated(tok, model):
     ids = tok(CORPUS[0] + CORPUS[2]).input_ids
     cfg = _cfg("chain", num_generations=2, max_completion_length=4, max_prompt_length=8)
-    trees = sample_rollouts(model, tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), ids)], cfg, 0, None)
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), ids)], cfg, 0, None)
     assert trees[0].prompt_ids == ids[-8:]
 
 
 def test_bad_input_is_refused(tok, model):
     cfg = _cfg()
     with pytest.raises(ValueError, match="at least one"):
-        sample_rollouts(model, tok, [], cfg, 0)
+        sample_rollouts(DecodeEngine(model, tok), tok, [], cfg, 0)
     with pytest.raises(ValueError, match="expected PromptSpec"):
-        sample_rollouts(model, tok, [[1, 2, 3]], cfg, 0)
+        sample_rollouts(DecodeEngine(model, tok), tok, [[1, 2, 3]], cfg, 0)
     with pytest.raises(ValueError, match="no prompt_ids"):
-        sample_rollouts(model, tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [])], cfg, 0)
+        sample_rollouts(DecodeEngine(model, tok), tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [])], cfg, 0)
 
 
 # ------------------------------------------------------------------------------------------ deterministic models
@@ -168,7 +168,7 @@ def test_near_duplicate_branches_are_pruned_and_counted(atok):
     chain = _ids(atok, "abcdefghijklmnopqrstuvwxyz")
     model = bigram_llama(len(atok), {chain[i]: [chain[i + 1]] for i in range(len(chain) - 1)})
     cfg = _cfg("tree", num_generations=4, max_completion_length=12, segment_length=4, prune_similarity=0.9)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [chain[0]])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [chain[0]])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t, st = trees[0], trees.stats.prompts[0]
     assert st.pruned >= 3 and st.leaves >= 1
@@ -189,7 +189,7 @@ def test_surprisal_forks_at_the_uncertain_token_and_never_inside_the_answer(atok
     model = bigram_llama(len(atok), succ)
     cfg = _cfg("tree", "surprisal", num_generations=4, max_completion_length=12, segment_length=8,
                prune_similarity=1.0)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t = trees[0]
     forks = [n for n in t.nodes[1:] if len(n.children) > 1]
@@ -207,7 +207,7 @@ def test_surprisal_forks_at_the_uncertain_token_and_never_inside_the_answer(atok
     succ2[s1] = [open_]
     succ2[open_] = [u]
     model2 = bigram_llama(len(atok), succ2)
-    trees2 = sample_rollouts(model2, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees2 = sample_rollouts(DecodeEngine(model2, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                              torch.Generator().manual_seed(0))
     t2 = trees2[0]
     # with the answer open, the uncertain token is off limits: no split before it (extra slots become uniform
@@ -229,7 +229,7 @@ def test_lookahead_branches_on_the_near_tie_with_the_other_token(atok):
     model = bigram_llama(len(atok), succ)
     cfg = _cfg("tree", "lookahead", num_generations=4, max_completion_length=10, segment_length=8,
                branching_factor=1, lookahead_tau_abs=0.1, lookahead_tau_rel=0.3, prune_similarity=1.0)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t = trees[0]
     forks = [n for n in t.nodes[1:] if len(n.children) > 1]
@@ -245,7 +245,7 @@ def test_fallback_reforks_finished_leaves_without_reprefill(atok):
     s0, s1, s2 = _ids(atok, "abc")
     model = bigram_llama(len(atok), {s0: [s1], s1: [s2], s2: [atok.eos_token_id]})
     cfg = _cfg("tree", num_generations=6, max_completion_length=12, segment_length=4, branching_factor=2)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t, st = trees[0], trees.stats.prompts[0]
     assert st.leaves == 6 and st.fallbacks == 2  # 2 root copies finish at once, then 2 fallbacks of 2 copies

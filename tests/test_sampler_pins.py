@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from swarmnode.config import SamplingConfig, TreeConfig
-from swarmnode.policy.vllm_backend import ReferenceSegmentGenerator, vllm_sample_rollouts
+from swarmnode.policy.decode import DecodeEngine
+from swarmnode.policy.backends import generate_rollouts
+from swarmnode.policy.vllm_backend import ReferenceSegmentGenerator
 from swarmnode.rollout.sampler import PromptSpec, sample_rollouts
 from swarmnode.tasks.base import TaskRef
 
@@ -55,9 +57,9 @@ def _run(name: str, tok, model) -> dict:
     specs = [PromptSpec(TaskRef("rg:test", "d", 0, i), tok(t).input_ids, t, "test")
              for i, t in enumerate([CORPUS[0], "Hi", CORPUS[2]])]
     if sampler == "hf":
-        trees = sample_rollouts(model, tok, specs, cfg, 3, generator=torch.Generator().manual_seed(seed))
+        trees = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 3, generator=torch.Generator().manual_seed(seed))
     else:
-        trees = vllm_sample_rollouts(ReferenceSegmentGenerator(model, tok), specs, cfg, 3, seed=seed)
+        trees = generate_rollouts(ReferenceSegmentGenerator(model, tok), None, specs, cfg, 3, seed=seed)
     out = {"trees": [], "stats": []}
     for t in trees:
         out["trees"].append([[n.parent, n.token_ids, n.finish_reason, [round(x, 6) for x in n.logprobs]]

@@ -66,7 +66,7 @@ from typing import Sequence
 
 import torch
 
-from swarmnode.policy.decode import DecodeEngine, DecodeParams, ForkCandidate, KVBatch, SegmentRecord
+from swarmnode.rollout.engine import DecodeParams, EngineRows, ForkCandidate, SegmentEngine, SegmentRecord
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 
@@ -355,7 +355,7 @@ class _Path:
 class _Run:
     """State of one tree-mode or chain-mode sampling run."""
 
-    def __init__(self, engine: DecodeEngine, tokenizer, prompts: list[PromptSpec], cfg, policy_version: int,
+    def __init__(self, engine: SegmentEngine, tokenizer, prompts: list[PromptSpec], cfg, policy_version: int,
                  generator: torch.Generator | None) -> None:
         self.engine = engine
         self.tok = tokenizer
@@ -371,7 +371,7 @@ class _Run:
         self.prune_min = self.tcfg.prune_min_tokens or self.seg  # LATR r: compare a branch only after this many tokens
         self.b = self.tcfg.branching_factor
         self.prompts = prompts
-        model_id = str(getattr(getattr(engine.model, "config", None), "_name_or_path", "") or "")
+        model_id = str(engine.model_id or "")
         tok_id = str(getattr(tokenizer, "name_or_path", "") or "")
         self.trees: list[RolloutTree] = []
         self.stats = SamplerStats(mode=self.tcfg.mode, branching=self.tcfg.branching)
@@ -458,7 +458,7 @@ class _Run:
         del base
         paths = [_Path(prompt=p, node=0, completion=[], steps=0) for p in rows]
         logps: list[list[float]] = [[] for _ in rows]
-        chunk = max(1, min(self.seg, self.max_len))
+        chunk = eng.chain_segment_length(self.seg, self.max_len)
         while batch.size:
             self.stats.steps += 1
             caps = []
@@ -540,7 +540,7 @@ class _Run:
             batch, paths = self._step(batch, paths, rule)
         self.parked = eng.empty_batch()
 
-    def _segment_caps(self, batch: KVBatch, paths: list[_Path]) -> tuple[list[int], list[int]]:
+    def _segment_caps(self, batch: EngineRows, paths: list[_Path]) -> tuple[list[int], list[int]]:
         """Per-row token caps for the next segment; returns (caps, rows to retire with zero budget)."""
         caps = [max(0, min(self.seg, self.max_len - len(pp.completion))) for pp in paths]
         by_prompt: dict[int, list[int]] = {}
@@ -550,7 +550,7 @@ class _Run:
             self._cap_to_budget(p, idx, caps)
         return caps, [i for i, c in enumerate(caps) if c == 0]
 
-    def _step(self, batch: KVBatch, paths: list[_Path], rule: str) -> tuple[KVBatch, list[_Path]]:
+    def _step(self, batch: EngineRows, paths: list[_Path], rule: str) -> tuple[EngineRows, list[_Path]]:
         eng = self.engine
         caps, zero = self._segment_caps(batch, paths)
         if zero:
@@ -739,7 +739,7 @@ class _Run:
     def _prune(self, paths: list[_Path], recs: list[SegmentRecord]) -> None:
         prune_near_duplicates(paths, self.decode_text, self.tcfg.prune_similarity, self.prune_min)
 
-    def _fallback(self, batch: KVBatch, paths: list[_Path]) -> tuple[KVBatch, list[_Path]]:
+    def _fallback(self, batch: EngineRows, paths: list[_Path]) -> tuple[EngineRows, list[_Path]]:
         """TreePO fallback: re-fork a finished leaf at a segment boundary for prompts with no live path."""
         eng = self.engine
         live_prompts = {pp.prompt for pp in paths}
@@ -796,32 +796,44 @@ class _Run:
 
 # ============================================================================ entry point
 def sample_rollouts(
-    engine_or_model,
+    engine: SegmentEngine,
     tokenizer,
     prompts: Sequence[PromptSpec],
     sampling_cfg,
     policy_version: int,
     generator: torch.Generator | None = None,
 ) -> SampledTrees:
-    """Sample rollouts for ``prompts`` as one :class:`RolloutTree` per prompt.
+    """Sample rollouts for ``prompts`` as one :class:`RolloutTree` per prompt: the one tree sampler.
 
     Args:
-        engine_or_model: a :class:`~swarmnode.policy.decode.DecodeEngine`, or a Hugging Face causal LM (an engine
-            is built around it with ``tokenizer``).
-        tokenizer: the policy's tokenizer (decodes segment texts; EOS ids).
+        engine: a :class:`~swarmnode.rollout.engine.SegmentEngine` -- the Hugging Face KV-sharing engine
+            (:class:`swarmnode.policy.decode.DecodeEngine`) or the request engine over a segment backend such as
+            vLLM (:class:`swarmnode.policy.vllm_backend.SegmentRequestEngine`). The node goes through
+            :func:`swarmnode.policy.backends.generate_rollouts`, which builds the engine for its backend.
+        tokenizer: the policy's tokenizer (decodes segment texts); ``None`` = ``engine.tokenizer``.
         prompts: :class:`PromptSpec` per prompt; prompts longer than ``max_prompt_length`` are left-truncated
             (the tree stores the ids the model saw).
         sampling_cfg: :class:`swarmnode.config.SamplingConfig` (``tree`` holds the tree knobs).
         policy_version: stored on every node (optimizer step of the policy).
-        generator: torch RNG on the model's device; with the same generator state, model and inputs the trees are
-            identical.
+        generator: torch RNG on the engine's device (sampling draws of the HF engine and the sampler's own random
+            choices); with the same generator state, engine and inputs the trees are identical.
 
     Returns:
         :class:`SampledTrees` -- the trees in prompt order, with ``.stats`` (:class:`SamplerStats`).
 
     Raises:
-        ValueError: no prompts, an empty prompt, or a tokenizer is missing.
+        TypeError: ``engine`` is not a :class:`~swarmnode.rollout.engine.SegmentEngine` (wrap a Hugging Face
+            model in ``swarmnode.policy.decode.DecodeEngine(model, tokenizer)``).
+        ValueError: no prompts, an empty prompt, no tokenizer, or ``lookahead`` branching on an engine without
+            token-level forks.
     """
+    if not isinstance(engine, SegmentEngine):
+        raise TypeError(
+            f"sample_rollouts needs a SegmentEngine, got {type(engine).__name__}; wrap a Hugging Face model in "
+            "swarmnode.policy.decode.DecodeEngine(model, tokenizer) or call swarmnode.policy.backends.generate_rollouts"
+        )
+    if tokenizer is None:
+        tokenizer = engine.tokenizer
     if tokenizer is None:
         raise ValueError("sample_rollouts needs the policy's tokenizer")
     prompts = list(prompts)
@@ -832,7 +844,12 @@ def sample_rollouts(
             raise ValueError(f"prompts[{i}] is {type(p).__name__}, expected PromptSpec")
         if len(p.prompt_ids) == 0:
             raise ValueError(f"prompts[{i}] ({p.task.key()}) has no prompt_ids")
-    engine = engine_or_model if isinstance(engine_or_model, DecodeEngine) else DecodeEngine(engine_or_model, tokenizer)
+    tcfg = sampling_cfg.tree
+    if tcfg.mode == "tree" and tcfg.branching == "lookahead" and not engine.supports_token_forks:
+        raise ValueError(
+            f"tree.branching lookahead forks inside a segment; the {type(engine).__name__} engine cannot "
+            "(use branching uniform, surprisal or step, or model.backend hf)"
+        )
     if engine.tokenizer is None:
         engine.tokenizer = tokenizer
     counters0 = (
