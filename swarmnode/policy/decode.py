@@ -51,6 +51,8 @@ from swarmnode.rollout.engine import (  # the interface this engine implements
     ForkCandidate,
     ForkFn,
     SegmentRecord,
+    TokenRows,
+    check_branch_specs,
     check_sampling,
 )
 
@@ -183,44 +185,27 @@ def is_repetition(completion: Sequence[int], count: int, max_period: int = 16) -
 
 # ============================================================================ parameters and records
 # ============================================================================ KV batch
-@dataclass
-class KVBatch:
-    """Decoding state of ``B`` rows (paths), all prompts mixed.
+@dataclass(kw_only=True)
+class KVBatch(TokenRows):
+    """Decoding state of ``B`` rows (paths), all prompts mixed: :class:`~swarmnode.rollout.engine.TokenRows`
+    (``tokens``, ``prompt_lens``, ``answer_start``) plus the KV cache.
 
     Attributes:
         cache: a ``DynamicCache`` whose layers hold keys/values ``[B, kv_heads, T, head_dim]``; ``None`` when empty.
         attention_mask: LongTensor ``[B, T]``; 1 for a real token's slot, 0 for a hole (padding, cut tail, idle step).
         next_pos: LongTensor ``[B]``; position id of each row's next token (= number of real tokens so far).
         logits: float32 ``[B, V]``; raw logits of each row's next token.
-        tokens: per row, prompt + completion token ids decoded so far (``list[list[int]]``).
-        prompt_lens: per row, the prompt length (the completion is ``tokens[i][prompt_lens[i]:]``).
-        answer_start: per row, completion index of the token where ``answer_open`` begins, or ``None``.
     """
 
     cache: object | None
     attention_mask: torch.Tensor
     next_pos: torch.Tensor
     logits: torch.Tensor
-    tokens: list[list[int]]
-    prompt_lens: list[int]
-    answer_start: list[int | None]
-
-    @property
-    def size(self) -> int:
-        """Number of rows ``B``."""
-        return len(self.tokens)
 
     @property
     def seq_len(self) -> int:
         """Number of cache slots ``T`` (real tokens plus holes)."""
         return int(self.attention_mask.shape[1]) if self.size else 0
-
-    def completion(self, row: int) -> list[int]:
-        """Completion token ids of ``row``."""
-        return self.tokens[row][self.prompt_lens[row]:]
-
-    def completion_len(self, row: int) -> int:
-        return len(self.tokens[row]) - self.prompt_lens[row]
 
 
 def _layers(cache) -> list:
@@ -501,12 +486,7 @@ class DecodeEngine:
         Raises:
             IndexError / ValueError: bad row or ``keep``.
         """
-        specs = [(int(r), int(k)) for r, k in specs]
-        for r, k in specs:
-            if not 0 <= r < batch.size:
-                raise IndexError(f"row {r} not in batch of {batch.size} rows")
-            if not 0 <= k <= batch.completion_len(r):
-                raise ValueError(f"keep={k} outside [0, {batch.completion_len(r)}] for row {r}")
+        specs = check_branch_specs(batch, specs)
         if not specs:
             return self.empty_batch()
         out = self.select(batch, [r for r, _ in specs])

@@ -63,7 +63,7 @@ import torch
 
 from swarmnode.policy.decode import DecodeEngine, is_repetition
 from swarmnode.policy.loading import PolicyLoadError
-from swarmnode.rollout.engine import DecodeParams, SegmentRecord
+from swarmnode.rollout.engine import DecodeParams, SegmentRecord, TokenRows, check_branch_specs
 
 log = logging.getLogger(__name__)
 
@@ -438,29 +438,8 @@ def answer_start(completion: Sequence[int], tokenizer: Any, answer_open: str | N
     return next(j for j in range(e - 1, -1, -1) if answer_open in dec(completion[j:e]))
 
 
-@dataclass
-class RequestRows:
-    """Rows of a :class:`SegmentRequestEngine` batch: per row, prompt + completion token ids so far.
-
-    Attributes:
-        tokens: ``list[list[int]]``, prompt then completion.
-        prompt_lens: per row, the prompt length.
-        answer_start: per row, completion index where ``answer_open`` begins (:func:`answer_start`), or ``None``.
-    """
-
-    tokens: list[list[int]]
-    prompt_lens: list[int]
-    answer_start: list[int | None]
-
-    @property
-    def size(self) -> int:
-        return len(self.tokens)
-
-    def completion(self, row: int) -> list[int]:
-        return self.tokens[row][self.prompt_lens[row]:]
-
-    def completion_len(self, row: int) -> int:
-        return len(self.tokens[row]) - self.prompt_lens[row]
+#: rows of a :class:`SegmentRequestEngine` batch: per row, prompt + completion token ids so far (no KV state)
+RequestRows = TokenRows
 
 
 class SegmentRequestEngine:
@@ -523,12 +502,7 @@ class SegmentRequestEngine:
                            [a for b in batches for a in b.answer_start])
 
     def branch(self, batch: RequestRows, specs: Sequence[tuple[int, int]]) -> RequestRows:
-        specs = [(int(r), int(k)) for r, k in specs]
-        for r, k in specs:
-            if not 0 <= r < batch.size:
-                raise IndexError(f"row {r} not in batch of {batch.size} rows")
-            if not 0 <= k <= batch.completion_len(r):
-                raise ValueError(f"keep={k} outside [0, {batch.completion_len(r)}] for row {r}")
+        specs = check_branch_specs(batch, specs)
         out = self.select(batch, [r for r, _ in specs])
         for i, (r, k) in enumerate(specs):
             out.tokens[i] = out.tokens[i][: out.prompt_lens[i] + k]

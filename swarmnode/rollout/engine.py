@@ -29,6 +29,8 @@ __all__ = [
     "ForkCandidate",
     "ForkFn",
     "EngineRows",
+    "TokenRows",
+    "check_branch_specs",
     "SegmentEngine",
     "check_sampling",
 ]
@@ -149,6 +151,50 @@ class ForkCandidate:
     top2_probs: tuple[float, float]
     cap_left: int
     answer_started: bool
+
+
+@dataclass
+class TokenRows:
+    """Per-row token bookkeeping shared by the engines' batches (each adds its own decoding state).
+
+    Attributes:
+        tokens: per row, prompt + completion token ids decoded so far (``list[list[int]]``).
+        prompt_lens: per row, the prompt length (the completion is ``tokens[i][prompt_lens[i]:]``).
+        answer_start: per row, completion index of the token where ``answer_open`` begins, or ``None``.
+    """
+
+    tokens: list[list[int]]
+    prompt_lens: list[int]
+    answer_start: list[int | None]
+
+    @property
+    def size(self) -> int:
+        """Number of rows ``B``."""
+        return len(self.tokens)
+
+    def completion(self, row: int) -> list[int]:
+        """Completion token ids of ``row``."""
+        return self.tokens[row][self.prompt_lens[row]:]
+
+    def completion_len(self, row: int) -> int:
+        """Completion length of ``row`` (tokens)."""
+        return len(self.tokens[row]) - self.prompt_lens[row]
+
+
+def check_branch_specs(batch: TokenRows, specs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Validate ``(row, keep)`` branch specs against ``batch``; returns them as ints.
+
+    Raises:
+        IndexError: a row outside the batch.
+        ValueError: ``keep`` outside ``[0, completion length of row]``.
+    """
+    out = [(int(r), int(k)) for r, k in specs]
+    for r, k in out:
+        if not 0 <= r < batch.size:
+            raise IndexError(f"row {r} not in batch of {batch.size} rows")
+        if not 0 <= k <= batch.completion_len(r):
+            raise ValueError(f"keep={k} outside [0, {batch.completion_len(r)}] for row {r}")
+    return out
 
 
 #: a token-level brancher: candidates of one decode step -> ``(row, token)`` forks (see ``decode_segment``)
