@@ -396,3 +396,20 @@ def test_gpu_bench_cpu_smoke(tmp_path):
     assert gb.bandwidth_for("NVIDIA H200") == 4.8e12 and gb.bandwidth_for("NVIDIA H100 80GB HBM3") == 3.35e12
     assert gb.bandwidth_for("Some GPU") is None
     assert gb.forward_bytes(2, 1, 11, 1000, 10, 5, 2) == 1000 + 2 * 10 * 10 + 2 * 1 * 10 + 2 * 5 * 6
+
+
+@pytest.mark.parametrize("branching", ["surprisal", "step"])
+def test_segment_backend_runs_the_same_tree_sampler(atok, branching):
+    """One tree sampler: surprisal and step branching run on a segment backend too (a fork inside decoded text is
+    a shorter request); forks land where the rule says and every invariant holds."""
+    from test_sampler import _assert_forks_after_step_ends, _step_model
+
+    model, nl, firsts = _step_model(atok)
+    cfg = _cfg("tree", branching, num_generations=6, max_completion_length=14, segment_length=5, token_budget=60,
+               prune_similarity=1.0)
+    spec = [PromptSpec(TaskRef("rg:t", "d", 0, 0), _ids(atok, "a"))]
+    trees = generate_rollouts(ReferenceSegmentGenerator(model, atok), None, spec, cfg, 2, seed=5)
+    assert_consistent(model, atok, trees, cfg, 2)
+    assert trees.stats.prompts[0].forks >= 2
+    if branching == "step":
+        assert _assert_forks_after_step_ends(trees[0], lambda t: t == nl, firsts)

@@ -20,6 +20,7 @@ from swarmnode.rollout.sampler import (
     near_duplicate,
     sample_rollouts,
     split_copies,
+    step_fork_points,
     surprisal_fork_points,
     treepo_total_copies,
 )
@@ -355,3 +356,83 @@ def test_prune_near_duplicates_waits_for_min_tokens():
     done = path([1, 2, 3], 2, ref=sib)
     done.finish_reason = "eos"                    # a finished branch is a result, never pruned
     assert prune_near_duplicates([done], dec, 0.9, min_tokens=1) == 0 and done.finish_reason == "eos"
+
+
+# ------------------------------------------------------------------------------------------ step-boundary branching
+def _step_model(atok):
+    """Bigram model of "reasoning steps": a -> b -> NL, then every step is "pr" or "qs" (50/50) and a newline."""
+    nl = atok.convert_tokens_to_ids("\u010a")  # byte-level BPE's token for "\n"
+    assert atok.decode([nl]) == "\n"
+    a, b, p, q, r, s_ = _ids(atok, "abpqrs")
+    succ = {a: [b], b: [nl], nl: [p, q], p: [r], q: [s_], r: [nl], s_: [nl]}
+    return bigram_llama(len(atok), succ), nl, (p, q)
+
+
+def _assert_forks_after_step_ends(tree, ends_step, firsts=None):
+    """Every node where paths fork ends with a step-ending token; ``firsts``: the tokens a branch may start with."""
+    forks = [n for n in tree.nodes[1:] if len(n.children) > 1]
+    for n in forks:
+        assert ends_step(n.token_ids[-1]), f"fork after {n.text!r}, which does not end a step"
+        if firsts is not None:
+            assert {tree.nodes[c].token_ids[0] for c in n.children} <= set(firsts)
+    return forks
+
+
+@pytest.mark.parametrize("budget", [None, 40])
+def test_step_branching_forks_right_after_step_ends(atok, budget):
+    model, nl, firsts = _step_model(atok)
+    cfg = _cfg("tree", "step", num_generations=6, max_completion_length=14, segment_length=5, token_budget=budget,
+               prune_similarity=1.0)
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [_ids(atok, "a")[0]])],
+                            cfg, 0, torch.Generator().manual_seed(0))
+    t, st = trees[0], trees.stats.prompts[0]
+    forks = _assert_forks_after_step_ends(t, lambda tok: tok == nl, firsts)
+    assert forks and st.forks >= 2
+    # a fork inside a segment cuts the node right after the newline (a node shorter than the segment has children)
+    assert any(len(n.token_ids) < 5 for n in forks)
+    assert st.leaves == 6 if budget is None else st.generated_tokens <= budget
+    assert_consistent(model, atok, trees, cfg, 0)  # exact log-probs, leaves <= w, budget never exceeded
+
+
+def test_step_branching_never_forks_inside_the_answer(atok):
+    """Newlines only after the answer tag opened: no fork may land there; the tree still reaches its width."""
+    nl = atok.convert_tokens_to_ids("\u010a")
+    a, b, p, q = _ids(atok, "abpq")
+    open_ = atok.convert_tokens_to_ids("<answer>")
+    model = bigram_llama(len(atok), {a: [b], b: [open_], open_: [p, q], p: [nl], q: [nl], nl: [p, q]})
+    cfg = _cfg("tree", "step", num_generations=4, max_completion_length=10, segment_length=4, prune_similarity=1.0)
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [a])], cfg, 0,
+                            torch.Generator().manual_seed(1))
+    t = trees[0]
+    assert not [n for n in t.nodes[1:] if len(n.children) > 1]  # only the root (the prompt's end) forks
+    assert trees.stats.prompts[0].leaves == 4 and trees.stats.prompts[0].fallbacks >= 1
+    assert_consistent(model, atok, trees, cfg, 0)
+
+
+def test_step_branching_on_the_embedded_model():
+    """The shipped model and tokenizer, through the loading code users get: forks land right after step-ending
+    tokens (delimiters chosen so that its short answers contain some), budget and width rules hold."""
+    from swarmnode.config import ModelConfig
+    from swarmnode.policy.loading import load_policy
+
+    pol = load_policy(ModelConfig(name_or_path="embedded", device="cpu"))
+    tok = pol.tokenizer
+    delims = list("0123456789") + [" "]
+    qs = ["What is 3 + 4?", "Calculate 12 - 5 + 7.", "What is 9 * 3?", "What is 48 + 37?"]
+    specs = [PromptSpec(TaskRef("rg:t", "d", 0, i), tok(pol.prompt(q)).input_ids, pol.prompt(q), "t")
+             for i, q in enumerate(qs)]
+    # its answers are 1-4 tokens: one-token segments let the tree fork inside them (and fallbacks cut at node ends)
+    cfg = _cfg("tree", "step", num_generations=6, max_completion_length=16, segment_length=1, max_depth=16,
+               token_budget=48, step_delimiters=delims)
+    trees = sample_rollouts(DecodeEngine(pol.model, tok), tok, specs, cfg, 0, torch.Generator().manual_seed(0))
+    ends = lambda t: tok.decode([t], skip_special_tokens=True).endswith(tuple(delims))  # noqa: E731
+    forks = [f for t in trees for f in _assert_forks_after_step_ends(t, ends)]
+    assert forks, "expected forks after digits in the embedded model's answers"
+    assert_consistent(pol.model, tok, trees, cfg, 0)
+
+
+def test_step_fork_points_round_robin_latest_first():
+    assert step_fork_points([[3, 7], [5], []], 4) == [(0, 7), (1, 5), (0, 3)]
+    assert step_fork_points([[3, 7], [5]], 1) == [(0, 7)]
+    assert step_fork_points([[], []], 2) == []
+    assert step_fork_points([[2, 2, 9]], 5) == [(0, 9), (0, 2)]
