@@ -18,7 +18,7 @@ import argparse
 import shlex
 import sys
 
-from swarmnode.bench import run_bench
+from swarmnode.benchmarks.swarm import run_bench
 
 
 def main(argv: list[str] | None = None) -> int:

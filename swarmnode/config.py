@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "default.yaml"
 
@@ -105,7 +105,19 @@ class TreeConfig(_Strict):
     segment_length: int = Field(8, ge=1, description="tokens per segment (TreePO l)")
     max_depth: int = Field(6, ge=1, description="maximum segments per path (TreePO d)")
     branching_factor: int = Field(2, ge=1, description="forks per active path per step (TreePO b)")
-    branching: Literal["uniform", "surprisal", "lookahead"] = "uniform"
+    branching: Literal["uniform", "surprisal", "lookahead", "step"] = Field(
+        "uniform",
+        description="where the extra paths of a step fork (tree mode): uniform = copies at the segment boundary "
+        "(TreePO); surprisal = at the most surprising tokens (TreeRL); lookahead = at near-tied top-2 tokens "
+        "(LATR, backend hf only); step = right after a token whose text ends a reasoning step "
+        "(tree.step_delimiters; TreeRL's segments, 'each step is a node')",
+    )
+    step_delimiters: list[str] = Field(
+        default_factory=lambda: ["\n"],
+        min_length=1,
+        description="branching: step -- a token whose decoded text ends with one of these strings ends a reasoning "
+        "step, and forks are placed right after it; non-empty strings; default one newline",
+    )
     token_budget: int | None = Field(None, ge=1, description="max generated tokens per prompt; None = no cap")
     lookahead_tau_abs: float = Field(0.1, gt=0, lt=1, description="LATR: branch when p2 > tau_abs")
     lookahead_tau_rel: float = Field(0.3, gt=0, le=1, description="LATR: … and p1 - p2 < tau_rel")
@@ -116,6 +128,13 @@ class TreeConfig(_Strict):
         None, ge=1, description="tokens a new branch decodes before the near-duplicate test (LATR r); None = segment_length"
     )
     repetition_window: int = Field(8, ge=2, description="stop a branch whose last window repeats this often")
+
+    @field_validator("step_delimiters")
+    @classmethod
+    def _delimiters_not_empty(cls, v: list[str]) -> list[str]:
+        if any(not isinstance(d, str) or d == "" for d in v):
+            raise ValueError("tree.step_delimiters entries must be non-empty strings")
+        return v
 
 
 class SamplingConfig(_Strict):

@@ -37,7 +37,6 @@ from swarmnode.policy.vllm_backend import (
     SegmentRequest,
     VLLMBackend,
     scan_segment,
-    vllm_sample_rollouts,
     vllm_status,
 )
 from swarmnode.rollout.sampler import PromptSpec, SampledTrees, sample_rollouts
@@ -153,7 +152,7 @@ def test_make_generation_backend_hf_on_cpu(tok, model):
 def test_hf_engine_gives_the_same_trees_as_sample_rollouts(tok, model):
     cfg = _cfg("tree", num_generations=6, max_completion_length=12, segment_length=4, temperature=0.9)
     specs = _specs(tok, [CORPUS[0], "Hi"])
-    a = sample_rollouts(model, tok, specs, cfg, 2, generator=torch.Generator().manual_seed(3))
+    a = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 2, generator=torch.Generator().manual_seed(3))
     eng = make_generation_backend(_policy(model, tok), ModelConfig(), cfg)
     b = generate_rollouts(eng, tok, specs, cfg, 2, generator=torch.Generator().manual_seed(3))
     assert [[t.completion_ids(lf) for lf in t.leaves()] for t in a] == [[t.completion_ids(lf) for lf in t.leaves()]
@@ -237,7 +236,7 @@ def test_reference_generator_serves_requests_with_exact_logprobs(tok, model):
 def test_segment_sampler_is_exact_and_consistent(tok, model, mode):
     cfg = _cfg(mode, num_generations=8, max_completion_length=16, segment_length=4, max_depth=4, temperature=0.9)
     specs = _specs(tok, [CORPUS[0], "Hi", CORPUS[2]])
-    trees = vllm_sample_rollouts(ReferenceSegmentGenerator(model, tok), specs, cfg, policy_version=5, seed=11)
+    trees = generate_rollouts(ReferenceSegmentGenerator(model, tok), None, specs, cfg, policy_version=5, seed=11)
     assert isinstance(trees, SampledTrees) and [t.task.index for t in trees] == [0, 1, 2]
     assert_consistent(model, tok, trees, cfg, 5)
     reasons = Counter(r for p in trees.stats.prompts for r, n in p.finish_reasons.items() for _ in range(n))
@@ -255,7 +254,7 @@ def test_segment_sampler_is_exact_and_consistent(tok, model, mode):
             assert trees[i].generated_tokens() == 88 and len(trees[i].leaves()) == 8
         assert all(t.generated_tokens() <= 88 for t in trees)
     # same seed, same trees
-    again = vllm_sample_rollouts(ReferenceSegmentGenerator(model, tok), specs, cfg, policy_version=5, seed=11)
+    again = generate_rollouts(ReferenceSegmentGenerator(model, tok), None, specs, cfg, policy_version=5, seed=11)
     assert [[t.completion_ids(lf) for lf in t.leaves()] for t in trees] == [
         [t.completion_ids(lf) for lf in t.leaves()] for t in again]
 
@@ -264,7 +263,7 @@ def test_segment_sampler_is_exact_and_consistent(tok, model, mode):
 def test_segment_sampler_never_exceeds_the_token_budget(tok, model, mode):
     cfg = _cfg(mode, num_generations=8, max_completion_length=16, segment_length=4, token_budget=40)
     specs = _specs(tok, [CORPUS[0], "Hi"])
-    trees = vllm_sample_rollouts(ReferenceSegmentGenerator(model, tok), specs, cfg, 0, seed=0)
+    trees = generate_rollouts(ReferenceSegmentGenerator(model, tok), None, specs, cfg, 0, seed=0)
     assert_consistent(model, tok, trees, cfg, 0)
     assert all(t.generated_tokens() <= 40 for t in trees)
     if mode == "chain":  # 40 // 16 = 2 samples admitted per prompt
@@ -314,8 +313,8 @@ def test_segment_sampler_matches_the_hf_sampler_on_deterministic_models(atok):
     cases.append((m3, _cfg("tree", num_generations=6, max_completion_length=12, segment_length=4)))
     expect = ["answer", "repetition", "eos", "eos"]
     for (m, cfg), want in zip(cases, expect):
-        hf = sample_rollouts(m, atok, spec, cfg, 0, torch.Generator().manual_seed(0))
-        seg = vllm_sample_rollouts(ReferenceSegmentGenerator(m, atok), spec, cfg, 0, seed=0)
+        hf = sample_rollouts(DecodeEngine(m, atok), atok, spec, cfg, 0, torch.Generator().manual_seed(0))
+        seg = generate_rollouts(ReferenceSegmentGenerator(m, atok), None, spec, cfg, 0, seed=0)
         _same_trees(hf, seg, exact=cfg.tree.mode == "chain")
         assert_consistent(m, atok, seg, cfg, 0)
         assert {seg[0].nodes[lf].finish_reason for lf in seg[0].leaves()} - {"pruned"} == {want}
@@ -328,7 +327,7 @@ def test_segment_sampler_prunes_near_duplicate_branches(atok):
     chain = _ids(atok, "abcdefghijklmnopqrstuvwxyz")
     model = bigram_llama(len(atok), {chain[i]: [chain[i + 1]] for i in range(25)})
     cfg = _cfg("tree", num_generations=4, max_completion_length=12, segment_length=4, prune_similarity=0.9)
-    trees = vllm_sample_rollouts(ReferenceSegmentGenerator(model, atok), [PromptSpec(TaskRef("rg:t", "d", 0, 0),
+    trees = generate_rollouts(ReferenceSegmentGenerator(model, atok), None, [PromptSpec(TaskRef("rg:t", "d", 0, 0),
                                                                                      [chain[0]])], cfg, 0)
     t, st = trees[0], trees.stats.prompts[0]
     assert st.pruned >= 3 and st.leaves >= 1
@@ -342,15 +341,16 @@ def test_segment_sampler_prunes_near_duplicate_branches(atok):
 def test_segment_sampler_refuses_what_it_does_not_support(tok, model):
     gen = ReferenceSegmentGenerator(model, tok)
     specs = _specs(tok, ["Hi"])
-    for branching in ("surprisal", "lookahead"):
-        with pytest.raises(BackendError, match="branching: uniform only"):
-            vllm_sample_rollouts(gen, specs, _cfg("tree", branching), 0)
+    # one tree sampler: surprisal forks are a shorter request, so only lookahead (forks during decoding from
+    # per-token top-2 probabilities) is refused on a segment backend
+    with pytest.raises(BackendError, match="cannot sample tree.branching lookahead"):
+        generate_rollouts(gen, None, specs, _cfg("tree", "lookahead"), 0)
     with pytest.raises(ValueError, match="at least one PromptSpec"):
-        vllm_sample_rollouts(gen, [], _cfg(), 0)
+        generate_rollouts(gen, None, [], _cfg(), 0)
     with pytest.raises(ValueError, match="expected PromptSpec"):
-        vllm_sample_rollouts(gen, ["Hi"], _cfg(), 0)
+        generate_rollouts(gen, None, ["Hi"], _cfg(), 0)
     with pytest.raises(ValueError, match="no prompt_ids"):
-        vllm_sample_rollouts(gen, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [])], _cfg(), 0)
+        generate_rollouts(gen, None, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [])], _cfg(), 0)
 
 
 def test_generate_rollouts_dispatches_segment_backends(tok, model):
@@ -358,7 +358,7 @@ def test_generate_rollouts_dispatches_segment_backends(tok, model):
     specs = _specs(tok, ["Hi", CORPUS[0]])
     gen = ReferenceSegmentGenerator(model, tok)
     a = generate_rollouts(gen, tok, specs, cfg, 3, generator=torch.Generator().manual_seed(9))
-    b = vllm_sample_rollouts(gen, specs, cfg, 3, seed=int(torch.randint(0, 2**31 - 1, (1,),
+    b = generate_rollouts(gen, None, specs, cfg, 3, seed=int(torch.randint(0, 2**31 - 1, (1,),
                                                                          generator=torch.Generator().manual_seed(9))))
     _same_trees(a, b)
     assert gen.calls >= 2
@@ -396,3 +396,20 @@ def test_gpu_bench_cpu_smoke(tmp_path):
     assert gb.bandwidth_for("NVIDIA H200") == 4.8e12 and gb.bandwidth_for("NVIDIA H100 80GB HBM3") == 3.35e12
     assert gb.bandwidth_for("Some GPU") is None
     assert gb.forward_bytes(2, 1, 11, 1000, 10, 5, 2) == 1000 + 2 * 10 * 10 + 2 * 1 * 10 + 2 * 5 * 6
+
+
+@pytest.mark.parametrize("branching", ["surprisal", "step"])
+def test_segment_backend_runs_the_same_tree_sampler(atok, branching):
+    """One tree sampler: surprisal and step branching run on a segment backend too (a fork inside decoded text is
+    a shorter request); forks land where the rule says and every invariant holds."""
+    from test_sampler import _assert_forks_after_step_ends, _step_model
+
+    model, nl, firsts = _step_model(atok)
+    cfg = _cfg("tree", branching, num_generations=6, max_completion_length=14, segment_length=5, token_budget=60,
+               prune_similarity=1.0)
+    spec = [PromptSpec(TaskRef("rg:t", "d", 0, 0), _ids(atok, "a"))]
+    trees = generate_rollouts(ReferenceSegmentGenerator(model, atok), None, spec, cfg, 2, seed=5)
+    assert_consistent(model, atok, trees, cfg, 2)
+    assert trees.stats.prompts[0].forks >= 2
+    if branching == "step":
+        assert _assert_forks_after_step_ends(trees[0], lambda t: t == nl, firsts)

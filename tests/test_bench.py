@@ -1,4 +1,4 @@
-"""The swarm-vs-isolated benchmark's plumbing (swarmnode/bench.py): planning, configs, summaries, a tiny real run."""
+"""The swarm-vs-isolated benchmark's plumbing (swarmnode/benchmarks/swarm.py): planning, configs, summaries, a tiny real run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.bench import (
+from swarmnode.benchmarks.swarm import (
     Arm,
     node_config,
     parse_splits,

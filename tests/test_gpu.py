@@ -252,7 +252,7 @@ def test_compiled_decode_step_matches_eager_on_cuda(tok):
 @pytest.mark.skipif(not vllm_status()[0], reason=vllm_status()[1])
 @pytest.mark.timeout(300)
 def test_vllm_backend_segments_logprobs_prefix_cache_and_weight_update(tok, tmp_path):
-    from swarmnode.policy.vllm_backend import VLLMBackend, vllm_sample_rollouts
+    from swarmnode.policy.vllm_backend import VLLMBackend
 
     m = gpu_qwen2(len(tok), seed=6)
     m.save_pretrained(tmp_path)
@@ -262,7 +262,7 @@ def test_vllm_backend_segments_logprobs_prefix_cache_and_weight_update(tok, tmp_
     specs = _specs(tok, [CORPUS[0], CORPUS[2]])
     for mode in ("chain", "tree"):
         cfg = _cfg(mode, num_generations=4, max_completion_length=16, segment_length=4, temperature=0.8)
-        trees = vllm_sample_rollouts(be, specs, cfg, 1, seed=3)
+        trees = generate_rollouts(be, None, specs, cfg, 1, seed=3)
         assert [len(t.leaves()) for t in trees] == [4, 4]
         errs = leaf_errors(m, trees, 0.8)
         assert max(errs) < 2e-2, max(errs)
@@ -275,6 +275,6 @@ def test_vllm_backend_segments_logprobs_prefix_cache_and_weight_update(tok, tmp_
             p.mul_(1.5)
     assert sync_weights(be, m) > 0
     cfg = _cfg("chain", num_generations=2, max_completion_length=8, temperature=1.0)
-    trees = vllm_sample_rollouts(be, specs, cfg, 2, seed=4)
+    trees = generate_rollouts(be, None, specs, cfg, 2, seed=4)
     errs = leaf_errors(m, trees, 1.0)
     assert max(errs) < 2e-2, max(errs)

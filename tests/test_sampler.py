@@ -20,6 +20,7 @@ from swarmnode.rollout.sampler import (
     near_duplicate,
     sample_rollouts,
     split_copies,
+    step_fork_points,
     surprisal_fork_points,
     treepo_total_copies,
 )
@@ -85,7 +86,7 @@ def test_rollouts_are_exact_and_consistent(tok, model, mode, branching):
     cfg = _cfg(mode, branching, num_generations=6, max_completion_length=16, segment_length=4, temperature=0.9,
                lookahead_tau_abs=0.02, lookahead_tau_rel=0.5)
     specs = _specs(tok, [CORPUS[0], "Hi", CORPUS[2]])
-    trees = sample_rollouts(model, tok, specs, cfg, policy_version=7, generator=torch.Generator().manual_seed(0))
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, policy_version=7, generator=torch.Generator().manual_seed(0))
     assert isinstance(trees, SampledTrees) and len(trees) == 3
     assert [t.task.index for t in trees] == [0, 1, 2]
     assert trees.stats.prefill_tokens == sum(len(s.prompt_ids) for s in specs)  # each prompt prefilled once
@@ -101,8 +102,8 @@ def test_rollouts_are_exact_and_consistent(tok, model, mode, branching):
 def test_tree_shares_prefixes_and_decodes_fewer_tokens_than_chain(tok, model):
     specs = _specs(tok, [CORPUS[0], CORPUS[1]])
     common = dict(num_generations=8, max_completion_length=16, segment_length=4, max_depth=8)
-    chain = sample_rollouts(model, tok, specs, _cfg("chain", **common), 0, torch.Generator().manual_seed(0))
-    tree = sample_rollouts(model, tok, specs, _cfg("tree", **common), 0, torch.Generator().manual_seed(0))
+    chain = sample_rollouts(DecodeEngine(model, tok), tok, specs, _cfg("chain", **common), 0, torch.Generator().manual_seed(0))
+    tree = sample_rollouts(DecodeEngine(model, tok), tok, specs, _cfg("tree", **common), 0, torch.Generator().manual_seed(0))
     assert [len(t.leaves()) for t in tree] == [len(t.leaves()) for t in chain] == [8, 8]
     if all(tree[i].nodes[lf].finish_reason == "length" for i in range(2) for lf in tree[i].leaves()):
         # b=2 from the root: 2, 4, 8, 8 paths x 4 tokens = 88 per prompt vs 8 x 16 = 128 for chain
@@ -114,7 +115,7 @@ def test_tree_shares_prefixes_and_decodes_fewer_tokens_than_chain(tok, model):
 def test_token_budget_is_never_exceeded(tok, model, branching):
     cfg = _cfg("tree", branching, num_generations=8, max_completion_length=16, segment_length=4, token_budget=30,
                lookahead_tau_abs=0.02, lookahead_tau_rel=0.5)
-    trees = sample_rollouts(model, tok, _specs(tok, [CORPUS[0], "Hi"]), cfg, 0, torch.Generator().manual_seed(3))
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, _specs(tok, [CORPUS[0], "Hi"]), cfg, 0, torch.Generator().manual_seed(3))
     for t, st in zip(trees, trees.stats.prompts):
         assert t.generated_tokens() == st.generated_tokens <= 30
         assert st.generated_tokens >= 20  # the budget is used, not wasted
@@ -123,14 +124,14 @@ def test_token_budget_is_never_exceeded(tok, model, branching):
 
 def test_chain_budget_admits_only_samples_that_fit(tok, model):
     cfg = _cfg("chain", num_generations=8, max_completion_length=16, token_budget=40)
-    trees = sample_rollouts(model, tok, _specs(tok, ["Hi"]), cfg, 0, torch.Generator().manual_seed(0))
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, _specs(tok, ["Hi"]), cfg, 0, torch.Generator().manual_seed(0))
     assert len(trees[0].leaves()) == 2 and trees[0].generated_tokens() <= 40  # 40 // 16 = 2 samples
 
 
 def test_same_generator_state_gives_identical_trees(tok, model):
     cfg = _cfg("tree", "surprisal", num_generations=4, max_completion_length=12, segment_length=4)
     specs = _specs(tok, [CORPUS[1]])
-    a = sample_rollouts(model, tok, specs, cfg, 0, torch.Generator().manual_seed(11))
+    a = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 0, torch.Generator().manual_seed(11))
     b = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 0, torch.Generator().manual_seed(11))
     sig = lambda trees: [(n.parent, n.token_ids, n.finish_reason) for n in trees[0].nodes]  # noqa: E731
     assert sig(a) == sig(b)
@@ -139,18 +140,18 @@ def test_same_generator_state_gives_identical_trees(tok, model):
 def test_long_prompts_are_left_truncated(tok, model):
     ids = tok(CORPUS[0] + CORPUS[2]).input_ids
     cfg = _cfg("chain", num_generations=2, max_completion_length=4, max_prompt_length=8)
-    trees = sample_rollouts(model, tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), ids)], cfg, 0, None)
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), ids)], cfg, 0, None)
     assert trees[0].prompt_ids == ids[-8:]
 
 
 def test_bad_input_is_refused(tok, model):
     cfg = _cfg()
     with pytest.raises(ValueError, match="at least one"):
-        sample_rollouts(model, tok, [], cfg, 0)
+        sample_rollouts(DecodeEngine(model, tok), tok, [], cfg, 0)
     with pytest.raises(ValueError, match="expected PromptSpec"):
-        sample_rollouts(model, tok, [[1, 2, 3]], cfg, 0)
+        sample_rollouts(DecodeEngine(model, tok), tok, [[1, 2, 3]], cfg, 0)
     with pytest.raises(ValueError, match="no prompt_ids"):
-        sample_rollouts(model, tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [])], cfg, 0)
+        sample_rollouts(DecodeEngine(model, tok), tok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [])], cfg, 0)
 
 
 # ------------------------------------------------------------------------------------------ deterministic models
@@ -168,7 +169,7 @@ def test_near_duplicate_branches_are_pruned_and_counted(atok):
     chain = _ids(atok, "abcdefghijklmnopqrstuvwxyz")
     model = bigram_llama(len(atok), {chain[i]: [chain[i + 1]] for i in range(len(chain) - 1)})
     cfg = _cfg("tree", num_generations=4, max_completion_length=12, segment_length=4, prune_similarity=0.9)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [chain[0]])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [chain[0]])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t, st = trees[0], trees.stats.prompts[0]
     assert st.pruned >= 3 and st.leaves >= 1
@@ -189,7 +190,7 @@ def test_surprisal_forks_at_the_uncertain_token_and_never_inside_the_answer(atok
     model = bigram_llama(len(atok), succ)
     cfg = _cfg("tree", "surprisal", num_generations=4, max_completion_length=12, segment_length=8,
                prune_similarity=1.0)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t = trees[0]
     forks = [n for n in t.nodes[1:] if len(n.children) > 1]
@@ -207,7 +208,7 @@ def test_surprisal_forks_at_the_uncertain_token_and_never_inside_the_answer(atok
     succ2[s1] = [open_]
     succ2[open_] = [u]
     model2 = bigram_llama(len(atok), succ2)
-    trees2 = sample_rollouts(model2, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees2 = sample_rollouts(DecodeEngine(model2, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                              torch.Generator().manual_seed(0))
     t2 = trees2[0]
     # with the answer open, the uncertain token is off limits: no split before it (extra slots become uniform
@@ -229,7 +230,7 @@ def test_lookahead_branches_on_the_near_tie_with_the_other_token(atok):
     model = bigram_llama(len(atok), succ)
     cfg = _cfg("tree", "lookahead", num_generations=4, max_completion_length=10, segment_length=8,
                branching_factor=1, lookahead_tau_abs=0.1, lookahead_tau_rel=0.3, prune_similarity=1.0)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t = trees[0]
     forks = [n for n in t.nodes[1:] if len(n.children) > 1]
@@ -245,7 +246,7 @@ def test_fallback_reforks_finished_leaves_without_reprefill(atok):
     s0, s1, s2 = _ids(atok, "abc")
     model = bigram_llama(len(atok), {s0: [s1], s1: [s2], s2: [atok.eos_token_id]})
     cfg = _cfg("tree", num_generations=6, max_completion_length=12, segment_length=4, branching_factor=2)
-    trees = sample_rollouts(model, atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [s0])], cfg, 0,
                             torch.Generator().manual_seed(0))
     t, st = trees[0], trees.stats.prompts[0]
     assert st.leaves == 6 and st.fallbacks == 2  # 2 root copies finish at once, then 2 fallbacks of 2 copies
@@ -355,3 +356,83 @@ def test_prune_near_duplicates_waits_for_min_tokens():
     done = path([1, 2, 3], 2, ref=sib)
     done.finish_reason = "eos"                    # a finished branch is a result, never pruned
     assert prune_near_duplicates([done], dec, 0.9, min_tokens=1) == 0 and done.finish_reason == "eos"
+
+
+# ------------------------------------------------------------------------------------------ step-boundary branching
+def _step_model(atok):
+    """Bigram model of "reasoning steps": a -> b -> NL, then every step is "pr" or "qs" (50/50) and a newline."""
+    nl = atok.convert_tokens_to_ids("\u010a")  # byte-level BPE's token for "\n"
+    assert atok.decode([nl]) == "\n"
+    a, b, p, q, r, s_ = _ids(atok, "abpqrs")
+    succ = {a: [b], b: [nl], nl: [p, q], p: [r], q: [s_], r: [nl], s_: [nl]}
+    return bigram_llama(len(atok), succ), nl, (p, q)
+
+
+def _assert_forks_after_step_ends(tree, ends_step, firsts=None):
+    """Every node where paths fork ends with a step-ending token; ``firsts``: the tokens a branch may start with."""
+    forks = [n for n in tree.nodes[1:] if len(n.children) > 1]
+    for n in forks:
+        assert ends_step(n.token_ids[-1]), f"fork after {n.text!r}, which does not end a step"
+        if firsts is not None:
+            assert {tree.nodes[c].token_ids[0] for c in n.children} <= set(firsts)
+    return forks
+
+
+@pytest.mark.parametrize("budget", [None, 40])
+def test_step_branching_forks_right_after_step_ends(atok, budget):
+    model, nl, firsts = _step_model(atok)
+    cfg = _cfg("tree", "step", num_generations=6, max_completion_length=14, segment_length=5, token_budget=budget,
+               prune_similarity=1.0)
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [_ids(atok, "a")[0]])],
+                            cfg, 0, torch.Generator().manual_seed(0))
+    t, st = trees[0], trees.stats.prompts[0]
+    forks = _assert_forks_after_step_ends(t, lambda tok: tok == nl, firsts)
+    assert forks and st.forks >= 2
+    # a fork inside a segment cuts the node right after the newline (a node shorter than the segment has children)
+    assert any(len(n.token_ids) < 5 for n in forks)
+    assert st.leaves == 6 if budget is None else st.generated_tokens <= budget
+    assert_consistent(model, atok, trees, cfg, 0)  # exact log-probs, leaves <= w, budget never exceeded
+
+
+def test_step_branching_never_forks_inside_the_answer(atok):
+    """Newlines only after the answer tag opened: no fork may land there; the tree still reaches its width."""
+    nl = atok.convert_tokens_to_ids("\u010a")
+    a, b, p, q = _ids(atok, "abpq")
+    open_ = atok.convert_tokens_to_ids("<answer>")
+    model = bigram_llama(len(atok), {a: [b], b: [open_], open_: [p, q], p: [nl], q: [nl], nl: [p, q]})
+    cfg = _cfg("tree", "step", num_generations=4, max_completion_length=10, segment_length=4, prune_similarity=1.0)
+    trees = sample_rollouts(DecodeEngine(model, atok), atok, [PromptSpec(TaskRef("rg:t", "d", 0, 0), [a])], cfg, 0,
+                            torch.Generator().manual_seed(1))
+    t = trees[0]
+    assert not [n for n in t.nodes[1:] if len(n.children) > 1]  # only the root (the prompt's end) forks
+    assert trees.stats.prompts[0].leaves == 4 and trees.stats.prompts[0].fallbacks >= 1
+    assert_consistent(model, atok, trees, cfg, 0)
+
+
+def test_step_branching_on_the_embedded_model():
+    """The shipped model and tokenizer, through the loading code users get: forks land right after step-ending
+    tokens (delimiters chosen so that its short answers contain some), budget and width rules hold."""
+    from swarmnode.config import ModelConfig
+    from swarmnode.policy.loading import load_policy
+
+    pol = load_policy(ModelConfig(name_or_path="embedded", device="cpu"))
+    tok = pol.tokenizer
+    delims = list("0123456789") + [" "]
+    qs = ["What is 3 + 4?", "Calculate 12 - 5 + 7.", "What is 9 * 3?", "What is 48 + 37?"]
+    specs = [PromptSpec(TaskRef("rg:t", "d", 0, i), tok(pol.prompt(q)).input_ids, pol.prompt(q), "t")
+             for i, q in enumerate(qs)]
+    # its answers are 1-4 tokens: one-token segments let the tree fork inside them (and fallbacks cut at node ends)
+    cfg = _cfg("tree", "step", num_generations=6, max_completion_length=16, segment_length=1, max_depth=16,
+               token_budget=48, step_delimiters=delims)
+    trees = sample_rollouts(DecodeEngine(pol.model, tok), tok, specs, cfg, 0, torch.Generator().manual_seed(0))
+    ends = lambda t: tok.decode([t], skip_special_tokens=True).endswith(tuple(delims))  # noqa: E731
+    forks = [f for t in trees for f in _assert_forks_after_step_ends(t, ends)]
+    assert forks, "expected forks after digits in the embedded model's answers"
+    assert_consistent(pol.model, tok, trees, cfg, 0)
+
+
+def test_step_fork_points_round_robin_latest_first():
+    assert step_fork_points([[3, 7], [5], []], 4) == [(0, 7), (1, 5), (0, 3)]
+    assert step_fork_points([[3, 7], [5]], 1) == [(0, 7)]
+    assert step_fork_points([[], []], 2) == []
+    assert step_fork_points([[2, 2, 9]], 5) == [(0, 9), (0, 2)]

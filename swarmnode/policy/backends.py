@@ -43,11 +43,16 @@ from swarmnode.policy.decode import DecodeEngine
 from swarmnode.policy.vllm_backend import (
     VLLM_INSTALL_HINT,
     BackendError,
+    SegmentBackend,
     VLLMBackend,
-    vllm_sample_rollouts,
     vllm_status,
 )
 from swarmnode.rollout.sampler import PromptSpec, SampledTrees, SamplerStats, sample_rollouts
+
+#: what :func:`make_generation_backend` returns and :func:`generate_rollouts` / :func:`sync_weights` take: the HF
+#: KV-sharing engine (any device) or a segment backend (vLLM; the CPU reference). Dispatch is on these declared
+#: classes, never on which attributes an object happens to have.
+GenerationBackend = DecodeEngine | SegmentBackend
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +267,7 @@ def _prompt_chunks(n: int, num_generations: int, max_rows: int | None) -> list[t
 
 
 def generate_rollouts(
-    backend: Any,
+    backend: GenerationBackend | Any,
     tokenizer: Any,
     prompts: Sequence[PromptSpec],
     sampling_cfg: Any,
@@ -272,34 +277,48 @@ def generate_rollouts(
     max_rows: int | None = None,
     seed: int | None = None,
 ) -> SampledTrees:
-    """Sample rollouts with whichever backend :func:`make_generation_backend` built.
+    """Sample rollouts with whichever backend :func:`make_generation_backend` built: the node's entry to the one
+    tree sampler (:func:`swarmnode.rollout.sampler.sample_rollouts`), which runs on the backend's engine.
 
     Args:
-        backend: an :class:`HFDecodeEngine` / :class:`DecodeEngine` / HF causal LM (-> ``sample_rollouts``) or a
-            segment backend such as :class:`VLLMBackend` (-> :func:`vllm_sample_rollouts`).
-        tokenizer: the policy's tokenizer.
+        backend: a :class:`~swarmnode.policy.decode.DecodeEngine` (e.g. :class:`HFDecodeEngine`), a
+            :class:`~swarmnode.policy.vllm_backend.SegmentBackend` (:class:`VLLMBackend`, or
+            :class:`~swarmnode.policy.vllm_backend.ReferenceSegmentGenerator` without vLLM; the sampler runs on
+            its :class:`~swarmnode.policy.vllm_backend.SegmentRequestEngine`), or a Hugging Face causal LM (an
+            :class:`HFDecodeEngine` is built around it with ``tokenizer``).
+        tokenizer: the policy's tokenizer (``None``: the backend's).
         prompts, sampling_cfg, policy_version: as ``sample_rollouts``.
         generator: the round's RNG (any device; moved with :func:`device_generator`). For a segment backend
             it seeds the requests (one draw) unless ``seed`` is given.
-        max_rows: rows per sampling call (default: the engine's ``max_rows``); prompts are sampled in chunks of
-            ``max(1, max_rows // num_generations)``, trees and stats merged in prompt order.
-        seed: explicit request seed for a segment backend.
+        max_rows: rows per sampling call of a decode engine (default: the engine's ``max_rows``); prompts are
+            sampled in chunks of ``max(1, max_rows // num_generations)``, trees and stats merged in prompt order.
+        seed: explicit request seed for a segment backend; its trees are a pure function of ``seed``, the
+            weights and the inputs (the sampler's own random choices use ``torch.Generator().manual_seed(seed)``).
 
     Returns:
         :class:`SampledTrees` in prompt order with merged :class:`SamplerStats`.
+
+    Raises:
+        BackendError: ``lookahead`` branching on a segment backend (it forks inside a segment; use backend hf).
+        ValueError: as ``sample_rollouts``.
     """
     prompts = list(prompts)
-    if hasattr(backend, "generate_segments"):
+    if isinstance(backend, SegmentBackend):
+        tcfg = sampling_cfg.tree
+        if tcfg.mode == "tree" and tcfg.branching == "lookahead":
+            raise BackendError(
+                "the vllm backend cannot sample tree.branching lookahead (it forks inside a segment from per-token "
+                "top-2 probabilities); use branching uniform, surprisal or step, or backend: hf"
+            )
         if seed is None:
             seed = 0 if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
-        return vllm_sample_rollouts(backend, prompts, sampling_cfg, policy_version, seed=seed)
-    if isinstance(backend, DecodeEngine):
-        engine = backend
-    else:
-        engine = HFDecodeEngine(backend, tokenizer)
+        engine = backend.request_engine(seed, first_step=0 if tcfg.mode == "chain" else 1)
+        return sample_rollouts(engine, tokenizer, prompts, sampling_cfg, policy_version,
+                               generator=torch.Generator().manual_seed(int(seed)))
+    engine = backend if isinstance(backend, DecodeEngine) else HFDecodeEngine(backend, tokenizer)
     gen = device_generator(generator, engine.device)
-    if max_rows is None:
-        max_rows = getattr(engine, "max_rows", None)
+    if max_rows is None and isinstance(engine, HFDecodeEngine):
+        max_rows = engine.max_rows
     chunks = _prompt_chunks(len(prompts), sampling_cfg.num_generations, max_rows)
     if len(chunks) == 1:
         return sample_rollouts(engine, tokenizer, prompts, sampling_cfg, policy_version, generator=gen)
@@ -308,14 +327,14 @@ def generate_rollouts(
     return _merge(parts)
 
 
-def sync_weights(backend: Any, model: Any) -> int:
+def sync_weights(backend: GenerationBackend, model: Any) -> int:
     """Bring the generation backend up to date with ``model`` after an optimizer step.
 
-    The HF engine decodes with the training module itself (nothing to do; returns 0). A :class:`VLLMBackend`
-    gets ``model.state_dict()`` loaded in place (:meth:`VLLMBackend.update_weights`); returns the number of
-    tensors loaded.
+    A decode engine decodes with the training module itself (nothing to do; returns 0). A segment backend gets
+    ``model.state_dict()`` through :meth:`~swarmnode.policy.vllm_backend.SegmentBackend.update_weights` (in place
+    for :class:`VLLMBackend`); returns the number of tensors loaded.
     """
-    if hasattr(backend, "update_weights"):
+    if isinstance(backend, SegmentBackend):
         return int(backend.update_weights(model.state_dict().items()))
     return 0
 
@@ -328,6 +347,7 @@ def vllm_installed() -> bool:
 __all__ = [
     "BACKENDS",
     "BackendError",
+    "GenerationBackend",
     "HFDecodeEngine",
     "select_backend",
     "make_generation_backend",

@@ -41,10 +41,20 @@ by row copy with holes); requires transformers with the layered ``DynamicCache``
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
+
+from swarmnode.rollout.engine import (  # the interface this engine implements
+    DecodeParams,
+    ForkCandidate,
+    ForkFn,
+    SegmentRecord,
+    TokenRows,
+    check_branch_specs,
+    check_sampling,
+)
 
 __all__ = [
     "DecodeParams",
@@ -83,15 +93,6 @@ class SampleOutput:
         return -self.logprobs
 
 
-def _check_sampling(temperature: float, top_p: float, top_k: int) -> None:
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 disables), got {top_k}")
-
-
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -120,7 +121,7 @@ def sample_next(
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
-    _check_sampling(temperature, top_p, top_k)
+    check_sampling(temperature, top_p, top_k)
     if generator is not None and generator.device.type != logits.device.type:
         raise ValueError(
             f"generator is on {generator.device}, logits on {logits.device}; create it on the model device"
@@ -183,144 +184,28 @@ def is_repetition(completion: Sequence[int], count: int, max_period: int = 16) -
 
 
 # ============================================================================ parameters and records
-@dataclass(frozen=True)
-class DecodeParams:
-    """Sampling and stop settings of one decoding run.
-
-    Attributes:
-        temperature, top_p, top_k: sampling knobs (see :func:`sample_next`).
-        max_completion_length: a row stops with ``"length"`` when its completion reaches this many tokens.
-        answer_open / answer_close: answer tags; ``answer_close`` appearing in the decoded completion stops
-            a row with ``"answer"``; where ``answer_open`` begins is recorded (:attr:`KVBatch.answer_start`).
-            ``None`` disables.
-        repetition_count: stop with ``"repetition"`` when a block of tokens repeats this many times (>= 2).
-        repetition_max_period: longest block (tokens) the repetition test looks for.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_completion_length: int = 32
-    answer_open: str | None = "<answer>"
-    answer_close: str | None = "</answer>"
-    repetition_count: int = 8
-    repetition_max_period: int = 16
-
-    def __post_init__(self) -> None:
-        _check_sampling(self.temperature, self.top_p, self.top_k)
-        if self.max_completion_length < 1:
-            raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
-        if self.repetition_count < 2 or self.repetition_max_period < 1:
-            raise ValueError("repetition_count must be >= 2 and repetition_max_period >= 1")
-
-    @classmethod
-    def from_config(cls, sampling_cfg, **overrides) -> "DecodeParams":
-        """Build from a :class:`swarmnode.config.SamplingConfig` (``repetition_count = tree.repetition_window``)."""
-        kw = dict(
-            temperature=sampling_cfg.temperature,
-            top_p=sampling_cfg.top_p,
-            top_k=sampling_cfg.top_k,
-            max_completion_length=sampling_cfg.max_completion_length,
-            repetition_count=sampling_cfg.tree.repetition_window,
-        )
-        kw.update(overrides)
-        return cls(**kw)
-
-
-@dataclass
-class SegmentRecord:
-    """What one row decoded during one :meth:`DecodeEngine.decode_segment` call.
-
-    Attributes:
-        row: the row index in the batch after the call.
-        token_ids: sampled token ids of this segment.
-        logprobs: behaviour log-probs (natural log, tempered, unfiltered), one per token.
-        surprisal: ``-log p`` of each sampled token (same distribution as ``logprobs``).
-        top2_ids / top2_probs: per token the two most likely ids and their untempered probabilities
-            (empty unless ``with_top2``).
-        finish_reason: ``"eos"``, ``"answer"``, ``"repetition"``, ``"length"`` or ``None`` (still live).
-        start_len: completion length of the row when this segment started (for a row forked during the
-            segment: the parent's completion length at the fork).
-        parent_row: for a row created by a fork during this segment, the row it was copied from; else ``None``.
-        fork_offset: for a forked row, how many tokens of the parent's segment it shares (its first token
-            replaces the parent's token at that offset).
-    """
-
-    row: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    surprisal: list[float] = field(default_factory=list)
-    top2_ids: list[tuple[int, int]] = field(default_factory=list)
-    top2_probs: list[tuple[float, float]] = field(default_factory=list)
-    finish_reason: str | None = None
-    start_len: int = 0
-    parent_row: int | None = None
-    fork_offset: int = 0
-
-
-@dataclass
-class ForkCandidate:
-    """One row at one decode step, offered to a ``fork_fn`` of :meth:`DecodeEngine.decode_segment`.
-
-    Attributes:
-        row: batch row.
-        offset: index of this step's token within the row's segment.
-        completion_index: index of this step's token within the row's completion.
-        sampled: the token the row sampled at this step.
-        top2_ids / top2_probs: untempered top-2 ids and probabilities of this step's distribution.
-        cap_left: tokens the row may still decode in this segment, this step's token included.
-        answer_started: whether the answer tag began before this step.
-    """
-
-    row: int
-    offset: int
-    completion_index: int
-    sampled: int
-    top2_ids: tuple[int, int]
-    top2_probs: tuple[float, float]
-    cap_left: int
-    answer_started: bool
-
-
 # ============================================================================ KV batch
-@dataclass
-class KVBatch:
-    """Decoding state of ``B`` rows (paths), all prompts mixed.
+@dataclass(kw_only=True)
+class KVBatch(TokenRows):
+    """Decoding state of ``B`` rows (paths), all prompts mixed: :class:`~swarmnode.rollout.engine.TokenRows`
+    (``tokens``, ``prompt_lens``, ``answer_start``) plus the KV cache.
 
     Attributes:
         cache: a ``DynamicCache`` whose layers hold keys/values ``[B, kv_heads, T, head_dim]``; ``None`` when empty.
         attention_mask: LongTensor ``[B, T]``; 1 for a real token's slot, 0 for a hole (padding, cut tail, idle step).
         next_pos: LongTensor ``[B]``; position id of each row's next token (= number of real tokens so far).
         logits: float32 ``[B, V]``; raw logits of each row's next token.
-        tokens: per row, prompt + completion token ids decoded so far (``list[list[int]]``).
-        prompt_lens: per row, the prompt length (the completion is ``tokens[i][prompt_lens[i]:]``).
-        answer_start: per row, completion index of the token where ``answer_open`` begins, or ``None``.
     """
 
     cache: object | None
     attention_mask: torch.Tensor
     next_pos: torch.Tensor
     logits: torch.Tensor
-    tokens: list[list[int]]
-    prompt_lens: list[int]
-    answer_start: list[int | None]
-
-    @property
-    def size(self) -> int:
-        """Number of rows ``B``."""
-        return len(self.tokens)
 
     @property
     def seq_len(self) -> int:
         """Number of cache slots ``T`` (real tokens plus holes)."""
         return int(self.attention_mask.shape[1]) if self.size else 0
-
-    def completion(self, row: int) -> list[int]:
-        """Completion token ids of ``row``."""
-        return self.tokens[row][self.prompt_lens[row]:]
-
-    def completion_len(self, row: int) -> int:
-        return len(self.tokens[row]) - self.prompt_lens[row]
 
 
 def _layers(cache) -> list:
@@ -357,11 +242,9 @@ def _cache_from_kv(kv: Sequence[tuple[torch.Tensor, torch.Tensor]]):
 
 
 # ============================================================================ engine
-ForkFn = Callable[[list[ForkCandidate]], list[tuple[int, int]]]
-
-
 class DecodeEngine:
-    """Batched prefill / fork / decode for a Hugging Face causal LM with KV-prefix sharing.
+    """Batched prefill / fork / decode for a Hugging Face causal LM with KV-prefix sharing; implements
+    :class:`swarmnode.rollout.engine.SegmentEngine` (rows are KV-cache rows; token-level forks supported).
 
     Args:
         model: a ``transformers`` causal LM (``PreTrainedModel``) with a full-attention ``DynamicCache``.
@@ -423,6 +306,19 @@ class DecodeEngine:
         self.copied_rows = 0
 
     # ------------------------------------------------------------------ basics
+    #: ``decode_segment`` accepts a ``fork_fn`` (LATR lookahead branching)
+    supports_token_forks = True
+
+    @property
+    def model_id(self) -> str:
+        """The model's ``config._name_or_path`` (``""`` when it has none)."""
+        return str(getattr(getattr(self.model, "config", None), "_name_or_path", "") or "")
+
+    def chain_segment_length(self, segment_length: int, max_completion_length: int) -> int:
+        """Chain mode decodes in segments of ``min(segment_length, max_completion_length)`` tokens, so that
+        finished rows leave the KV batch early."""
+        return max(1, min(int(segment_length), int(max_completion_length)))
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -590,12 +486,7 @@ class DecodeEngine:
         Raises:
             IndexError / ValueError: bad row or ``keep``.
         """
-        specs = [(int(r), int(k)) for r, k in specs]
-        for r, k in specs:
-            if not 0 <= r < batch.size:
-                raise IndexError(f"row {r} not in batch of {batch.size} rows")
-            if not 0 <= k <= batch.completion_len(r):
-                raise ValueError(f"keep={k} outside [0, {batch.completion_len(r)}] for row {r}")
+        specs = check_branch_specs(batch, specs)
         if not specs:
             return self.empty_batch()
         out = self.select(batch, [r for r, _ in specs])

@@ -3,7 +3,7 @@
 vLLM is imported lazily, inside :class:`VLLMBackend`; importing this module never needs it, and where it
 is missing the backend refuses with ``pip install 'swarmnode[gpu]'``.
 
-**Segment protocol.** A rollout tree (design.md §4) is grown one segment at a time. Every live path of every
+**Segment protocol.** A rollout tree (docs/design.md §4) is grown one segment at a time. Every live path of every
 prompt becomes one request: ``prompt_token_ids = prompt + path tokens so far``, ``n = 1``,
 ``max_tokens = segment length``, ``logprobs = 0`` (vLLM then returns the log-prob of the sampled token, the
 behaviour log-prob). vLLM's automatic prefix caching (``enable_prefix_caching=True``) finds the KV blocks of
@@ -11,19 +11,18 @@ the shared prefix (the prompt, and every segment the path shares with its siblin
 branch prefills only the tokens past the last cached full block, never the shared prefix again. Requests
 carry their own ``seed``, so a path's tokens do not depend on which other requests share the batch.
 
-:func:`vllm_sample_rollouts` runs ``tree.mode: chain`` (``num_generations`` independent requests per prompt,
-one leaf each) and ``tree.mode: tree`` with ``branching: uniform`` (TreePO's segment-wise tree with its
-budget transfer and its fallback re-fork of finished leaves, references.md §1.1 steps 1-6, the same rules as
-:func:`swarmnode.rollout.sampler.sample_rollouts`; the fallback's random choices come from a generator seeded
-with ``seed``). Not supported here (use ``backend: hf``): ``surprisal`` and ``lookahead`` branching (they fork
-inside a segment from per-token top-2 probabilities that vLLM does not return per request cheaply). It returns
-the same
-:class:`~swarmnode.rollout.sampler.SampledTrees` of :class:`~swarmnode.rollout.tree.RolloutTree` as the HF
-sampler. Stop rules are applied to every returned segment exactly as :class:`~swarmnode.policy.decode.
-DecodeEngine` applies them, token by token: EOS, a finished answer tag (``"</answer>"``, also passed to vLLM
-as a stop string so decoding stops early), ``repetition_window`` repeats of a 1..16-token block, and
-``max_completion_length``; a segment is cut after the first token that triggers one. Near-duplicate pruning
-compares a new branch's first segment with its sibling's (``tree.prune_similarity``), as the HF sampler does.
+The tree itself is grown by the one tree sampler, :func:`swarmnode.rollout.sampler.sample_rollouts`, on a
+:class:`SegmentRequestEngine` (the segment-engine interface of :mod:`swarmnode.rollout.engine` implemented over
+requests); :func:`swarmnode.policy.backends.generate_rollouts` builds it for any :class:`SegmentBackend`. So
+``tree.mode: chain`` (``num_generations`` independent requests per prompt, one leaf each) and ``tree.mode:
+tree`` with TreePO's budget transfer and fallback, ``uniform``, ``surprisal`` and ``step`` branching run here
+exactly as on the HF engine (a fork inside decoded text is a shorter request; the prefix cache serves the
+shared part). Not supported (use ``backend: hf``): ``lookahead`` branching, which forks during decoding from
+per-token top-2 probabilities that vLLM does not return per request cheaply. Stop rules are applied to every
+returned segment exactly as :class:`~swarmnode.policy.decode.DecodeEngine` applies them, token by token
+(:func:`scan_segment`): EOS, a finished answer tag (``"</answer>"``, also passed to vLLM as a stop string so
+decoding stops early), ``repetition_window`` repeats of a 1..16-token block, and ``max_completion_length``; a
+segment is cut after the first token that triggers one.
 
 Behaviour log-probs: vLLM is built with ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2) so the
 returned log-prob is taken after temperature scaling, the convention of
@@ -51,30 +50,20 @@ keep it modest (TRL's colocate default is 0.3).
 
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
 import logging
-import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 
-from swarmnode.policy.decode import DecodeEngine, DecodeParams, is_repetition
+from swarmnode.policy.decode import DecodeEngine, is_repetition
 from swarmnode.policy.loading import PolicyLoadError
-from swarmnode.rollout.sampler import (
-    PromptSpec,
-    PromptStats,
-    SampledTrees,
-    SamplerStats,
-    prune_near_duplicates,
-    split_copies,
-    treepo_total_copies,
-)
-from swarmnode.rollout.tree import RolloutTree
+from swarmnode.rollout.engine import DecodeParams, SegmentRecord, TokenRows, check_branch_specs
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +146,36 @@ def _logprob_of(entry: Any, token: int) -> float:
     return float(getattr(v, "logprob", v))
 
 
-class VLLMBackend:
+class SegmentBackend(abc.ABC):
+    """A generation backend that serves :class:`SegmentRequest` s (vLLM, or the HF reference without vLLM).
+
+    The tree sampler runs on it through :class:`SegmentRequestEngine` (:meth:`request_engine`). Subclasses set
+    ``tokenizer`` (the policy's Hugging Face tokenizer) and ``eos_token_ids`` (``frozenset[int]``).
+    """
+
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+
+    @property
+    @abc.abstractmethod
+    def model_id(self) -> str:
+        """Id of the model the backend runs (stored on every tree)."""
+
+    @abc.abstractmethod
+    def generate_segments(self, requests: Sequence[SegmentRequest], params: DecodeParams) -> list[SegmentResult]:
+        """Decode every request; one :class:`SegmentResult` per request, in request order."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load new weights after an optimizer step; returns tensors loaded (0: the backend decodes the
+        training module itself)."""
+        return 0
+
+    def request_engine(self, seed: int, first_step: int = 1) -> "SegmentRequestEngine":
+        """A :class:`SegmentRequestEngine` over this backend for one sampling call (see its ``seed``)."""
+        return SegmentRequestEngine(self, seed, first_step)
+
+
+class VLLMBackend(SegmentBackend):
     """Colocated vLLM engine serving :class:`SegmentRequest` s with prefix caching.
 
     Args:
@@ -325,13 +343,13 @@ class VLLMBackend:
         return n
 
 
-class ReferenceSegmentGenerator:
+class ReferenceSegmentGenerator(SegmentBackend):
     """Serves :class:`SegmentRequest` s with a Hugging Face model through :class:`DecodeEngine` (no vLLM).
 
     Each call prefills every request's ``prompt_ids`` (left-padded, one forward: no prefix cache, so shared
     prefixes are re-run) and decodes up to ``max_tokens`` per request. Stops only at EOS (the token-level
-    stop scan of :func:`vllm_sample_rollouts` applies the other rules). It is the CPU reference for the
-    segment protocol -- the tree logic of :func:`vllm_sample_rollouts` is tested against it -- and a way to
+    stop scan of :class:`SegmentRequestEngine` applies the other rules). It is the CPU reference for the
+    segment protocol -- the tree sampler on :class:`SegmentRequestEngine` is tested against it -- and a way to
     run that protocol without vLLM. Sampling uses one ``torch.Generator`` per call seeded with the first
     request's seed.
 
@@ -405,18 +423,6 @@ def scan_segment(
     return len(segment), stop_reason
 
 
-@dataclass
-class _VPath:
-    prompt: int
-    node: int
-    completion: list[int]
-    steps: int = 0
-    born_at: int = 0
-    ref: "_VPath | None" = None
-    finish_reason: str | None = None
-    pruned: bool = False
-
-
 def answer_start(completion: Sequence[int], tokenizer: Any, answer_open: str | None) -> int | None:
     """Completion index of the token where ``answer_open`` begins (as :class:`DecodeEngine` records it), or None.
 
@@ -432,338 +438,136 @@ def answer_start(completion: Sequence[int], tokenizer: Any, answer_open: str | N
     return next(j for j in range(e - 1, -1, -1) if answer_open in dec(completion[j:e]))
 
 
-class _VRun:
-    """One sampling run over a segment backend (chain or uniform tree)."""
+#: rows of a :class:`SegmentRequestEngine` batch: per row, prompt + completion token ids so far (no KV state)
+RequestRows = TokenRows
 
-    def __init__(self, backend: Any, prompts: list[PromptSpec], cfg: Any, policy_version: int, seed: int) -> None:
+
+class SegmentRequestEngine:
+    """:class:`swarmnode.rollout.engine.SegmentEngine` over a :class:`SegmentBackend`: every row's segment is one
+    request ``prompt + completion so far`` (module docstring), so the one tree sampler
+    (:func:`swarmnode.rollout.sampler.sample_rollouts`) runs on vLLM as on the HF engine.
+
+    ``select``/``concat``/``branch`` only copy or cut token lists (the backend's prefix cache finds the shared
+    KV); ``decode_segment`` sends one request per row with a cap, cuts each returned segment at the first
+    token that triggers a stop rule (:func:`scan_segment`, the rules of the HF engine) and records where the
+    answer tag begins. Token-level forks (LATR ``lookahead``) are not supported: vLLM does not return per-token
+    top-2 probabilities cheaply. Chain mode sends each sample as one request of ``max_completion_length``.
+
+    Args:
+        backend: the segment backend.
+        seed: base of the per-request seeds: request ``i`` of the ``k``-th ``decode_segment`` call gets
+            ``(seed * 1_000_003 + (first_step + k) * 100_003 + i) mod (2^31 - 1)``, so a path's tokens do not
+            depend on which other requests share the batch.
+        first_step: the step number of the first call (the sampler's tree steps count from 1, chain from 0).
+    """
+
+    supports_token_forks = False
+
+    def __init__(self, backend: SegmentBackend, seed: int, first_step: int = 1) -> None:
         self.backend = backend
-        self.tok = backend.tokenizer
-        self.cfg = cfg
-        self.tcfg = cfg.tree
-        self.version = int(policy_version)
+        self.tokenizer = backend.tokenizer
+        self.eos = frozenset(backend.eos_token_ids)
         self.seed = int(seed)
-        self.params = DecodeParams.from_config(cfg)
-        self.eos = frozenset(getattr(backend, "eos_token_ids", frozenset()))
-        self.width = cfg.num_generations
-        self.budget = self.tcfg.token_budget
-        self.max_len = cfg.max_completion_length
-        self.seg = self.tcfg.segment_length
-        self.b = self.tcfg.branching_factor
-        self.trees: list[RolloutTree] = []
-        self.stats = SamplerStats(mode=self.tcfg.mode, branching=self.tcfg.branching)
-        model_id = str(getattr(backend, "model_id", "") or "")
-        tok_id = str(getattr(self.tok, "name_or_path", "") or "")
-        for p in prompts:
-            ids = list(p.prompt_ids)[-cfg.max_prompt_length:]
-            self.trees.append(RolloutTree(task=p.task, prompt_ids=ids, prompt_text=p.prompt_text,
-                                          task_name=p.task_name, model_id=model_id, tokenizer_id=tok_id))
-            self.stats.prompts.append(PromptStats(token_budget=self.budget))
-        self.acc_text: list[dict[int, str]] = [{0: ""} for _ in prompts]
-        self.node_steps: list[dict[int, int]] = [{0: 0} for _ in prompts]
-        self.node_end: list[dict[int, int]] = [{0: 0} for _ in prompts]  # completion length at node end
-        self.finished = [0] * len(prompts)
-        self.fallback_count = [0] * len(prompts)
-        self.parked: list[_VPath] = []
-        self.gen = torch.Generator().manual_seed(self.seed)
+        self.step = int(first_step)
+        self.forward_calls = 0
+        self.decode_rows = 0
+        self.refeed_rows = 0
+        self.copied_rows = 0
+        self.prefill_tokens = 0  # request tokens not served from the prefix cache (all, if the backend cannot say)
         self.requests = 0
 
-    # ------------------------------------------------------------------ helpers (as the HF sampler's)
-    def left(self, p: int) -> float:
-        if self.budget is None:
-            return math.inf
-        return self.budget - self.stats.prompts[p].generated_tokens
+    @property
+    def model_id(self) -> str:
+        return str(self.backend.model_id or "")
 
-    def decode_text(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
+    def chain_segment_length(self, segment_length: int, max_completion_length: int) -> int:
+        return max(1, int(max_completion_length))
 
-    def add_node(self, p: int, parent: int, completion: list[int], start: int, end: int, logprobs: list[float],
-                 leaf: bool, finish_reason: str | None = None) -> int:
-        tree = self.trees[p]
-        acc_parent = self.acc_text[p][parent]
-        full = self.decode_text(completion[:end])
-        acc = full if leaf else full.rstrip("\ufffd")
-        if acc.startswith(acc_parent):
-            text = acc[len(acc_parent):]
-        else:
-            text = self.decode_text(completion[start:end])
-            acc = acc_parent + text
-        nid = tree.add_child(parent, completion[start:end], text=text, logprobs=logprobs,
-                             policy_version=self.version, finish_reason=finish_reason)
-        self.acc_text[p][nid] = acc
-        self.node_end[p][nid] = end
-        self.node_steps[p][nid] = self.node_steps[p][parent] + 1
-        return nid
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> RequestRows:
+        return RequestRows([list(p) for p in prompts], [len(p) for p in prompts], [None] * len(prompts))
 
-    def finish_leaf(self, p: int, node: int, reason: str, completion: list[int]) -> None:
-        n = self.trees[p].nodes[node]
-        n.finish_reason = reason
-        full = self.decode_text(completion)
-        acc_parent = self.acc_text[p][n.parent]
-        if full.startswith(acc_parent):
-            n.text = full[len(acc_parent):]
-        self.acc_text[p][node] = acc_parent + n.text
-        self.count_leaf(p, reason)
+    def empty_batch(self) -> RequestRows:
+        return RequestRows([], [], [])
 
-    def count_leaf(self, p: int, reason: str) -> None:
-        st = self.stats.prompts[p]
-        st.finish_reasons[reason] += 1
-        if reason == "pruned":
-            st.pruned += 1
-        else:
-            st.leaves += 1
+    def select(self, batch: RequestRows, rows: Sequence[int]) -> RequestRows:
+        rows = [int(r) for r in rows]
+        for r in rows:
+            if not 0 <= r < batch.size:
+                raise IndexError(f"row {r} not in batch of {batch.size} rows")
+        return RequestRows([list(batch.tokens[r]) for r in rows], [batch.prompt_lens[r] for r in rows],
+                           [batch.answer_start[r] for r in rows])
 
-    def cap_to_budget(self, p: int, idx: list[int], caps: list[int]) -> None:
-        left = self.left(p)
-        if left == math.inf or sum(caps[i] for i in idx) <= left:
-            return
-        left = int(left)
-        n = len(idx)
-        share, rem = divmod(left, n) if n else (0, 0)
-        for j, i in enumerate(idx):
-            caps[i] = min(caps[i], share + (1 if j < rem else 0))
+    def concat(self, batches: Sequence[RequestRows]) -> RequestRows:
+        return RequestRows([list(t) for b in batches for t in b.tokens], [p for b in batches for p in b.prompt_lens],
+                           [a for b in batches for a in b.answer_start])
 
-    def randint(self, n: int) -> int:
-        return 0 if n <= 1 else int(torch.randint(n, (1,), generator=self.gen).item())
-
-    def fallback(self, paths: list[_VPath]) -> list[_VPath]:
-        """TreePO fallback (references.md §1.1 step 6), as the HF sampler's: a prompt with no live path and
-        fewer than ``w`` leaves re-forks a finished leaf (EOS/answer leaves first) at a random segment boundary
-        before its answer began, ``min(b, w - leaves)`` copies, at most ``w`` times per prompt."""
-        live = {pp.prompt for pp in paths}
-        out = list(paths)
-        for p in range(len(self.trees)):
-            if p in live or self.finished[p] >= self.width or self.left(p) < 1:
-                continue
-            if self.fallback_count[p] >= self.width:
-                continue
-            self.fallback_count[p] += 1
-            self.stats.prompts[p].fallbacks += 1
-            cands = [pp for pp in self.parked if pp.prompt == p and pp.finish_reason in ("eos", "answer")]
-            if not cands:
-                cands = [pp for pp in self.parked if pp.prompt == p]
-            n = min(self.b, self.width - self.finished[p])
-            left = self.left(p)
-            if left != math.inf:
-                n = max(1, min(n, int(left) // self.seg))
-            self.stats.prompts[p].forks += n
-            if not cands:  # nothing finished to cut (e.g. all pruned): restart from the prompt
-                out.extend(_VPath(prompt=p, node=0, completion=[]) for _ in range(n))
-                continue
-            src = cands[self.randint(len(cands))]
-            nodes = self.trees[p].path(src.node)
-            bounds = [(0, 0)] + [(self.node_end[p][u], u) for u in nodes[:-1]]
-            a = answer_start(src.completion, self.tok, self.params.answer_open)
-            if a is not None:
-                bounds = [bd for bd in bounds if bd[0] <= a] or [(0, 0)]
-            cut, u = bounds[self.randint(len(bounds))]
-            for _ in range(n):
-                out.append(_VPath(prompt=p, node=u, completion=src.completion[:cut], steps=self.node_steps[p][u],
-                                  born_at=cut, ref=src))
+    def branch(self, batch: RequestRows, specs: Sequence[tuple[int, int]]) -> RequestRows:
+        specs = check_branch_specs(batch, specs)
+        out = self.select(batch, [r for r, _ in specs])
+        for i, (r, k) in enumerate(specs):
+            out.tokens[i] = out.tokens[i][: out.prompt_lens[i] + k]
+            a = out.answer_start[i]
+            if a is not None and a >= k:
+                out.answer_start[i] = None
         return out
 
     def request_seed(self, step: int, i: int) -> int:
         return (self.seed * 1_000_003 + step * 100_003 + i) % (2**31 - 1)
 
-    def run_segments(self, paths: list[_VPath], caps: list[int], step: int) -> list[SegmentResult]:
-        reqs = [SegmentRequest(self.trees[pp.prompt].prompt_ids + pp.completion, caps[i], self.request_seed(step, i))
-                for i, pp in enumerate(paths)]
-        res = self.backend.generate_segments(reqs, self.params)
+    def decode_segment(
+        self,
+        batch: RequestRows,
+        max_new: Sequence[int],
+        params: DecodeParams,
+        generator: torch.Generator | None = None,
+        fork_fn: Any = None,
+        with_top2: bool = False,
+    ) -> list[SegmentRecord]:
+        """One request per row with ``max_new[i] > 0`` and room left; records as the HF engine's.
+
+        ``generator`` is unused (requests carry their own seeds).
+
+        Raises:
+            BackendError: ``fork_fn`` or ``with_top2`` (token-level forks need ``backend: hf``).
+            ValueError: ``len(max_new) != batch.size`` or a negative cap.
+            RuntimeError: the backend broke the segment protocol (result count, empty or over-long segment).
+        """
+        if fork_fn is not None or with_top2:
+            raise BackendError("a segment backend cannot fork inside a segment (lookahead branching needs backend: hf)")
+        if len(max_new) != batch.size:
+            raise ValueError(f"max_new has {len(max_new)} entries for a batch of {batch.size} rows")
+        if any(int(m) < 0 for m in max_new):
+            raise ValueError("max_new entries must be >= 0")
+        recs = [SegmentRecord(row=i, start_len=batch.completion_len(i)) for i in range(batch.size)]
+        step = self.step
+        self.step += 1
+        live = [i for i in range(batch.size)
+                if int(max_new[i]) > 0 and batch.completion_len(i) < params.max_completion_length]
+        if not live:
+            return recs
+        reqs = [SegmentRequest(list(batch.tokens[i]), int(max_new[i]), self.request_seed(step, i)) for i in live]
+        res = self.backend.generate_segments(reqs, params)
         if len(res) != len(reqs):
             raise RuntimeError(f"backend returned {len(res)} results for {len(reqs)} segment requests")
         self.requests += len(reqs)
-        for r, out in zip(reqs, res):
+        for i, r, out in zip(live, reqs, res):
             if not out.token_ids:
                 raise RuntimeError("backend returned no token for a segment request with max_tokens >= 1")
             if len(out.token_ids) > r.max_tokens:
                 raise RuntimeError(f"backend returned {len(out.token_ids)} tokens for max_tokens={r.max_tokens}")
             cached = out.cached_tokens if out.cached_tokens is not None else 0
-            self.stats.prefill_tokens += max(0, len(r.prompt_ids) - cached)
-        return res
-
-    # ------------------------------------------------------------------ chain
-    def run_chain(self) -> None:
-        P = len(self.trees)
-        paths: list[_VPath] = []
-        for p in range(P):
-            kp = self.width
-            if self.budget is not None:
-                kp = min(kp, max(1, self.budget // self.max_len))
-            paths.extend(_VPath(prompt=p, node=0, completion=[]) for _ in range(kp))
-        caps = [self.max_len] * len(paths)
-        for p in range(P):
-            self.cap_to_budget(p, [i for i, pp in enumerate(paths) if pp.prompt == p], caps)
-        keep = [i for i, c in enumerate(caps) if c > 0]
-        paths, caps = [paths[i] for i in keep], [caps[i] for i in keep]
-        self.stats.steps = 1
-        res = self.run_segments(paths, caps, 0)
-        for pp, out, cap in zip(paths, res, caps):
-            n, reason = scan_segment([], out.token_ids, self.params, self.eos, self.tok, out.stop_reason)
-            toks, lps = out.token_ids[:n], out.logprobs[:n]
-            if reason is None:
-                reason = "budget" if cap < self.max_len else "length"
-            self.stats.prompts[pp.prompt].generated_tokens += len(toks)
-            self.add_node(pp.prompt, 0, toks, 0, len(toks), lps, leaf=True, finish_reason=reason)
-            self.count_leaf(pp.prompt, reason)
-
-    # ------------------------------------------------------------------ uniform tree
-    def run_tree(self) -> None:
-        P = len(self.trees)
-        paths: list[_VPath] = []
-        for p in range(P):
-            k = min(self.b, self.width)
-            if self.budget is not None:
-                k = max(1, min(k, self.budget // self.seg))
-            first = None
-            for _ in range(k):
-                pp = _VPath(prompt=p, node=0, completion=[])
-                if first is None:
-                    first = pp
-                else:
-                    pp.ref = first
-                paths.append(pp)
-        gen = self.gen
-        step = 0
-        while True:
-            paths = self.fallback(paths)
-            if not paths:
-                break
-            step += 1
-            self.stats.steps += 1
-            caps = [max(0, min(self.seg, self.max_len - len(pp.completion))) for pp in paths]
-            by_prompt: dict[int, list[int]] = {}
-            for i, pp in enumerate(paths):
-                by_prompt.setdefault(pp.prompt, []).append(i)
-            for p, idx in by_prompt.items():
-                self.cap_to_budget(p, idx, caps)
-            zero = [i for i, c in enumerate(caps) if c == 0]
-            if zero:
-                keep = [i for i, c in enumerate(caps) if c > 0]
-                busy = {(paths[i].prompt, paths[i].node) for i in keep}
-                done: set[tuple[int, int]] = set()
-                for i in zero:
-                    pp = paths[i]
-                    node = self.trees[pp.prompt].nodes[pp.node]
-                    key = (pp.prompt, pp.node)
-                    if pp.node == 0 or node.children or node.finish_reason is not None or key in busy or key in done:
-                        continue
-                    self.finish_leaf(pp.prompt, pp.node, "budget", pp.completion)
-                    self.finished[pp.prompt] += 1
-                    done.add(key)
-                paths, caps = [paths[i] for i in keep], [caps[i] for i in keep]
-                if not paths:
-                    continue
-            res = self.run_segments(paths, caps, step)
-            starts = [len(pp.completion) for pp in paths]
-            seg_lps: list[list[float]] = []
-            for pp, out in zip(paths, res):
-                n, reason = scan_segment(pp.completion, out.token_ids, self.params, self.eos, self.tok, out.stop_reason)
-                pp.completion = pp.completion + out.token_ids[:n]
-                seg_lps.append(out.logprobs[:n])
-                pp.steps += 1
-                self.stats.prompts[pp.prompt].generated_tokens += n
-                if reason is None and pp.steps >= self.tcfg.max_depth:
-                    reason = "depth"
-                pp.finish_reason = reason
-            # near-duplicate pruning: a branch's first segment against its sibling's
-            prune_near_duplicates(paths, self.decode_text, self.tcfg.prune_similarity,
-                                  self.tcfg.prune_min_tokens or self.seg)
-            # budget transfer (TreePO) with uniform placement
-            finished_now: dict[int, int] = {}
-            live_of: dict[int, list[int]] = {}
-            for i, pp in enumerate(paths):
-                live_of.setdefault(pp.prompt, [])
-                if pp.finish_reason is None:
-                    live_of[pp.prompt].append(i)
-                elif not pp.pruned:
-                    finished_now[pp.prompt] = finished_now.get(pp.prompt, 0) + 1
-            for p, n in finished_now.items():
-                self.finished[p] += n
-            copies = [1 if pp.finish_reason is None else 0 for pp in paths]
-            for p, live in live_of.items():
-                if not live:
-                    continue
-                total = treepo_total_copies(self.width, self.finished[p], finished_now.get(p, 0), len(live), self.b)
-                left = self.left(p)
-                if left != math.inf:
-                    total = min(total, max(len(live), int(left) // self.seg))
-                if total > len(live):
-                    for i, c in zip(live, split_copies(total, len(live), gen)):
-                        copies[i] = c
-            # nodes
-            for i, pp in enumerate(paths):
-                leaf = pp.finish_reason is not None
-                pp.node = self.add_node(pp.prompt, pp.node, pp.completion, starts[i], len(pp.completion), seg_lps[i],
-                                        leaf=leaf, finish_reason=pp.finish_reason if leaf else None)
-                if leaf:
-                    self.count_leaf(pp.prompt, pp.finish_reason)
-            self.parked.extend(pp for pp in paths if pp.finish_reason is not None and not pp.pruned
-                               and self.finished[pp.prompt] < self.width)
-            new_paths: list[_VPath] = []
-            for i, pp in enumerate(paths):
-                for c in range(copies[i]):
-                    if c == 0:
-                        new_paths.append(pp)
-                    else:
-                        new_paths.append(_VPath(prompt=pp.prompt, node=pp.node, completion=list(pp.completion),
-                                                steps=pp.steps, born_at=len(pp.completion), ref=pp))
-                        self.stats.prompts[pp.prompt].forks += 1
-            paths = new_paths
-
-
-def vllm_sample_rollouts(
-    backend: Any,
-    prompts: Sequence[PromptSpec],
-    sampling_cfg: Any,
-    policy_version: int,
-    seed: int = 0,
-) -> SampledTrees:
-    """Sample one :class:`RolloutTree` per prompt through a segment backend (:class:`VLLMBackend`).
-
-    Args:
-        backend: an object with ``generate_segments(requests, params) -> list[SegmentResult]``, ``tokenizer`` and
-            ``eos_token_ids`` (:class:`VLLMBackend`, or :class:`ReferenceSegmentGenerator` without vLLM).
-        prompts: :class:`PromptSpec` per prompt (left-truncated to ``max_prompt_length``).
-        sampling_cfg: :class:`swarmnode.config.SamplingConfig`; ``tree.mode`` chain, or tree with ``uniform``
-            branching.
-        policy_version: stored on every node.
-        seed: base of the per-request seeds (same seed, weights and inputs -> same trees on vLLM).
-
-    Returns:
-        :class:`SampledTrees` in prompt order with ``.stats`` (``forward_calls``/``decode_rows`` are 0: vLLM
-        schedules its own forwards; ``prefill_tokens`` counts request tokens not served from the prefix cache
-        when the backend reports cache hits, else all request tokens).
-
-    Raises:
-        ValueError: no prompts, an empty prompt, a non-PromptSpec.
-        BackendError: ``surprisal`` or ``lookahead`` branching (use ``backend: hf``).
-    """
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("vllm_sample_rollouts needs at least one PromptSpec")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, PromptSpec):
-            raise ValueError(f"prompts[{i}] is {type(p).__name__}, expected PromptSpec")
-        if len(p.prompt_ids) == 0:
-            raise ValueError(f"prompts[{i}] ({p.task.key()}) has no prompt_ids")
-    if getattr(backend, "tokenizer", None) is None:
-        raise ValueError("the backend has no tokenizer")
-    tcfg = sampling_cfg.tree
-    if tcfg.mode == "tree" and tcfg.branching != "uniform":
-        raise BackendError(
-            f"the vllm backend samples trees with branching: uniform only (got {tcfg.branching!r}); "
-            "surprisal and lookahead branching need backend: hf"
-        )
-    t0 = time.perf_counter()
-    run = _VRun(backend, prompts, sampling_cfg, policy_version, seed)
-    if tcfg.mode == "chain":
-        run.run_chain()
-    else:
-        run.run_tree()
-    st = run.stats
-    st.wall_time_s = time.perf_counter() - t0
-    out = SampledTrees(run.trees)
-    out.stats = st
-    return out
+            self.prefill_tokens += max(0, len(r.prompt_ids) - cached)
+            n, reason = scan_segment(batch.completion(i), out.token_ids, params, self.eos, self.tokenizer,
+                                     out.stop_reason)
+            rec = recs[i]
+            rec.token_ids = [int(t) for t in out.token_ids[:n]]
+            rec.logprobs = [float(x) for x in out.logprobs[:n]]
+            rec.surprisal = [-x for x in rec.logprobs]
+            rec.finish_reason = reason
+            batch.tokens[i].extend(rec.token_ids)
+            if batch.answer_start[i] is None:
+                batch.answer_start[i] = answer_start(batch.completion(i), self.tokenizer, params.answer_open)
+        return recs
 
 
 __all__ = [
@@ -775,7 +579,9 @@ __all__ = [
     "SegmentResult",
     "VLLMBackend",
     "ReferenceSegmentGenerator",
+    "SegmentBackend",
+    "SegmentRequestEngine",
+    "RequestRows",
     "scan_segment",
     "answer_start",
-    "vllm_sample_rollouts",
 ]

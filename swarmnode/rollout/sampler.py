@@ -1,7 +1,12 @@
-"""Tree-structured and independent (chain) rollout sampling with KV-prefix sharing (design.md §1 step 2, §5).
+"""The one tree sampler: tree-structured and independent (chain) rollouts over a segment engine (docs/design.md §1
+step 2, §5).
 
 Entry point: :func:`sample_rollouts`. It returns one :class:`~swarmnode.rollout.tree.RolloutTree` per prompt
-(a :class:`SampledTrees` list that also carries :class:`SamplerStats`).
+(a :class:`SampledTrees` list that also carries :class:`SamplerStats`). It runs on any
+:class:`~swarmnode.rollout.engine.SegmentEngine`: the Hugging Face KV-sharing engine
+(``swarmnode/policy/decode.py``) and the request engine over a segment backend such as vLLM
+(``swarmnode/policy/vllm_backend.py``). Everything below -- branching rules, TreePO's budget transfer, the
+fallback, pruning, the budget -- is written here once; the engines only decode.
 
 ``tree.mode == "chain"`` -- independent group sampling: every prompt is prefilled once, its KV rows are
 copied to ``num_generations`` rows, and all rows of all prompts decode together; each completion is one
@@ -27,6 +32,13 @@ first_vanilla_mode``):
      ``-log p`` of the sampled token (references.md §1.2 step 2), never at a branch's first token and never
      inside or after the answer tag; the fork resamples that token. Slots left without an eligible token
      fall back to uniform copies;
+   * ``step`` -- step boundaries (TreeRL's segments; "each step is a node"): forks right after a token whose
+     decoded text ends with one of ``tree.step_delimiters`` (default a newline) in this step's segments, never
+     past the point where the answer tag began and never continuing a finished leaf; the fork keeps that token
+     and samples the next one afresh. Fork points are taken one row at a time, each row's latest step end first
+     (:func:`step_fork_points`). Slots without a step end are not filled this step: the budget transfer offers
+     them again next step, so forks land only at step ends; the fallback (6.) also cuts only at step ends (or
+     at the prompt). A completion without any step end behaves as rounds of ``b`` samples from the prompt;
    * ``lookahead`` -- LATR: during decoding, a row whose untempered top-2 probabilities satisfy
      ``p2 > tau_abs`` and ``p1 - p2 < tau_rel`` forks, and the new branch takes the near-tied alternative
      (the second-ranked token, or the first-ranked one if the row itself sampled the second) while a leaf
@@ -66,7 +78,7 @@ from typing import Sequence
 
 import torch
 
-from swarmnode.policy.decode import DecodeEngine, DecodeParams, ForkCandidate, KVBatch, SegmentRecord
+from swarmnode.rollout.engine import DecodeParams, EngineRows, ForkCandidate, SegmentEngine, SegmentRecord
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 
@@ -79,6 +91,7 @@ __all__ = [
     "treepo_total_copies",
     "split_copies",
     "surprisal_fork_points",
+    "step_fork_points",
     "lookahead_alternative",
     "near_duplicate",
     "prune_near_duplicates",
@@ -263,6 +276,34 @@ def surprisal_fork_points(
     return [(si, ti) for _, si, ti in cands[: max(n, 0)]]
 
 
+def step_fork_points(
+    boundaries: Sequence[Sequence[int]],
+    n: int,
+) -> list[tuple[int, int]]:
+    """Step-boundary fork selection (``tree.branching: step``): ``n`` fork points among the step ends of this step's
+    segments, one row at a time.
+
+    Args:
+        boundaries: per segment (row), the eligible fork points -- completion indices right after a token that
+            ends a reasoning step -- in any order.
+        n: forks wanted (>= 0).
+
+    Returns:
+        ``(segment index, fork point)`` pairs: round-robin over the segments in order, each segment's latest step
+        end first (the fork shares the longest prefix), then its next latest, ... Fewer than ``n`` when fewer
+        points are eligible.
+    """
+    per = [sorted(set(int(k) for k in b), reverse=True) for b in boundaries]
+    out: list[tuple[int, int]] = []
+    depth = 0
+    while len(out) < n and any(depth < len(b) for b in per):
+        for si, b in enumerate(per):
+            if depth < len(b) and len(out) < n:
+                out.append((si, b[depth]))
+        depth += 1
+    return out
+
+
 def lookahead_alternative(
     top2_ids: Sequence[int],
     top2_probs: Sequence[float],
@@ -355,7 +396,7 @@ class _Path:
 class _Run:
     """State of one tree-mode or chain-mode sampling run."""
 
-    def __init__(self, engine: DecodeEngine, tokenizer, prompts: list[PromptSpec], cfg, policy_version: int,
+    def __init__(self, engine: SegmentEngine, tokenizer, prompts: list[PromptSpec], cfg, policy_version: int,
                  generator: torch.Generator | None) -> None:
         self.engine = engine
         self.tok = tokenizer
@@ -370,8 +411,10 @@ class _Run:
         self.seg = self.tcfg.segment_length
         self.prune_min = self.tcfg.prune_min_tokens or self.seg  # LATR r: compare a branch only after this many tokens
         self.b = self.tcfg.branching_factor
+        self.delimiters = tuple(self.tcfg.step_delimiters)
+        self._ends_step: dict[int, bool] = {}
         self.prompts = prompts
-        model_id = str(getattr(getattr(engine.model, "config", None), "_name_or_path", "") or "")
+        model_id = str(engine.model_id or "")
         tok_id = str(getattr(tokenizer, "name_or_path", "") or "")
         self.trees: list[RolloutTree] = []
         self.stats = SamplerStats(mode=self.tcfg.mode, branching=self.tcfg.branching)
@@ -436,6 +479,14 @@ class _Run:
         else:
             st.leaves += 1
 
+    def ends_step(self, token: int) -> bool:
+        """Whether ``token``'s decoded text ends with one of ``tree.step_delimiters`` (cached per token id)."""
+        hit = self._ends_step.get(token)
+        if hit is None:
+            text = self.tok.decode([int(token)], skip_special_tokens=True)
+            hit = self._ends_step[token] = bool(text) and text.endswith(self.delimiters)
+        return hit
+
     def check_leaf(self, p: int, leaf: int, decoded: list[int]) -> None:
         """Internal invariant: the tree's path for ``leaf`` is exactly what the engine decoded."""
         if self.trees[p].completion_ids(leaf) != decoded:
@@ -458,7 +509,7 @@ class _Run:
         del base
         paths = [_Path(prompt=p, node=0, completion=[], steps=0) for p in rows]
         logps: list[list[float]] = [[] for _ in rows]
-        chunk = max(1, min(self.seg, self.max_len))
+        chunk = eng.chain_segment_length(self.seg, self.max_len)
         while batch.size:
             self.stats.steps += 1
             caps = []
@@ -540,7 +591,7 @@ class _Run:
             batch, paths = self._step(batch, paths, rule)
         self.parked = eng.empty_batch()
 
-    def _segment_caps(self, batch: KVBatch, paths: list[_Path]) -> tuple[list[int], list[int]]:
+    def _segment_caps(self, batch: EngineRows, paths: list[_Path]) -> tuple[list[int], list[int]]:
         """Per-row token caps for the next segment; returns (caps, rows to retire with zero budget)."""
         caps = [max(0, min(self.seg, self.max_len - len(pp.completion))) for pp in paths]
         by_prompt: dict[int, list[int]] = {}
@@ -550,7 +601,7 @@ class _Run:
             self._cap_to_budget(p, idx, caps)
         return caps, [i for i, c in enumerate(caps) if c == 0]
 
-    def _step(self, batch: KVBatch, paths: list[_Path], rule: str) -> tuple[KVBatch, list[_Path]]:
+    def _step(self, batch: EngineRows, paths: list[_Path], rule: str) -> tuple[EngineRows, list[_Path]]:
         eng = self.engine
         caps, zero = self._segment_caps(batch, paths)
         if zero:
@@ -632,7 +683,7 @@ class _Run:
         for p, n in finished_now.items():
             self.finished[p] += n
         copies = [1 if pp.finish_reason is None else 0 for pp in paths]
-        surprisal_forks: list[tuple[int, int]] = []  # (row, completion index to resample)
+        surprisal_forks: list[tuple[int, int]] = []  # (row, completion index where the fork continues)
         for p, live in live_of.items():
             if not live:
                 continue
@@ -662,6 +713,26 @@ class _Run:
                     i = cand_rows[si]
                     surprisal_forks.append((i, recs[i].start_len + o))
                 extra -= len(picks)
+            if rule == "step":
+                cand_rows = [i for i, pp in enumerate(paths) if pp.prompt == p and not pp.pruned and recs[i].token_ids]
+                bounds = []
+                for i in cand_rows:
+                    pp, rec = paths[i], recs[i]
+                    n_comp = len(pp.completion)
+                    last = n_comp if pp.finish_reason is None else n_comp - 1  # never continue a finished leaf
+                    ks = []
+                    for o, t in enumerate(rec.token_ids):
+                        k = rec.start_len + o + 1  # fork point: right after the step-ending token
+                        if k > last or k >= self.max_len:
+                            continue
+                        if pp.answer_start is not None and k > pp.answer_start:
+                            continue  # the answer began: no fork inside or after it
+                        if self.ends_step(t):
+                            ks.append(k)
+                    bounds.append(ks)
+                for si, k in step_fork_points(bounds, extra):
+                    surprisal_forks.append((cand_rows[si], k))
+                continue  # slots without a step end wait for one (TreePO's transfer recomputes them next step)
             if extra > 0:
                 add = split_copies(len(live) + extra, len(live), self.gen)
                 for i, c in zip(live, add):
@@ -739,7 +810,7 @@ class _Run:
     def _prune(self, paths: list[_Path], recs: list[SegmentRecord]) -> None:
         prune_near_duplicates(paths, self.decode_text, self.tcfg.prune_similarity, self.prune_min)
 
-    def _fallback(self, batch: KVBatch, paths: list[_Path]) -> tuple[KVBatch, list[_Path]]:
+    def _fallback(self, batch: EngineRows, paths: list[_Path]) -> tuple[EngineRows, list[_Path]]:
         """TreePO fallback: re-fork a finished leaf at a segment boundary for prompts with no live path."""
         eng = self.engine
         live_prompts = {pp.prompt for pp in paths}
@@ -768,7 +839,8 @@ class _Run:
                 continue
             src = cands[self._randint(len(cands))]
             nodes = self.trees[p].path(src.node)
-            bounds = [(0, 0)] + [(self.node_end[p][u], u) for u in nodes[:-1]]
+            bounds = [(0, 0)] + [(self.node_end[p][u], u) for u in nodes[:-1]
+                                 if self.tcfg.branching != "step" or self.ends_step(self.trees[p].nodes[u].token_ids[-1])]
             if src.answer_start is not None:
                 bounds = [bd for bd in bounds if bd[0] <= src.answer_start] or [(0, 0)]
             cut, u = bounds[self._randint(len(bounds))]
@@ -796,32 +868,44 @@ class _Run:
 
 # ============================================================================ entry point
 def sample_rollouts(
-    engine_or_model,
+    engine: SegmentEngine,
     tokenizer,
     prompts: Sequence[PromptSpec],
     sampling_cfg,
     policy_version: int,
     generator: torch.Generator | None = None,
 ) -> SampledTrees:
-    """Sample rollouts for ``prompts`` as one :class:`RolloutTree` per prompt.
+    """Sample rollouts for ``prompts`` as one :class:`RolloutTree` per prompt: the one tree sampler.
 
     Args:
-        engine_or_model: a :class:`~swarmnode.policy.decode.DecodeEngine`, or a Hugging Face causal LM (an engine
-            is built around it with ``tokenizer``).
-        tokenizer: the policy's tokenizer (decodes segment texts; EOS ids).
+        engine: a :class:`~swarmnode.rollout.engine.SegmentEngine` -- the Hugging Face KV-sharing engine
+            (:class:`swarmnode.policy.decode.DecodeEngine`) or the request engine over a segment backend such as
+            vLLM (:class:`swarmnode.policy.vllm_backend.SegmentRequestEngine`). The node goes through
+            :func:`swarmnode.policy.backends.generate_rollouts`, which builds the engine for its backend.
+        tokenizer: the policy's tokenizer (decodes segment texts); ``None`` = ``engine.tokenizer``.
         prompts: :class:`PromptSpec` per prompt; prompts longer than ``max_prompt_length`` are left-truncated
             (the tree stores the ids the model saw).
         sampling_cfg: :class:`swarmnode.config.SamplingConfig` (``tree`` holds the tree knobs).
         policy_version: stored on every node (optimizer step of the policy).
-        generator: torch RNG on the model's device; with the same generator state, model and inputs the trees are
-            identical.
+        generator: torch RNG on the engine's device (sampling draws of the HF engine and the sampler's own random
+            choices); with the same generator state, engine and inputs the trees are identical.
 
     Returns:
         :class:`SampledTrees` -- the trees in prompt order, with ``.stats`` (:class:`SamplerStats`).
 
     Raises:
-        ValueError: no prompts, an empty prompt, or a tokenizer is missing.
+        TypeError: ``engine`` is not a :class:`~swarmnode.rollout.engine.SegmentEngine` (wrap a Hugging Face
+            model in ``swarmnode.policy.decode.DecodeEngine(model, tokenizer)``).
+        ValueError: no prompts, an empty prompt, no tokenizer, or ``lookahead`` branching on an engine without
+            token-level forks.
     """
+    if not isinstance(engine, SegmentEngine):
+        raise TypeError(
+            f"sample_rollouts needs a SegmentEngine, got {type(engine).__name__}; wrap a Hugging Face model in "
+            "swarmnode.policy.decode.DecodeEngine(model, tokenizer) or call swarmnode.policy.backends.generate_rollouts"
+        )
+    if tokenizer is None:
+        tokenizer = engine.tokenizer
     if tokenizer is None:
         raise ValueError("sample_rollouts needs the policy's tokenizer")
     prompts = list(prompts)
@@ -832,7 +916,12 @@ def sample_rollouts(
             raise ValueError(f"prompts[{i}] is {type(p).__name__}, expected PromptSpec")
         if len(p.prompt_ids) == 0:
             raise ValueError(f"prompts[{i}] ({p.task.key()}) has no prompt_ids")
-    engine = engine_or_model if isinstance(engine_or_model, DecodeEngine) else DecodeEngine(engine_or_model, tokenizer)
+    tcfg = sampling_cfg.tree
+    if tcfg.mode == "tree" and tcfg.branching == "lookahead" and not engine.supports_token_forks:
+        raise ValueError(
+            f"tree.branching lookahead forks inside a segment; the {type(engine).__name__} engine cannot "
+            "(use branching uniform, surprisal or step, or model.backend hf)"
+        )
     if engine.tokenizer is None:
         engine.tokenizer = tokenizer
     counters0 = (

@@ -39,13 +39,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer
+
+from swarmnode.swarm.wire import dht_record_payload
 
 __all__ = [
     "DOMAIN",
@@ -273,7 +274,7 @@ class Ed25519RecordValidator(RecordValidatorBase):
 
     @staticmethod
     def _payload(key: bytes, subkey: bytes, value: bytes, expiration_time: float) -> bytes:
-        return DOMAIN + msgpack.packb([key, subkey, value, float(expiration_time)], use_bin_type=True)
+        return DOMAIN + dht_record_payload(key, subkey, value, expiration_time)
 
     def _public(self, raw: bytes) -> Ed25519PublicKey | None:
         key = self._pubkey_cache.get(raw)

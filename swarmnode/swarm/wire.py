@@ -522,6 +522,13 @@ def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True, use_single_float=False, strict_types=False)
 
 
+def dht_record_payload(key_id: bytes, subkey: bytes, value: bytes, expiration_time: float) -> bytes:
+    """The msgpack bytes a DHT record's Ed25519 signature covers (after the validator's domain prefix):
+    ``msgpack([key_id, subkey, value, float(expiration_time)])`` (``swarmnode/swarm/validator.py``). Kept here
+    so that this module stays the only one that encodes msgpack."""
+    return _pack([key_id, subkey, value, float(expiration_time)])
+
+
 def _check_canonical(raw: Any, data: bytes, what: str) -> None:
     try:
         again = _pack(raw)
@@ -1480,6 +1487,7 @@ def to_jsonable(msg: Message) -> dict:
 
 
 __all__ = [
+    "dht_record_payload",
     "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "KINDS", "KIND_BUNDLE", "KIND_MANIFEST", "KIND_HEARTBEAT", "REASONS",
     "MAX_ENVELOPE_BYTES", "MAX_MANIFEST_BYTES", "MAX_HEARTBEAT_BYTES", "MAX_BYTES_BY_KIND", "MAX_TREES_PER_BUNDLE",
     "MAX_NODES_PER_TREE", "MAX_NODES_PER_BUNDLE", "MAX_LEAVES_PER_TREE", "MAX_DEPTH", "MAX_SEGMENT_TOKENS",

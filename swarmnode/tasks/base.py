@@ -89,3 +89,25 @@ class TaskSource(Protocol):
 
     def score(self, task: Task, completion: str) -> float:
         """Reward in [0, 1] for a completion text; never raises on any model output."""
+
+
+class Scorer(Protocol):
+    """The scoring seam: what the verification pipeline (``swarm/verify.py``) and the node need to regenerate a
+    task from its :class:`TaskRef` and re-score a completion. :class:`swarmnode.tasks.mix.TaskMix` implements it.
+    """
+
+    def contains(self, ref: TaskRef) -> bool:
+        """Whether ``ref`` names a training task of this task set (a peer's tree for any other task is refused)."""
+        ...
+
+    def get(self, ref: TaskRef) -> Task:
+        """Regenerate the task named by ``ref``. Raises ``KeyError`` if it is not from this task set."""
+        ...
+
+    def score(self, task: Task, completion: str) -> float:
+        """The local reward of a completion text (never raises on any model output)."""
+        ...
+
+    def score_detail(self, task: Task, completion: str) -> dict[str, float]:
+        """``{"correct", "format", "reward"}`` of a completion text (exact correctness, format bonus, reward)."""
+        ...

@@ -1,0 +1,860 @@
+"""``swarmnode bench swarm``: does a swarm learn faster than the same nodes alone? (issue 6; docs/design.md §8)
+
+The learning benchmark of SAPO (arXiv 2509.08721, "I local / J external" splits, cumulative reward) run with
+our own stack: N nodes in a private loopback swarm (real hivemind DHT, signed bundles, local re-verification,
+source-specific processing from ``swarmnode.train.external``) versus N isolated nodes, **at equal generation
+compute per node**:
+
+* split ``I/J``: every node, swarm or isolated, samples ``I`` prompts x ``num_generations`` completions per
+  step (``sampling.prompts_per_step = I``). A swarm node additionally receives up to ``J`` external groups
+  (``swarm.num_external = J``, ``swarm.max_external_share = J / (I + J)``). An isolated node trains on its
+  ``I`` groups only. ``8/0`` is the same run in both settings (it is run once, as the isolated baseline).
+* node ``i`` (0-based) samples with ``seed = i`` and draws its questions from task stream ``i``
+  (:meth:`swarmnode.tasks.mix.TaskMix.refs_for_step` with ``stream=i``); every node keeps the same
+  ``tasks.seed``, so peers' TaskRefs stay verifiable (the swarm rejects foreign tasks). Swarm node ``i`` and
+  isolated node ``i`` see exactly the same questions at every step.
+* every node is its own process (``python -m swarmnode.benchmarks.swarm worker spec.json``) with one torch thread;
+  all N nodes of an arm run at the same time and start together (a file barrier after loading, the
+  before-training evaluation and, in a swarm, the DHT join).
+
+Measured per arm (means over the N nodes): cumulative reward (sum over steps of the step's mean local leaf
+reward -- SAPO's measure, local samples only), held-out greedy accuracy before / every ``eval_every`` steps /
+after, and rounds to reach the isolated nodes' final accuracy (first evaluation step whose node-mean accuracy
+is at least the isolated arm's final node-mean accuracy at the same ``I``).
+
+With ``--hostile`` every swarm arm also runs with one :class:`~swarmnode.swarm.adversary.HostilePeer` in the
+swarm (its own process, ``python -m swarmnode.benchmarks.swarm hostile spec.json``, joining through node 0 and attacking
+with every class of ``NETWORK_CASES`` in rounds), labelled ``… +hostile``, so that the honest nodes' curves with
+and without it can be compared; the report adds, per hostile arm, the honest nodes' rejections of the hostile
+peer's input by reason, what they accepted from it (must be 0), bans, and the transport failures it caused.
+
+Public API: :func:`parse_splits`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`, :func:`run_arm`,
+:func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`hostile_report`, :func:`run_bench`,
+:func:`worker_main`, :func:`hostile_main`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from swarmnode.monitor.metrics import read_metrics
+from swarmnode.monitor.report import moving_average
+
+__all__ = [
+    "Arm",
+    "parse_splits",
+    "plan_arms",
+    "node_config",
+    "run_arm",
+    "summarize_arm",
+    "rounds_to_reach",
+    "write_report",
+    "hostile_report",
+    "run_bench",
+    "worker_main",
+    "hostile_main",
+    "BufferedSwarm",
+    "load_script",
+    "run_script",
+]
+
+NORMALIZATIONS = ("per_source", "joint")
+OFF_POLICY_MODES = ("none", "luffy", "tis")
+
+
+# ------------------------------------------------------------------------------------------ planning
+def parse_splits(text: str) -> list[tuple[int, int]]:
+    """Parse ``"8/0,4/4"`` into ``[(8, 0), (4, 4)]`` (local I, external J).
+
+    Raises:
+        ValueError: an item that is not ``I/J`` with integers ``I >= 1`` and ``J >= 0``, or no item at all.
+    """
+    out: list[tuple[int, int]] = []
+    for item in str(text).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        parts = item.split("/")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            i, j = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise ValueError(f"a split must look like I/J (local/external prompts, e.g. 4/4); got {item!r}") from None
+        if i < 1 or j < 0:
+            raise ValueError(f"a split needs I >= 1 local and J >= 0 external prompts; got {item!r}")
+        if (i, j) not in out:
+            out.append((i, j))
+    if not out:
+        raise ValueError(f"--splits needs at least one I/J item (e.g. 8/0,4/4); got {text!r}")
+    return out
+
+
+def _parse_choices(text: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
+    items = [s.strip() for s in (text.split(",") if isinstance(text, str) else text) if s.strip()]
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        raise ValueError(f"{what} must be a comma-separated subset of {', '.join(allowed)}; got {text!r}")
+    return list(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of the benchmark, run with N nodes.
+
+    Attributes:
+        local: I, prompts sampled per node per step.
+        external: J, external groups a swarm node may add per step (0 for isolated arms).
+        swarm: whether the nodes gossip (False: N independent nodes).
+        normalization / off_policy: ``swarm.normalization`` / ``swarm.off_policy`` (swarm arms only).
+        hostile: one :class:`~swarmnode.swarm.adversary.HostilePeer` process joins the swarm (swarm arms only).
+    """
+
+    local: int
+    external: int
+    swarm: bool
+    normalization: str = "per_source"
+    off_policy: str = "none"
+    hostile: bool = False
+
+    @property
+    def name(self) -> str:
+        """Directory-safe label, e.g. ``isolated-4``, ``swarm-4x4-per_source-none`` or ``…-none-hostile``."""
+        if not self.swarm:
+            return f"isolated-{self.local}"
+        return f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}" + (
+            "-hostile" if self.hostile else "")
+
+    @property
+    def label(self) -> str:
+        """Human label for tables and legends (``… +hostile`` when a hostile peer is in the swarm)."""
+        if not self.swarm:
+            return f"isolated {self.local}/0"
+        return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}" + (
+            " +hostile" if self.hostile else "")
+
+
+def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] = ("per_source",),
+              off_policies: Sequence[str] = ("none",), hostile: bool = False) -> list[Arm]:
+    """The arms to run for the given splits and ablations.
+
+    For every split ``I/J``: the isolated arm with ``I`` prompts (once per distinct I); for ``J > 0`` also a
+    swarm arm for every normalization (with the first off-policy mode) and for every further off-policy
+    mode (with the first normalization). ``I/0`` splits have no swarm arm: with no external groups a swarm
+    node trains exactly like an isolated one. With ``hostile``, every swarm arm is followed by its twin with one
+    hostile peer in the swarm (``Arm.hostile``).
+
+    Raises:
+        ValueError: unknown normalization or off-policy mode, or empty lists.
+    """
+    norms = _parse_choices(list(normalizations), NORMALIZATIONS, "--normalization")
+    offs = _parse_choices(list(off_policies), OFF_POLICY_MODES, "--off-policy")
+    arms: list[Arm] = []
+
+    def add(a: Arm) -> None:
+        if a not in arms:
+            arms.append(a)
+        if hostile and a.swarm and not a.hostile:
+            add(replace(a, hostile=True))
+
+    for i, j in splits:
+        add(Arm(i, 0, False))
+    for i, j in splits:
+        if j == 0:
+            continue
+        for nrm in norms:
+            add(Arm(i, j, True, nrm, offs[0]))
+        for off in offs[1:]:
+            add(Arm(i, j, True, norms[0], off))
+    return arms
+
+
+def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int, eval_size: int,
+                run_dir: str | os.PathLike, swarm_id: str, host_maddrs: Sequence[str] = (),
+                initial_peers: Sequence[str] = ()) -> Any:
+    """The :class:`swarmnode.config.RunConfig` of node ``index`` of ``arm`` (a validated copy of ``base``).
+
+    Sets seed = index, prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
+    swarm arms ``swarm.enabled``, ``num_external = J``, ``max_external_share = J / (I + J)``, the
+    normalization and off-policy mode, the node's identity file and its listen/bootstrap addresses.
+    """
+    from swarmnode.config import RunConfig
+
+    d = base.model_dump(mode="json")
+    d["seed"] = int(index)
+    d["steps"] = int(steps)
+    d["eval_every"] = int(eval_every)
+    d["eval_at_start"] = True
+    d["run_dir"] = str(run_dir)
+    d["status_port"] = None
+    d["tasks"]["eval_size"] = int(eval_size)
+    d["sampling"]["prompts_per_step"] = int(arm.local)
+    d["checkpoint"] = {"save_steps": max(int(steps), 1), "keep_last": 1}
+    sw = d["swarm"]
+    sw["enabled"] = bool(arm.swarm)
+    if arm.swarm:
+        sw["num_external"] = int(arm.external)
+        sw["max_external_share"] = arm.external / (arm.local + arm.external)
+        sw["normalization"] = arm.normalization
+        sw["off_policy"] = arm.off_policy
+        sw["swarm_id"] = swarm_id
+        sw["identity_path"] = str(Path(run_dir) / "identity.pem")
+        if host_maddrs:
+            sw["host_maddrs"] = list(host_maddrs)
+        sw["initial_peers"] = list(initial_peers)
+    return RunConfig.model_validate(d)
+
+
+# ------------------------------------------------------------------------------------------ the worker
+class BufferedSwarm:
+    """A :class:`swarmnode.node.SwarmHook` around a :class:`swarmnode.swarm.gossip.SwarmClient` that smooths bursts.
+
+    Gossip delivers peers' trees in bursts (one DHT poll brings several steps' bundles); the node keeps at most
+    ``num_external`` of what one ``gather`` returns and drops the rest. This wrapper hands the node at most
+    ``per_step`` accepted trees per step, newest first, and keeps the others (at most ``max_buffer``, oldest
+    dropped) for the next steps. Verification is untouched: only trees the client accepted are buffered.
+    """
+
+    def __init__(self, client: Any, per_step: int, max_buffer: int = 64) -> None:
+        self.client = client
+        self.per_step = max(1, int(per_step))
+        self.max_buffer = int(max_buffer)
+        self._buf: list[Any] = []
+
+    @property
+    def peer_id(self) -> str:
+        """The wrapped client's peer id (names the node's default task stream)."""
+        return self.client.peer_id
+
+    def __getattr__(self, name: str) -> Any:  # dht, note_accuracy, ... of the client
+        return getattr(self.client, name)
+
+    def publish(self, trees: Any, step: int, policy_version: int) -> dict[str, Any]:
+        return self.client.publish(trees, step, policy_version=policy_version)
+
+    def gather(self, step: int, policy_version: int) -> tuple[list[Any], dict[str, Any]]:
+        trees, m = self.client.gather(step, policy_version=policy_version)
+        self._buf = (self._buf + list(trees))[-self.max_buffer:]
+        out, self._buf = self._buf[-self.per_step:], self._buf[:-self.per_step]
+        m["bench/buffered_trees"] = len(self._buf)
+        return out, m
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _barrier(arm_dir: Path, index: int, n: int, timeout: float) -> bool:
+    (arm_dir / f"ready-{index}").write_text(str(time.time()))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all((arm_dir / f"ready-{k}").exists() for k in range(n)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def worker_main(spec_path: str | os.PathLike) -> int:
+    """Run one benchmark node from a JSON spec (what ``python -m swarmnode.benchmarks.swarm worker SPEC`` does).
+
+    Spec keys: ``config`` (RunConfig as a dict), ``index``, ``nodes``, ``stream``, ``arm_dir``, ``threads``,
+    ``barrier_timeout``, ``peer_wait``. Writes ``result.json`` into the node's run dir (before/after accuracy,
+    steps, wall seconds, external samples used). Returns the exit code (0: ok).
+    """
+    import torch
+
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    from swarmnode.config import RunConfig
+    from swarmnode.node import Node
+
+    cfg = RunConfig.model_validate(spec["config"])
+    idx, n, arm_dir = int(spec["index"]), int(spec["nodes"]), Path(spec["arm_dir"])
+    # node i draws its own questions: task stream i (tasks.seed is shared so peers can verify our TaskRefs)
+    cfg.tasks.stream = int(spec["stream"])
+    node = Node(cfg)
+    if cfg.swarm.enabled:
+        from swarmnode.swarm.gossip import build_swarm
+
+        client = build_swarm(cfg, node.policy, node.tasks, cfg.run_dir, model_id=node.base_model_id,
+                             prompt_for=node.prompt_for, poll_interval=float(spec.get("poll_interval", 0.25)))
+        node.swarm = BufferedSwarm(client, per_step=2 * cfg.swarm.num_external)
+    before = node.evaluate()
+    node.log_eval(before, "before")
+    if node.swarm is not None:
+        node.swarm.note_accuracy(before.accuracy)
+    synced = _barrier(arm_dir, idx, n, float(spec.get("barrier_timeout", 180)))
+    peers = None
+    if node.swarm is not None:  # wait (bounded) until every node reached the DHT, then start together
+        deadline = time.monotonic() + float(spec.get("peer_wait", 30))
+        while time.monotonic() < deadline and idx > 0:  # nodes 1.. bootstrap from node 0
+            peers = node.swarm.dht.num_peers
+            if peers >= 1:
+                break
+            time.sleep(0.2)
+        if idx > 0:
+            (arm_dir / f"joined-{idx}").write_text(str(peers))
+        while time.monotonic() < deadline:  # node 0's peer count is refreshed only by its health check
+            if all((arm_dir / f"joined-{k}").exists() for k in range(1, n)):
+                break
+            time.sleep(0.2)
+        peers = node.swarm.dht.num_peers
+    t0 = time.time()
+    ext_used = 0
+
+    def on_step(res: Any) -> None:
+        nonlocal ext_used
+        ext_used += int(res.metrics.get("samples_external", 0))
+
+    node.run(on_step)
+    wall = time.time() - t0
+    after = node.evaluate()
+    node.log_eval(after, "after")
+    if node.swarm is not None:  # per-peer verdicts (rejections by reason, bans) for the report
+        try:
+            (Path(cfg.run_dir) / "swarm_snapshot.json").write_text(json.dumps(node.swarm.client.snapshot(),
+                                                                              default=str))
+        except Exception as e:  # noqa: BLE001 - the report only loses this section
+            print(f"could not write swarm_snapshot.json: {e}", file=sys.stderr)
+    node.close()
+    result = {"index": idx, "steps": node.step, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
+              "train_seconds": wall, "samples_external_used": ext_used, "barrier_ok": synced,
+              "dht_peers_at_start": peers}
+    (Path(cfg.run_dir) / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+HOSTILE_INFO = "hostile.json"
+"""File in a hostile arm's directory: the hostile peer's ids while it runs, plus its counters after it stopped."""
+HOSTILE_STOP = "hostile.stop"
+"""File whose existence tells the hostile peer process of an arm to stop."""
+
+
+def hostile_main(spec_path: str | os.PathLike) -> int:
+    """Run the hostile peer of a benchmark arm from a JSON spec (``python -m swarmnode.benchmarks.swarm hostile SPEC``).
+
+    Spec keys: ``config`` (the honest nodes' RunConfig as a dict: swarm id, swarm knobs, bootstrap peers, model
+    and tasks), ``arm_dir``, ``interval`` (seconds between rounds), ``seed``, ``wait_for_nodes`` (seconds to wait
+    for node 0's barrier file ``ready-0``, so that it joins node 0 instead of starting solo). Loads the honest
+    nodes' tokenizer (through the model config) and task mix, starts a
+    :class:`~swarmnode.swarm.adversary.HostilePeer` and runs rounds until ``<arm_dir>/hostile.stop`` exists or
+    SIGTERM/SIGINT arrives. Writes ``<arm_dir>/hostile.json``
+    (``peer_id``, ``sender_id``, ``libp2p_peer_id``; after stopping also ``delivered``, ``rounds`` and the rest
+    of :meth:`HostilePeer.stats`). Returns the exit code (0: ok).
+    """
+    import threading
+
+    import torch
+
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(1)
+    from swarmnode.config import RunConfig
+    from swarmnode.policy.loading import load_policy
+    from swarmnode.swarm.adversary import HostilePeer
+    from swarmnode.tasks.mix import TaskMix
+
+    cfg = RunConfig.model_validate(spec["config"])
+    arm_dir = Path(spec["arm_dir"])
+    policy = load_policy(cfg.model)  # the honest nodes' tokenizer: same-tokenizer classes reach their checks
+    tok = policy.tokenizer
+    vocab = len(tok)
+    try:
+        vocab = max(vocab, int(policy.model.get_input_embeddings().weight.shape[0]))
+    except Exception:  # noqa: BLE001
+        pass
+    del policy.model
+    tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def tokenize(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    # node 0 (the bootstrap peer) reached the barrier only after its swarm layer started: join it then, not solo
+    deadline = time.monotonic() + float(spec.get("wait_for_nodes", 600))
+    while not (arm_dir / "ready-0").exists() and time.monotonic() < deadline and not stop.is_set():
+        stop.wait(0.5)
+    info = arm_dir / HOSTILE_INFO
+    hp = HostilePeer(cfg.swarm, tasks, initial_peers=list(cfg.swarm.initial_peers), tokenize=tokenize,
+                     tokenizer_id=policy.tokenizer_id, vocab_size=vocab, seed=int(spec.get("seed", 0)))
+
+    def write(extra: dict | None = None) -> None:
+        tmp = info.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"peer_id": hp.peer_id, "sender_id": hp.sender_id,
+                                   "libp2p_peer_id": hp.libp2p_peer_id, **(extra or {})}))
+        os.replace(tmp, info)
+
+    interval = float(spec.get("interval", 5.0))
+    try:
+        write()
+        while not stop.is_set() and not (arm_dir / HOSTILE_STOP).exists():
+            t0 = time.monotonic()
+            try:
+                hp.run_round()
+            except Exception as e:  # noqa: BLE001 - the attack goes on
+                print(f"hostile round failed: {type(e).__name__}: {e}", file=sys.stderr)
+            write({"rounds": hp.rounds, "delivered": dict(hp.delivered)})
+            stop.wait(max(0.0, interval - (time.monotonic() - t0)))
+    finally:
+        try:
+            write(hp.stats())
+        finally:
+            hp.close()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ running an arm
+def _spawn(role: str, spec: Path, log_path: Path, *, nice: int, env: dict[str, str]) -> subprocess.Popen:
+    """Start ``python -m swarmnode.benchmarks.swarm ROLE SPEC`` (niced, own session, output to ``log_path``)."""
+    cmd = [sys.executable, "-m", "swarmnode.benchmarks.swarm", role, str(spec)]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+
+def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
+            eval_size: int, timeout: float = 1800.0, nice: int = 10, threads: int = 1,
+            hostile_interval: float = 5.0) -> Path:
+    """Run ``nodes`` processes of ``arm`` concurrently under ``out_root/<arm.name>/node-<i>``; return the arm dir.
+
+    A swarm arm's node 0 listens on a fixed loopback port with a pre-generated libp2p identity (as
+    ``swarmnode swarm up`` does) and the others bootstrap from it. A hostile arm (``arm.hostile``) also runs
+    :func:`hostile_main` in ``<arm dir>/hostile`` (bootstrapping from node 0, a round every
+    ``hostile_interval`` seconds) until the honest nodes are done; its failure never fails the arm. Processes
+    still running after ``timeout`` seconds are killed (their process groups). A previous run in the same
+    directory is removed first.
+
+    Raises:
+        RuntimeError: a node exited with a non-zero code or did not write ``result.json`` (the message names
+            the node and its log file).
+    """
+    import shutil
+
+    arm_dir = Path(out_root) / arm.name
+    if arm_dir.exists():
+        shutil.rmtree(arm_dir)
+    arm_dir.mkdir(parents=True)
+    swarm_id = f"bench-{arm.name.replace('_', '-')}-{os.getpid()}"
+    host_maddrs: list[str] = []
+    boot: list[str] = []
+    if arm.swarm:
+        from swarmnode.swarm.gossip import P2P_KEY_FILE
+        from swarmnode.swarm.local import bootstrap_identity, free_port
+
+        peer0 = bootstrap_identity(arm_dir / "node-0" / P2P_KEY_FILE)
+        port = free_port()
+        host_maddrs = [f"/ip4/127.0.0.1/tcp/{port}"]
+        boot = [f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer0}"]
+    procs: list[tuple[int, subprocess.Popen, Path]] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    for i in range(nodes):
+        rd = arm_dir / f"node-{i}"
+        rd.mkdir(parents=True, exist_ok=True)
+        cfg = node_config(base, arm, i, steps=steps, eval_every=eval_every, eval_size=eval_size, run_dir=rd,
+                          swarm_id=swarm_id, host_maddrs=host_maddrs if i == 0 else (),
+                          initial_peers=boot if i > 0 else ())
+        spec = {"config": cfg.model_dump(mode="json"), "index": i, "nodes": nodes, "stream": i,
+                "arm_dir": str(arm_dir), "threads": threads}
+        sp = rd / "spec.json"
+        sp.write_text(json.dumps(spec))
+        procs.append((i, _spawn("worker", sp, rd / "stdout.log", nice=nice, env=env), rd))
+    hostile = None
+    if arm.swarm and arm.hostile:
+        hd = arm_dir / "hostile"
+        hd.mkdir(parents=True, exist_ok=True)
+        hcfg = node_config(base, arm, nodes, steps=steps, eval_every=eval_every, eval_size=eval_size, run_dir=hd,
+                           swarm_id=swarm_id, initial_peers=boot)
+        sp = hd / "spec.json"
+        sp.write_text(json.dumps({"config": hcfg.model_dump(mode="json"), "arm_dir": str(arm_dir),
+                                  "interval": hostile_interval, "seed": nodes}))
+        hostile = _spawn("hostile", sp, hd / "stdout.log", nice=nice, env=env)
+    deadline = time.monotonic() + timeout
+    try:
+        for i, p, rd in procs:
+            try:
+                p.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for i, p, rd in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    p.kill()
+                p.wait(10)
+        if hostile is not None:
+            _stop_hostile(hostile, arm_dir)
+    for i, p, rd in procs:
+        if p.returncode != 0 or not (rd / "result.json").exists():
+            tail = (rd / "stdout.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"{arm.name} node {i} failed (exit {p.returncode}); log {rd / 'stdout.log'}:\n{tail}")
+    return arm_dir
+
+
+def _stop_hostile(p: subprocess.Popen, arm_dir: Path, grace: float = 60.0) -> None:
+    """Ask the hostile peer process to stop (stop file, then SIGTERM), SIGKILL its group after ``grace`` s."""
+    (arm_dir / HOSTILE_STOP).write_text(str(time.time()))
+    try:
+        p.wait(grace / 2)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(grace / 2)
+        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                p.kill()
+            p.wait(10)
+    if p.returncode != 0:
+        print(f"warning: the hostile peer of {arm_dir.name} exited with {p.returncode} "
+              f"(log {arm_dir / 'hostile' / 'stdout.log'})", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------ summaries
+def rounds_to_reach(curve: Sequence[tuple[int, float]], target: float) -> int | None:
+    """The first step of ``curve`` (``(step, value)`` pairs, in step order) whose value is >= ``target``.
+
+    >>> rounds_to_reach([(0, 0.1), (25, 0.3), (50, 0.5)], 0.3)
+    25
+    >>> rounds_to_reach([(0, 0.1)], 0.5) is None
+    True
+    """
+    for step, v in curve:
+        if v >= target - 1e-12:
+            return int(step)
+    return None
+
+
+def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
+    """Node-mean curves and totals of one arm directory (``node-*/metrics.jsonl``).
+
+    Returns a dict with ``nodes``, ``steps``, ``reward`` (list: node-mean local reward per step, steps 1..S
+    that every node completed), ``cumulative_reward`` (sum of that list, i.e. the node-mean of SAPO's
+    cumulative reward), ``cumulative_reward_per_node``, ``accuracy`` (list of ``(step, node-mean accuracy)``
+    over the evaluations every node logged; step 0 = before), ``accuracy_before`` / ``accuracy_after``,
+    ``external_per_step`` (node-mean external samples used per step), ``seconds_per_step``, and for an arm with
+    a hostile peer (``hostile.json``) ``hostile`` (see :func:`_hostile_summary`).
+
+    Raises:
+        FileNotFoundError: no ``node-*/metrics.jsonl`` under ``arm_dir``.
+    """
+    arm_dir = Path(arm_dir)
+    files = sorted(arm_dir.glob("node-*/metrics.jsonl"), key=lambda p: int(p.parent.name.split("-")[1]))
+    if not files:
+        raise FileNotFoundError(f"no node-*/metrics.jsonl under {arm_dir}")
+    rewards: list[dict[int, float]] = []
+    externals: list[dict[int, int]] = []
+    times: list[float] = []
+    evals: list[dict[int, float]] = []
+    for f in files:
+        rw: dict[int, float] = {}
+        ex: dict[int, int] = {}
+        ev: dict[int, float] = {}
+        st: list[float] = []
+        for rec in read_metrics(f):
+            if "eval" in rec:
+                ev[0 if rec["eval"] == "before" else int(rec["step"])] = float(rec["accuracy"])
+            elif "reward" in rec and "step" in rec:
+                rw[int(rec["step"])] = float(rec["reward"])
+                ex[int(rec["step"])] = int(rec.get("samples_external", 0))
+                st.append(float(rec.get("step_time", 0.0)))
+        rewards.append(rw)
+        externals.append(ex)
+        evals.append(ev)
+        times.append(sum(st) / max(len(st), 1))
+    n = len(files)
+    hostile = _hostile_summary(arm_dir, files)
+    common = sorted(set.intersection(*(set(r) for r in rewards)))
+    reward = [sum(r[s] for r in rewards) / n for s in common]
+    ext = [sum(e[s] for e in externals) / n for s in common]
+    ev_steps = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
+    acc = [(s, sum(e[s] for e in evals) / n) for s in ev_steps]
+    return {
+        "nodes": n,
+        "steps": common[-1] if common else 0,
+        "reward": reward,
+        "cumulative_reward": sum(reward),
+        "cumulative_reward_per_node": [sum(r[s] for s in common) for r in rewards],
+        "accuracy": acc,
+        "accuracy_before": acc[0][1] if acc and acc[0][0] == 0 else None,
+        "accuracy_after": acc[-1][1] if acc else None,
+        "external_per_step": sum(ext) / max(len(ext), 1),
+        "seconds_per_step": sum(times) / max(len(times), 1),
+        **({"hostile": hostile} if hostile is not None else {}),
+    }
+
+
+_FETCH_FAILURES = ("timeout", "too_large", "truncated", "digest_mismatch", "bad_response")
+
+
+def _hostile_summary(arm_dir: Path, metric_files: Sequence[Path]) -> dict[str, Any] | None:
+    """What the honest nodes of a hostile arm did with the hostile peer's input (None: no ``hostile.json``).
+
+    Per honest node (lists in node order): ``rejected_by_reason`` (its PeerBook's rejections charged to either id
+    of the hostile peer, its ``sn1…`` peer id and its transport id, merged), ``accepted`` (trees accepted from it),
+    ``banned``, ``bans``, ``refused_banned`` (bundles dropped unread while it was banned), ``refused_while_banned``
+    (manifests and bundles refused as ``banned``, any peer), ``rate_limited``, ``fetch_failures``
+    (``fetch/<reason>`` counts of failed bundle fetches, any peer) and ``external_used`` (samples from it in
+    training batches, from ``metrics.jsonl``); plus ``peer_id``, ``delivered`` (classes the hostile peer
+    delivered, from its own counters) and ``rounds``. A node without ``swarm_snapshot.json`` gets empty entries.
+    """
+    try:
+        info = json.loads((arm_dir / HOSTILE_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    ids = [i for i in (info.get("peer_id"), info.get("sender_id")) if i]
+    out: dict[str, Any] = {"peer_id": info.get("peer_id"), "delivered": info.get("delivered", {}),
+                           "rounds": info.get("rounds"), "rejected_by_reason": [], "accepted": [], "banned": [],
+                           "bans": [], "refused_banned": [], "refused_while_banned": [], "rate_limited": [],
+                           "fetch_failures": [], "external_used": []}
+    for f in metric_files:
+        try:
+            snap = json.loads((f.parent / "swarm_snapshot.json").read_text())
+        except (OSError, ValueError):
+            snap = {}
+        peers = ((snap.get("verifier") or {}).get("peers") or {}).get("peers") or {}
+        rows = [peers[i] for i in ids if i in peers]
+        rej: dict[str, int] = {}
+        for r in rows:
+            for reason, k in (r.get("rejected") or {}).items():
+                rej[reason] = rej.get(reason, 0) + int(k)
+        out["rejected_by_reason"].append(dict(sorted(rej.items())))
+        for key in ("accepted", "bans", "refused_banned", "rate_limited"):
+            out[key].append(sum(int(r.get(key, 0)) for r in rows))
+        out["banned"].append(any(bool(r.get("banned")) for r in rows))
+        out["refused_while_banned"].append(int((snap.get("rejected") or {}).get("banned", 0)))
+        counts = snap.get("counts") or {}
+        out["fetch_failures"].append({k: int(counts[f"fetch/{k}"]) for k in _FETCH_FAILURES
+                                      if counts.get(f"fetch/{k}")})
+        used = 0
+        if info.get("peer_id"):
+            key = f"external:{info['peer_id']}/used"
+            used = sum(int(rec.get(key, 0) or 0) for rec in read_metrics(f))
+        out["external_used"].append(used)
+    return out
+
+
+def hostile_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
+    """Markdown: for every arm with a hostile peer, the honest nodes' rejections of its input by reason
+    (``a / b`` = node 0 / node 1), what they accepted and trained on from it, bans and transport failures.
+    Empty when no arm had a hostile peer."""
+    lines: list[str] = []
+    for a, s in results:
+        h = s.get("hostile")
+        if not a.hostile or not h:
+            continue
+
+        def per_node(xs: Sequence[Any]) -> str:
+            return " / ".join(str(x) for x in xs)
+
+        reasons = sorted({r for row in h["rejected_by_reason"] for r in row})
+        fails = sorted({r for row in h["fetch_failures"] for r in row})
+        lines += [
+            f"### Hostile peer in {a.label}",
+            "",
+            f"Hostile peer `{h['peer_id']}`: {h.get('rounds')} rounds, classes delivered "
+            f"{sum((h.get('delivered') or {}).values())} times ({len(h.get('delivered') or {})} distinct). "
+            "Per honest node (node 0 / node 1 / …):",
+            "",
+            "| | honest nodes |",
+            "|---|---|",
+            f"| accepted trees from it | {per_node(h['accepted'])} |",
+            f"| samples from it in training batches | {per_node(h['external_used'])} |",
+            f"| banned at the end | {per_node(['yes' if b else 'no' for b in h['banned']])} |",
+            f"| bans | {per_node(h['bans'])} |",
+            f"| inputs refused unread as banned (manifests + bundles, any peer) | "
+            f"{per_node(h['refused_while_banned'])} |",
+            f"| bundles dropped by the rate limit | {per_node(h['rate_limited'])} |",
+        ]
+        lines += [f"| rejected: {r} | {per_node([row.get(r, 0) for row in h['rejected_by_reason']])} |"
+                  for r in reasons]
+        lines += [f"| failed fetches (any peer): {r} | {per_node([row.get(r, 0) for row in h['fetch_failures']])} |"
+                  for r in fails]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLike, *, command: str,
+                 prefix: str = "swarm_bench_results", smooth: int = 20) -> tuple[Path, list[Path]]:
+    """Write ``<out>/<prefix>.md`` (table + command) and ``<out>/<prefix>_{reward,accuracy,cumulative}.png``.
+
+    Table columns: arm, cumulative reward (node mean) and its ratio to the isolated arm with the same I and to
+    the isolated arm with I + J prompts (SAPO's 8/0 comparison), held-out accuracy before -> after, the
+    rounds to reach the isolated-I arm's final accuracy, external samples used per step, seconds per step.
+
+    Returns:
+        ``(markdown path, [png paths])``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    iso = {a.local: s for a, s in results if not a.swarm}
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    lines = [
+        f"Command: `{command}`",
+        "",
+        "| arm | cumulative reward | vs isolated I/0 (equal compute) | vs isolated (I+J)/0 (SAPO's baseline) "
+        "| held-out before → after | rounds to isolated-I final acc | external samples/step | s/step |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for a, s in results:
+        base_i = iso.get(a.local)
+        base_ij = iso.get(a.local + a.external)
+        r_i = "-" if not a.swarm or base_i is None or not base_i["cumulative_reward"] else \
+            f"{100 * (s['cumulative_reward'] / base_i['cumulative_reward'] - 1):+.1f}%"
+        r_ij = "-" if not a.swarm or base_ij is None or not base_ij["cumulative_reward"] else \
+            f"{100 * (s['cumulative_reward'] / base_ij['cumulative_reward'] - 1):+.1f}%"
+        reach = "-"
+        if a.swarm and base_i is not None and base_i["accuracy_after"] is not None:
+            r = rounds_to_reach(s["accuracy"], base_i["accuracy_after"])
+            reach = "not reached" if r is None else str(r)
+        lines.append(
+            f"| {a.label} | {s['cumulative_reward']:.2f} | {r_i} | {r_ij} | {pct(s['accuracy_before'])} → "
+            f"{pct(s['accuracy_after'])} | {reach} | {s['external_per_step']:.1f} | {s['seconds_per_step']:.2f} |"
+        )
+    hostile = hostile_report(results)
+    if hostile:
+        lines += ["", "## Hostile peer", "", hostile]
+    md = outp / f"{prefix}.md"
+    md.write_text("\n".join(lines) + "\n")
+
+    pngs = []
+    colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    for kind in ("reward", "cumulative", "accuracy"):
+        fig, ax = plt.subplots(figsize=(8, 4.6))
+        for k, (a, s) in enumerate(results):
+            c = colors[k % len(colors)]
+            style = "-" if a.swarm else "--"
+            if kind == "reward":
+                ax.plot(range(1, len(s["reward"]) + 1), moving_average(s["reward"], smooth), style, color=c,
+                        label=a.label)
+                ax.set_ylabel(f"local reward (node mean, moving avg {smooth})")
+            elif kind == "cumulative":
+                cum, acc = [], 0.0
+                for v in s["reward"]:
+                    acc += v
+                    cum.append(acc)
+                ax.plot(range(1, len(cum) + 1), cum, style, color=c, label=a.label)
+                ax.set_ylabel("cumulative reward (node mean)")
+            else:
+                ax.plot([p[0] for p in s["accuracy"]], [100 * p[1] for p in s["accuracy"]], "o" + style, color=c,
+                        label=a.label)
+                ax.set_ylabel("held-out accuracy (%, node mean)")
+        ax.set_xlabel("optimizer step (round)")
+        ax.set_title(f"swarm vs isolated: {kind}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = outp / f"{prefix}_{kind}.png"
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        pngs.append(p)
+    return md, pngs
+
+
+# ------------------------------------------------------------------------------------------ top level
+@dataclass
+class BenchResult:
+    """What :func:`run_bench` produced: the arms with their summaries, the report files, the command."""
+
+    results: list[tuple[Arm, dict[str, Any]]] = field(default_factory=list)
+    markdown: Path | None = None
+    plots: list[Path] = field(default_factory=list)
+    command: str = ""
+
+
+def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, config: str | None = None,
+              splits: str = "8/0,4/4", normalization: str = "per_source,joint", off_policy: str = "none",
+              eval_size: int = 100, eval_every: int = 25, out: str | os.PathLike = "docs",
+              work_dir: str | os.PathLike = "runs/bench_swarm", prefix: str = "swarm_bench",
+              arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
+              hostile: bool = False, log: Any = print) -> BenchResult:
+    """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
+
+    Args:
+        nodes: N (>= 2 for a swarm to exist).
+        steps: optimizer steps (rounds) per node.
+        model: ``model.name_or_path`` override (None: the config's, i.e. the embedded default).
+        config: YAML config for every node (None: the packaged default).
+        splits / normalization / off_policy: comma-separated lists (see :func:`plan_arms`).
+        eval_size / eval_every: held-out tasks per evaluation and the evaluation cadence in steps (0: before and
+            after only).
+        out: directory of the markdown table and the PNG plots.
+        work_dir: run directories of the nodes (``<work_dir>/<arm>/node-<i>``).
+        arm_timeout: seconds before an arm's processes are killed.
+        nice: niceness of the node processes (0: not niced).
+        command: the command line to record in the report (default: ``sys.argv``).
+        hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile``; see
+            :func:`plan_arms` and :func:`run_arm`).
+        log: a ``print``-like callable for progress lines.
+
+    Raises:
+        ValueError: bad splits / modes / ``nodes < 2`` / ``steps < 1``. ConfigError: a bad config.
+        RuntimeError: a node process failed (see :func:`run_arm`).
+    """
+    from swarmnode.config import load_config
+    from swarmnode.policy.loading import check_model_source
+
+    if nodes < 2:
+        raise ValueError(f"--nodes must be >= 2 (a swarm of one is an isolated node); got {nodes}")
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1; got {steps}")
+    if eval_size < 1 or eval_every < 0:
+        raise ValueError(f"--eval-size must be >= 1 and --eval-every >= 0; got {eval_size} and {eval_every}")
+    arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile)
+    base = load_config(config, {"model.name_or_path": model})
+    check_model_source(base.model.name_or_path)  # a bad local path fails here, not in N worker processes
+    cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
+    res = BenchResult(command=cmd)
+    for k, arm in enumerate(arms):
+        t0 = time.time()
+        log(f"[{k + 1}/{len(arms)}] {arm.label}: {nodes} nodes x {steps} steps …")
+        arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
+                          timeout=arm_timeout, nice=nice)
+        s = summarize_arm(arm_dir)
+        (arm_dir / "summary.json").write_text(json.dumps({"arm": asdict(arm), **s}))
+        res.results.append((arm, s))
+        log(f"    cumulative reward {s['cumulative_reward']:.2f}  accuracy {s['accuracy_before']} -> "
+            f"{s['accuracy_after']}  ext/step {s['external_per_step']:.1f}  ({time.time() - t0:.0f} s)")
+        if s.get("hostile"):
+            h = s["hostile"]
+            log(f"    hostile peer: accepted {h['accepted']}, banned {h['banned']}, rejected "
+                f"{[sum(r.values()) for r in h['rejected_by_reason']]} by the honest nodes")
+    res.markdown, res.plots = write_report(res.results, out, command=cmd, prefix=prefix)
+    return res
+
+
+def _main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - exercised through subprocesses
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "worker":
+        return worker_main(argv[1])
+    if len(argv) == 2 and argv[0] == "hostile":
+        return hostile_main(argv[1])
+    print("usage: python -m swarmnode.benchmarks.swarm {worker,hostile} SPEC.json  (use `swarmnode bench swarm` for the "
+          "benchmark)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_main())

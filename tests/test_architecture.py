@@ -1,0 +1,204 @@
+"""The dependency rules of docs/design.md §3, checked for every module of the package by parsing its imports.
+
+Every ``import`` and ``from ... import`` statement of every ``swarmnode/**/*.py`` file counts, wherever it stands
+(module level, inside a function, under ``TYPE_CHECKING``): a lazy import is still a dependency. Modules are
+grouped into *rooms*: the top-level modules (``cli``, ``node``, ``config``, ``evaluation``) and the
+subpackages (``tasks``, ``policy``, ``rollout``, ``train``, ``swarm``, ``monitor``, ``benchmarks``).
+
+Rules (docs/design.md §3, docs/architecture.md):
+
+1. ``cli -> node -> {rollout, train, swarm, tasks, policy, monitor}``: nothing imports ``cli``; only the entry
+   rooms (``cli``, and ``benchmarks``, which ``swarmnode bench`` runs) import ``node``;
+2. ``rollout``, ``train``, ``tasks`` never import ``swarm``;
+3. ``swarm`` never imports ``train`` or ``policy``;
+4. no import cycle between rooms;
+5. ``swarm/wire.py`` (the wire codec) is the only module that imports ``msgpack``.
+
+``KNOWN`` lists violations that are left on purpose, each with its reason; the test fails when one of them
+disappears, so the list cannot go stale.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "swarmnode"
+
+#: rooms that may import ``node``: the front ends a user runs
+ENTRY_ROOMS = {"cli", "benchmarks"}
+
+#: (importing module, imported module) pairs that break a rule on purpose, with the reason
+KNOWN: dict[tuple[str, str], str] = {
+    ("swarmnode.swarm.adversary", "msgpack"): (
+        "the hostile test peer forges malformed msgpack on purpose; issue 13 moves it out of the package into "
+        "tests (its owner's change)"
+    ),
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports (relative imports resolved)."""
+    mod = _module_name(path)
+    package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            out.add(name)
+            if name in ("swarmnode",) or (node.level and not node.module):
+                out.update(f"{name}.{a.name}" for a in node.names)  # `from swarmnode import node`
+    return out
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "swarmnode" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p) for p in sorted(PKG.rglob("*.py"))}
+
+
+GRAPH = _graph()
+
+
+def _violations() -> list[tuple[str, str, str]]:
+    out = []
+    for mod, imps in GRAPH.items():
+        src = _room(mod)
+        for imp in sorted(imps):
+            top = imp.split(".")[0]
+            if top == "msgpack" and mod != "swarmnode.swarm.wire":
+                out.append((mod, imp, "only the wire codec imports msgpack"))
+            dst = _room(imp)
+            if dst is None or dst == src:
+                continue
+            if dst == "cli":
+                out.append((mod, imp, "nothing imports cli"))
+            if dst == "node" and src not in ENTRY_ROOMS:
+                out.append((mod, imp, "only cli (and benchmarks) import node"))
+            if src in ("rollout", "train", "tasks") and dst == "swarm":
+                out.append((mod, imp, f"{src} never imports swarm"))
+            if src == "swarm" and dst in ("train", "policy"):
+                out.append((mod, imp, f"swarm never imports {dst}"))
+    return out
+
+
+def test_every_module_was_parsed():
+    assert len(GRAPH) > 40
+    for room in ("cli", "node", "config", "tasks", "policy", "rollout", "train", "swarm", "monitor"):
+        assert any(_room(m) == room for m in GRAPH), f"no module found for room {room}"
+
+
+def test_dependency_rules_hold_for_every_module():
+    found = _violations()
+    unexpected = [f"{m} imports {i}: {why}" for m, i, why in found if (m, i) not in KNOWN]
+    assert not unexpected, "dependency rules broken (docs/design.md §3):\n" + "\n".join(unexpected)
+    gone = [k for k in KNOWN if k not in {(m, i) for m, i, _ in found}]
+    assert not gone, f"KNOWN lists violations that are fixed now; remove them: {gone}"
+
+
+def test_no_import_cycle_between_rooms():
+    rooms: dict[str, set[str]] = {}
+    for mod, imps in GRAPH.items():
+        src = _room(mod)
+        if src is None:
+            continue
+        rooms.setdefault(src, set()).update(d for d in (_room(i) for i in imps) if d is not None and d != src)
+    # depth-first search for a back edge; report the cycle
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(r: str) -> None:
+        state[r] = 1
+        stack.append(r)
+        for d in sorted(rooms.get(r, ())):
+            if state.get(d) == 1:
+                cyc = stack[stack.index(d):] + [d]
+                pytest.fail("import cycle between rooms: " + " -> ".join(cyc))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[r] = 2
+
+    for r in sorted(rooms):
+        if r not in state:
+            visit(r)
+
+
+def test_rollout_does_not_import_policy():
+    """The tree sampler's interface lives in rollout/; the engines in policy/ implement it (issue 13)."""
+    bad = [(m, i) for m, imps in GRAPH.items() if _room(m) == "rollout" for i in imps if _room(i) == "policy"]
+    assert not bad
+
+
+def test_the_rule_checker_sees_a_violation():
+    """The checker itself can fail: a module of rollout that imports swarm is reported."""
+    fake = {"swarmnode.rollout.fake": {"swarmnode.swarm.wire", "msgpack"}}
+    saved = dict(GRAPH)
+    try:
+        GRAPH.update(fake)
+        reasons = {why for m, _, why in _violations() if m == "swarmnode.rollout.fake"}
+    finally:
+        GRAPH.clear()
+        GRAPH.update(saved)
+    assert reasons == {"rollout never imports swarm", "only the wire codec imports msgpack"}
+
+
+def _protocol_methods(proto) -> set[str]:
+    return {n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")}
+
+
+def test_declared_seams_are_implemented():
+    """The seams are declared protocols, and the parts that sit on them implement every method they declare."""
+    from swarmnode.policy.decode import DecodeEngine
+    from swarmnode.policy.vllm_backend import ReferenceSegmentGenerator, SegmentBackend, SegmentRequestEngine, VLLMBackend
+    from swarmnode.rollout.engine import SegmentEngine
+    from swarmnode.tasks.base import Scorer
+    from swarmnode.tasks.mix import TaskMix
+
+    for cls in (DecodeEngine, SegmentRequestEngine):
+        missing = _protocol_methods(SegmentEngine) - set(dir(cls))
+        assert not missing, f"{cls.__name__} lacks {missing} of SegmentEngine"
+        assert isinstance(cls.supports_token_forks, bool)
+    for cls in (VLLMBackend, ReferenceSegmentGenerator):
+        assert issubclass(cls, SegmentBackend) and not getattr(cls, "__abstractmethods__", None)
+    missing = _protocol_methods(Scorer) - set(dir(TaskMix))
+    assert not missing, f"TaskMix lacks {missing} of Scorer"
+
+
+def test_backends_never_dispatch_on_hasattr():
+    """Generation-backend dispatch is on declared classes (policy/backends.py), not on attributes an object has."""
+    src = (PKG / "policy" / "backends.py").read_text(encoding="utf-8")
+    calls = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "hasattr"]
+    assert not calls
+
+
+def test_no_module_runs_code_by_file_path():
+    """The package works from a wheel: nothing imports or runs a file by path (scripts/ is not installed)."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        src = path.read_text(encoding="utf-8")
+        for needle in ("spec_from_file_location", "run_path(", "SCRIPTS_DIR"):
+            if needle in src:
+                bad.append(f"{path.relative_to(PKG.parent)}: {needle}")
+    assert not bad
