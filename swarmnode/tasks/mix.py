@@ -43,6 +43,7 @@ re-scoring a peer's claim, since ``format_reward`` is a local setting.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections import OrderedDict
