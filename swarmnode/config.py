@@ -72,6 +72,14 @@ class TaskSourceConfig(_Strict):
         return self
 
 
+class ProbeConfig(TaskSourceConfig):
+    """A nearby-distribution probe: a task source evaluated on its held-out questions only, never trained on."""
+
+    label: str | None = Field(
+        None, description="name of the probe in reports (e.g. 'three_terms'); None = the dataset name or file stem"
+    )
+
+
 class TasksConfig(_Strict):
     """The task mix, verifiers and held-out evaluation."""
 
@@ -88,7 +96,19 @@ class TasksConfig(_Strict):
     eval_seed: int = Field(
         1_000_003, ge=0, description="seed of held-out tasks; the training stream never uses it"
     )
-    eval_size: int = Field(200, ge=1, description="held-out tasks for accuracy")
+    eval_size: int = Field(
+        500, ge=1, description="held-out questions for accuracy (distinct by content; a small task space gives "
+        "fewer, all of its held-out questions)"
+    )
+    eval_fraction: float = Field(
+        0.1, gt=0, lt=1, description="share of each task's question space held out, by a hash of the normalized "
+        "question text (swarmnode/tasks/partition.py); training never draws a held-out question. Default 0.1"
+    )
+    probes: list[ProbeConfig] = Field(
+        default_factory=list, description="nearby-distribution task sources (e.g. one more term, one more digit) "
+        "evaluated on their held-out questions and reported separately as generalization; never trained on. "
+        "Default: none"
+    )
     format_reward: float = Field(
         0.0, ge=0, le=1, description="extra reward for a well-formed <answer>…</answer> (0 disables)"
     )

@@ -23,6 +23,7 @@ from swarmnode.tasks import (
     TaskRef,
     config_digest,
 )
+from swarmnode.tasks.partition import is_heldout_question, normalize_question
 
 CHAIN2 = {"min_terms": 2, "max_terms": 2}
 
@@ -302,18 +303,80 @@ def test_mix_regenerates_in_a_fresh_process(mix31):
 
 
 def test_eval_refs_are_held_out(mix31):
-    ev = mix31.eval_refs()
+    ev = mix31.eval_refs(200)
     assert len(ev) == 200 and len(set(ev)) == 200
     assert Counter(r.source for r in ev) == {"rg:chain_sum": 150, "rg:leg_counting": 50}
     assert ev == mix31.eval_refs(200)
+    default = mix31.eval_refs()
+    assert len(default) == 500 == mix31.eval_size  # tasks.eval_size defaults to 500
+    qs = [normalize_question(mix31.get(r).question) for r in default]
+    assert len(set(qs)) == 500  # distinct by content, not just by ref
+    assert all(is_heldout_question(q, mix31.eval_fraction) for q in qs)
     train = {r for step in range(300) for r in mix31.refs_for_step(step, 16)}
-    assert not train & set(ev)
+    assert not train & set(default)
     assert all(r.seed != mix31.eval_seed for r in train)
     for r in ev:
         assert mix31.is_eval(r)
         assert not mix31.contains(r)
         assert mix31.contains(r, include_eval=True)
     assert mix31.get(ev[0]).name == "chain_sum"
+
+
+ARITH1 = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+          "allow_parentheses": False, "allow_negation": False}
+
+
+def test_100k_training_draws_hold_no_heldout_question():
+    """By content: no training question (normalized text) is in the held-out set or its partition."""
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2), ReasoningGymSource("basic_arithmetic", ARITH1)],
+                  [1.0, 1.0], seed=0, eval_seed=1_000_003)
+    ev = mix.eval_refs()
+    ev_q = {normalize_question(mix.get(r).question) for r in ev}
+    assert len(ev_q) == len(ev) >= 250  # chain_sum alone has ~10^6 questions
+    # basic_arithmetic with one-digit terms has a few hundred questions: its held-out walk runs dry and gives
+    # all of them (about 10%), chain_sum the rest of the 500.
+    by_src = Counter(r.source for r in ev)
+    assert 5 <= by_src["rg:basic_arithmetic"] < 60 and by_src["rg:chain_sum"] == 500 - by_src["rg:basic_arithmetic"]
+    train_q: set[str] = set()
+    draws = 0
+    for step in range(1000):
+        refs = mix.refs_for_step(step, 100)
+        draws += len(refs)
+        for r in refs:
+            q = normalize_question(mix.get(r).question)
+            assert not is_heldout_question(q, mix.eval_fraction), (r, q)
+            train_q.add(q)
+    assert draws == 100_000
+    assert not train_q & ev_q
+    # the small space is covered: every one of its training questions was drawn, none of its held-out ones
+    arith_train = {q for q in train_q if q.startswith("calculate")}
+    assert 150 < len(arith_train) < 400
+    # and the redraw keeps the stream a pure function of (seed, step, n, stream)
+    assert mix.refs_for_step(123, 100) == mix.refs_for_step(123, 100)
+
+
+def test_contains_refuses_heldout_questions_and_far_epochs():
+    src = ReasoningGymSource("basic_arithmetic", ARITH1)
+    m = TaskMix([src], [1.0], seed=0, eval_seed=1_000_003)
+    held = [TaskRef(src.source_id, src.config_digest, 0, i) for i in range(3000)]
+    held = [r for r in held if is_heldout_question(m.get(r).question, m.eval_fraction)]
+    assert len(held) > 100  # ~10% of the draws of training seed 0
+    for r in held[:50]:
+        assert not m.contains(r)  # a training seed, but a held-out question
+        assert m.is_eval(r) and m.contains(r, include_eval=True)
+    assert m.contains(m.refs_for_step(0, 1)[0])
+    size = src.size
+    last = m._max_epoch[0]
+    ok = TaskRef(src.source_id, src.config_digest, m.train_seed(0, last), 0)
+    far = TaskRef(src.source_id, src.config_digest, m.train_seed(0, last) + size, 0)
+    very_far = TaskRef(src.source_id, src.config_digest, size * 10**15, 0)
+    assert m.contains(ok) != m.is_heldout(ok)
+    assert not m.contains(far) and not m.contains(very_far)
+    assert not m.is_eval(very_far)
+    with pytest.raises(ValueError, match="beyond the schedule"):
+        m.train_seed(0, last + 1)
+    with pytest.raises(ValueError, match="eval_fraction"):
+        TaskMix([src], [1.0], eval_fraction=1.0)
 
 
 def test_training_epochs_skip_the_held_out_seed_range():
@@ -330,25 +393,28 @@ def test_training_epochs_skip_the_held_out_seed_range():
     assert seeds_used == {m.train_seed(0, e) for e in range(12)}
     assert not m.contains(TaskRef(src.source_id, src.config_digest, 100, 0))
     assert not m.contains(TaskRef(src.source_id, src.config_digest, 120, 0))
-    assert m.contains(TaskRef(src.source_id, src.config_digest, 200, 49))
+    train_ref = next(TaskRef(src.source_id, src.config_digest, 200, i) for i in range(50)
+                     if not m.is_heldout(TaskRef(src.source_id, src.config_digest, 200, i)))
+    assert m.contains(train_ref)
     with pytest.raises(ValueError, match="must differ from tasks.eval_seed"):
         TaskMix([src], [1.0], seed=7, eval_seed=7)
 
 
 def test_contains_rejects_foreign_refs(mix31):
     d = mix31.sources[0].config_digest
-    good = TaskRef("rg:chain_sum", d, 0, 5)
+    good = next(r for r in mix31.refs_for_step(0, 20) if r.source == "rg:chain_sum")
     assert mix31.contains(good)
+    i = good.index
     bad = [
-        TaskRef("rg:basic_arithmetic", d, 0, 5),  # unknown source
-        TaskRef("rg:chain_sum", "deadbeefdeadbeef", 0, 5),  # other config
+        TaskRef("rg:basic_arithmetic", d, 0, i),  # unknown source
+        TaskRef("rg:chain_sum", "deadbeefdeadbeef", 0, i),  # other config
         TaskRef("rg:chain_sum", d, 0, 100_000),  # index out of range
         TaskRef("rg:chain_sum", d, 0, -1),
-        TaskRef("rg:chain_sum", d, 1, 5),  # not a training seed (epochs are 0, 100000, ...)
-        TaskRef("rg:chain_sum", d, 1_000_003, 5),  # held-out seed
-        TaskRef("rg:chain_sum", d, True, 5),
+        TaskRef("rg:chain_sum", d, 1, i),  # not a training seed (epochs are 0, 100000, ...)
+        TaskRef("rg:chain_sum", d, 1_000_003, i),  # held-out seed
+        TaskRef("rg:chain_sum", d, True, i),
         TaskRef("jsonl:" + "0" * 64, "", 0, 0),
-        ["rg:chain_sum", d, 0, 5],
+        ["rg:chain_sum", d, 0, i],
         None,
     ]
     for r in bad:
@@ -359,7 +425,9 @@ def test_contains_rejects_foreign_refs(mix31):
 
 
 def test_mix_with_jsonl_source(tmp_path):
-    rows = [{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(20)]
+    rows = [{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(200)]
+    # the same question again, spelled with other spacing and case: the same side of the split
+    rows += [{"question": f"  what IS {i}+{i}? ", "answer": str(2 * i)} for i in range(40)]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dbl.jsonl").write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
     cfg = TasksConfig(
@@ -372,19 +440,42 @@ def test_mix_with_jsonl_source(tmp_path):
     m = TaskMix.from_config(cfg, base_dir=tmp_path)
     js = m.sources[1]
     assert m.task_names == ["chain_sum", "dbl"]
-    ev = m.eval_refs(200)
+    held_lines = {i for i, r in enumerate(rows) if is_heldout_question(r["question"], 0.1)}
+    held_distinct = {i for i in held_lines if i < 200}
+    assert 5 < len(held_distinct) < 40
+    ev = m.eval_refs(1000)
     ev_js = [r for r in ev if r.source == js.source_id]
-    assert len(ev) == 200 and len(ev_js) == 2  # 10% of 20 lines held out; the other 98 go to chain_sum
-    train = [r for s in range(50) for r in m.refs_for_step(s, 8) if r.source == js.source_id]
-    assert train and {r.index for r in train}.isdisjoint({r.index for r in ev_js})
-    assert len({r.index for r in train}) == 18
+    assert len(ev) == 1000 and {r.index for r in ev_js} == held_distinct  # each question once
+    train = [r for s in range(200) for r in m.refs_for_step(s, 8) if r.source == js.source_id]
+    assert train and not {r.index for r in train} & held_lines
+    train_q = {normalize_question(m.get(r).question) for r in train}
+    assert not train_q & {normalize_question(m.get(r).question) for r in ev_js}
+    assert len({r.index for r in train}) > 150
     for r in ev_js:
         assert not m.contains(r) and m.contains(r, include_eval=True)
+    for i in held_lines - held_distinct:  # a respelled held-out question is refused too
+        assert not m.contains(TaskRef(js.source_id, "", 0, i))
     assert not m.contains(TaskRef(js.source_id, "", 3, train[0].index))  # JSONL refs carry seed 0
     t = m.get(train[0])
     assert m.score_detail(t, f"<answer>{t.answer}</answer>") == {"correct": 1.0, "format": 1.0, "reward": 1.5}
     with pytest.raises(ValueError, match=r"tasks.sources\[1\].*does not exist"):
         TaskMix.from_config(cfg, base_dir=tmp_path / "elsewhere")
+
+
+def test_probes_from_config():
+    cfg = TasksConfig(
+        sources=[TaskSourceConfig(name="chain_sum", config=CHAIN2)],
+        probes=[{"name": "chain_sum", "config": {"min_terms": 3, "max_terms": 3}, "label": "three_terms"},
+                {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 3}}],
+        eval_size=50,
+    )
+    probes = TaskMix.probes_from_config(cfg)
+    assert list(probes) == ["three_terms", "chain_sum"]
+    ev = probes["three_terms"].eval_refs()
+    assert len(ev) == 50 and all(probes["three_terms"].get(r).question.count("+") + probes["three_terms"].get(
+        r).question.count("-") == 2 for r in ev)
+    with pytest.raises(ValueError, match=r"tasks.probes\[0\]"):
+        TaskMix.probes_from_config(TasksConfig(probes=[{"name": "no_such_dataset"}]))
 
 
 def test_mix_rewards(mix31):

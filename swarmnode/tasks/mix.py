@@ -1,23 +1,36 @@
 """The task mix: a weighted set of task sources, a deterministic training stream and a held-out set.
 
 Every node with the same ``tasks`` config regenerates the same stream: the TaskRefs of training step ``s`` are
-a pure function of ``(tasks.seed, s, n, stream)``, and the held-out refs a pure function of ``eval_seed``.
+a pure function of ``(tasks.seed, s, n, stream)``, and the held-out refs a pure function of ``(eval_seed,
+eval_fraction)``.
 A peer's TaskRef is accepted for training only if :meth:`TaskMix.contains` says the training stream can
 produce it, which keeps held-out tasks out of training even when a peer offers them (design.md §6 step 6).
 
-Held-out separation
--------------------
-reasoning-gym items are mostly generated from ``random.Random(seed + index)`` (see
-:mod:`swarmnode.tasks.reasoning_gym_source`), so two datasets overlap whenever their ranges
-``[seed, seed + size)`` overlap. For a reasoning-gym source of size ``S``:
+Held-out separation (by content)
+--------------------------------
+A different dataset seed is not a different question: two one-digit terms have a few hundred distinct
+questions, and every seed draws from the same few hundred. So the split is made on the **question text**,
+with :func:`~swarmnode.tasks.partition.is_heldout_question`: a question is held out when the SHA-256 of its
+normalized text falls below ``eval_fraction`` (``tasks.eval_fraction``, default 0.1) of the hash range.
+The rule is a pure function of the text, so every node agrees on it without coordination.
 
-* held-out refs use dataset seed ``eval_seed`` and indices ``0, 1, 2, …`` (range ``[eval_seed, eval_seed + S)``);
-* training epoch ``e`` uses dataset seed ``tasks.seed + k·S`` where ``k`` is the ``e``-th integer ``>= 0``
-  whose range ``[tasks.seed + k·S, tasks.seed + (k+1)·S)`` does not meet ``[eval_seed, eval_seed + S)``.
-  Consecutive epochs therefore never repeat an item either. A training seed never equals ``eval_seed``.
+* **Training stream.** :meth:`TaskMix.refs_for_step` never yields a held-out question. A draw whose question
+  is held out is redrawn (same source, a new index) from a second generator seeded by
+  ``(tag, tasks.seed, step, stream)``, so the stream stays a pure function of ``(tasks.seed, step, n, stream)``.
+* **Held-out set.** :meth:`TaskMix.eval_refs` walks items ``0, 1, 2, …`` of dataset seed ``eval_seed`` (then
+  ``eval_seed + S``, ``eval_seed + 2S``, … for a source of size ``S``) and keeps the held-out questions that
+  are new by normalized content, until it has its share of ``n`` (default ``tasks.eval_size``, 500) or the
+  source's held-out space looks exhausted (no new question in ``max(2000, 20 / eval_fraction)`` draws in a
+  row). A small task space therefore gives fewer than ``n`` held-out questions, never repeats.
+* **Peers' refs.** :meth:`TaskMix.contains` regenerates the question and refuses a held-out one, whatever its
+  seed. It also refuses seeds that are not training-epoch seeds, and epochs beyond :data:`MAX_TRAIN_DRAWS`
+  draws of a source (a far-future epoch seed is not a task this swarm will ever schedule).
+* Training epochs still avoid the seed range ``[eval_seed, eval_seed + S)`` (reasoning-gym mostly seeds
+  item ``i`` of seed ``s`` with ``random.Random(s + i)``), so the training stream and the held-out walk do
+  not even share generator states; the content rule is what makes the split exact.
 
-For a JSONL source, a fixed fraction ``jsonl_holdout`` of its lines (``floor(lines · jsonl_holdout)``,
-chosen by SHA-256 of ``"<eval_seed>:<line>"``) is held out; training draws only the other lines.
+A JSONL source is split the same way, by each line's question: held-out lines are those whose question is
+held out (duplicates by normalized content count once); training draws only the other lines.
 
 Reward
 ------
@@ -34,7 +47,9 @@ re-scoring a peer's claim, since ``format_reward`` is a local setting.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence, Union
 
@@ -43,31 +58,79 @@ import numpy as np
 from swarmnode.config import TasksConfig
 from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.jsonl_source import JsonlSource
+from swarmnode.tasks.partition import DEFAULT_EVAL_FRACTION, is_heldout_question, normalize_question
 from swarmnode.tasks.reasoning_gym_source import EXACT_TOL, ReasoningGymSource
 from swarmnode.tasks.verifiers import format_reward
+
+log = logging.getLogger(__name__)
 
 Source = Union[ReasoningGymSource, JsonlSource]
 
 _STREAM_TAG = 0x53574E4D  # "SWNM": domain separation of the training stream's SeedSequence
+_REDRAW_TAG = 0x53574E52  # "SWNR": the generator that redraws held-out questions of the training stream
+
+#: Training draws per source that the epoch schedule covers (2**32: about 5·10^8 steps of 8 prompts). A ref
+#: whose epoch lies beyond it is refused by :meth:`TaskMix.contains`, and :meth:`TaskMix.refs_for_step` raises
+#: instead of reaching it.
+MAX_TRAIN_DRAWS = 2**32
+
+#: Redraws of one training item before the stream gives up (the held-out share would have to be ~1).
+MAX_REDRAWS = 10_000
+
+#: Most draws one held-out walk of a source makes (stops earlier when it has enough questions).
+MAX_EVAL_SCAN = 1_000_000
+
+
+def build_sources(configs: Sequence[Any], base_dir: str | Path | None = None, *, what: str = "tasks.sources"
+                  ) -> list[Source]:
+    """Task sources from validated source configs (:class:`~swarmnode.config.TaskSourceConfig`).
+
+    Args:
+        configs: the source configs, in order.
+        base_dir: directory that relative JSONL paths are resolved against; ``None`` = the current directory.
+        what: the config key named in errors (``"tasks.sources"`` or ``"tasks.probes"``).
+
+    Raises:
+        ValueError: ``"<what>[i]: …"`` for an unknown dataset, a bad config, an unreadable or malformed
+            JSONL file, or a ``config`` given to a JSONL source.
+    """
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    sources: list[Source] = []
+    for i, sc in enumerate(configs):
+        try:
+            if sc.type == "reasoning_gym":
+                sources.append(ReasoningGymSource(sc.name, dict(sc.config), size=sc.size))
+            else:
+                if sc.config:
+                    raise ValueError("`config` is not used by jsonl sources (remove it)")
+                p = Path(sc.path).expanduser()
+                if not p.is_absolute():
+                    p = base / p
+                sources.append(JsonlSource(p, name=sc.name))
+        except ValueError as e:
+            raise ValueError(f"{what}[{i}]: {e}") from e
+    return sources
 
 
 class TaskMix:
-    """A weighted mix of task sources with a deterministic training stream and a disjoint held-out set.
+    """A weighted mix of task sources with a deterministic training stream and a content-disjoint held-out set.
 
     Args:
         sources: the task sources (reasoning-gym or JSONL); each ``(source_id, config_digest)`` at most once.
         weights: relative sampling weights, one per source, finite and > 0.
         seed: ``tasks.seed`` -- seed of the training stream (int >= 0).
-        eval_seed: seed of the held-out set (int >= 0, != ``seed``).
+        eval_seed: first dataset seed of the held-out walk (int >= 0, != ``seed``).
         eval_size: default number of held-out tasks (:meth:`eval_refs` with ``n=None``).
         format_reward: weight of the format term of the reward, in [0, 1].
-        jsonl_holdout: fraction of each JSONL file held out for evaluation, in [0, 1).
+        eval_fraction: share of every task's question space held out, in (0, 1)
+            (:func:`~swarmnode.tasks.partition.is_heldout_question`).
         partial_credit: ``tasks.partial_credit``: local rewards keep reasoning-gym's partial credit
             (:meth:`score_detail`); peers' leaves are always re-scored exactly.
 
     Raises:
         ValueError: empty or mismatched ``sources``/``weights``, a non-positive or non-finite weight, a
-            source listed twice, ``seed == eval_seed``, or an argument out of range.
+            source listed twice, ``seed == eval_seed``, an argument out of range, or a JSONL file all of
+            whose questions are held out (nothing left to train on).
     """
 
     def __init__(
@@ -77,9 +140,9 @@ class TaskMix:
         *,
         seed: int = 0,
         eval_seed: int = 1_000_003,
-        eval_size: int = 200,
+        eval_size: int = 500,
         format_reward: float = 0.0,
-        jsonl_holdout: float = 0.1,
+        eval_fraction: float = DEFAULT_EVAL_FRACTION,
         partial_credit: bool = False,
     ) -> None:
         sources = list(sources)
@@ -99,12 +162,12 @@ class TaskMix:
                 f"tasks.seed ({seed}) must differ from tasks.eval_seed ({eval_seed}): training must never "
                 f"use the held-out seed"
             )
-        if not isinstance(eval_size, int) or eval_size < 1:
+        if isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size < 1:
             raise ValueError(f"eval_size must be an int >= 1, got {eval_size!r}")
         if not 0.0 <= float(format_reward) <= 1.0:
             raise ValueError(f"format_reward must be in [0, 1], got {format_reward}")
-        if not 0.0 <= float(jsonl_holdout) < 1.0:
-            raise ValueError(f"jsonl_holdout must be in [0, 1), got {jsonl_holdout}")
+        if isinstance(eval_fraction, bool) or not 0.0 < float(eval_fraction) < 1.0:
+            raise ValueError(f"tasks.eval_fraction must be in (0, 1), got {eval_fraction!r}")
         self.sources: list[Source] = sources
         self.weights: list[float] = weights
         total = sum(weights)
@@ -115,7 +178,7 @@ class TaskMix:
         self.eval_seed = eval_seed
         self.eval_size = eval_size
         self.format_reward = float(format_reward)
-        self.jsonl_holdout = float(jsonl_holdout)
+        self.eval_fraction = float(eval_fraction)
         self.partial_credit = bool(partial_credit)
 
         self._by_key: dict[tuple[str, str], int] = {}
@@ -127,70 +190,94 @@ class TaskMix:
 
         # Per-source split data.
         self._bad_k: list[tuple[int, ...]] = []  # rg: skipped epoch multipliers k
+        self._max_epoch: list[int] = []  # rg: last epoch the schedule covers (MAX_TRAIN_DRAWS)
         self._jsonl_train: list[np.ndarray | None] = []
-        self._jsonl_eval: list[np.ndarray | None] = []
-        self._jsonl_eval_set: list[frozenset[int]] = []
-        for s in sources:
+        self._jsonl_eval: list[np.ndarray | None] = []  # distinct (by content) held-out lines, file order
+        self._jsonl_heldout: list[frozenset[int]] = []  # every held-out line (duplicates included)
+        # rg: the held-out walk so far: distinct held-out refs found, walk position, exhausted flag.
+        self._eval_found: list[list[TaskRef]] = [[] for _ in sources]
+        self._eval_seen: list[set[str]] = [set() for _ in sources]
+        self._eval_pos: list[int] = [0] * len(sources)
+        self._eval_done: list[bool] = [False] * len(sources)
+        self._heldout_cache: OrderedDict[TaskRef, bool] = OrderedDict()
+        for i, s in enumerate(sources):
             if isinstance(s, ReasoningGymSource):
                 self._bad_k.append(self._overlapping_epochs(s.size))
+                self._max_epoch.append(max(1, -(-MAX_TRAIN_DRAWS // s.size)))
                 self._jsonl_train.append(None)
                 self._jsonl_eval.append(None)
-                self._jsonl_eval_set.append(frozenset())
+                self._jsonl_heldout.append(frozenset())
             elif isinstance(s, JsonlSource):
-                n = len(s)
-                k = int(math.floor(n * self.jsonl_holdout))
-                order = sorted(range(n), key=lambda i: hashlib.sha256(f"{eval_seed}:{i}".encode()).digest())
-                held = np.asarray(sorted(order[:k]), dtype=np.int64)
-                train = np.asarray(sorted(order[k:]), dtype=np.int64)
+                held, train, distinct, seen = [], [], [], set()
+                for line in range(len(s)):
+                    q = s.get(TaskRef(s.source_id, "", 0, line)).question
+                    if is_heldout_question(q, self.eval_fraction):
+                        held.append(line)
+                        key = normalize_question(q)
+                        if key not in seen:
+                            seen.add(key)
+                            distinct.append(line)
+                    else:
+                        train.append(line)
+                if not train:
+                    raise ValueError(
+                        f"every question of JSONL source {s.path} is in the held-out partition "
+                        f"(tasks.eval_fraction {self.eval_fraction}): nothing left to train on"
+                    )
                 self._bad_k.append(())
-                self._jsonl_train.append(train)
-                self._jsonl_eval.append(held)
-                self._jsonl_eval_set.append(frozenset(int(i) for i in held))
+                self._max_epoch.append(0)
+                self._jsonl_train.append(np.asarray(train, dtype=np.int64))
+                self._jsonl_eval.append(np.asarray(distinct, dtype=np.int64))
+                self._jsonl_heldout.append(frozenset(held))
+                self._eval_done[i] = True
             else:
                 raise ValueError(f"unsupported task source {s!r} (expected ReasoningGymSource or JsonlSource)")
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(
-        cls, cfg: TasksConfig, base_dir: str | Path | None = None, *, jsonl_holdout: float = 0.1
-    ) -> "TaskMix":
+    def from_config(cls, cfg: TasksConfig, base_dir: str | Path | None = None) -> "TaskMix":
         """Build the mix of a validated ``tasks`` config.
 
         Args:
             cfg: the ``tasks`` section (:class:`~swarmnode.config.TasksConfig`).
             base_dir: directory that relative JSONL paths are resolved against (usually the config file's
                 directory); ``None`` = the current directory.
-            jsonl_holdout: fraction of each JSONL file held out (see :class:`TaskMix`).
 
         Raises:
             ValueError: naming ``tasks.sources[i]`` for an unknown dataset, a bad config, an unreadable or
                 malformed JSONL file, or a ``config`` given to a JSONL source; or as :class:`TaskMix`.
         """
-        base = Path(base_dir) if base_dir is not None else Path.cwd()
-        sources: list[Source] = []
-        for i, sc in enumerate(cfg.sources):
-            try:
-                if sc.type == "reasoning_gym":
-                    sources.append(ReasoningGymSource(sc.name, dict(sc.config), size=sc.size))
-                else:
-                    if sc.config:
-                        raise ValueError("`config` is not used by jsonl sources (remove it)")
-                    p = Path(sc.path).expanduser()
-                    if not p.is_absolute():
-                        p = base / p
-                    sources.append(JsonlSource(p, name=sc.name))
-            except ValueError as e:
-                raise ValueError(f"tasks.sources[{i}]: {e}") from e
         return cls(
-            sources,
+            build_sources(cfg.sources, base_dir, what="tasks.sources"),
             [sc.weight for sc in cfg.sources],
             seed=cfg.seed,
             eval_seed=cfg.eval_seed,
             eval_size=cfg.eval_size,
             format_reward=cfg.format_reward,
-            jsonl_holdout=jsonl_holdout,
-            partial_credit=getattr(cfg, "partial_credit", False),
+            eval_fraction=cfg.eval_fraction,
+            partial_credit=cfg.partial_credit,
         )
+
+    @classmethod
+    def probes_from_config(cls, cfg: TasksConfig, base_dir: str | Path | None = None) -> dict[str, "TaskMix"]:
+        """One held-out mix per ``tasks.probes`` entry (nearby-distribution generalization probes).
+
+        Each probe is a single-source mix with the same seeds, ``eval_fraction`` and ``eval_size`` as the
+        training mix; only its held-out questions (:meth:`eval_refs`) are used. A probe's name is its
+        ``label`` or, by default, ``"<dataset or file stem>"`` plus ``"#<i>"`` when that name repeats.
+
+        Raises:
+            ValueError: naming ``tasks.probes[i]``, as :meth:`from_config`.
+        """
+        out: dict[str, TaskMix] = {}
+        sources = build_sources(cfg.probes, base_dir, what="tasks.probes")
+        for i, (pc, src) in enumerate(zip(cfg.probes, sources)):
+            name = getattr(pc, "label", None) or src.name
+            if name in out:
+                name = f"{name}#{i}"
+            out[name] = cls([src], [1.0], seed=cfg.seed, eval_seed=cfg.eval_seed, eval_size=cfg.eval_size,
+                            format_reward=cfg.format_reward, eval_fraction=cfg.eval_fraction)
+        return out
 
     # ------------------------------------------------------------------ seeds
     def _overlapping_epochs(self, size: int) -> tuple[int, ...]:
@@ -199,22 +286,63 @@ class TaskMix:
         return tuple(k for k in range(max(lo, 0), max(lo, 0) + 4) if abs(self.seed + k * size - self.eval_seed) < size)
 
     def train_seed(self, source_index: int, epoch: int) -> int:
-        """The dataset seed of training epoch ``epoch`` (>= 0) of reasoning-gym source ``source_index``."""
+        """The dataset seed of training epoch ``epoch`` (>= 0) of reasoning-gym source ``source_index``.
+
+        Raises:
+            ValueError: not a reasoning-gym source, ``epoch < 0``, or ``epoch`` beyond the schedule
+                (:data:`MAX_TRAIN_DRAWS` draws of the source).
+        """
         s = self.sources[source_index]
         if not isinstance(s, ReasoningGymSource):
             raise ValueError(f"source {source_index} is not a reasoning-gym source")
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch > self._max_epoch[source_index]:
+            raise ValueError(
+                f"epoch {epoch} of {s.source_id} is beyond the schedule ({self._max_epoch[source_index]} epochs of "
+                f"{s.size} items = MAX_TRAIN_DRAWS draws); raise the source's `size`"
+            )
         k = epoch
         for bad in self._bad_k[source_index]:  # sorted ascending
             if k >= bad:
                 k += 1
         return self.seed + k * s.size
 
-    def _is_train_seed(self, source_index: int, seed: int) -> bool:
+    def _train_epoch(self, source_index: int, seed: int) -> int | None:
+        """The epoch whose training seed is ``seed``, or None (not a training seed, or beyond the schedule)."""
         size = self.sources[source_index].size
         d = seed - self.seed
-        return d >= 0 and d % size == 0 and (d // size) not in self._bad_k[source_index]
+        if d < 0 or d % size:
+            return None
+        k = d // size
+        bad = self._bad_k[source_index]
+        if k in bad:
+            return None
+        epoch = k - sum(1 for b in bad if b < k)
+        return epoch if epoch <= self._max_epoch[source_index] else None
+
+    def _is_train_seed(self, source_index: int, seed: int) -> bool:
+        return self._train_epoch(source_index, seed) is not None
+
+    # ------------------------------------------------------------------ the partition
+    def is_heldout(self, ref: TaskRef) -> bool:
+        """Whether the question that ``ref`` regenerates is in the held-out partition (``tasks.eval_fraction``).
+
+        Raises:
+            KeyError: ``ref`` is not a TaskRef of this mix (see :meth:`get`).
+        """
+        hit = self._heldout_cache.get(ref)
+        if hit is not None:
+            self._heldout_cache.move_to_end(ref)
+            return hit
+        i = self._by_key.get((ref.source, ref.config_digest)) if isinstance(ref, TaskRef) else None
+        if i is not None and isinstance(self.sources[i], JsonlSource) and self.sources[i].owns(ref):
+            return ref.index in self._jsonl_heldout[i]
+        value = is_heldout_question(self.get(ref).question, self.eval_fraction)
+        self._heldout_cache[ref] = value
+        while len(self._heldout_cache) > 65_536:
+            self._heldout_cache.popitem(last=False)
+        return value
 
     # ------------------------------------------------------------------ streams
     @property
@@ -234,7 +362,9 @@ class TaskMix:
         ``choice``): the first picks the source by the cumulative weights, the second the index. A
         reasoning-gym source of size ``S`` and probability ``p`` is in epoch ``floor(step · n · p / S)``
         (it moves to the next seed after about ``S`` draws) and draws ``index = floor(u · S)`` with replacement;
-        a JSONL source draws uniformly among its non-held-out lines.
+        a JSONL source draws uniformly among its training lines. A reasoning-gym draw whose question is in
+        the held-out partition is redrawn (same source and seed, a new index) with uniforms from a second
+        generator, ``SeedSequence([redraw tag, tasks.seed, step, stream])``, consumed in item order.
 
         Args:
             step: the training step (int >= 0).
@@ -244,7 +374,11 @@ class TaskMix:
 
         Returns:
             ``n`` TaskRefs (repeats are possible: draws are with replacement), every one accepted by
-            :meth:`contains`.
+            :meth:`contains` (none of them a held-out question).
+
+        Raises:
+            ValueError: a negative or non-int argument; a step beyond the epoch schedule
+                (:data:`MAX_TRAIN_DRAWS`); or :data:`MAX_REDRAWS` held-out draws in a row.
         """
         for what, v in (("step", step), ("n", n), ("stream", stream)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
@@ -254,6 +388,7 @@ class TaskMix:
         u = rng.random((n, 2))
         src = np.searchsorted(self._cum, u[:, 0], side="right")
         src = np.minimum(src, len(self.sources) - 1)
+        redraw: np.random.Generator | None = None
         refs: list[TaskRef] = []
         epoch_seed: dict[int, int] = {}
         for j in range(n):
@@ -264,35 +399,91 @@ class TaskMix:
                     epoch = int(math.floor(step * n * self.probs[i] / s.size))
                     epoch_seed[i] = self.train_seed(i, epoch)
                 idx = min(int(u[j, 1] * s.size), s.size - 1)
-                refs.append(TaskRef(s.source_id, s.config_digest, epoch_seed[i], idx))
+                ref = TaskRef(s.source_id, s.config_digest, epoch_seed[i], idx)
+                tries = 0
+                while self.is_heldout(ref):
+                    tries += 1
+                    if tries > MAX_REDRAWS:
+                        raise ValueError(
+                            f"{MAX_REDRAWS} draws in a row of {s.source_id} were held-out questions: is "
+                            f"tasks.eval_fraction ({self.eval_fraction}) close to 1?"
+                        )
+                    if redraw is None:
+                        redraw = np.random.Generator(
+                            np.random.PCG64(np.random.SeedSequence([_REDRAW_TAG, self.seed, step, stream]))
+                        )
+                    idx = min(int(redraw.random() * s.size), s.size - 1)
+                    ref = TaskRef(s.source_id, s.config_digest, epoch_seed[i], idx)
+                refs.append(ref)
             else:
                 train = self._jsonl_train[i]
-                if train is None or len(train) == 0:  # pragma: no cover - holdout < 1 keeps >= 1 line
-                    raise ValueError(f"JSONL source {s!r} has no training lines")
                 k = min(int(u[j, 1] * len(train)), len(train) - 1)
                 refs.append(TaskRef(s.source_id, "", 0, int(train[k])))
         return refs
 
+    # ------------------------------------------------------------------ the held-out set
+    def _eval_patience(self) -> int:
+        return max(2000, int(math.ceil(20 / self.eval_fraction)))
+
+    def _eval_extend(self, i: int, k: int) -> None:
+        """Walk reasoning-gym source ``i``'s held-out seeds until it has ``k`` distinct questions or is exhausted."""
+        s = self.sources[i]
+        found, seen = self._eval_found[i], self._eval_seen[i]
+        patience = self._eval_patience()
+        since_new = 0
+        while len(found) < k and not self._eval_done[i]:
+            pos = self._eval_pos[i]
+            if pos >= MAX_EVAL_SCAN or since_new >= patience:
+                self._eval_done[i] = True
+                break
+            ref = TaskRef(s.source_id, s.config_digest, self.eval_seed + (pos // s.size) * s.size, pos % s.size)
+            self._eval_pos[i] = pos + 1
+            q = self.get(ref).question
+            since_new += 1
+            if not is_heldout_question(q, self.eval_fraction):
+                continue
+            key = normalize_question(q)
+            if key in seen:
+                continue
+            seen.add(key)
+            found.append(ref)
+            since_new = 0
+        if self._eval_done[i] and len(found) < k:
+            log.info("held-out walk of %s found %d distinct held-out questions (asked for %d): the task's "
+                     "question space is small", s.source_id, len(found), k)
+
+    def _eval_capacity(self, i: int, k: int) -> int:
+        """How many distinct held-out refs source ``i`` can give, looking for at most ``k``."""
+        if isinstance(self.sources[i], JsonlSource):
+            return min(k, len(self._jsonl_eval[i]))
+        self._eval_extend(i, k)
+        return min(k, len(self._eval_found[i]))
+
     def eval_refs(self, n: int | None = None) -> list[TaskRef]:
-        """The held-out TaskRefs: distinct, deterministic given ``eval_seed``, disjoint from training.
+        """The held-out TaskRefs: questions of the held-out partition, distinct by normalized content.
 
         ``n`` (default ``eval_size``) is split across sources in proportion to the weights (largest remainder,
-        ties to the earlier source); a JSONL source gives at most its held-out lines and the rest goes to the
-        other sources. A reasoning-gym source contributes indices ``0..k-1`` of dataset seed ``eval_seed``.
-        Refs are grouped by source in config order. Fewer than ``n`` refs come back only when every source is
-        exhausted (e.g. a JSONL-only mix with a small file).
+        ties to the earlier source); a source whose held-out space holds fewer distinct questions gives them
+        all and the rest goes to the other sources. A reasoning-gym source contributes the first held-out
+        questions of its walk (items ``0, 1, …`` of seed ``eval_seed``, see the module docstring); a JSONL
+        source its held-out lines in file order. Refs are grouped by source in config order; a question that
+        two sources share counts once (the earlier source keeps it). Fewer than ``n`` refs come back only
+        when every source's held-out space is exhausted (small task spaces or small files).
+
+        Deterministic: a pure function of the sources, ``eval_seed``, ``eval_fraction`` and ``n``.
+
+        Raises:
+            ValueError: ``n`` not an int >= 0.
         """
         n = self.eval_size if n is None else n
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be an int >= 0, got {n!r}")
-        cap = []
-        for i, s in enumerate(self.sources):
-            cap.append(s.size if isinstance(s, ReasoningGymSource) else len(self._jsonl_eval[i]))
         alloc = [0] * len(self.sources)
-        active = [i for i in range(len(self.sources)) if cap[i] > 0]
-        while active:
+        full = [False] * len(self.sources)
+        while True:
+            active = [i for i in range(len(self.sources)) if not full[i]]
             remaining = n - sum(alloc)
-            if remaining <= 0:
+            if remaining <= 0 or not active:
                 break
             wsum = sum(self.weights[i] for i in active)
             raw = {i: remaining * self.weights[i] / wsum for i in active}
@@ -301,15 +492,23 @@ class TaskMix:
             for i in sorted(active, key=lambda i: (-(raw[i] - quota[i]), i))[:left]:
                 quota[i] += 1
             for i in active:
-                alloc[i] += min(quota[i], cap[i] - alloc[i])
-            active = [i for i in active if alloc[i] < cap[i]]
+                want = alloc[i] + quota[i]
+                got = self._eval_capacity(i, want)
+                if got < want:
+                    full[i] = True
+                alloc[i] = got
         refs: list[TaskRef] = []
+        seen: set[str] = set()
         for i, s in enumerate(self.sources):
             if isinstance(s, ReasoningGymSource):
-                refs.extend(TaskRef(s.source_id, s.config_digest, self.eval_seed, k) for k in range(alloc[i]))
+                mine = self._eval_found[i][: alloc[i]]
             else:
-                held = self._jsonl_eval[i]
-                refs.extend(TaskRef(s.source_id, "", 0, int(held[k])) for k in range(alloc[i]))
+                mine = [TaskRef(s.source_id, "", 0, int(line)) for line in self._jsonl_eval[i][: alloc[i]]]
+            for r in mine:
+                key = normalize_question(self.get(r).question)
+                if key not in seen:
+                    seen.add(key)
+                    refs.append(r)
         return refs
 
     # ------------------------------------------------------------------ membership and tasks
@@ -320,44 +519,57 @@ class TaskMix:
         i = self._by_key.get((ref.source, ref.config_digest))
         return None if i is None else self.sources[i]
 
-    def is_eval(self, ref: TaskRef) -> bool:
-        """True when ``ref`` is in the held-out set of this mix (any index the held-out split can produce)."""
+    def _well_formed(self, ref: Any) -> int | None:
+        """The source index of a TaskRef this mix's source owns (int fields, in range), else None."""
         if not isinstance(ref, TaskRef):
-            return False
+            return None
         i = self._by_key.get((ref.source, ref.config_digest))
-        if i is None or not isinstance(ref.seed, int) or not isinstance(ref.index, int):
+        if i is None:
+            return None
+        if isinstance(ref.seed, bool) or isinstance(ref.index, bool):
+            return None
+        if not isinstance(ref.seed, int) or not isinstance(ref.index, int):
+            return None
+        return i if self.sources[i].owns(ref) else None
+
+    def is_eval(self, ref: TaskRef) -> bool:
+        """True when ``ref`` names a held-out question: a well-formed ref of this mix whose question is in the
+        held-out partition, with a seed of the held-out walk (``eval_seed + k·S``, within the walk's reach)
+        or of the training schedule (reasoning-gym), or seed 0 (JSONL). Never raises."""
+        try:
+            i = self._well_formed(ref)
+            if i is None:
+                return False
+            s = self.sources[i]
+            if isinstance(s, ReasoningGymSource):
+                d = ref.seed - self.eval_seed
+                walk = d >= 0 and d % s.size == 0 and d // s.size <= MAX_EVAL_SCAN // s.size
+                if not walk and not self._is_train_seed(i, ref.seed):
+                    return False
+            return self.is_heldout(ref)
+        except Exception:
             return False
-        s = self.sources[i]
-        if isinstance(s, ReasoningGymSource):
-            return ref.seed == self.eval_seed and 0 <= ref.index < s.size
-        return ref.seed == 0 and ref.index in self._jsonl_eval_set[i]
 
     def contains(self, ref: Any, *, include_eval: bool = False) -> bool:
         """True when ``ref`` is a task the training stream of this mix can produce.
 
-        Checks: ``ref`` is a TaskRef of a known source with the same config digest, its index is in range,
-        and its seed is one of that source's training seeds (reasoning-gym) or its line is not held out
-        (JSONL; seed must be 0). Held-out refs are rejected unless ``include_eval=True`` -- so a peer cannot
-        make this node train on its held-out set. Never raises.
+        Checks: ``ref`` is a TaskRef of a known source with the same config digest and int fields, its index
+        is in range, its seed is a training-epoch seed within the schedule (reasoning-gym: ``tasks.seed +
+        k·S`` outside the held-out seed range, epoch <= ``MAX_TRAIN_DRAWS / S``; JSONL: seed 0), and the
+        question it regenerates is **not** in the held-out partition (by content, whatever the seed). So a
+        peer cannot make this node train on a held-out question. ``include_eval=True`` also accepts held-out
+        questions (:meth:`is_eval`). Never raises.
         """
         try:
-            if not isinstance(ref, TaskRef):
-                return False
-            i = self._by_key.get((ref.source, ref.config_digest))
+            i = self._well_formed(ref)
             if i is None:
-                return False
-            if isinstance(ref.seed, bool) or isinstance(ref.index, bool):
-                return False
-            if not isinstance(ref.seed, int) or not isinstance(ref.index, int):
-                return False
-            s = self.sources[i]
-            if not s.owns(ref):
                 return False
             if include_eval and self.is_eval(ref):
                 return True
-            if isinstance(s, ReasoningGymSource):
-                return self._is_train_seed(i, ref.seed)
-            return ref.index not in self._jsonl_eval_set[i]
+            s = self.sources[i]
+            if isinstance(s, ReasoningGymSource) and not self._is_train_seed(i, ref.seed):
+                return False
+            return not self.is_heldout(ref)
         except Exception:
             return False
 
