@@ -596,6 +596,15 @@ def test_special_tokens_hidden_in_the_ids_are_rejected(peer_mix, clock, hf_tok, 
     r = _rej(lambda: v.verify_bundle(_bundle([t], ATTACKER, clock, tokenizer_id=tokenizer_digest(hf_tok),
                                              vocab=len(hf_tok)), None, "x"))
     assert r.reason == "special_token" and not r.hard and r.charged
+    # beside a clean tree: that tree is dropped and charged (soft), the clean one accepted
+    ref2 = _ref(peer_mix, 42)
+    good2 = f"<answer>{peer_mix.get(ref2).answer}</answer>"
+    clean = _hf_tree(peer_mix, hf_tok, ref2, [(_enc(hf_tok, good2), good2, 1.0),
+                                             (_enc(hf_tok, "<answer>x</answer>"), "<answer>x</answer>", 0.0)])
+    out = v.verify_bundle(_bundle([t, clean], ATTACKER, clock, tokenizer_id=tokenizer_digest(hf_tok),
+                                  vocab=len(hf_tok)), None, "x")
+    assert [o.tree.task for o in out] == [ref2]
+    assert v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"] == {"special_token": 2}
 
 
 def test_ids_that_do_not_round_trip_are_rejected(peer_mix, clock, hf_tok):
@@ -609,7 +618,19 @@ def test_ids_that_do_not_round_trip_are_rejected(peer_mix, clock, hf_tok):
                                                                 "<answer>x</answer>", 0.0)])
     r = _rej(lambda: v.verify_bundle(_bundle([t], ATTACKER, clock, tokenizer_id=tokenizer_digest(hf_tok),
                                              vocab=len(hf_tok)), None, "x"))
-    assert r.reason == "not_roundtrip" and not r.hard
+    assert r.reason == "not_roundtrip" and not r.hard and not r.charged  # honest samplers do this too
+    # beside a clean tree, only the spelled tree is dropped (and counted); the clean one is accepted
+    ref2 = _ref(peer_mix, 40)
+    good2 = f"<answer>{peer_mix.get(ref2).answer}</answer>"
+    clean = _hf_tree(peer_mix, hf_tok, ref2, [(_enc(hf_tok, good2), good2, 1.0),
+                                             (_enc(hf_tok, "<answer>x</answer>"), "<answer>x</answer>", 0.0)])
+    t = _hf_tree(peer_mix, hf_tok, _ref(peer_mix, 41), [(spelled, good, 0.0), (_enc(hf_tok, "<answer>x</answer>"),
+                                                                            "<answer>x</answer>", 0.0)])
+    out = v.verify_bundle(_bundle([t, clean], HONEST, clock, tokenizer_id=tokenizer_digest(hf_tok),
+                                  vocab=len(hf_tok)), None, "x")
+    assert [o.tree.task for o in out] == [ref2]
+    assert v.snapshot()["rejected"] == {"not_roundtrip": 2}
+    assert v.peers.snapshot()["peers"].get(HONEST.peer_id, {}).get("rejected", {}) == {}
 
 
 def test_foreign_tokenizer_text_is_scored_as_our_ids_decode(peer_mix, clock, hf_tok):

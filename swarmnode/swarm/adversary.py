@@ -642,8 +642,10 @@ NETWORK_CASES: dict[str, NetworkCase] = {c.name: c for c in (
     NetworkCase("wrap", "bundle", "manifest_mismatch", "signer", True,
                 "another key's genuine signed bundle announced in its own manifest (charged to the announcer, "
                 "never to the bundle's signer)"),
-    NetworkCase("replay", "bundle", "replay", "signer", False,
-                "the trees of a bundle that a victim already accepted (or published), re-signed under its own key"),
+    NetworkCase("replay", "bundle", "replay", None, False,
+                "the trees of a bundle that a victim already accepted (or published), re-signed under its own key "
+                "(dropped; charged, soft, only when they are the victim's own rollouts: between two peers nobody can "
+                "tell who was first)"),
     # the stream itself
     NetworkCase("silent", "transport", "timeout", None, False, "accepts the bundle stream and never answers"),
     NetworkCase("overclaim", "transport", "too_large", None, False, "declares a 1 GiB body on the stream"),

@@ -38,9 +38,11 @@ step  check                                                      reason (hard/so
       task regenerated; its question is inside the prompt text   ``prompt_mismatch`` (soft)
       our prompt + completion tokens over all leaves (bundle     ``too_many_tokens`` (soft)
       expanded into samples) <= max_bundle_tokens
-      no special token in a completion but one final EOS         ``special_token`` (soft)
+      no special token in a completion but one final EOS         ``special_token`` (soft; that tree is dropped,
+                                                                 the bundle only when no tree is left)
       text == detokenize(ids) (same tokenizer, when given)       ``text_mismatch`` (soft)
-      encode(decode(ids)) == ids (same tokenizer)                ``not_roundtrip`` (soft)
+      encode(decode(ids)) == ids (same tokenizer)                ``not_roundtrip`` (not charged; that tree is
+                                                                 dropped, the bundle only when no tree is left)
       normalized tree content seen before (copy / re-signing)    ``replay`` (not charged, the tree is dropped;
                                                                  soft when it copies OUR rollouts)
       EVERY live leaf re-scored with ``tasks.rescore``           ``reward_mismatch`` (hard, whole bundle)
@@ -94,7 +96,9 @@ skip them), after one final EOS id (``eos_ids``) is stripped; any other special 
 see :func:`special_token_ids`) rejects the bundle (``special_token``). With the tokenizer id equal to ours,
 ids must be ``< our_vocab_size`` (hard ``vocab``), the leaf's text fields must equal the decoded text
 (``text_mismatch``) and the ids must round-trip, ``encode(decode(ids)) == ids`` (``not_roundtrip``): the
-reward belongs to the ids we train on, and ids our tokenizer never emits for their text do not pass. With
+reward belongs to the ids we train on, and ids our tokenizer never emits for their text are not trained. A
+tree with a ``special_token`` or ``not_roundtrip`` leaf is dropped and counted, the rest of the bundle stays
+(honest samplers produce both now and then; ``not_roundtrip`` is therefore not charged). With
 another tokenizer every segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviour
 log-probs are dropped, ``same_tokenizer`` is False, and we score what *our* ids decode to (characters our
 tokenizer cannot represent become its unknown token, a special token: rejected). **Without** ``detokenize``
@@ -229,13 +233,15 @@ signed DHT record) and soft in an unsigned envelope (``too_large`` from our own 
 SOFT_REASONS = frozenset({
     "wrong_swarm", "not_allowed", "stale", "future", "duplicate", "replay", "prompt_mismatch", "text_mismatch",
     "verify_timeout", "bad_kind", "missing_reward", "pruned_only", "too_long", "too_many_tokens", "special_token",
-    "not_roundtrip",
 })
 """Reasons that are always soft (lower the reputation, never ban)."""
 
-UNCHARGED_REASONS = frozenset({"rate_limited", "banned", "tokenizer_mismatch", "retokenize_failed", "internal"})
+UNCHARGED_REASONS = frozenset({"rate_limited", "banned", "tokenizer_mismatch", "retokenize_failed", "internal",
+                               "not_roundtrip"})
 """Reasons never charged to a peer (counted by the verifier only): the PeerBook already counted the refusal,
-or it is our configuration / our bug."""
+or it is our configuration / our bug, or (``not_roundtrip``) honest samplers do it too: a model may sample a
+token sequence that its tokenizer would have merged (``"<answer>"`` letter by letter); such trees are dropped,
+which is all an attacker could be denied. ``replay`` is uncharged except for copies of our own rollouts."""
 
 _ENVELOPE_HARD = frozenset({"bad_signature"})
 _RECORD_HARD = frozenset({"bad_signature", "malformed", "schema", "non_canonical", "key_mismatch"})
@@ -310,7 +316,9 @@ _U32 = "I" if array("I").itemsize == 4 else "L"  # a 4-byte unsigned typecode (t
 
 
 def tree_digest(wt: wire.WireTree) -> bytes:
-    """SHA-256 of a tree's content: TaskRef, prompt ids and text, and every node's parent, ids and text.
+    """SHA-256 of a tree's exact content: TaskRef, prompt ids and text, and every node's parent, ids and text.
+
+    Replay detection no longer uses it (a trailing space or another prompt changed it): see :func:`content_key`.
 
     Policy versions, log-probs, finish reasons and claimed rewards are left out, so re-publishing the
     same rollouts with other metadata (or another key) gives the same digest. Local use only (the byte
@@ -865,13 +873,25 @@ class Verifier:
                                      f"(prompt + completion per leaf), over max_bundle_tokens {self.max_bundle_tokens}",
                                      signer, False))
         # the text each leaf's ids decode to: this is what we score (the ids are the truth)
+        # A tree with a leaf whose ids hide special tokens or do not round-trip is dropped (not trained), the rest
+        # of the bundle stands: an honest sampler can emit both now and then (a sampled chat marker; "<answer>"
+        # spelled character by character), so one such leaf must not cost an honest peer its whole bundle.
         texts: dict[tuple[int, int], str] = {}
+        bad_trees: dict[int, tuple[str, str]] = {}
         for i, tree in enumerate(rolled):
             wt = b.trees[i]
             for j in live[i]:
-                texts[(i, j)] = self._leaf_text(i, j, tree, wt, same_tok, signer, final)
+                text, why = self._leaf_text(i, j, tree, wt, same_tok, signer, final)
+                if why is not None:
+                    bad_trees[i] = why
+                    break
+                texts[(i, j)] = text
+        if bad_trees and len(bad_trees) == sum(1 for lv in live if lv):
+            reason, detail = next(iter(bad_trees.values()))
+            raise final(self._reject(reason, detail + f" (every tree of the bundle: {len(bad_trees)})", signer,
+                                     False, charge=reason != "not_roundtrip"))
         # replays and copies: normalized content (TaskRef + normalized leaf texts), remembered replay_window_seconds
-        ckeys = [content_key(wt.task, [texts[(i, j)] for j in live[i]]) if live[i] else None
+        ckeys = [content_key(wt.task, [texts[(i, j)] for j in live[i]]) if live[i] and i not in bad_trees else None
                  for i, wt in enumerate(b.trees)]
         keep: list[int] = []
         own_echo = 0
@@ -955,6 +975,10 @@ class Verifier:
             self.stats["leaves_pruned_dropped"] += n_pruned
         for _ in range(own_echo):
             self.peers.record_reject(signer, "replay", False, "a copy of our own rollouts")
+        for reason, detail in bad_trees.values():
+            self.stats["rejected"][reason] = self.stats["rejected"].get(reason, 0) + 1
+            if reason != "not_roundtrip":
+                self.peers.record_reject(signer, reason, False, detail)
         dropped = own_echo + copies
         if dropped:
             self.stats["trees_replayed"] += dropped
@@ -989,18 +1013,20 @@ class Verifier:
         return text, ids[-self.max_prompt_length:]
 
     def _leaf_text(self, i: int, j: int, tree: RolloutTree, wt: wire.WireTree, same_tok: bool, signer: str,
-                   final: Callable[[Rejection], Rejection]) -> str:
-        """The completion text of leaf ``j`` of tree ``i`` as its ids (in our vocabulary) decode, special tokens
-        included, without one final EOS; rejects special tokens elsewhere and ids that do not round-trip."""
+                   final: Callable[[Rejection], Rejection]) -> tuple[str, tuple[str, str] | None]:
+        """``(text, None)``: the completion text of leaf ``j`` of tree ``i`` as its ids (in our vocabulary)
+        decode, special tokens included, without one final EOS; or ``("", (reason, detail))`` when the ids hold
+        another special token (``special_token``) or do not round-trip (``not_roundtrip``): the caller drops the
+        tree. Other failures raise the bundle's rejection."""
         ids = tree.completion_ids(j)
         if ids and ids[-1] in self.eos_ids:
             ids = ids[:-1]
         bad = next((t for t in ids if t in self.special_ids or t in self.eos_ids), None)
         if bad is not None:
-            raise final(self._reject("special_token", f"trees[{i}].nodes[{j}]: the completion holds special token "
-                                     f"{bad} (only one final EOS is allowed)", signer, False))
+            return "", ("special_token", f"trees[{i}].nodes[{j}]: the completion holds special token {bad} (only one "
+                                         "final EOS is allowed)")
         if self.detokenize is None:
-            return tree.completion_text(j)  # no decoder configured: the ids are trusted to match the text
+            return tree.completion_text(j), None  # no decoder configured: the ids are trusted to match the text
         try:
             dtext = self.detokenize(ids)
         except Exception as e:  # noqa: BLE001
@@ -1019,10 +1045,11 @@ class Verifier:
                     raise final(self._reject("internal", f"our encoder failed: {type(e).__name__}", signer, False,
                                              charge=False))
                 if back != ids:
-                    raise final(self._reject("not_roundtrip", f"trees[{i}].nodes[{j}]: the ids are not what our "
-                                             "tokenizer makes of their own text (encode(decode(ids)) != ids)",
-                                             signer, False))
-        return dtext
+                    k = next((n for n, (x, y) in enumerate(zip(ids, back)) if x != y), min(len(ids), len(back)))
+                    return "", ("not_roundtrip", f"trees[{i}].nodes[{j}]: the ids are not what our tokenizer makes of "
+                                                 f"their own text (encode(decode(ids)) != ids; first difference at "
+                                                 f"token {k}: {ids[k:k + 4]} vs {back[k:k + 4]})")
+        return dtext, None
 
     def _retokenized(self, wt: wire.WireTree, b: wire.RolloutBundle, signer: str,
                      final: Callable[[Rejection], Rejection]) -> RolloutTree:
