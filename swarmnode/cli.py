@@ -393,7 +393,8 @@ def peers(
     _setup_logging(None, False)
     try:
         with console.status(f"asking swarm {sid} through {len(boot)} peer(s)…"):
-            rows = list_peers(sid, boot, timeout=timeout, bucket_seconds=cfg.swarm.bucket_seconds)
+            rows = list_peers(sid, boot, timeout=timeout, bucket_seconds=cfg.swarm.bucket_seconds,
+                              max_clock_skew=cfg.swarm.max_clock_skew, freshness_seconds=cfg.swarm.freshness_seconds)
     except (ValueError, ConnectionError) as e:
         _fail(str(e))
         return

@@ -315,8 +315,9 @@ class SwarmConfig(_Strict):
         2, ge=0, description="other recently seen peers asked per try for a bundle (they may have cached it)"
     )
     max_fetches_per_publisher: int = Field(
-        1, ge=1, description="fetches (running or queued) of one publisher's bundles at once, so that a publisher "
-        "whose bodies hang holds at most this many fetch workers"
+        1, ge=1, description="fetches (running or queued) of one publisher's bundles at once while others wait, so "
+        "that a publisher whose bodies hang holds at most this many fetch workers (idle workers, all but one, "
+        "still go to publishers over this limit or their budget)"
     )
     publisher_fetch_budget_seconds: float | None = Field(
         None, gt=0, description="seconds of fetching one publisher's bundles may take per step (reset at each gather, "

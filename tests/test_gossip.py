@@ -294,6 +294,46 @@ def test_hostile_records_are_charged_to_their_owner(swarm):
         hostile.shutdown()
 
 
+@pytest.mark.slow
+def test_future_dated_heartbeats_are_left_out_of_the_peer_list(swarm):
+    """Heartbeat times are checked like manifests: a validly signed heartbeat dated an hour ahead is in the DHT
+    but ``list_peers`` leaves it out; the same key's heartbeat dated now is listed."""
+    from cryptography.hazmat.primitives import serialization
+
+    from swarmnode.swarm.gossip import list_peers
+
+    b = swarm["b"]
+    ident = Identity.from_private_bytes(hashlib.sha256(b"test_gossip future heartbeat").digest())
+    key = serialization.load_pem_private_key(ident.to_pem(), password=None)
+    dht = SwarmDHT(key, swarm_ids=[SWARM], initial_peers=b.maddrs(), call_timeout=10.0, health_interval=0,
+                   startup_timeout=60.0)
+
+    def beat(t: float) -> bytes:
+        return wire.encode_heartbeat(wire.Heartbeat(swarm_id=SWARM, peer_id=ident.peer_id, model_id="m", step=1,
+                                                    reward_mean=None, accuracy=None, samples_published=0,
+                                                    samples_accepted=0, samples_rejected=0, created_at=t), ident)
+
+    def listed() -> set[str]:
+        return {r["peer_id"] for r in list_peers(SWARM, b.maddrs(), timeout=20.0)}
+
+    try:
+        future = beat(time.time() + 3600)
+        assert dht.publish_heartbeat(SWARM, future)
+        deadline = time.monotonic() + 60  # until b's DHT returns it (then list_peers reads it too)
+        while time.monotonic() < deadline and (ident.public_key_bytes, future) not in b.dht.read_heartbeats(SWARM):
+            time.sleep(0.5)
+        assert (ident.public_key_bytes, future) in b.dht.read_heartbeats(SWARM)
+        rows = listed()
+        assert ident.peer_id not in rows and b.peer_id in rows
+        assert dht.publish_heartbeat(SWARM, beat(time.time()))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and ident.peer_id not in rows:
+            rows = listed()
+        assert ident.peer_id in rows
+    finally:
+        dht.shutdown()
+
+
 # ============================================================================ young-key caps and fair order (no network)
 def _offline_client(mix, **swarm) -> SwarmClient:
     cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, **swarm))

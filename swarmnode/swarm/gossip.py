@@ -43,7 +43,9 @@ fetch worker, and three such keys cut a victim's accepted honest bundles from 28
     **time budget per step** (``swarm.publisher_fetch_budget_seconds``, reset at each gather, at most once per
     ``fetch_timeout``): the seconds its fetches take are charged to it, including the tries at relays, and a
     publisher over budget waits for the next step. A publisher whose bodies hang spends its own budget and its
-    own worker, not anyone else's.
+    own worker, not anyone else's. The scheme is work-conserving: workers that no publisher within its turn
+    needs go to publishers over theirs, but never the last one, so an honest publisher that shows up next
+    finds a free worker at once.
 
 Young keys (issue 12, finding 7: four fresh keys took all four external slots)
     keys are free to mint, so :meth:`SwarmClient.gather` admits per step at most
@@ -74,8 +76,11 @@ bundle server re-attaches and our records are re-stored.
 
 Metrics (``publish`` and ``gather`` return disjoint keys; counters are per-step deltas, as the status
 endpoint expects): ``swarm/bundles_published``, ``swarm/bundles_received`` (bodies verified this step),
-``swarm/bundles_accepted``, ``swarm/rejected/<reason>``, gauges ``swarm/peers``, ``swarm/banned``,
-``swarm/connected``, ``swarm/solo``, ``swarm/pending``, plus the prune counters and latencies.
+``swarm/bundles_accepted``, ``swarm/rejected/<reason>``, ``swarm/manifests_rate_limited``,
+``swarm/young_trees``, ``swarm/trees_capped``, ``swarm/trees_carried``, gauges ``swarm/peers``, ``swarm/banned``,
+``swarm/connected``, ``swarm/solo``, ``swarm/pending``, plus the prune counters and latencies. The fetcher's
+cumulative counters (``fetch/<reason>``, ``fetch_over_budget``, ``fetch_gave_up``, ...) are in
+:meth:`SwarmClient.snapshot`.
 
 Files in the run directory: ``swarm.json`` (our peer id, public key, libp2p PeerID and multiaddrs; read by
 ``swarmnode peers --run-dir`` and ``swarmnode swarm up``) and ``p2p.key`` (the libp2p identity, used only
@@ -774,34 +779,58 @@ class SwarmClient:
                 candidates.append((manifest, mdigest, owner_id))
         self._new_step(force=False)
         started = 0
-        for manifest, mdigest, owner_id in self._fair_order(candidates):
+        waiting: list[tuple[wire.Manifest, bytes, str]] = []
+        for c in self._fair_order(candidates):
+            res = self._start(*c, extra=False)
+            if res is None:
+                break  # closing
+            if res == "wait":
+                waiting.append(c)
+            started += res == "started"
+        # work-conserving: spare workers go to publishers over their turn (concurrency or budget), but never the
+        # last worker, so a publisher within its turn that shows up next finds one free at once
+        spare = max(1, self.max_concurrent_fetches - 1)
+        for c in waiting:
             with self._lock:
-                prev = self._mstate.get(mdigest)
-                if self._inflight >= 2 * self.max_concurrent_fetches:  # the rest waits for the next poll
-                    self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, 0.0)
-                    continue
-                bdigest = manifest.bundle_digest.hex()
-                if bdigest in self._wanted:
-                    continue
-                if (self._inflight_by_pub[owner_id] >= self.max_fetches_per_publisher
-                        or self._spent[owner_id] >= self.publisher_budget_s):
-                    # this publisher's turn is over for now (one worker / its budget): others go first
-                    self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, 0.0)
-                    continue
-                self._wanted.add(bdigest)
-                self._mstate[mdigest] = _MState("inflight", prev.tries if prev else 0)
-                self._inflight += 1
-                self._inflight_by_pub[owner_id] += 1
-            try:
-                self._pool.submit(self._fetch_one, manifest, mdigest, owner_id)
-                started += 1
-            except RuntimeError:  # the pool is shut down (closing)
-                with self._lock:
-                    self._inflight -= 1
-                    self._inflight_by_pub[owner_id] -= 1
-                    self._wanted.discard(bdigest)
+                if self._inflight >= spare:
+                    break
+            res = self._start(*c, extra=True)
+            if res is None:
                 break
+            started += res == "started"
         return started
+
+    def _start(self, manifest: wire.Manifest, mdigest: bytes, owner_id: str, extra: bool) -> str | None:
+        """Start one fetch: ``"started"``, ``"skip"`` (already wanted, or the queue is full), ``"wait"`` (the
+        publisher's turn is over: at its concurrency limit or over its budget; ``extra`` starts it anyway, on
+        spare capacity) or None (the pool is shut down)."""
+        with self._lock:
+            prev = self._mstate.get(mdigest)
+            tries = prev.tries if prev else 0
+            bdigest = manifest.bundle_digest.hex()
+            if bdigest in self._wanted:
+                return "skip"
+            if self._inflight >= 2 * self.max_concurrent_fetches:  # the rest waits for the next poll
+                self._mstate[mdigest] = _MState("retry", tries, 0.0)
+                return "skip"
+            if not extra and (self._inflight_by_pub[owner_id] >= self.max_fetches_per_publisher
+                              or self._spent[owner_id] >= self.publisher_budget_s):
+                self._mstate[mdigest] = _MState("retry", tries, 0.0)
+                return "wait"
+            self._wanted.add(bdigest)
+            self._mstate[mdigest] = _MState("inflight", tries)
+            self._inflight += 1
+            self._inflight_by_pub[owner_id] += 1
+        try:
+            self._pool.submit(self._fetch_one, manifest, mdigest, owner_id, extra)
+        except RuntimeError:  # the pool is shut down (closing)
+            with self._lock:
+                self._inflight -= 1
+                self._inflight_by_pub[owner_id] -= 1
+                self._wanted.discard(bdigest)
+                self._mstate[mdigest] = _MState("retry", tries, 0.0)
+            return None
+        return "started"
 
     def _fair_order(self, candidates: list[tuple[wire.Manifest, bytes, str]]) -> list[tuple[wire.Manifest, bytes, str]]:
         """Round-robin across publishers: publishers that used the least fetch time this step first, then those
@@ -884,7 +913,9 @@ class SwarmClient:
         with self._lock:
             return self.publisher_budget_s - self._spent[publisher]
 
-    def _fetch_one(self, manifest: wire.Manifest, mdigest: bytes, publisher: str) -> None:
+    def _fetch_one(self, manifest: wire.Manifest, mdigest: bytes, publisher: str, extra: bool = False) -> None:
+        """Fetch one announced body (fetch worker thread); ``extra``: started on spare capacity, so the
+        publisher's budget does not stop it (its time is still charged)."""
         bdigest = manifest.bundle_digest.hex()
         ok = False
         attempts = 0
@@ -892,7 +923,7 @@ class SwarmClient:
             for libp2p_id in self._sources(publisher):
                 if self._stop.is_set():
                     break
-                left = self._budget_left(publisher)
+                left = float(self.scfg.fetch_timeout) if extra else self._budget_left(publisher)
                 if left <= 0:  # this publisher spent its budget for the step: the rest waits for the next one
                     self._count("fetch_over_budget")
                     break
@@ -1013,7 +1044,7 @@ class SwarmClient:
                         for r, n in self._rejected.items() if n - self._rejected_reported[r]}
             self._rejected_reported = Counter(self._rejected)
         m: dict[str, Any] = self._deltas(["bundles_received", "bundles_accepted", "dropped_queue_full",
-                                          "fetch_gave_up", "bytes_fetched"])
+                                          "fetch_gave_up", "bytes_fetched", "manifests_rate_limited"])
         m.update(rejected)
         m.update(self._gauges())
         m.update({
@@ -1145,7 +1176,8 @@ def build_swarm(
         model_id: the id to publish under (default ``policy.model_id``; a resumed node passes its base model id).
         prompt_for: ``Task -> prompt text`` (the node's ``prompt_for``), for re-prompting re-tokenized trees.
         identity: the signing identity (default: ``load_or_create(identity_path_for(cfg))``).
-        kwargs: passed to :class:`SwarmClient`.
+        kwargs: passed to :class:`SwarmClient` (its arguments override the ``cfg.swarm`` knobs of the same
+            meaning; everything else comes from ``cfg.swarm``).
 
     Returns:
         A started :class:`SwarmClient`.
