@@ -86,7 +86,10 @@ def run(
     announce_maddrs: Optional[list[str]] = typer.Option(
         None, "--announce-maddrs", help="public address to announce, e.g. /ip4/203.0.113.5/tcp/31337 (repeatable)"),
     swarm_id: Optional[str] = typer.Option(None, "--swarm-id", help="private swarm id (no ':')"),
-    identity: Optional[Path] = typer.Option(None, "--identity", help="Ed25519 key file (created if missing)"),
+    identity: Optional[Path] = typer.Option(
+        None, "--identity", help="Ed25519 key file; a missing one is an error unless --create-identity"),
+    create_identity: bool = typer.Option(
+        False, "--create-identity", help="create the --identity key file if it does not exist"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Train a policy with RL on verifiable tasks (solo unless the config enables the swarm)."""
@@ -107,13 +110,18 @@ def run(
     }
     cfg = _load(config, overrides)
     rd = Path(cfg.run_dir)
+    if identity is not None and cfg.swarm.enabled and not create_identity and not identity.expanduser().exists():
+        _fail(f"--identity {identity}: no such key file. A mistyped path would make this node a new peer; check "
+              "the path, or pass --create-identity to create a new identity there (or run `swarmnode keygen "
+              f"--path {identity}`)")
     _setup_logging(rd, verbose, swarm=cfg.swarm.enabled)
     from swarmnode.node import Node
+    from swarmnode.rundir import LockedError
 
     console.print(f"[bold]swarmnode[/] run → {rd}  (model: {cfg.model.name_or_path}, steps: {cfg.steps})")
     try:
         node = Node(cfg)
-    except (FileNotFoundError, ValueError, OSError) as e:
+    except (FileNotFoundError, ValueError, OSError, LockedError) as e:
         _fail(str(e))
         return
     node.install_signal_handlers()
@@ -191,14 +199,18 @@ def run(
 
 def _attach_swarm(node, cfg: RunConfig, rd: Path) -> None:
     """Start the node's swarm layer (swarm/gossip.py) and attach it to the node."""
-    from swarmnode.swarm.gossip import build_swarm
+    from swarmnode.rundir import LockedError, lock_identity
+    from swarmnode.swarm.gossip import build_swarm, identity_path_for
     from swarmnode.swarm.identity import IdentityError
 
     with console.status("starting the swarm layer (DHT, bundle server)…"):
         try:
+            ident_path = identity_path_for(cfg)
+            ident_path.parent.mkdir(parents=True, exist_ok=True)
+            node.locks.append(lock_identity(ident_path))  # one node per identity; released by node.close()
             node.swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
                                      prompt_for=node.prompt_for)
-        except (IdentityError, ValueError, OSError) as e:
+        except (IdentityError, ValueError, OSError, LockedError) as e:
             node.close()
             _fail(f"cannot start the swarm layer: {e}")
     st = node.swarm.dht.status()
@@ -337,8 +349,14 @@ def swarm_up(
 
     cfg = _load(config, {"model.name_or_path": model, "steps": steps, "swarm.swarm_id": swarm_id,
                          "swarm.enabled": True})
-    swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
-                       swarm_id=swarm_id, no_eval=no_eval)
+    from swarmnode.rundir import LockedError
+
+    try:
+        swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
+                           swarm_id=swarm_id, no_eval=no_eval)
+    except LockedError as e:
+        _fail(f"{e} (a swarm is already up there)")
+        return
     console.print(f"[bold]swarmnode[/] swarm up: {nodes} node(s) in {run_dir}/node-*, swarm "
                   f"[cyan]{cfg.swarm.swarm_id}[/], bootstrap {swarm.bootstrap}", highlight=False)
     console.print("logs: <run-dir>/node-i/stdout.log    stop: Ctrl-C (each node checkpoints, then exits)")

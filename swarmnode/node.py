@@ -19,6 +19,7 @@ import logging
 import random
 import signal
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -36,6 +37,7 @@ from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
+from swarmnode.rundir import CHILDREN_FILE, ExclusiveLock, end_stale_children, lock_run_dir
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.mix import TaskMix
 from swarmnode.train.batch import samples_from_trees
@@ -58,6 +60,10 @@ class SwarmHook(Protocol):
         """Return peers' trees accepted by the verification pipeline (leaf rewards are OUR re-scores), and metrics.
 
         Never raises on network trouble or hostile input; rejected input is counted, never returned."""
+
+    def recover(self, reason: str) -> None:
+        """Restart the network side (DHT) after the round stalled in the swarm layer; called from the monitor's
+        watchdog thread while the round loop is blocked in ``publish``/``gather``. Never raises on network trouble."""
 
     def close(self) -> None: ...
 
@@ -95,6 +101,11 @@ class Node:
 
         self.tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # one process per run directory (rundir.py); then end the DHT/p2pd a killed predecessor left behind
+        self.run_lock = lock_run_dir(self.run_dir)
+        self.locks: list[ExclusiveLock] = [self.run_lock]
+        weakref.finalize(self, self.run_lock.release)  # a Node whose __init__ failed does not keep the lock
+        end_stale_children(self.run_dir / CHILDREN_FILE)
         self.monitor = NodeMonitor(self)  # status.json, status endpoint, stall/memory watchdogs (monitor/)
 
         ckpt = load_latest_checkpoint(self.run_dir)
@@ -304,6 +315,19 @@ class Node:
         )
 
     # ------------------------------------------------------------------ the loop
+    def request_stop(self, reason: str) -> None:
+        """Finish the current step, checkpoint and leave :meth:`run` (signals and the memory watchdog call this)."""
+        if not self.stop_requested:
+            log.info("stop requested: %s", reason)
+        self.stop_requested = True
+
+    def recover_swarm(self, reason: str) -> bool:
+        """Restart the swarm layer's DHT (``SwarmHook.recover``) after a stall; whether a swarm was there to restart."""
+        if self.swarm is None:
+            return False
+        self.swarm.recover(reason)
+        return True
+
     def install_signal_handlers(self) -> None:
         """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. Second: stop immediately."""
 
@@ -336,7 +360,10 @@ class Node:
             self.monitor.end_training()
 
     def close(self) -> None:
+        """Stop the monitor, the metrics file and the swarm layer, then release the run directory (idempotent)."""
         self.monitor.close()
         self.metrics.close()
         if self.swarm is not None:
             self.swarm.close()
+        for lk in reversed(self.locks):
+            lk.release()

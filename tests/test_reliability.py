@@ -1,0 +1,234 @@
+"""A node a volunteer can leave running (issue 15): its children die with it, one process per run directory and
+identity, checkpoints by time, corrupt checkpoints quarantined, clear disk errors, quiet stops.
+
+Real parts: real ``swarmnode run`` processes with a real hivemind DHT child and p2pd on loopback, real
+checkpoints, real ``flock``s, a real size-limited tmpfs where the machine allows mounting one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from monitor_helpers import child_env, metrics_steps, swarmnode_cmd, tiny_config, wait_for
+from swarmnode.monitor.status import read_status_file
+from swarmnode.rundir import CHILDREN_FILE, ExclusiveLock, LockedError, end_stale_children, lock_run_dir
+from swarmnode.swarm.local import free_port
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def _swarm_node(tmp_path: Path, rd: Path, cfg: Path, port: int, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            swarmnode_cmd("run", "-c", str(cfg), "--run-dir", str(rd), "--no-eval", "--swarm", "--identity",
+                          str(tmp_path / "id.pem"), "--create-identity", "--status-port", str(port)),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(), start_new_session=True)
+
+
+def _descendants_with_p2pd(proc: subprocess.Popen) -> list[psutil.Process] | None:
+    try:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    return kids if any(k.name() == "p2pd" for k in kids) else None
+
+
+def _trained(rd: Path, n: int):
+    st = read_status_file(rd)
+    return st if st and st.get("step", 0) >= n and st.get("state") == "training" else None
+
+
+@pytest.mark.slow
+def test_kill9_of_a_swarm_node_leaves_no_orphan_and_the_same_command_rejoins(tmp_path):
+    """``kill -9`` of the node process alone (not its group, as the OOM killer does): its DHT child and p2pd end
+    by themselves and free the status port; the same command starts again, ends a process its predecessor
+    recorded in ``children.json`` that is still running, resumes and trains on; a clean stop leaves nothing."""
+    import json
+
+    cfg = tiny_config(tmp_path / "tiny.yaml", steps=100000, save_steps=2)
+    rd, log, port = tmp_path / "run", tmp_path / "node.out", free_port()
+    procs: list[subprocess.Popen] = []
+    stand_in = None
+    try:
+        # 1. a node with its DHT child and p2pd, killed -9
+        procs.append(_swarm_node(tmp_path, rd, cfg, port, log))
+        wait_for(lambda: _trained(rd, 2), 300, "the swarm node to train 2 steps", procs[-1], log)
+        kids = wait_for(lambda: _descendants_with_p2pd(procs[-1]), 60, "the DHT child and p2pd", procs[-1], log)
+        rec = json.loads((rd / CHILDREN_FILE).read_text())
+        assert {c["pid"] for c in rec["children"]} <= {k.pid for k in kids} and len(rec["children"]) == 2
+        os.kill(procs[-1].pid, signal.SIGKILL)
+        procs[-1].wait(30)
+        pids = [k.pid for k in kids]
+        wait_for(lambda: _gone(pids), 60, f"the children {pids} of the killed node to end")
+        wait_for(lambda: _port_free(port), 30, f"status port {port} to be free")
+
+        # 2. a recorded child that did not end (hung, say): a stand-in process in the killed node's record
+        assert (rd / CHILDREN_FILE).is_file()  # a killed node cannot remove it
+        stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"], start_new_session=True)
+        rec["children"].append({"pid": stand_in.pid, "start": psutil.Process(stand_in.pid).create_time()})
+        (rd / CHILDREN_FILE).write_text(json.dumps(rec))
+
+        # 3. the same command ends it, resumes from a checkpoint and trains past the killed node's last step
+        before = max(metrics_steps(rd))
+        procs.append(_swarm_node(tmp_path, rd, cfg, port, log))
+        assert stand_in.wait(120) is not None
+        wait_for(lambda: (lambda s: s if s and s["step"] > before else None)(_trained(rd, 1)), 300,
+                 "the restarted node to train past the killed one's last step", procs[-1], log)
+        assert f"left behind: {stand_in.pid}" in (rd / "node.log").read_text(errors="replace")
+        assert "resumed from" in log.read_text(errors="replace")
+        kids = wait_for(lambda: _descendants_with_p2pd(procs[-1]), 60, "the new DHT child and p2pd", procs[-1], log)
+
+        # 4. a clean stop leaves nothing either
+        procs[-1].send_signal(signal.SIGTERM)
+        assert procs[-1].wait(180) == 0, log.read_text(errors="replace")[-3000:]
+        wait_for(lambda: _gone([k.pid for k in kids]), 30, "the children of the stopped node to end")
+        assert _port_free(port) and not (rd / CHILDREN_FILE).exists()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
+        if stand_in is not None and stand_in.poll() is None:
+            stand_in.kill()
+            stand_in.wait(30)
+
+
+def test_run_dir_lock_names_the_holder_and_dies_with_it(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from swarmnode.rundir import lock_run_dir; "
+         "lock_run_dir(sys.argv[1]); print('locked', flush=True); time.sleep(600)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LockedError) as e:
+            lock_run_dir(tmp_path)
+        assert e.value.pid == holder.pid and f"in use by process {holder.pid}" in str(e.value)
+        assert str(tmp_path) in str(e.value)
+    finally:
+        holder.kill()
+        holder.wait(30)
+    lk = lock_run_dir(tmp_path)  # the kernel dropped the dead holder's lock
+    try:
+        assert lk.held and (tmp_path / ".lock").read_text().split()[0] == str(os.getpid())
+        with pytest.raises(LockedError):  # a second user in the same process is refused too
+            ExclusiveLock(tmp_path / ".lock", "x").acquire()
+        # a forked child does not keep the lock once the parent released it
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child (the at-fork hook has run when fork returns)
+            os.write(w, b"x")
+            time.sleep(3)
+            os._exit(0)
+        assert os.read(r, 1) == b"x"
+        lk.release()
+        again = lock_run_dir(tmp_path)
+        again.release()
+        os.waitpid(pid, 0)
+    finally:
+        lk.release()
+
+
+def test_second_run_in_a_used_run_dir_is_refused_with_the_pid(tmp_path):
+    cfg = tiny_config(tmp_path / "tiny.yaml", steps=100000, save_steps=1000)
+    rd = tmp_path / "run"
+    rd.mkdir()
+    holder = lock_run_dir(rd)
+    try:
+        p = subprocess.run(swarmnode_cmd("run", "-c", str(cfg), "--run-dir", str(rd), "--no-eval"),
+                           capture_output=True, text=True, timeout=300, env=child_env(COLUMNS="300"))
+    finally:
+        holder.release()
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"in use by process {os.getpid()}" in p.stdout and "Traceback" not in p.stdout + p.stderr
+    assert not (rd / "metrics.jsonl").exists()
+
+
+def test_identity_in_use_and_missing_identity(tmp_path):
+    cfg = tiny_config(tmp_path / "tiny.yaml", steps=3, save_steps=1000)
+    env = child_env(COLUMNS="300")
+    # a mistyped --identity is an error, not a new identity
+    p = subprocess.run(swarmnode_cmd("run", "-c", str(cfg), "--run-dir", str(tmp_path / "a"), "--no-eval", "--swarm",
+                                     "--identity", str(tmp_path / "typo.pem")),
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 2 and "no such key file" in p.stdout and "--create-identity" in p.stdout, p.stdout
+    assert not (tmp_path / "typo.pem").exists()
+    # an identity used by another node is refused, naming the holder
+    from swarmnode.rundir import lock_identity
+
+    ident = tmp_path / "id.pem"
+    subprocess.run(swarmnode_cmd("keygen", "--path", str(ident)), check=True, capture_output=True, env=env, timeout=60)
+    held = lock_identity(ident)
+    try:
+        p = subprocess.run(swarmnode_cmd("run", "-c", str(cfg), "--run-dir", str(tmp_path / "b"), "--no-eval",
+                                         "--swarm", "--identity", str(ident)),
+                           capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        held.release()
+    assert p.returncode == 2 and f"identity {ident} is in use by process {os.getpid()}" in p.stdout, p.stdout
+
+
+def test_end_stale_children_spares_live_parents_and_reused_pids(tmp_path):
+    from swarmnode.rundir import write_children_file
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        f = tmp_path / CHILDREN_FILE
+        write_children_file(f, [child.pid])  # recorded by this (live) process: left alone
+        assert end_stale_children(f) == [] and f.exists()
+        assert child.poll() is None
+        import json
+
+        rec = json.loads(f.read_text())
+        rec["parent"] = {"pid": 999_999_999, "start": 0.0}  # a parent that is gone
+        rec["children"].append({"pid": os.getpid(), "start": 1.0})  # never ourselves
+        rec["children"].append({"pid": 1, "start": 1.0})  # a reused pid: other start time
+        f.write_text(json.dumps(rec))
+        assert end_stale_children(f) == [child.pid]
+        assert child.wait(30) is not None and not f.exists()
+        assert psutil.pid_exists(1)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+
+
+def test_second_swarm_up_on_a_running_swarms_dir_is_refused(tmp_path):
+    from swarmnode.swarm.local import LocalSwarm
+
+    first = LocalSwarm(2, tmp_path / "swarm", no_eval=True)  # holds the directory (its nodes are not started)
+    try:
+        p = subprocess.run(swarmnode_cmd("swarm", "up", "--nodes", "2", "--run-dir", str(tmp_path / "swarm"),
+                                         "--no-eval"), capture_output=True, text=True, timeout=120,
+                           env=child_env(COLUMNS="300"))
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"in use by process {os.getpid()}" in p.stdout and "a swarm is already up there" in p.stdout
+        assert not list((tmp_path / "swarm").glob("node-1"))  # nothing was started or created
+    finally:
+        first.stop()
+    LocalSwarm(2, tmp_path / "swarm", no_eval=True).stop()  # free again after stop()
