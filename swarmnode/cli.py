@@ -90,6 +90,9 @@ def run(
         None, "--identity", help="Ed25519 key file; a missing one is an error unless --create-identity"),
     create_identity: bool = typer.Option(
         False, "--create-identity", help="create the --identity key file if it does not exist"),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="start from step 0 when every checkpoint of the run dir is corrupt (they are kept, "
+        "moved to checkpoints/quarantine/)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Train a policy with RL on verifiable tasks (solo unless the config enables the swarm)."""
@@ -117,11 +120,12 @@ def run(
     _setup_logging(rd, verbose, swarm=cfg.swarm.enabled)
     from swarmnode.node import Node
     from swarmnode.rundir import LockedError
+    from swarmnode.train.checkpoint import CheckpointError
 
     console.print(f"[bold]swarmnode[/] run → {rd}  (model: {cfg.model.name_or_path}, steps: {cfg.steps})")
     try:
-        node = Node(cfg)
-    except (FileNotFoundError, ValueError, OSError, LockedError) as e:
+        node = Node(cfg, fresh=fresh)
+    except (FileNotFoundError, ValueError, OSError, LockedError, CheckpointError) as e:
         _fail(str(e))
         return
     node.install_signal_handlers()

@@ -192,6 +192,11 @@ class CheckpointConfig(_Strict):
     """Checkpointing."""
 
     save_steps: int = Field(25, ge=1, description="checkpoint every K optimizer steps")
+    save_seconds: float = Field(
+        300.0, ge=0,
+        description="also checkpoint after a step that ends at least this many seconds (wall clock) after the last "
+                    "checkpoint; 0 = by steps only. A crash loses at most min(save_steps steps, save_seconds + one "
+                    "step's time) of progress. Default 300 s")
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
 
 

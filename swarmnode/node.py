@@ -8,7 +8,8 @@ Each step:
 4. **publish** the verified trees (pruned) to the swarm, signed;
 5. **gather** peers' trees, re-verified locally (the swarm layer trusts no claim);
 6. **process**: advantages per source (local trees, each external group on its own), batch composition;
-7. **update**: a clipped policy-gradient step; checkpoint every ``save_steps`` and on SIGINT/SIGTERM.
+7. **update**: a clipped policy-gradient step; checkpoint every ``save_steps`` steps, after ``save_seconds`` of
+   wall clock since the last checkpoint, and on SIGINT/SIGTERM.
 
 Steps 4–5 run only when a swarm is attached (``Node.swarm``); a solo node skips them.
 """
@@ -19,7 +20,6 @@ import logging
 import random
 import signal
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -43,7 +43,15 @@ from swarmnode.tasks.mix import TaskMix
 from swarmnode.train.batch import samples_from_trees
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.train.external import compose_batch, make_token_weight_fn, process_external
-from swarmnode.train.checkpoint import load_latest_checkpoint, load_training_state, restore_rng, save_checkpoint
+from swarmnode.train.checkpoint import (
+    QUARANTINE_DIR,
+    CheckpointError,
+    corrupt_checkpoints,
+    load_latest_checkpoint,
+    load_training_state,
+    restore_rng,
+    save_checkpoint,
+)
 from swarmnode.train.samples import Sample
 from swarmnode.train.trainer import Trainer
 
@@ -83,13 +91,17 @@ class Node:
     Args:
         cfg: the validated run configuration.
         swarm: an optional swarm layer; ``None`` trains solo.
+        fresh: start from step 0 when the run directory's checkpoints are all corrupt (they stay quarantined);
+            without it that case raises; with a valid checkpoint present it raises too.
 
     Raises:
+        swarmnode.rundir.LockedError: another process uses the run directory (the message names its PID).
+        swarmnode.train.checkpoint.CheckpointError: every checkpoint is corrupt and ``fresh`` is False.
         swarmnode.config.ConfigError / FileNotFoundError / ValueError from loading the model or tasks, with
         messages naming what failed.
     """
 
-    def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None) -> None:
+    def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None, *, fresh: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.swarm = swarm
@@ -104,11 +116,26 @@ class Node:
         # one process per run directory (rundir.py); then end the DHT/p2pd a killed predecessor left behind
         self.run_lock = lock_run_dir(self.run_dir)
         self.locks: list[ExclusiveLock] = [self.run_lock]
-        weakref.finalize(self, self.run_lock.release)  # a Node whose __init__ failed does not keep the lock
-        end_stale_children(self.run_dir / CHILDREN_FILE)
+        try:
+            end_stale_children(self.run_dir / CHILDREN_FILE)
+            self._load(cfg, fresh)
+        except BaseException:  # a Node that failed to start does not keep the run directory
+            self.run_lock.release()
+            raise
+
+    def _load(self, cfg: RunConfig, fresh: bool) -> None:
+        """The rest of ``__init__`` (under the run directory's lock): monitor, checkpoint, model, trainer."""
         self.monitor = NodeMonitor(self)  # status.json, status endpoint, stall/memory watchdogs (monitor/)
 
-        ckpt = load_latest_checkpoint(self.run_dir)
+        ckpt = load_latest_checkpoint(self.run_dir, quarantine=True)
+        if ckpt is None and corrupt_checkpoints(self.run_dir) and not fresh:
+            raise CheckpointError(
+                f"every checkpoint in {self.run_dir / 'checkpoints'} is corrupt; they were moved aside to "
+                f"{self.run_dir / 'checkpoints' / QUARANTINE_DIR} (nothing was deleted). Restore one from a backup, "
+                "or start again from step 0 with --fresh")
+        if ckpt is not None and fresh:
+            raise CheckpointError(f"--fresh: {ckpt.path} is a valid checkpoint (step {ckpt.step}); a fresh start "
+                                  "would later delete it. Use another --run-dir to start from step 0")
         model_cfg = cfg.model
         if ckpt is not None:
             model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.model_path)})
@@ -142,6 +169,7 @@ class Node:
             log.info("resumed from %s at step %d", ckpt.path, self.step)
         self.token_weight_fn = make_token_weight_fn(cfg.swarm)
         self.resumed_from = ckpt.path if ckpt is not None else None
+        self.saved_step, self.saved_at = self.step, time.monotonic()  # the last checkpoint (or the start)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
 
@@ -248,7 +276,7 @@ class Node:
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
         self.step += 1
 
-        if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.steps:
+        if self.save_due():
             with self.timer.phase("checkpoint"):
                 self.save()
 
@@ -299,9 +327,17 @@ class Node:
         )
         self.monitor.observe_eval(tag, res)
 
+    def save_due(self) -> bool:
+        """Whether the step just finished ends with a checkpoint: every ``checkpoint.save_steps`` steps, the last
+        step, or ``checkpoint.save_seconds`` (wall clock, > 0) after the last checkpoint (or the start)."""
+        ck = self.cfg.checkpoint
+        if self.step % ck.save_steps == 0 or self.step == self.cfg.steps:
+            return True
+        return ck.save_seconds > 0 and time.monotonic() - self.saved_at >= ck.save_seconds
+
     def save(self) -> Path:
         """Checkpoint now (atomic; the previous good checkpoint survives a crash mid-write)."""
-        return save_checkpoint(
+        path = save_checkpoint(
             self.run_dir,
             self.step,
             self.policy.model,
@@ -313,6 +349,8 @@ class Node:
             keep_last=self.cfg.checkpoint.keep_last,
             policy_meta={"system_prompt": self.policy.system_prompt},
         )
+        self.saved_step, self.saved_at = self.step, time.monotonic()
+        return path
 
     # ------------------------------------------------------------------ the loop
     def request_stop(self, reason: str) -> None:
@@ -342,20 +380,17 @@ class Node:
 
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
         """Run until ``cfg.steps`` optimizer steps are done or a stop is requested; checkpoint at the end."""
-        last_saved = self.step
         self.monitor.begin_training()
         try:
             while self.step < self.cfg.steps and not self.stop_requested:
                 res = self.run_step()
                 self.monitor.observe_step(res)
-                if self.step % self.cfg.checkpoint.save_steps == 0 or self.step == self.cfg.steps:
-                    last_saved = self.step
                 if self.cfg.eval_every and self.step % self.cfg.eval_every == 0 and self.step < self.cfg.steps:
                     self.log_eval(self.evaluate(), "periodic")
                 if on_step is not None:
                     on_step(res)
         finally:
-            if self.step != last_saved:
+            if self.step != self.saved_step:
                 self.save()
             self.monitor.end_training()
 

@@ -232,3 +232,61 @@ def test_second_swarm_up_on_a_running_swarms_dir_is_refused(tmp_path):
     finally:
         first.stop()
     LocalSwarm(2, tmp_path / "swarm", no_eval=True).stop()  # free again after stop()
+
+
+def _corrupt(path: Path) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+@pytest.mark.slow
+def test_all_checkpoints_corrupt_is_an_error_until_fresh_and_nothing_is_deleted(tmp_path):
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+    from swarmnode.train.checkpoint import CheckpointError, corrupt_checkpoints
+
+    rd = tmp_path / "r"
+    cfg = load_config(tiny_config(tmp_path / "t.yaml", steps=2, save_steps=1), {"run_dir": str(rd)})
+    node = Node(cfg)
+    try:
+        node.run()
+    finally:
+        node.close()
+    dirs = sorted((rd / "checkpoints").glob("step-*"))
+    assert [d.name for d in dirs] == ["step-00000001", "step-00000002"]
+    for d in dirs:
+        _corrupt(d / "optimizer.pt")
+    with pytest.raises(CheckpointError, match="every checkpoint .* is corrupt.*--fresh"):
+        Node(cfg)
+    q = corrupt_checkpoints(rd)
+    assert [p.name.split("-")[1] for p in q] == ["00000001", "00000002"] and not list((rd / "checkpoints").glob("step-*"))
+    with pytest.raises(CheckpointError, match="every checkpoint"):  # still refused on the next start
+        Node(cfg)
+    node = Node(load_config(tmp_path / "t.yaml", {"run_dir": str(rd), "steps": 1}), fresh=True)
+    try:
+        assert node.step == 0 and node.resumed_from is None
+        node.run()
+    finally:
+        node.close()
+    assert corrupt_checkpoints(rd) == q and all((p / "model" / "model.safetensors").is_file() for p in q)
+    with pytest.raises(CheckpointError, match="valid checkpoint"):  # --fresh beside a good checkpoint: refused
+        Node(cfg, fresh=True)
+
+
+@pytest.mark.slow
+def test_save_seconds_checkpoints_by_time_beside_save_steps(tmp_path):
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+
+    cfg_path = tiny_config(tmp_path / "t.yaml", steps=3, save_steps=1000)
+    for seconds, want in ((1e-6, ["step-00000001", "step-00000002", "step-00000003"]), (0, ["step-00000003"])):
+        rd = tmp_path / f"r{seconds}"
+        cfg = load_config(cfg_path, {"run_dir": str(rd), "checkpoint.save_seconds": seconds,
+                                     "checkpoint.keep_last": 5})
+        node = Node(cfg)
+        try:
+            node.run()
+        finally:
+            node.close()
+        assert sorted(p.name for p in (rd / "checkpoints").glob("step-*")) == want, seconds
