@@ -22,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="swarmnode: decentralized RL post-training of language models on verifiable tasks.",
 )
-console = Console(stderr=False)
+console = Console(stderr=False, soft_wrap=True)  # never wrap a line: errors, paths and addresses stay copy-pasteable
 
 
 @app.callback()
@@ -37,7 +37,9 @@ def _main_callback() -> None:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)  # a message is text, never markup
     raise typer.Exit(code)
 
 
@@ -117,6 +119,12 @@ def run(
         _fail(f"--identity {identity}: no such key file. A mistyped path would make this node a new peer; check "
               "the path, or pass --create-identity to create a new identity there (or run `swarmnode keygen "
               f"--path {identity}`)")
+    from swarmnode.rundir import DiskError, check_writable
+
+    try:  # a read-only or full run directory: one line, exit 2, before anything else is written
+        check_writable(rd)
+    except DiskError as e:
+        _fail(str(e))
     _setup_logging(rd, verbose, swarm=cfg.swarm.enabled)
     from swarmnode.node import Node
     from swarmnode.rundir import LockedError

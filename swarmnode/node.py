@@ -37,7 +37,18 @@ from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
-from swarmnode.rundir import CHILDREN_FILE, ExclusiveLock, end_stale_children, lock_run_dir
+from swarmnode.rundir import (
+    CHILDREN_FILE,
+    EXIT_DISK,
+    ExclusiveLock,
+    check_writable,
+    checkpoint_bytes,
+    disk_error,
+    end_stale_children,
+    free_bytes,
+    is_disk_error,
+    lock_run_dir,
+)
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.mix import TaskMix
 from swarmnode.train.batch import samples_from_trees
@@ -112,9 +123,13 @@ class Node:
         self._seed_everything(cfg.seed)
 
         self.tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         # one process per run directory (rundir.py); then end the DHT/p2pd a killed predecessor left behind
-        self.run_lock = lock_run_dir(self.run_dir)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.run_lock = lock_run_dir(self.run_dir)
+        except OSError as e:  # read-only or full: one line naming the directory
+            raise disk_error(self.run_dir, e) from None
+        self.disk_error: str | None = None
         self.locks: list[ExclusiveLock] = [self.run_lock]
         try:
             end_stale_children(self.run_dir / CHILDREN_FILE)
@@ -170,8 +185,16 @@ class Node:
         self.token_weight_fn = make_token_weight_fn(cfg.swarm)
         self.resumed_from = ckpt.path if ckpt is not None else None
         self.saved_step, self.saved_at = self.step, time.monotonic()  # the last checkpoint (or the start)
+        self.checkpoint_bytes = checkpoint_bytes(self.policy.model)  # bytes; measured after each save
+        if ckpt is not None:
+            self.checkpoint_bytes = sum(int(f.get("size", 0)) for f in ckpt.manifest.get("files", {}).values())
+        check_writable(self.run_dir, need=self.checkpoint_bytes)  # DiskError: full or read-only, before training
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        # one history: rows of steps after the checkpoint we resume from are about to be trained again
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        if self.metrics.discarded:
+            log.info("removed %d metrics rows of steps after %d (the run that wrote them died before checkpointing "
+                     "them); kept in metrics.discarded.jsonl", self.metrics.discarded, self.step)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -335,9 +358,31 @@ class Node:
             return True
         return ck.save_seconds > 0 and time.monotonic() - self.saved_at >= ck.save_seconds
 
-    def save(self) -> Path:
-        """Checkpoint now (atomic; the previous good checkpoint survives a crash mid-write)."""
-        path = save_checkpoint(
+    def save(self) -> Path | None:
+        """Checkpoint now (atomic; the previous good checkpoint survives a crash mid-write).
+
+        Returns the checkpoint directory, or None when the run directory cannot take it (disk full, read-only):
+        then the previous checkpoint is kept, the error is logged in one line (path, free and needed space), and
+        the node stops after this step with exit code :data:`~swarmnode.rundir.EXIT_DISK` (``disk_error``)."""
+        try:
+            path = self._save()
+        except Exception as e:  # noqa: BLE001 - only disk errors are handled; the rest propagate
+            free = free_bytes(self.run_dir)
+            if not (is_disk_error(e) or (free is not None and free < self.checkpoint_bytes)):
+                raise
+            err = disk_error(self.run_dir / "checkpoints", e, self.checkpoint_bytes)
+            last = f"step {self.saved_step}" if self.saved_step else "none yet"
+            self.disk_error = (f"{err}. The checkpoint of step {self.step} was not written; the last good checkpoint "
+                               f"({last}) is kept. Free some space and run the same command to resume from it.")
+            log.error("%s", self.disk_error)
+            self.monitor.request_stop(EXIT_DISK, self.disk_error)
+            return None
+        self.saved_step, self.saved_at = self.step, time.monotonic()
+        self.checkpoint_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())  # measured
+        return path
+
+    def _save(self) -> Path:
+        return save_checkpoint(
             self.run_dir,
             self.step,
             self.policy.model,
@@ -349,8 +394,6 @@ class Node:
             keep_last=self.cfg.checkpoint.keep_last,
             policy_meta={"system_prompt": self.policy.system_prompt},
         )
-        self.saved_step, self.saved_at = self.step, time.monotonic()
-        return path
 
     # ------------------------------------------------------------------ the loop
     def request_stop(self, reason: str) -> None:
@@ -390,7 +433,7 @@ class Node:
                 if on_step is not None:
                     on_step(res)
         finally:
-            if self.step != self.saved_step:
+            if self.step != self.saved_step and self.disk_error is None:
                 self.save()
             self.monitor.end_training()
 

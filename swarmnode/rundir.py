@@ -236,3 +236,100 @@ def end_stale_children(path: str | os.PathLike, timeout: float = 10.0) -> list[i
 def _same_process(pid: int, start: Any) -> bool:
     now = _proc_start(pid)
     return now is not None and isinstance(start, (int, float)) and abs(now - float(start)) < 1.0
+
+
+# ------------------------------------------------------------------ full disks and read-only run directories
+EXIT_DISK = 5
+"""Exit code of a node that stopped because its run directory could not be written (disk full, read-only)."""
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+_DISK_TEXT = ("no space left", "file write failed", "storagefull", "read-only file system", "disk quota",
+              "permission denied")
+
+
+class DiskError(OSError):
+    """The run directory cannot take a write: one line naming the path, the cause and the space needed."""
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes (for an unprivileged user) on the filesystem of ``path`` or its nearest existing parent."""
+    import shutil
+
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return int(shutil.disk_usage(p).free)
+    except OSError:
+        return None
+
+
+def is_disk_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means "this path cannot be written" (disk full, quota, read-only, no permission).
+
+    Recognizes OSErrors by errno and the RuntimeErrors torch and safetensors raise for a failed write
+    (``PytorchStreamWriter failed writing file ...: file write failed``), by their text."""
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
+        return True
+    text = str(exc).lower()
+    return any(t in text for t in _DISK_TEXT)
+
+
+def disk_error(path: str | os.PathLike, exc: BaseException | None, need: int | None = None) -> DiskError:
+    """A one-line :class:`DiskError` for a failed write under ``path``: the cause, free space and space needed."""
+    free = free_bytes(path)
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS or "read-only" in str(exc).lower():
+        cause = "the file system is read-only"
+    elif isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM):
+        cause = "permission denied"
+    elif exc is None:
+        cause = "not enough free space"
+    elif (need is not None and free is not None and free < need) or is_disk_error(exc):
+        cause = "no space left on the device"
+    else:  # pragma: no cover - callers only pass disk errors
+        cause = f"{type(exc).__name__}: {exc}"
+    space = "" if free is None else f"; {_mib(free)} free"
+    if need is not None:
+        space += f", about {_mib(need)} needed"
+    err = DiskError(f"cannot write to {path}: {cause}{space}")
+    err.errno = getattr(exc, "errno", None) or errno.ENOSPC
+    return err
+
+
+def check_writable(run_dir: str | os.PathLike, need: int = 0) -> None:
+    """Start-up check: create ``run_dir`` if needed, write and remove a probe file, and compare free space with
+    ``need`` bytes.
+
+    Raises:
+        DiskError: the directory cannot be created or written, or has less than ``need`` bytes free.
+    """
+    rd = Path(run_dir)
+    probe = rd / f".write-test-{os.getpid()}"
+    try:
+        rd.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise disk_error(rd, e, need or None) from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    free = free_bytes(rd)
+    if need and free is not None and free < need:
+        raise disk_error(rd, None, need)
+
+
+def checkpoint_bytes(model: Any, optimizer_slots: int = 2) -> int:
+    """Rough size of one checkpoint of ``model`` in bytes: the weights, plus ``optimizer_slots`` fp32 copies of
+    the trainable parameters (AdamW's two moments), plus 1 MiB of tokenizer and metadata files."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad) * optimizer_slots
+    return int(weights + moments + 2**20)

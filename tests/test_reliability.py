@@ -290,3 +290,72 @@ def test_save_seconds_checkpoints_by_time_beside_save_steps(tmp_path):
         finally:
             node.close()
         assert sorted(p.name for p in (rd / "checkpoints").glob("step-*")) == want, seconds
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """Mount a size-limited tmpfs (the real thing: ENOSPC and EROFS from the kernel); skip where not allowed."""
+    mounted: list[Path] = []
+
+    def mount(size: str, read_only: bool = False) -> Path:
+        d = tmp_path / f"fs{len(mounted)}"
+        d.mkdir()
+        opts = f"size={size}" + (",ro" if read_only else "")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()})")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def _run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(swarmnode_cmd(*args), capture_output=True, text=True, timeout=timeout, env=child_env())
+
+
+def test_read_only_and_full_run_dirs_are_one_line_errors_at_start_up(tmp_path, small_fs):
+    cfg = tiny_config(tmp_path / "t.yaml", steps=2, save_steps=1)
+    ro = small_fs("1m", read_only=True)
+    p = _run_cli("run", "-c", str(cfg), "--run-dir", str(ro / "run"), "--no-eval")
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out
+    assert out.strip().splitlines() == [f"error: cannot write to {ro / 'run'}: the file system is read-only; "
+                                         f"{out.split('read-only; ')[1].split(' free')[0]} free"], out
+    full = small_fs("1m")  # the embedded model's checkpoint (weights + AdamW moments) is over 1 MiB
+    p = _run_cli("run", "-c", str(cfg), "--run-dir", str(full / "run"), "--no-eval")
+    out = p.stdout + p.stderr
+    assert p.returncode == 2 and "Traceback" not in out, out
+    err = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and f"cannot write to {full / 'run'}: not enough free space" in err[0], out
+    assert " MiB free, about " in err[0] and " MiB needed" in err[0]
+
+
+@pytest.mark.slow
+def test_disk_full_during_training_keeps_the_last_checkpoint_and_says_so(tmp_path, small_fs):
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+    from swarmnode.rundir import EXIT_DISK
+    from swarmnode.train.checkpoint import load_latest_checkpoint
+
+    cfg_path = tiny_config(tmp_path / "t.yaml", steps=50, save_steps=1, drop_zero_variance=False)  # Adam state
+    cfg_path.write_text(cfg_path.read_text().replace("keep_last: 2", "keep_last: 1"))
+    probe = Node(load_config(cfg_path, {"run_dir": str(tmp_path / "probe"), "steps": 1}))
+    try:
+        probe.run()
+    finally:
+        probe.close()
+    size = sum(f.stat().st_size for f in (tmp_path / "probe" / "checkpoints").rglob("*") if f.is_file())
+    fs = small_fs(f"{(int(size * 1.6) + 2**18) // 1024}k")  # room for one checkpoint, not for the next beside it
+    rd = fs / "run"
+    p = _run_cli("run", "-c", str(cfg_path), "--run-dir", str(rd), "--no-eval")
+    out = p.stdout + p.stderr
+    assert p.returncode == EXIT_DISK, out
+    assert "Traceback" not in out and "enforce fail" not in out, out
+    line = [x for x in out.splitlines() if "no space left on the device" in x]
+    assert line and f"cannot write to {rd / 'checkpoints'}" in line[-1] and "the last good checkpoint (step 1) is kept" in line[-1], out
+    ck = load_latest_checkpoint(rd)
+    assert ck is not None and ck.step == 1  # intact and loadable
+    assert not list((rd / "checkpoints").glob(".tmp-*"))  # the failed save cleaned up after itself

@@ -77,6 +77,8 @@ class MetricsTail:
     def update(self) -> "MetricsTail":
         """Read what was appended since the last call (a partial last line waits for the next call)."""
         try:
+            if self.path.stat().st_size < self._offset:  # rewritten shorter (a resumed node dropped stale rows)
+                self.__init__(self.path)
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
                 chunk = f.read(4 * 1024 * 1024)
