@@ -359,3 +359,48 @@ def test_disk_full_during_training_keeps_the_last_checkpoint_and_says_so(tmp_pat
     ck = load_latest_checkpoint(rd)
     assert ck is not None and ck.step == 1  # intact and loadable
     assert not list((rd / "checkpoints").glob(".tmp-*"))  # the failed save cleaned up after itself
+
+
+@pytest.mark.slow
+def test_resume_drops_metrics_rows_of_discarded_steps_and_report_reads_one_history(tmp_path):
+    import json
+
+    from swarmnode.config import load_config
+    from swarmnode.monitor.report import load_run
+    from swarmnode.node import Node
+
+    rd = tmp_path / "r"
+    cfg_path = tiny_config(tmp_path / "t.yaml", steps=5, save_steps=2)
+    node = Node(load_config(cfg_path, {"run_dir": str(rd)}))
+    try:
+        node.run()
+    finally:
+        node.close()
+    assert metrics_steps(rd) == [1, 2, 3, 4, 5]
+    _corrupt(rd / "checkpoints" / "step-00000005" / "rng.pt")  # the newest checkpoint is lost: resume from 4
+    node = Node(load_config(cfg_path, {"run_dir": str(rd), "steps": 6}))
+    try:
+        assert node.step == 4 and node.metrics.discarded == 1
+        assert metrics_steps(rd) == [1, 2, 3, 4]
+        node.run()
+    finally:
+        node.close()
+    assert metrics_steps(rd) == [1, 2, 3, 4, 5, 6]
+    gone = [json.loads(x) for x in (rd / "metrics.discarded.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in gone] == [5]
+    assert load_run(rd).steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_report_of_an_old_file_with_a_resume_keeps_only_the_surviving_history(tmp_path):
+    import json
+
+    from swarmnode.monitor.report import load_run
+
+    rows = [{"step": s, "reward": 1.0, "tokens_total": 10 * s, "unix_time": s} for s in (1, 2, 3, 4, 5)]
+    rows.insert(3, {"step": 3, "eval": "periodic", "accuracy": 0.5, "tokens_total": 30, "unix_time": 3})
+    rows.append({"step": 4, "eval": "periodic", "accuracy": 0.9, "tokens_total": 40, "unix_time": 4})
+    rows += [{"step": s, "reward": 0.0, "tokens_total": 10 * s, "unix_time": 10 + s} for s in (3, 4)]  # resumed at 2
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = load_run(tmp_path)
+    assert run.steps == [1, 2, 3, 4] and run.rewards == [1.0, 1.0, 0.0, 0.0]
+    assert run.evals == []  # both evaluations were of the dead run's steps 3 and 4
