@@ -36,6 +36,12 @@ def _main_callback() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _nullcontext():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def _fail(msg: str, code: int = 2) -> None:
     from rich.markup import escape
 
@@ -160,25 +166,34 @@ def run(
             node.swarm.note_accuracy(before.accuracy)
 
     t0 = time.time()
-    with Progress(
-        TextColumn("[bold]step {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as prog:
-        task = prog.add_task("train", total=cfg.steps, completed=node.step, info="")
+
+    def info_of(m: dict) -> str:
+        loss = m.get("train/loss")
+        loss_s = f"{loss:.3f}" if isinstance(loss, (int, float)) and loss == loss else "- (no update)"
+        info = (f"reward {m['reward']:.2f}  loss {loss_s}  tok/s {m['tokens_per_s']:.0f}  "
+                f"{m['step_time']:.1f}s/step")
+        if "swarm/peers" in m:
+            info += f"  ext {m.get('samples_external', 0)}  peers {m['swarm/peers']}"
+        return info
+
+    if console.is_terminal:  # a live progress bar
+        progress = Progress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
+                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False)
+    else:  # a service (nohup, systemd, a pipe): one plain line every log_every steps
+        progress = None
+    with progress if progress is not None else _nullcontext():
+        task = progress.add_task("train", total=cfg.steps, completed=node.step, info="") if progress else None
 
         def on_step(res) -> None:
             m = res.metrics
-            info = (
-                f"reward {m['reward']:.2f}  loss {m.get('train/loss', float('nan')):.3f}  "
-                f"tok/s {m['tokens_per_s']:.0f}  {m['step_time']:.1f}s/step"
-            )
-            if "swarm/peers" in m:
-                info += f"  ext {m.get('samples_external', 0)}  peers {m['swarm/peers']}"
-            prog.update(task, completed=res.step, info=info)
+            if progress is not None:
+                progress.update(task, completed=res.step, info=info_of(m))
+                return
+            if res.step % cfg.log_every == 0 or res.step == cfg.steps:
+                acc = (node.monitor.status().get("accuracy") or {}).get("heldout")
+                acc_s = "-" if acc is None else f"{100 * acc:.1f}%"
+                console.print(f"step {res.step}/{cfg.steps}  {info_of(m)}  held-out {acc_s}", markup=False,
+                              highlight=False)
 
         try:
             node.run(on_step)

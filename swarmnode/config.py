@@ -221,7 +221,10 @@ class RunConfig(_Strict):
     run_dir: str = Field("runs/default", description="run directory: checkpoints, metrics.jsonl, logs")
     eval_every: int = Field(0, ge=0, description="held-out eval every N steps (0: only before and after)")
     eval_at_start: bool = True
-    log_every: int = Field(1, ge=1)
+    log_every: int = Field(
+        10, ge=1,
+        description="when stdout is not a terminal (nohup, systemd, a pipe): print one line every N steps (step, "
+                    "reward, held-out accuracy, tokens/s, peers) instead of the progress bar. Default 10")
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)

@@ -404,3 +404,18 @@ def test_report_of_an_old_file_with_a_resume_keeps_only_the_surviving_history(tm
     run = load_run(tmp_path)
     assert run.steps == [1, 2, 3, 4] and run.rewards == [1.0, 1.0, 0.0, 0.0]
     assert run.evals == []  # both evaluations were of the dead run's steps 3 and 4
+
+
+def test_service_logs_one_plain_line_every_log_every_steps_and_never_wrap(tmp_path):
+    cfg = tiny_config(tmp_path / "t.yaml", steps=4, save_steps=100)
+    cfg.write_text(cfg.read_text() + "log_every: 2\n")
+    rd = tmp_path / ("a-long-run-directory-name-" * 4)  # longer than 80 columns: printed on one line anyway
+    p = _run_cli("run", "-c", str(cfg), "--run-dir", str(rd))  # stdout is a pipe, as under nohup or systemd
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    steps = [x for x in lines if x.startswith("step ")]
+    assert [x.split()[1] for x in steps] == ["2/4", "4/4"], p.stdout
+    assert all("reward " in x and "tok/s " in x and "held-out " in x for x in steps)
+    assert "held-out -" not in steps[0]  # the before-training evaluation is shown
+    assert any(str(rd) in x for x in lines if x.startswith("swarmnode run"))  # not wrapped
+    assert any(x.startswith("checkpoints: ") and x.endswith(str(rd / "checkpoints")) for x in lines)
