@@ -22,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="swarmnode: decentralized RL post-training of language models on verifiable tasks.",
 )
-console = Console(stderr=False)
+console = Console(stderr=False, soft_wrap=True)  # never wrap a line: errors, paths and addresses stay copy-pasteable
 
 
 @app.callback()
@@ -36,8 +36,16 @@ def _main_callback() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _nullcontext():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def _fail(msg: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)  # a message is text, never markup
     raise typer.Exit(code)
 
 
@@ -86,7 +94,13 @@ def run(
     announce_maddrs: Optional[list[str]] = typer.Option(
         None, "--announce-maddrs", help="public address to announce, e.g. /ip4/203.0.113.5/tcp/31337 (repeatable)"),
     swarm_id: Optional[str] = typer.Option(None, "--swarm-id", help="private swarm id (no ':')"),
-    identity: Optional[Path] = typer.Option(None, "--identity", help="Ed25519 key file (created if missing)"),
+    identity: Optional[Path] = typer.Option(
+        None, "--identity", help="Ed25519 key file; a missing one is an error unless --create-identity"),
+    create_identity: bool = typer.Option(
+        False, "--create-identity", help="create the --identity key file if it does not exist"),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="start from step 0 when every checkpoint of the run dir is corrupt (they are kept, "
+        "moved to checkpoints/quarantine/)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Train a policy with RL on verifiable tasks (solo unless the config enables the swarm)."""
@@ -107,13 +121,25 @@ def run(
     }
     cfg = _load(config, overrides)
     rd = Path(cfg.run_dir)
+    if identity is not None and cfg.swarm.enabled and not create_identity and not identity.expanduser().exists():
+        _fail(f"--identity {identity}: no such key file. A mistyped path would make this node a new peer; check "
+              "the path, or pass --create-identity to create a new identity there (or run `swarmnode keygen "
+              f"--path {identity}`)")
+    from swarmnode.rundir import DiskError, check_writable
+
+    try:  # a read-only or full run directory: one line, exit 2, before anything else is written
+        check_writable(rd)
+    except DiskError as e:
+        _fail(str(e))
     _setup_logging(rd, verbose, swarm=cfg.swarm.enabled)
     from swarmnode.node import Node
+    from swarmnode.rundir import LockedError
+    from swarmnode.train.checkpoint import CheckpointError
 
     console.print(f"[bold]swarmnode[/] run → {rd}  (model: {cfg.model.name_or_path}, steps: {cfg.steps})")
     try:
-        node = Node(cfg)
-    except (FileNotFoundError, ValueError, OSError) as e:
+        node = Node(cfg, fresh=fresh)
+    except (FileNotFoundError, ValueError, OSError, LockedError, CheckpointError) as e:
         _fail(str(e))
         return
     node.install_signal_handlers()
@@ -140,25 +166,34 @@ def run(
             node.swarm.note_accuracy(before.accuracy)
 
     t0 = time.time()
-    with Progress(
-        TextColumn("[bold]step {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as prog:
-        task = prog.add_task("train", total=cfg.steps, completed=node.step, info="")
+
+    def info_of(m: dict) -> str:
+        loss = m.get("train/loss")
+        loss_s = f"{loss:.3f}" if isinstance(loss, (int, float)) and loss == loss else "- (no update)"
+        info = (f"reward {m['reward']:.2f}  loss {loss_s}  tok/s {m['tokens_per_s']:.0f}  "
+                f"{m['step_time']:.1f}s/step")
+        if "swarm/peers" in m:
+            info += f"  ext {m.get('samples_external', 0)}  peers {m['swarm/peers']}"
+        return info
+
+    if console.is_terminal:  # a live progress bar
+        progress = Progress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
+                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False)
+    else:  # a service (nohup, systemd, a pipe): one plain line every log_every steps
+        progress = None
+    with progress if progress is not None else _nullcontext():
+        task = progress.add_task("train", total=cfg.steps, completed=node.step, info="") if progress else None
 
         def on_step(res) -> None:
             m = res.metrics
-            info = (
-                f"reward {m['reward']:.2f}  loss {m.get('train/loss', float('nan')):.3f}  "
-                f"tok/s {m['tokens_per_s']:.0f}  {m['step_time']:.1f}s/step"
-            )
-            if "swarm/peers" in m:
-                info += f"  ext {m.get('samples_external', 0)}  peers {m['swarm/peers']}"
-            prog.update(task, completed=res.step, info=info)
+            if progress is not None:
+                progress.update(task, completed=res.step, info=info_of(m))
+                return
+            if res.step % cfg.log_every == 0 or res.step == cfg.steps:
+                acc = (node.monitor.status().get("accuracy") or {}).get("heldout")
+                acc_s = "-" if acc is None else f"{100 * acc:.1f}%"
+                console.print(f"step {res.step}/{cfg.steps}  {info_of(m)}  held-out {acc_s}", markup=False,
+                              highlight=False)
 
         try:
             node.run(on_step)
@@ -191,14 +226,18 @@ def run(
 
 def _attach_swarm(node, cfg: RunConfig, rd: Path) -> None:
     """Start the node's swarm layer (swarm/gossip.py) and attach it to the node."""
-    from swarmnode.swarm.gossip import build_swarm
+    from swarmnode.rundir import LockedError, lock_identity
+    from swarmnode.swarm.gossip import build_swarm, identity_path_for
     from swarmnode.swarm.identity import IdentityError
 
     with console.status("starting the swarm layer (DHT, bundle server)…"):
         try:
+            ident_path = identity_path_for(cfg)
+            ident_path.parent.mkdir(parents=True, exist_ok=True)
+            node.locks.append(lock_identity(ident_path))  # one node per identity; released by node.close()
             node.swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
                                      prompt_for=node.prompt_for)
-        except (IdentityError, ValueError, OSError) as e:
+        except (IdentityError, ValueError, OSError, LockedError) as e:
             node.close()
             _fail(f"cannot start the swarm layer: {e}")
     st = node.swarm.dht.status()
@@ -337,8 +376,14 @@ def swarm_up(
 
     cfg = _load(config, {"model.name_or_path": model, "steps": steps, "swarm.swarm_id": swarm_id,
                          "swarm.enabled": True})
-    swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
-                       swarm_id=swarm_id, no_eval=no_eval)
+    from swarmnode.rundir import LockedError
+
+    try:
+        swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
+                           swarm_id=swarm_id, no_eval=no_eval)
+    except LockedError as e:
+        _fail(f"{e} (a swarm is already up there)")
+        return
     console.print(f"[bold]swarmnode[/] swarm up: {nodes} node(s) in {run_dir}/node-*, swarm "
                   f"[cyan]{cfg.swarm.swarm_id}[/], bootstrap {swarm.bootstrap}", highlight=False)
     console.print("logs: <run-dir>/node-i/stdout.log    stop: Ctrl-C (each node checkpoints, then exits)")

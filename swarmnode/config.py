@@ -356,6 +356,11 @@ class CheckpointConfig(_Strict):
     """Checkpointing."""
 
     save_steps: int = Field(25, ge=1, description="checkpoint every K optimizer steps")
+    save_seconds: float = Field(
+        300.0, ge=0,
+        description="also checkpoint after a step that ends at least this many seconds (wall clock) after the last "
+                    "checkpoint; 0 = by steps only. A crash loses at most min(save_steps steps, save_seconds + one "
+                    "step's time) of progress. Default 300 s")
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
 
 
@@ -380,7 +385,10 @@ class RunConfig(_Strict):
     run_dir: str = Field("runs/default", description="run directory: checkpoints, metrics.jsonl, logs")
     eval_every: int = Field(0, ge=0, description="held-out eval every N steps (0: only before and after)")
     eval_at_start: bool = True
-    log_every: int = Field(1, ge=1)
+    log_every: int = Field(
+        10, ge=1,
+        description="when stdout is not a terminal (nohup, systemd, a pipe): print one line every N steps (step, "
+                    "reward, held-out accuracy, tokens/s, peers) instead of the progress bar. Default 10")
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)

@@ -8,7 +8,8 @@ Each step:
 4. **publish** the verified trees (pruned) to the swarm, signed;
 5. **gather** peers' trees, re-verified locally (the swarm layer trusts no claim);
 6. **process**: advantages per source (local trees, each external group on its own), batch composition;
-7. **update**: a clipped policy-gradient step; checkpoint every ``save_steps`` and on SIGINT/SIGTERM.
+7. **update**: a clipped policy-gradient step; checkpoint every ``save_steps`` steps, after ``save_seconds`` of
+   wall clock since the last checkpoint, and on SIGINT/SIGTERM.
 
 Steps 4–5 run only when a swarm is attached (``Node.swarm``); a solo node skips them.
 """
@@ -36,6 +37,18 @@ from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
+from swarmnode.rundir import (
+    CHILDREN_FILE,
+    EXIT_DISK,
+    ExclusiveLock,
+    check_writable,
+    checkpoint_bytes,
+    disk_error,
+    end_stale_children,
+    free_bytes,
+    is_disk_error,
+    lock_run_dir,
+)
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.mix import TaskMix, stream_for_peer
 from swarmnode.train.batch import compose_batch, samples_from_trees
@@ -43,7 +56,15 @@ from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.train.external import process_external
 from swarmnode.train.off_policy import make_token_weight_fn
 from swarmnode.train.screen import SCREEN_REASON, LikelihoodScreen
-from swarmnode.train.checkpoint import load_latest_checkpoint, load_training_state, restore_rng, save_checkpoint
+from swarmnode.train.checkpoint import (
+    QUARANTINE_DIR,
+    CheckpointError,
+    corrupt_checkpoints,
+    load_latest_checkpoint,
+    load_training_state,
+    restore_rng,
+    save_checkpoint,
+)
 from swarmnode.train.samples import Sample
 from swarmnode.train.trainer import Trainer
 
@@ -67,6 +88,10 @@ class SwarmHook(Protocol):
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """Charge ``peer_id`` for ``n`` of its samples the trainer rejected under ``reason`` (e.g.
         ``"likelihood_screen"``): a soft rejection each, counted in the peer's record. Never raises."""
+
+    def recover(self, reason: str) -> None:
+        """Restart the network side (DHT) after the round stalled in the swarm layer; called from the monitor's
+        watchdog thread while the round loop is blocked in ``publish``/``gather``. Never raises on network trouble."""
 
     def close(self) -> None: ...
 
@@ -92,13 +117,17 @@ class Node:
     Args:
         cfg: the validated run configuration.
         swarm: an optional swarm layer; ``None`` trains solo.
+        fresh: start from step 0 when the run directory's checkpoints are all corrupt (they stay quarantined);
+            without it that case raises; with a valid checkpoint present it raises too.
 
     Raises:
+        swarmnode.rundir.LockedError: another process uses the run directory (the message names its PID).
+        swarmnode.train.checkpoint.CheckpointError: every checkpoint is corrupt and ``fresh`` is False.
         swarmnode.config.ConfigError / FileNotFoundError / ValueError from loading the model or tasks, with
         messages naming what failed.
     """
 
-    def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None) -> None:
+    def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None, *, fresh: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.swarm = swarm
@@ -109,10 +138,34 @@ class Node:
         self._seed_everything(cfg.seed)
 
         self.tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # one process per run directory (rundir.py); then end the DHT/p2pd a killed predecessor left behind
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.run_lock = lock_run_dir(self.run_dir)
+        except OSError as e:  # read-only or full: one line naming the directory
+            raise disk_error(self.run_dir, e) from None
+        self.disk_error: str | None = None
+        self.locks: list[ExclusiveLock] = [self.run_lock]
+        try:
+            end_stale_children(self.run_dir / CHILDREN_FILE)
+            self._load(cfg, fresh)
+        except BaseException:  # a Node that failed to start does not keep the run directory
+            self.run_lock.release()
+            raise
+
+    def _load(self, cfg: RunConfig, fresh: bool) -> None:
+        """The rest of ``__init__`` (under the run directory's lock): monitor, checkpoint, model, trainer."""
         self.monitor = NodeMonitor(self)  # status.json, status endpoint, stall/memory watchdogs (monitor/)
 
-        ckpt = load_latest_checkpoint(self.run_dir)
+        ckpt = load_latest_checkpoint(self.run_dir, quarantine=True)
+        if ckpt is None and corrupt_checkpoints(self.run_dir) and not fresh:
+            raise CheckpointError(
+                f"every checkpoint in {self.run_dir / 'checkpoints'} is corrupt; they were moved aside to "
+                f"{self.run_dir / 'checkpoints' / QUARANTINE_DIR} (nothing was deleted). Restore one from a backup, "
+                "or start again from step 0 with --fresh")
+        if ckpt is not None and fresh:
+            raise CheckpointError(f"--fresh: {ckpt.path} is a valid checkpoint (step {ckpt.step}); a fresh start "
+                                  "would later delete it. Use another --run-dir to start from step 0")
         model_cfg = cfg.model
         if ckpt is not None:
             model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.model_path)})
@@ -153,8 +206,17 @@ class Node:
             max_tokens=cfg.train.max_tokens_per_micro_batch,
         )
         self.resumed_from = ckpt.path if ckpt is not None else None
+        self.saved_step, self.saved_at = self.step, time.monotonic()  # the last checkpoint (or the start)
+        self.checkpoint_bytes = checkpoint_bytes(self.policy.model)  # bytes; measured after each save
+        if ckpt is not None:
+            self.checkpoint_bytes = sum(int(f.get("size", 0)) for f in ckpt.manifest.get("files", {}).values())
+        check_writable(self.run_dir, need=self.checkpoint_bytes)  # DiskError: full or read-only, before training
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        # one history: rows of steps after the checkpoint we resume from are about to be trained again
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        if self.metrics.discarded:
+            log.info("removed %d metrics rows of steps after %d (the run that wrote them died before checkpointing "
+                     "them); kept in metrics.discarded.jsonl", self.metrics.discarded, self.step)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -315,7 +377,7 @@ class Node:
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
         self.step += 1
 
-        if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.steps:
+        if self.save_due():
             with self.timer.phase("checkpoint"):
                 self.save()
 
@@ -367,8 +429,38 @@ class Node:
         )
         self.monitor.observe_eval(tag, res)
 
-    def save(self) -> Path:
-        """Checkpoint now (atomic; the previous good checkpoint survives a crash mid-write)."""
+    def save_due(self) -> bool:
+        """Whether the step just finished ends with a checkpoint: every ``checkpoint.save_steps`` steps, the last
+        step, or ``checkpoint.save_seconds`` (wall clock, > 0) after the last checkpoint (or the start)."""
+        ck = self.cfg.checkpoint
+        if self.step % ck.save_steps == 0 or self.step == self.cfg.steps:
+            return True
+        return ck.save_seconds > 0 and time.monotonic() - self.saved_at >= ck.save_seconds
+
+    def save(self) -> Path | None:
+        """Checkpoint now (atomic; the previous good checkpoint survives a crash mid-write).
+
+        Returns the checkpoint directory, or None when the run directory cannot take it (disk full, read-only):
+        then the previous checkpoint is kept, the error is logged in one line (path, free and needed space), and
+        the node stops after this step with exit code :data:`~swarmnode.rundir.EXIT_DISK` (``disk_error``)."""
+        try:
+            path = self._save()
+        except Exception as e:  # noqa: BLE001 - only disk errors are handled; the rest propagate
+            free = free_bytes(self.run_dir)
+            if not (is_disk_error(e) or (free is not None and free < self.checkpoint_bytes)):
+                raise
+            err = disk_error(self.run_dir / "checkpoints", e, self.checkpoint_bytes)
+            last = f"step {self.saved_step}" if self.saved_step else "none yet"
+            self.disk_error = (f"{err}. The checkpoint of step {self.step} was not written; the last good checkpoint "
+                               f"({last}) is kept. Free some space and run the same command to resume from it.")
+            log.error("%s", self.disk_error)
+            self.monitor.request_stop(EXIT_DISK, self.disk_error)
+            return None
+        self.saved_step, self.saved_at = self.step, time.monotonic()
+        self.checkpoint_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())  # measured
+        return path
+
+    def _save(self) -> Path:
         return save_checkpoint(
             self.run_dir,
             self.step,
@@ -383,6 +475,19 @@ class Node:
         )
 
     # ------------------------------------------------------------------ the loop
+    def request_stop(self, reason: str) -> None:
+        """Finish the current step, checkpoint and leave :meth:`run` (signals and the memory watchdog call this)."""
+        if not self.stop_requested:
+            log.info("stop requested: %s", reason)
+        self.stop_requested = True
+
+    def recover_swarm(self, reason: str) -> bool:
+        """Restart the swarm layer's DHT (``SwarmHook.recover``) after a stall; whether a swarm was there to restart."""
+        if self.swarm is None:
+            return False
+        self.swarm.recover(reason)
+        return True
+
     def install_signal_handlers(self) -> None:
         """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. Second: stop immediately."""
 
@@ -397,25 +502,25 @@ class Node:
 
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
         """Run until ``cfg.steps`` optimizer steps are done or a stop is requested; checkpoint at the end."""
-        last_saved = self.step
         self.monitor.begin_training()
         try:
             while self.step < self.cfg.steps and not self.stop_requested:
                 res = self.run_step()
                 self.monitor.observe_step(res)
-                if self.step % self.cfg.checkpoint.save_steps == 0 or self.step == self.cfg.steps:
-                    last_saved = self.step
                 if self.cfg.eval_every and self.step % self.cfg.eval_every == 0 and self.step < self.cfg.steps:
                     self.log_eval(self.evaluate(), "periodic")
                 if on_step is not None:
                     on_step(res)
         finally:
-            if self.step != last_saved:
+            if self.step != self.saved_step and self.disk_error is None:
                 self.save()
             self.monitor.end_training()
 
     def close(self) -> None:
+        """Stop the monitor, the metrics file and the swarm layer, then release the run directory (idempotent)."""
         self.monitor.close()
         self.metrics.close()
         if self.swarm is not None:
             self.swarm.close()
+        for lk in reversed(self.locks):
+            lk.release()

@@ -259,3 +259,40 @@ def test_load_model_weights_with_tied_embeddings(tmp_path):
                                          num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(ck.CheckpointError, match="miss model parameters"):
         ck.load_model_weights(info, other)
+
+
+def test_quarantine_moves_corrupt_checkpoints_aside_and_never_deletes(tmp_path):
+    tr = trained(steps=1)
+    save(tmp_path, 1, tr)
+    newest = save(tmp_path, 2, tr)
+    weights = (newest / "model" / "model.safetensors").read_bytes()
+    (newest / "trainer_state.json").write_text("{}")  # damaged, but its weights are intact
+    info = ck.load_latest_checkpoint(tmp_path, quarantine=True)
+    assert info.step == 1
+    [moved] = ck.corrupt_checkpoints(tmp_path)
+    assert info.skipped == [(moved, "size mismatch for trainer_state.json")]
+    assert moved.name.startswith("step-00000002-") and not newest.exists()
+    assert (moved / "model" / "model.safetensors").read_bytes() == weights  # kept as it was
+    # keep-last cleanup never reaches the quarantine, however many saves follow
+    for s in (3, 4, 5):
+        save(tmp_path, s, tr, keep_last=1)
+    assert ck.corrupt_checkpoints(tmp_path) == [moved] and moved.is_dir()
+    # a reader (quarantine=False) leaves a bad checkpoint where it is
+    bad = tmp_path / "checkpoints" / "step-00000005" / "rng.pt"
+    bad.write_bytes(b"x")
+    assert ck.load_latest_checkpoint(tmp_path) is None and bad.exists()
+
+
+def test_keep_last_never_deletes_a_newer_or_an_incomplete_checkpoint(tmp_path):
+    tr = trained(steps=1)
+    save(tmp_path, 9, tr)
+    later = tmp_path / "checkpoints" / "step-00000009"
+    save(tmp_path, 3, tr, keep_last=1)  # e.g. a fresh start beside a newer checkpoint: the newer one stays
+    assert later.is_dir()
+    save(tmp_path, 1, tr)
+    (tmp_path / "checkpoints" / "step-00000001" / "manifest.json").unlink()  # incomplete, weights intact
+    save(tmp_path, 4, tr, keep_last=1)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-00000004", "step-00000009"]  # 3: complete, older
+    [q] = ck.corrupt_checkpoints(tmp_path)  # 1 was quarantined, not deleted
+    assert q.name.startswith("step-00000001-") and (q / "model" / "model.safetensors").is_file()

@@ -127,7 +127,7 @@ def test_memory_watchdog_checkpoints_and_stops_cleanly(tmp_path):
 
 
 class HangingSwarm:
-    """A swarm layer whose publish hangs (like a network call that never returns) until :meth:`restart`."""
+    """A swarm layer whose publish hangs (like a network call that never returns) until :meth:`recover`."""
 
     def __init__(self) -> None:
         self.released = threading.Event()
@@ -142,7 +142,7 @@ class HangingSwarm:
     def gather(self, step, policy_version):
         return [], {"swarm/bundles_received": 0}
 
-    def restart(self, reason: str) -> None:
+    def recover(self, reason: str) -> None:
         self.restarts.append(reason)
         self.released.set()
 
@@ -189,7 +189,7 @@ def test_swarm_node_with_bootstrap_down_trains_solo_and_survives_p2pd_kill(tmp_p
     log = tmp_path / "node.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(swarmnode_cmd("run", "-c", str(cfg_path), "--run-dir", str(rd), "--no-eval",
-                                              "--swarm", "--initial-peers", ghost, "--identity",
+                                              "--swarm", "--initial-peers", ghost, "--create-identity", "--identity",
                                               str(tmp_path / "id.pem"), "--status-port", "0"),
                                 stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
     try:
@@ -235,10 +235,12 @@ import sys, threading
 from swarmnode.config import load_config
 from swarmnode.node import Node
 
-class StuckSwarm:  # publish never returns and there is no restart hook
+class StuckSwarm:  # publish never returns, and restarting the swarm layer does not help
     def publish(self, trees, step, policy_version):
         threading.Event().wait(120)
         return {}
+    def recover(self, reason):
+        pass
     def gather(self, step, policy_version):
         return [], {}
     def close(self):

@@ -161,7 +161,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBU
 def start_node(rd: Path, config: Path, *args: str) -> subprocess.Popen:
     rd.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "swarmnode.cli", "run", "--config", str(config), "--run-dir", str(rd),
-           "--identity", str(rd / "identity.pem"), "--no-eval", *args]
+           "--identity", str(rd / "identity.pem"), "--create-identity", "--no-eval", *args]
     with open(rd / "stdout.log", "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ENV,
                                 start_new_session=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -31,20 +32,79 @@ class MetricsWriter:
     """Appends one JSON object per line to ``path`` (flushed per record, so a crash loses at most one line).
 
     A line that was half-written by a crash is skipped by :func:`read_metrics`.
+
+    Args:
+        path: the ``metrics.jsonl`` file.
+        resume_step: the step a resumed run restarts from: rows of later steps (written by the run that died
+            after that checkpoint, and about to be trained again) are removed first, so that the file holds one
+            history; the removed rows go to ``metrics.discarded.jsonl`` beside it. None keeps every row.
+
+    A record that cannot be written (disk full) is dropped with one logged error (and one more when writing
+    works again); training is not interrupted by its metrics file.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, resume_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.discarded = truncate_after_step(self.path, resume_step) if resume_step is not None else 0
         self._f = open(self.path, "a", encoding="utf-8")
+        self._failing = False
 
     def write(self, record: dict[str, Any]) -> None:
         """Write one record (non-finite floats become null)."""
-        self._f.write(json.dumps(_clean(record), separators=(",", ":")) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(_clean(record), separators=(",", ":")) + "\n")
+            self._f.flush()
+        except OSError as e:
+            if not self._failing:
+                logging.getLogger("swarmnode.monitor").error(
+                    "cannot write %s: %s; metrics rows are lost until it can be written again", self.path, e)
+            self._failing = True
+            return
+        if self._failing:
+            logging.getLogger("swarmnode.monitor").warning("%s is written again", self.path)
+            self._failing = False
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:
+            pass
+
+
+def truncate_after_step(path: str | Path, step: int) -> int:
+    """Remove the rows of ``path`` whose ``step`` is greater than ``step`` (atomic rewrite); returns how many.
+
+    The removed lines are appended to ``<stem>.discarded.jsonl`` beside it (kept for forensics, read by nothing).
+    A half-written last line is dropped too. Missing file: 0.
+    """
+    p = Path(path)
+    try:
+        lines = p.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return 0
+    keep, drop = [], []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            drop.append(line)
+            continue
+        s = rec.get("step") if isinstance(rec, dict) else None
+        (drop if isinstance(s, (int, float)) and s > step else keep).append(line)
+    if not drop:
+        return 0
+    with open(p.with_name(p.stem + ".discarded.jsonl"), "ab") as f:
+        f.write(b"".join(line + b"\n" for line in drop))
+    tmp = p.with_name(p.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(line + b"\n" for line in keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+    return len(drop)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

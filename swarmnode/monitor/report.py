@@ -90,7 +90,12 @@ def load_run(path: str | os.PathLike, name: str | None = None) -> RunSeries:
                 evals.append((step, float(rec.get("tokens_total") or 0), float(rec.get("unix_time") or 0),
                               float(rec["accuracy"]), str(rec["eval"])))
         elif _finite(rec.get("reward")):
-            by_step[step] = rec  # a resumed run re-does steps after its checkpoint: the newest record wins
+            if by_step and step <= max(by_step):
+                # a resumed run re-does the steps after its checkpoint: the dead run's rows from here on are not
+                # part of the surviving history (nodes since issue 15 remove them on resume; older files hold them)
+                by_step = {k: v for k, v in by_step.items() if k < step}
+                evals = [e for e in evals if e[0] < step]
+            by_step[step] = rec
     s = RunSeries(name or run_dir.name, run_dir)
     for step in sorted(by_step):
         rec = by_step[step]

@@ -12,8 +12,12 @@ CLI, so that a node evaluating before training is already visible). It
   with no progress for ``stall_seconds`` is logged with its phase and the main thread's stack, the status
   says ``stalled``, a swarm-layer stall restarts the swarm's DHT, and with ``stall_exit_seconds`` set the node
   exits with code 4 for a supervisor to restart it) and the memory guard (above the soft limit: a warning;
-  above the hard limit: ``node.stop_requested`` is set, so the node finishes the step, checkpoints and the
-  CLI exits with code 3).
+  above the hard limit: the monitor calls ``node.request_stop``, so the node finishes the step, checkpoints and
+  the CLI exits with code 3).
+
+The monitor reads the node; it acts on it only through the methods :class:`MonitoredNode` declares
+(``request_stop``: the round loop stops after its step; ``recover_swarm``: the node restarts its swarm layer's
+DHT, the one thing that cannot wait for the loop, because a stalled swarm call is what blocks the loop).
 
 Knobs come from :func:`swarmnode.monitor.watchdog.knob` (env ``SWARMNODE_<NAME>``, ``cfg.monitor.<name>``,
 ``cfg.<name>``, defaults); constructor arguments win over all of them.
@@ -28,7 +32,7 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 from swarmnode.monitor.metrics import gpu_memory, rss_bytes
 from swarmnode.monitor.status import NodeMetrics, StatusServer, StatusTracker, write_status_file
@@ -47,6 +51,21 @@ from swarmnode.monitor.watchdog import (
 log = logging.getLogger("swarmnode.monitor")
 
 _UNSET: Any = object()
+
+
+@runtime_checkable
+class MonitoredNode(Protocol):
+    """What :class:`NodeMonitor` calls on a node (``swarmnode.node.Node`` implements it).
+
+    Besides these it reads (never writes) ``cfg``, ``run_dir``, ``step``, ``timer``, ``swarm``, ``policy``,
+    ``base_model_id``, ``tokenizer_id``, ``tokens_generated``, ``resumed_from`` and ``stop_requested`` when present.
+    """
+
+    def request_stop(self, reason: str) -> None:
+        """Finish the current step, checkpoint and leave the round loop."""
+
+    def recover_swarm(self, reason: str) -> bool:
+        """Restart the swarm layer's network side after a stall (from the watchdog thread); whether it ran."""
 
 
 class _WarningCollector(logging.Handler):
@@ -70,8 +89,7 @@ class NodeMonitor:
     """Status, metrics endpoint and watchdogs of one node (see the module docstring).
 
     Args:
-        node: the ``swarmnode.node.Node`` (duck-typed: ``cfg``, ``run_dir``, ``step``, ``timer``, ``swarm``,
-            ``stop_requested``; attributes that do not exist yet are read later).
+        node: the ``swarmnode.node.Node`` (a :class:`MonitoredNode`; attributes that do not exist yet are read later).
         status_port: TCP port of the status server (None: off; 0: a free one); default ``cfg.status_port``.
         status_host / stall_seconds / stall_exit_seconds / memory_limit_bytes / memory_soft_fraction /
             watchdog_interval: override the knobs.
@@ -332,10 +350,10 @@ class NodeMonitor:
         self.publish()
 
     def request_stop(self, code: int, reason: str) -> None:
-        """Ask the node to stop after this step (it checkpoints); the CLI exits with ``code``."""
+        """Ask the node to stop after this step (``node.request_stop``; it checkpoints); the CLI exits with ``code``."""
         if not self.exit_code:
             self.exit_code, self.exit_reason = int(code), reason
-        self.node.stop_requested = True
+        self.node.request_stop(reason)
 
     # -------------------------------------------------------------- the status document
     def status(self) -> dict[str, Any]:
@@ -392,7 +410,7 @@ class NodeMonitor:
         ev = self.stall.check(self._last_progress(), phase, now)
         swarm = getattr(self.node, "swarm", None)
         if ev is not None and ev.kind == "stalled":
-            hook = _swarm_recovery_hook(swarm) if ev.phase in SWARM_PHASES else None
+            hook = self.node.recover_swarm if ev.phase in SWARM_PHASES and swarm is not None else None
             advice = stall_advice(ev.phase, hook is not None)
             log.warning("round stalled: no progress for %.0f s in phase %s at step %d -- %s\nmain thread:\n%s",
                         ev.seconds, ev.phase, int(getattr(self.node, "step", 0)), advice, _main_stack())
@@ -436,27 +454,12 @@ class NodeMonitor:
         self.tracker.set(state="stopped", exit={"code": EXIT_STALLED, "reason": reason})
         self.publish()
         swarm = getattr(self.node, "swarm", None)
-        if swarm is not None and hasattr(swarm, "close"):  # stop the DHT/p2pd children, bounded
+        if swarm is not None:  # stop the DHT/p2pd children, bounded (SwarmHook.close)
             t = threading.Thread(target=swarm.close, daemon=True)
             t.start()
             t.join(timeout=15)
         logging.shutdown()
         os._exit(EXIT_STALLED)
-
-
-def _swarm_recovery_hook(swarm: Any) -> Callable[[str], Any] | None:
-    """A callable ``(reason) -> Any`` that restarts the swarm layer, if the swarm offers one."""
-    if swarm is None:
-        return None
-    for name in ("recover", "restart"):
-        fn = getattr(swarm, name, None)
-        if callable(fn):
-            return lambda reason, fn=fn: fn(reason)
-    dht = getattr(swarm, "dht", None)
-    fn = getattr(dht, "restart", None)
-    if callable(fn):
-        return lambda reason: fn(reason=reason)
-    return None
 
 
 def _main_stack(limit: int = 12) -> str:

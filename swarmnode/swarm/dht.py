@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -55,6 +56,7 @@ from hivemind.dht import DHT
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from swarmnode.rundir import end_stale_children, write_children_file
 from swarmnode.swarm.validator import (
     DEFAULT_MAX_CLOCK_SKEW,
     DEFAULT_MAX_VALUE_BYTES,
@@ -69,6 +71,7 @@ from swarmnode.swarm.validator import (
 __all__ = [
     "PeerContact",
     "SwarmDHT",
+    "end_stale_children",
     "SwarmDHTStatus",
     "heartbeat_key",
     "manifest_key",
@@ -102,6 +105,125 @@ def _pipe_room(dht: DHT) -> int | None:
         return fcntl.fcntl(fd, _F_GETPIPE_SZ) - unread
     except (OSError, ValueError, AttributeError):
         return None
+
+
+# --------------------------------------------------------------------------- child processes
+# The DHT runs in a forked child that starts p2pd. Both must end with the node: ``kill -9`` of the node (or
+# the OOM killer) must not leave them holding the node's status port, its p2p identity or ~400 MB (issue 15).
+# * p2pd gets PR_SET_PDEATHSIG(SIGKILL): the kernel kills it when the DHT child (its parent) dies.
+# * The DHT child watches its parent (``os.getppid()``) and exits when it changes (a parent-death signal
+#   would be wrong here: it fires when the *thread* that forked the child ends, and restarts fork from
+#   short-lived threads).
+# * The DHT child closes the listening sockets it inherited by fork (the status server's port).
+# * ``pid_file`` records both children (pid + start time); a node starting in the same run directory ends
+#   the ones a killed predecessor left behind, by that record and never by process name.
+_PR_SET_PDEATHSIG = 1
+PARENT_WATCH_INTERVAL = 0.5  # seconds between the DHT child's checks that its parent still lives
+
+
+def _libc_prctl():
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+
+_PRCTL = _libc_prctl() if os.name == "posix" and os.uname().sysname == "Linux" else None
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn`` of p2pd: SIGKILL it when its parent (the DHT child) dies (Linux; elsewhere a no-op)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _close_inherited_listeners() -> int:
+    """Close every listening socket this (just forked) process inherited; returns how many were closed."""
+    import socket as _socket
+
+    closed = 0
+    try:
+        fds = [int(x) for x in os.listdir("/proc/self/fd")]
+    except OSError:  # pragma: no cover - no /proc
+        return 0
+    for fd in fds:
+        if fd <= 2:
+            continue
+        try:
+            if not _socket_is_listening(_socket, fd):
+                continue
+            os.close(fd)
+            closed += 1
+        except OSError:
+            continue
+    return closed
+
+
+def _socket_is_listening(_socket: Any, fd: int) -> bool:
+    import stat
+
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        return False
+    s = _socket.socket(fileno=fd)
+    try:
+        return bool(s.getsockopt(_socket.SOL_SOCKET, _socket.SO_ACCEPTCONN))
+    finally:
+        s.detach()
+
+
+def _watch_parent(parent_pid: int, interval: float = PARENT_WATCH_INTERVAL) -> None:
+    """Daemon thread of the DHT child: exit the process (p2pd follows by its death signal) once the parent is gone."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=loop, name="swarm-dht-parent-watch", daemon=True).start()
+
+
+class _NodeBoundDHT(DHT):
+    """``hivemind.DHT`` whose child process dies with the node, holds none of its sockets, and whose p2pd
+    dies with it (see the comment above :data:`PARENT_WATCH_INTERVAL`)."""
+
+    def run(self) -> None:  # runs in the forked child
+        try:  # own process group: a terminal's Ctrl-C (or a killpg of the node) reaches the node alone, which
+            os.setpgid(0, 0)  # then stops its DHT in order instead of losing p2pd under it mid-step
+        except OSError:  # pragma: no cover
+            pass
+        _close_inherited_listeners()
+        _watch_parent(os.getppid() if self._parent_pid is None else self._parent_pid)
+        real = asyncio.create_subprocess_exec
+
+        async def exec_bound(*args: Any, **kwargs: Any):
+            kwargs.setdefault("preexec_fn", _die_with_parent)
+            kwargs.setdefault("start_new_session", True)  # p2pd: no terminal signals either
+            return await real(*args, **kwargs)
+
+        asyncio.create_subprocess_exec = exec_bound  # this process is the DHT's alone: only p2pd is started here
+        asyncio.subprocess.create_subprocess_exec = exec_bound
+        super().run()
+
+    def shutdown(self) -> None:
+        """Ask the DHT process to stop, wait ``shutdown_timeout`` s, then terminate it (logged at INFO: on a
+        loaded machine a slow stop is normal, not an error)."""
+        if self.is_alive():
+            try:
+                self._outer_pipe.send(("_shutdown", [], {}))
+                self._outer_pipe.close()
+            except (OSError, ValueError):
+                pass
+            self.join(self.shutdown_timeout)
+            if self.is_alive():
+                log.info("the DHT process did not stop within %.0f s; terminating it", self.shutdown_timeout)
+                self.terminate()
+
+    _parent_pid: int | None = None
 
 
 # --------------------------------------------------------------------------- helpers (picklable coroutines)
@@ -271,6 +393,10 @@ class SwarmDHT:
         hivemind pick a fresh identity each start
     :param client_mode: a DHT client refuses incoming DHT requests (for nodes that cannot be reached)
     :param dht_kwargs: extra keyword arguments for ``hivemind.DHT`` / ``DHTNode.create`` / ``P2P.create``
+    :param pid_file: where to record the DHT child and its p2pd (pid + start time, JSON); on :meth:`start` the
+        processes a killed predecessor recorded there are ended first (:func:`end_stale_children`); removed on
+        :meth:`shutdown`. None records nothing.
+    :param shutdown_grace: seconds a stopping DHT process gets to shut down before it is terminated
     :param start: start immediately (otherwise call :meth:`start`)
     :raises ValueError: on malformed multiaddrs, ids or limits (the message names the argument)
     """
@@ -298,6 +424,8 @@ class SwarmDHT:
         p2p_identity_path: str | None = None,
         client_mode: bool = False,
         dht_kwargs: dict | None = None,
+        pid_file: str | os.PathLike | None = None,
+        shutdown_grace: float = 15.0,
         start: bool = True,
     ):
         if not isinstance(private_key, Ed25519PrivateKey):
@@ -335,6 +463,8 @@ class SwarmDHT:
         self.p2p_identity_path = p2p_identity_path
         self.client_mode = bool(client_mode)
         self.dht_kwargs = dict(dht_kwargs or {})
+        self.pid_file = Path(pid_file) if pid_file is not None else None
+        self.shutdown_grace = float(shutdown_grace)
 
         self.validator = Ed25519RecordValidator(
             private_key,
@@ -378,6 +508,8 @@ class SwarmDHT:
         if self._started:
             return self.is_alive
         self._started = True
+        if self.pid_file is not None:
+            end_stale_children(self.pid_file)
         ok = self._start_dht()
         if self.health_interval > 0:
             self._watchdog = threading.Thread(target=self._watchdog_loop, name="swarm-dht-watchdog", daemon=True)
@@ -390,18 +522,20 @@ class SwarmDHT:
             startup_timeout=self.startup_timeout,
             ensure_bootstrap_success=False,
             client_mode=self.client_mode,
+            shutdown_timeout=self.shutdown_grace,
         )
         if self.announce_maddrs:
             kwargs["announce_maddrs"] = self.announce_maddrs
         if self.p2p_identity_path is not None:
             kwargs["identity_path"] = self.p2p_identity_path
         kwargs.update(self.dht_kwargs)
-        dht = DHT(
+        dht = _NodeBoundDHT(
             initial_peers=initial_peers or None,
             start=False,
             record_validators=[self.validator],
             **kwargs,
         )
+        dht._parent_pid = os.getpid()
         dht.run_in_background(await_ready=False)
         try:
             dht.wait_until_ready(timeout=self.startup_timeout + 2 * self.call_timeout)
@@ -437,6 +571,7 @@ class SwarmDHT:
             self._solo_fallback = bool(self.initial_peers) and not peers
             self._health_failures = 0
             self._maddrs_cache = (time.monotonic(), list(info["maddrs"]))
+            self._record_children(dht, info)
             self._join_delay = self.join_backoff[0]
             self._refresh_peer_count()
             if self._solo_fallback or (self.initial_peers and self._num_peers == 0):
@@ -447,6 +582,14 @@ class SwarmDHT:
                      self._solo_fallback or not self.initial_peers)
             return True
         return False
+
+    def _record_children(self, dht: DHT, info: dict) -> None:
+        if self.pid_file is None:
+            return
+        try:
+            write_children_file(self.pid_file, [dht.pid, info.get("p2pd_pid")], [info.get("daemon_listen_maddr", "")])
+        except OSError as e:
+            log.warning("cannot write %s: %s (a node killed now may leave its DHT processes behind)", self.pid_file, e)
 
     def _kill_dht(self, dht: DHT | None, info: dict, graceful: bool = True) -> None:
         if dht is None:
@@ -527,6 +670,11 @@ class SwarmDHT:
             dht, info = self._dht, self._info
             self._dht, self._info = None, {}
         self._kill_dht(dht, info)
+        if self.pid_file is not None:
+            try:
+                self.pid_file.unlink()
+            except OSError:
+                pass
 
     def __enter__(self) -> SwarmDHT:
         return self

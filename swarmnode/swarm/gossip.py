@@ -107,6 +107,7 @@ from typing import Any, Callable, Sequence
 from cryptography.hazmat.primitives import serialization
 
 from swarmnode.rollout.tree import RolloutTree
+from swarmnode import rundir
 from swarmnode.swarm import wire
 from swarmnode.swarm.dht import SwarmDHT, parse_multiaddr
 from swarmnode.swarm.identity import Identity, load_or_create, peer_id_from_public_key
@@ -391,6 +392,7 @@ class SwarmClient:
             call_timeout=self.scfg.dht_timeout,
             p2p_identity_path=p2p_key,
             join_backoff=(1.0, 30.0),
+            pid_file=str(self.run_dir / rundir.CHILDREN_FILE) if self.run_dir is not None else None,
             start=False,
         )
         kw.update(dht_kwargs or {})
@@ -479,6 +481,10 @@ class SwarmClient:
             self.server.close()
         finally:
             self.dht.shutdown()
+
+    def recover(self, reason: str) -> None:
+        """Restart the DHT (``SwarmHook.recover``: the node calls it after a stall in the swarm layer)."""
+        self.dht.restart(reason=reason)
 
     def __enter__(self) -> SwarmClient:
         return self

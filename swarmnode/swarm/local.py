@@ -77,6 +77,8 @@ class MetricsTail:
     def update(self) -> "MetricsTail":
         """Read what was appended since the last call (a partial last line waits for the next call)."""
         try:
+            if self.path.stat().st_size < self._offset:  # rewritten shorter (a resumed node dropped stale rows)
+                self.__init__(self.path)
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
                 chunk = f.read(4 * 1024 * 1024)
@@ -150,6 +152,8 @@ class LocalSwarm:
 
     Raises:
         ValueError: ``nodes < 1``.
+        swarmnode.rundir.LockedError: another launcher runs a swarm in ``run_dir`` (the message names its PID);
+            the lock is held until :meth:`stop`.
     """
 
     def __init__(
@@ -173,6 +177,9 @@ class LocalSwarm:
         self.run_dir = Path(run_dir)
         self.host = host
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        from swarmnode.rundir import lock_run_dir
+
+        self.lock = lock_run_dir(self.run_dir)  # a second `swarm up` on this directory is refused (LockedError)
         d0 = self.run_dir / "node-0"
         from swarmnode.swarm.gossip import P2P_KEY_FILE
 
@@ -193,7 +200,7 @@ class LocalSwarm:
         for i in range(nodes):
             rd = self.run_dir / f"node-{i}"
             cmd = [python, "-m", "swarmnode.cli", "run", "--swarm", "--run-dir", str(rd),
-                   "--identity", str(rd / "identity.pem"), "--seed", str(base_seed + i)]
+                   "--identity", str(rd / "identity.pem"), "--create-identity", "--seed", str(base_seed + i)]
             if config is not None:
                 cmd += ["--config", str(config)]
             if model is not None:
@@ -276,6 +283,7 @@ class LocalSwarm:
                 except (ProcessLookupError, PermissionError):
                     n.proc.kill()
                 n.proc.wait(10)
+        self.lock.release()
         return [n.returncode for n in self.nodes]
 
     def wait(self, poll: float = 1.0) -> list[int | None]:

@@ -12,17 +12,20 @@ Layout of ``<run_dir>/checkpoints/``::
         manifest.json           {"format": 1, "step": ..., "files": {relpath: {"sha256", "size"}}}
     latest                      text file: the directory name of the newest checkpoint
     .tmp-step-…                 an in-progress (or crashed) save; never loaded, removed by the next save
+    quarantine/step-…-<time>    a checkpoint that failed verification, moved aside (never deleted)
 
 Protocol of :func:`save_checkpoint`: everything is written into ``.tmp-step-XXXXXXXX-<pid>-<rand>``, each file
 is fsynced, ``manifest.json`` (SHA-256 and size of every other file) is written and fsynced last, the
 directory is fsynced and ``os.rename``\\ d to ``step-XXXXXXXX`` (atomic on POSIX), the parent is fsynced, then
 ``latest`` is replaced atomically (write ``latest.tmp``, fsync, ``os.replace``). Only after that are old
-checkpoints beyond ``keep_last`` deleted. A crash at any point leaves every earlier checkpoint intact: a
-half-written save is only ever a ``.tmp-*`` directory.
+checkpoints beyond ``keep_last`` deleted, and only complete ones older than the new one (an incomplete one is
+quarantined instead; a newer one is never touched). A crash at any point leaves every earlier checkpoint
+intact: a half-written save is only ever a ``.tmp-*`` directory.
 
 :func:`load_latest_checkpoint` picks the newest ``step-*`` directory whose manifest verifies (every listed
 file present with the right size and hash); a corrupt or partial one is skipped with a warning and the
-previous good one is used.
+previous good one is used. With ``quarantine=True`` (what the node does; it holds the run directory's lock) a
+failing one is moved into ``quarantine/`` so that it is neither loaded nor pruned, and stays for inspection.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ LATEST = "latest"
 MANIFEST = "manifest.json"
 MODEL_SUBDIR = "model"
 STEP_RE = re.compile(r"^step-(\d{8})$")
+QUARANTINE_DIR = "quarantine"
 FORMAT_VERSION = 1
 
 
@@ -278,12 +282,21 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
 
 
 def _prune(root: Path, keep_last: int, keep: Path) -> None:
+    """Delete complete checkpoints beyond the ``keep_last`` newest that are older than ``keep`` (just written and
+    verified); quarantine incomplete ones instead of deleting them; never touch one newer than ``keep``."""
     kept = 0
-    for _, p in _step_dirs(root):
-        if p == keep or (kept < keep_last and (p / MANIFEST).is_file()):
+    keep_step = int(STEP_RE.match(keep.name).group(1))
+    for step, p in _step_dirs(root):
+        if p == keep or step > keep_step:
+            kept += p == keep
+            continue
+        if kept < keep_last and (p / MANIFEST).is_file():
             kept += 1
             continue
-        shutil.rmtree(p, ignore_errors=True)
+        if (p / MANIFEST).is_file():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            quarantine_checkpoint(p, "manifest.json missing")
     for p in root.iterdir():  # leftovers of crashed saves by this process or others that are gone
         if p.name.startswith(".tmp-") and p.is_dir():
             pid = _tmp_pid(p.name)
@@ -337,13 +350,42 @@ def verify_checkpoint(path: str | os.PathLike) -> str | None:
     return None
 
 
-def load_latest_checkpoint(run_dir: str | os.PathLike) -> CheckpointInfo | None:
+def quarantine_checkpoint(path: Path, reason: str) -> Path | None:
+    """Move a bad ``step-*`` directory to ``checkpoints/quarantine/<name>-<unix time>`` (never deletes it) and log
+    where; returns the new path (None if it could not be moved: it is then left in place)."""
+    qdir = path.parent / QUARANTINE_DIR
+    dest = qdir / f"{path.name}-{int(time.time())}"
+    try:
+        qdir.mkdir(exist_ok=True)
+        while dest.exists():
+            dest = dest.with_name(dest.name + "x")
+        os.rename(path, dest)
+    except OSError as e:
+        logger.error("checkpoint %s is corrupt (%s) and could not be moved aside: %s", path, reason, e)
+        return None
+    logger.warning("checkpoint %s is corrupt (%s); moved it to %s (kept for inspection, never loaded)", path, reason,
+                   dest)
+    return dest
+
+
+def corrupt_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The quarantined checkpoints of ``run_dir`` (``checkpoints/quarantine/*``), oldest name first."""
+    q = Path(run_dir) / CHECKPOINT_DIR / QUARANTINE_DIR
+    return sorted(p for p in q.iterdir() if p.is_dir()) if q.is_dir() else []
+
+
+def load_latest_checkpoint(run_dir: str | os.PathLike, quarantine: bool = False) -> CheckpointInfo | None:
     """The newest checkpoint of ``run_dir`` that verifies, or ``None`` if there is none.
 
     Candidates are the ``step-XXXXXXXX`` directories (never ``.tmp-*``), newest step first. Each is verified
     against its manifest (:func:`verify_checkpoint`); a failing one is skipped with a logged warning and
     recorded in ``CheckpointInfo.skipped``. The ``latest`` pointer is advisory: a complete checkpoint newer
     than the pointer (crash between the rename and the pointer update) is used, and a disagreement is logged.
+
+    Args:
+        run_dir: the run directory.
+        quarantine: move each failing checkpoint aside (:func:`quarantine_checkpoint`); only for the process that
+            holds the run directory (readers such as ``swarmnode eval`` leave them in place).
     """
     root = Path(run_dir) / CHECKPOINT_DIR
     skipped: list[tuple[Path, str]] = []
@@ -356,8 +398,10 @@ def load_latest_checkpoint(run_dir: str | os.PathLike) -> CheckpointInfo | None:
     for step, path in _step_dirs(root):
         reason = verify_checkpoint(path)
         if reason is not None:
-            logger.warning("skipping checkpoint %s: %s", path, reason)
-            skipped.append((path, reason))
+            moved = quarantine_checkpoint(path, reason) if quarantine else None
+            if moved is None:
+                logger.warning("skipping checkpoint %s: %s", path, reason)
+            skipped.append((moved or path, reason))
             continue
         if pointer is not None and pointer != path.name:
             logger.warning("checkpoint pointer %r disagrees with newest valid checkpoint %s", pointer, path.name)
