@@ -65,14 +65,33 @@ def _setup_logging(run_dir: Path | None, verbose: bool, swarm: bool = False) -> 
 
 
 def _print_eval(title: str, res) -> None:
-    t = Table(title=title)
+    """Per-task table of exact greedy pass@1 (n, exact, partial credit apart), then one per probe."""
+    t = Table(title=f"{title} (exact greedy pass@1)")
     t.add_column("task")
     t.add_column("n", justify="right")
-    t.add_column("accuracy", justify="right")
+    t.add_column("exact", justify="right")
+    t.add_column("partial credit", justify="right", style="dim")
+    partial = getattr(res, "per_task_partial", {}) or {}
     for k, v in res.per_task.items():
-        t.add_row(k, str(res.counts[k]), f"{100 * v:.1f}%")
-    t.add_row("[bold]overall", str(res.n), f"[bold]{100 * res.accuracy:.1f}%")
+        t.add_row(k, str(res.counts[k]), f"{100 * v:.1f}%", f"{100 * partial.get(k, v):.1f}%")
+    t.add_row("[bold]overall", str(res.n), f"[bold]{100 * res.accuracy:.1f}%",
+              f"{100 * getattr(res, 'partial_credit', res.accuracy):.1f}%")
     console.print(t)
+    gen = getattr(res, "generalization", {}) or {}
+    if gen:
+        g = Table(title="generalization probes (tasks.probes, held-out questions, never trained on)")
+        g.add_column("probe")
+        g.add_column("n", justify="right")
+        g.add_column("exact", justify="right")
+        g.add_column("partial credit", justify="right", style="dim")
+        for k, v in gen.items():
+            g.add_row(k, str(v.n), f"{100 * v.accuracy:.1f}%", f"{100 * v.partial_credit:.1f}%")
+        console.print(g)
+
+
+def _acc_line(res) -> str:
+    """``41.2% exact (n=500)``."""
+    return f"{100 * res.accuracy:.1f}% exact (n={res.n})"
 
 
 @app.command()
@@ -161,7 +180,7 @@ def run(
         with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (before training)…"):
             before = node.evaluate()
         node.log_eval(before, "before")
-        console.print(f"held-out accuracy before: [bold]{100 * before.accuracy:.1f}%[/]")
+        console.print(f"held-out accuracy before: [bold]{_acc_line(before)}[/]")
         if node.swarm is not None:
             node.swarm.note_accuracy(before.accuracy)
 
@@ -214,8 +233,13 @@ def run(
     if after is not None:
         _print_eval("held-out accuracy after", after)
     if before is not None and after is not None:
-        console.print(f"held-out accuracy: {100 * before.accuracy:.1f}% → [bold]{100 * after.accuracy:.1f}%[/] "
-                      f"({100 * (after.accuracy - before.accuracy):+.1f} points)")
+        console.print(f"held-out accuracy (exact greedy pass@1, n={after.n}): {100 * before.accuracy:.1f}% → "
+                      f"[bold]{100 * after.accuracy:.1f}%[/] ({100 * (after.accuracy - before.accuracy):+.1f} points)")
+        for k, a in after.generalization.items():
+            b = before.generalization.get(k)
+            if b is not None:
+                console.print(f"  probe {k} (n={a.n}): {100 * b.accuracy:.1f}% → {100 * a.accuracy:.1f}% "
+                              f"({100 * (a.accuracy - b.accuracy):+.1f} points)", highlight=False)
     console.print(f"checkpoints: {rd / 'checkpoints'}\nmetrics:     {rd / 'metrics.jsonl'}")
     if node.monitor.exit_code:  # the memory watchdog stopped the node (it checkpointed first)
         console.print(node.monitor.exit_reason or "stopped by the watchdog", style="bold red", markup=False)
@@ -258,10 +282,11 @@ def eval_cmd(
     device: Optional[str] = typer.Option(None, "--device"),
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
-    """Greedy accuracy of a checkpoint (or the embedded default) on held-out tasks, per task and overall."""
+    """Exact greedy pass@1 of a checkpoint (or the embedded default) on held-out questions, per task and overall,
+    with partial credit apart and the tasks.probes generalization probes."""
     cfg = _load(config, {"model.device": device})
     _setup_logging(None, False)
-    from swarmnode.evaluation import evaluate
+    from swarmnode.evaluation import evaluate_mix
     from swarmnode.policy.loading import load_policy
     from swarmnode.tasks.mix import TaskMix
     from swarmnode.train.checkpoint import MODEL_SUBDIR, load_latest_checkpoint
@@ -277,23 +302,19 @@ def eval_cmd(
         path = str(p / MODEL_SUBDIR)
     try:
         tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
+        probes = TaskMix.probes_from_config(cfg.tasks, base_dir=Path.cwd())
         pol = load_policy(cfg.model.model_copy(update={"name_or_path": path}))
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(str(e))
         return
-    refs = tasks.eval_refs(n or cfg.tasks.eval_size)
-    res = evaluate(
-        pol.model,
-        pol.tokenizer,
-        [tasks.get(r) for r in refs],
-        lambda t: pol.prompt(t.question),
-        lambda t, c: tasks.score_detail(t, c)["correct"],
-        max_new_tokens=cfg.sampling.max_completion_length,
-    )
+    res = evaluate_mix(pol.model, pol.tokenizer, tasks, lambda t: pol.prompt(t.question),
+                       max_new_tokens=cfg.sampling.max_completion_length, n=n or cfg.tasks.eval_size, probes=probes)
     if json_out:
-        print(json.dumps({"model": path, **res.to_dict()}))
+        print(json.dumps({"model": path, **res.to_dict(), "seconds": res.seconds}))
     else:
         _print_eval(f"held-out accuracy of {path}", res)
+        console.print(f"{res.n} held-out questions + {sum(v.n for v in res.generalization.values())} probe questions "
+                      f"in {res.seconds:.1f} s", highlight=False)
 
 
 def default_identity_path() -> Path:

@@ -1,67 +1,118 @@
-"""Held-out evaluation: greedy accuracy of a policy on tasks the training stream never draws.
+"""Held-out evaluation that cannot flatter: exact greedy pass@1 on questions training never sees.
 
-Accuracy of one task = its verifier's correctness score of the greedy completion (reasoning-gym's
-``score_answer`` on the extracted ``<answer>…</answer>``, math-verify for JSONL math). Reported per task
-family and overall, in [0, 1].
+* **Held-out by content.** The questions come from :meth:`~swarmnode.tasks.mix.TaskMix.eval_refs`: the
+  held-out partition of each task's question space (a hash of the normalized question text,
+  ``swarmnode/tasks/partition.py``), distinct by content; the training stream never yields one of them.
+* **Exact accuracy.** ``accuracy`` is the share of questions whose greedy completion gets the verifier's
+  *full* score (1.0): reasoning-gym's ``score_answer`` on the extracted ``<answer>…</answer>``, Math-Verify
+  for JSONL math. One greedy completion per question, so it is pass@1. reasoning-gym's partial credit
+  (e.g. ``len(oracle)/len(answer)`` when the answer merely contains the oracle) is reported separately as
+  ``partial_credit`` and is never the headline.
+* **Per task.** Both numbers per task family, with the count of questions behind each.
+* **Generalization.** ``tasks.probes`` are nearby-distribution task sources (one more term, one more digit)
+  evaluated the same way on their own held-out questions and reported under ``generalization``.
+
+Decoding is batched greedy ``model.generate`` with left padding; prompts are sorted by length so that a
+batch pads little, and results are put back in question order.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import torch
 
 from swarmnode.tasks.base import Task
 
+#: A verifier score at least this high counts as fully correct (float noise only).
+EXACT_THRESHOLD = 1.0 - 1e-9
+
 
 @dataclass
 class EvalResult:
-    """Held-out accuracy.
+    """Held-out accuracy of one task mix (and, under ``generalization``, of each probe).
 
     Attributes:
-        accuracy: mean correctness over all tasks, in [0, 1].
-        per_task: task family -> mean correctness.
-        counts: task family -> number of tasks.
-        n: total tasks evaluated.
-        examples: a few (question, completion, answer, score) tuples for inspection.
+        accuracy: exact greedy pass@1 over all questions: share whose verifier score is 1.0, in [0, 1].
+        per_task: task family -> exact accuracy.
+        counts: task family -> number of questions.
+        n: total questions evaluated.
+        partial_credit: mean raw verifier score (reasoning-gym's partial credit included), in [0, 1]; reported
+            apart from ``accuracy`` and never instead of it.
+        per_task_partial: task family -> mean raw verifier score.
+        generalization: probe name -> the probe's own :class:`EvalResult` (nearby-distribution questions).
+        examples: a few ``(question, completion, answer, exact score)`` tuples for inspection.
+        seconds: wall time of the evaluation (decoding and scoring, probes included), in seconds.
     """
 
     accuracy: float
     per_task: dict[str, float]
     counts: dict[str, int]
     n: int
+    partial_credit: float = 0.0
+    per_task_partial: dict[str, float] = field(default_factory=dict)
+    generalization: dict[str, "EvalResult"] = field(default_factory=dict)
     examples: list[tuple[str, str, str, float]] = field(default_factory=list)
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"accuracy": self.accuracy, "per_task": self.per_task, "counts": self.counts, "n": self.n}
+        """JSON-ready summary: ``accuracy`` (exact), ``n``, ``per_task``, ``counts``, ``partial_credit``,
+        ``per_task_partial_credit`` and ``generalization`` (probe name -> the same keys, without nesting)."""
+        d = {
+            "accuracy": self.accuracy,
+            "metric": "exact greedy pass@1",
+            "n": self.n,
+            "per_task": self.per_task,
+            "counts": self.counts,
+            "partial_credit": self.partial_credit,
+            "per_task_partial_credit": self.per_task_partial,
+        }
+        if self.generalization:
+            d["generalization"] = {k: _flat(v) for k, v in self.generalization.items()}
+        return d
+
+
+def _flat(r: EvalResult) -> dict:
+    return {"accuracy": r.accuracy, "n": r.n, "per_task": r.per_task, "counts": r.counts,
+            "partial_credit": r.partial_credit}
 
 
 @torch.no_grad()
 def greedy_completions(
     model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 64
 ) -> list[str]:
-    """Greedy-decode a completion for every prompt with ``model.generate`` (left padding).
+    """Greedy-decode a completion for every prompt with ``model.generate`` (left padding, length-sorted batches).
 
     Args:
         model: a Hugging Face causal LM.
         tokenizer: its tokenizer (must have a pad token).
         prompts: prompt strings (chat template already applied).
         max_new_tokens: tokens generated at most per prompt.
-        batch_size: prompts per ``generate`` call.
+        batch_size: prompts per ``generate`` call (>= 1).
 
     Returns:
         The decoded completions (special tokens removed), in prompt order.
+
+    Raises:
+        ValueError: ``batch_size < 1`` or ``max_new_tokens < 1``.
     """
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}")
     was_training = model.training
     model.eval()
     old_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     device = next(model.parameters()).device
-    out: list[str] = []
+    lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: (lengths[i], i))
+    out: list[str | None] = [None] * len(prompts)
     try:
-        for i in range(0, len(prompts), batch_size):
-            chunk = prompts[i : i + batch_size]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        for i in range(0, len(order), batch_size):
+            idx = order[i : i + batch_size]
+            enc = tokenizer([prompts[j] for j in idx], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(device)
             gen = model.generate(
                 **enc,
                 max_new_tokens=max_new_tokens,
@@ -70,46 +121,157 @@ def greedy_completions(
                 eos_token_id=tokenizer.eos_token_id,
             )
             new = gen[:, enc["input_ids"].shape[1] :]
-            out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            for j, text in zip(idx, tokenizer.batch_decode(new, skip_special_tokens=True)):
+                out[j] = text
     finally:
         tokenizer.padding_side = old_side
         if was_training:
             model.train()
-    return out
+    return [t if t is not None else "" for t in out]
+
+
+def _exact_and_partial(value: Any) -> tuple[float, float]:
+    """``(exact, partial)`` from a score function's return: a float raw score or an ``(exact, partial)`` pair."""
+    if isinstance(value, (tuple, list)):
+        exact, partial = float(value[0]), float(value[1])
+    else:
+        partial = float(value)
+        exact = 1.0 if partial >= EXACT_THRESHOLD else 0.0
+    if not math.isfinite(partial):
+        partial = 0.0
+    return (1.0 if exact >= EXACT_THRESHOLD else 0.0), min(1.0, max(0.0, partial))
+
+
+def _aggregate(tasks: list[Task], comps: list[str], score_fn, keep_examples: int) -> EvalResult:
+    if not tasks:
+        return EvalResult(0.0, {}, {}, 0)
+    ex_sum: dict[str, float] = {}
+    pa_sum: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    examples = []
+    for t, c in zip(tasks, comps):
+        exact, partial = _exact_and_partial(score_fn(t, c))
+        name = t.name or t.ref.source
+        ex_sum[name] = ex_sum.get(name, 0.0) + exact
+        pa_sum[name] = pa_sum.get(name, 0.0) + partial
+        counts[name] = counts.get(name, 0) + 1
+        if len(examples) < keep_examples:
+            examples.append((t.question, c, t.answer, exact))
+    n = len(tasks)
+    names = sorted(counts)
+    return EvalResult(
+        accuracy=sum(ex_sum.values()) / n,
+        per_task={k: ex_sum[k] / counts[k] for k in names},
+        counts={k: counts[k] for k in names},
+        n=n,
+        partial_credit=sum(pa_sum.values()) / n,
+        per_task_partial={k: pa_sum[k] / counts[k] for k in names},
+        examples=examples,
+    )
 
 
 def evaluate(
     model,
     tokenizer,
     tasks: list[Task],
-    prompt_fn,
-    score_fn,
+    prompt_fn: Callable[[Task], str],
+    score_fn: Callable[[Task, str], Any],
     max_new_tokens: int,
     batch_size: int = 64,
     keep_examples: int = 4,
 ) -> EvalResult:
-    """Greedy held-out accuracy of ``model`` on ``tasks``.
+    """Exact greedy pass@1 of ``model`` on ``tasks``, per task family, with partial credit apart.
 
     Args:
+        model, tokenizer: a Hugging Face causal LM and its tokenizer (with a pad token).
         tasks: regenerated tasks (from held-out TaskRefs).
         prompt_fn: ``Task -> str`` building the prompt (chat template applied).
-        score_fn: ``(Task, completion) -> float`` correctness in [0, 1]; must never raise.
+        score_fn: ``(Task, completion) -> score``; either the verifier's raw score in [0, 1] (exact = a score of
+            1.0) or an ``(exact, partial)`` pair. Must never raise (:func:`mix_scorer` builds one).
         max_new_tokens: decoding cap (the run's ``max_completion_length``).
+        batch_size: prompts per ``generate`` call.
+        keep_examples: how many examples to keep in the result.
+
+    Returns:
+        An :class:`EvalResult` (``generalization`` empty; see :func:`evaluate_mix`).
     """
-    if not tasks:
-        return EvalResult(0.0, {}, {}, 0)
-    comps = greedy_completions(model, tokenizer, [prompt_fn(t) for t in tasks], max_new_tokens, batch_size)
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    examples = []
-    total = 0.0
-    for t, c in zip(tasks, comps):
-        s = float(score_fn(t, c))
-        total += s
-        name = t.name or t.ref.source
-        sums[name] = sums.get(name, 0.0) + s
-        counts[name] = counts.get(name, 0) + 1
-        if len(examples) < keep_examples:
-            examples.append((t.question, c, t.answer, s))
-    per_task = {k: sums[k] / counts[k] for k in sorted(sums)}
-    return EvalResult(total / len(tasks), per_task, counts, len(tasks), examples)
+    import time
+
+    t0 = time.perf_counter()
+    comps = greedy_completions(model, tokenizer, [prompt_fn(t) for t in tasks], max_new_tokens, batch_size) \
+        if tasks else []
+    res = _aggregate(tasks, comps, score_fn, keep_examples)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def mix_scorer(mix) -> Callable[[Task, str], tuple[float, float]]:
+    """``(task, completion) -> (exact, partial)`` of a :class:`~swarmnode.tasks.mix.TaskMix`; never raises.
+
+    Uses the mix's ``rescore`` (exact and raw correctness from one verifier call) when it has one, else its
+    ``score_detail(...)["correct"]`` read as the raw score (exact = 1.0 only for a full score). The format
+    bonus (``tasks.format_reward``) is never part of either number.
+    """
+
+    def score(task: Task, completion: str) -> tuple[float, float]:
+        try:
+            if hasattr(mix, "rescore"):
+                d = mix.rescore(task, completion)
+                return float(d["correct"]), float(d.get("partial", d["correct"]))
+            raw = float(mix.score_detail(task, completion)["correct"])
+            return (1.0 if raw >= EXACT_THRESHOLD else 0.0), raw
+        except Exception:
+            return 0.0, 0.0
+
+    return score
+
+
+def evaluate_mix(
+    model,
+    tokenizer,
+    mix,
+    prompt_fn: Callable[[Task], str],
+    max_new_tokens: int,
+    n: int | None = None,
+    probes: Mapping[str, Any] | None = None,
+    batch_size: int = 64,
+    keep_examples: int = 4,
+) -> EvalResult:
+    """Held-out exact accuracy of ``model`` on a task mix, plus each generalization probe, in one decoding pass.
+
+    Args:
+        mix: the training :class:`~swarmnode.tasks.mix.TaskMix`; its :meth:`eval_refs` ``(n)`` are evaluated.
+        prompt_fn: ``Task -> str`` (the node's prompt, chat template applied).
+        max_new_tokens: decoding cap.
+        n: held-out questions (default the mix's ``eval_size``); probes use the same ``n``.
+        probes: probe name -> single-source held-out mix (:meth:`TaskMix.probes_from_config`); ``None`` = none.
+        batch_size, keep_examples: as :func:`evaluate`.
+
+    Returns:
+        The mix's :class:`EvalResult` with ``generalization[name]`` for every probe; ``seconds`` covers all.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    groups: list[tuple[str | None, Any, list[Task]]] = [(None, mix, [mix.get(r) for r in mix.eval_refs(n)])]
+    for name, pm in (probes or {}).items():
+        groups.append((name, pm, [pm.get(r) for r in pm.eval_refs(n)]))
+    prompts = [prompt_fn(t) for _, _, ts in groups for t in ts]
+    comps = greedy_completions(model, tokenizer, prompts, max_new_tokens, batch_size) if prompts else []
+    results: list[EvalResult] = []
+    k = 0
+    for _, m, ts in groups:
+        results.append(_aggregate(ts, comps[k : k + len(ts)], mix_scorer(m), keep_examples))
+        k += len(ts)
+    main = results[0]
+    main.generalization = {name: r for (name, _, _), r in zip(groups[1:], results[1:])}
+    main.seconds = time.perf_counter() - t0
+    return main
+
+
+def format_accuracy(res: EvalResult) -> str:
+    """One line: ``"41.2% exact (n=500; partial credit 44.0%)"`` plus ``"; probes: name 12.0% (n=500), …"``."""
+    s = f"{100 * res.accuracy:.1f}% exact (n={res.n}; partial credit {100 * res.partial_credit:.1f}%)"
+    if res.generalization:
+        s += "; probes: " + ", ".join(f"{k} {100 * v.accuracy:.1f}% (n={v.n})" for k, v in res.generalization.items())
+    return s

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from swarmnode.config import RunConfig, dump_config
-from swarmnode.evaluation import EvalResult, evaluate
+from swarmnode.evaluation import EvalResult, evaluate_mix
 from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, rss_bytes
 from swarmnode.monitor.runtime import NodeMonitor
 from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
@@ -409,22 +409,24 @@ class Node:
 
     # ------------------------------------------------------------------ evaluation / checkpoints
     def evaluate(self, n: int | None = None) -> EvalResult:
-        """Greedy accuracy on ``n`` held-out tasks (default ``tasks.eval_size``) drawn with ``tasks.eval_seed``."""
-        refs = self.tasks.eval_refs(n or self.cfg.tasks.eval_size)
-        tasks = [self.tasks.get(r) for r in refs]
+        """Exact greedy pass@1 on ``n`` held-out questions (default ``tasks.eval_size``), per task, with the
+        ``tasks.probes`` generalization probes (swarmnode/evaluation.py)."""
+        if getattr(self, "_probes", None) is None:
+            self._probes = TaskMix.probes_from_config(self.cfg.tasks, base_dir=Path.cwd())
         with self.monitor.activity("evaluating"):
-            return evaluate(
+            return evaluate_mix(
                 self.policy.model,
                 self.policy.tokenizer,
-                tasks,
+                self.tasks,
                 self.prompt_for,
-                lambda t, c: self.tasks.score_detail(t, c)["correct"],
                 max_new_tokens=self.cfg.sampling.max_completion_length,
+                n=n or self.cfg.tasks.eval_size,
+                probes=self._probes,
             )
 
     def log_eval(self, res: EvalResult, tag: str) -> None:
         self.metrics.write(
-            {"step": self.step, "eval": tag, "accuracy": res.accuracy, "per_task": res.per_task, "n": res.n,
+            {"step": self.step, "eval": tag, **res.to_dict(), "eval_seconds": res.seconds,
              "tokens_total": self.tokens_generated, "unix_time": time.time()}
         )
         self.monitor.observe_eval(tag, res)

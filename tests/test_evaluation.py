@@ -1,0 +1,157 @@
+"""Evaluation that cannot flatter: exact greedy pass@1, partial credit apart, per task, probes, real model and verifiers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from swarmnode.config import ModelConfig, TasksConfig
+from swarmnode.evaluation import (
+    EvalResult,
+    _aggregate,
+    evaluate,
+    evaluate_mix,
+    format_accuracy,
+    greedy_completions,
+    mix_scorer,
+)
+from swarmnode.tasks.mix import TaskMix
+from swarmnode.tasks.partition import is_heldout_question
+
+REPO = Path(__file__).resolve().parents[1]
+CHAIN2 = {"min_terms": 2, "max_terms": 2}
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from swarmnode.policy.loading import load_policy
+
+    return load_policy(ModelConfig(name_or_path=os.environ.get("SWARMNODE_TEST_MODEL", "embedded"), device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def mix() -> TaskMix:
+    return TaskMix.from_config(TasksConfig(sources=[{"name": "chain_sum", "config": CHAIN2},
+                                                    {"name": "leg_counting", "config": {}, "size": 1000}]))
+
+
+def test_partial_credit_is_never_accuracy(mix):
+    """reasoning-gym gives len(oracle)/len(answer) when the answer contains the oracle: not correct."""
+    tasks = [mix.get(r) for r in mix.eval_refs(40)]
+    score = mix_scorer(mix)
+    comps, want_exact, want_partial = [], [], []
+    for k, t in enumerate(tasks):
+        if k % 2 == 0:  # exactly right
+            comps.append(f"<answer>{t.answer}</answer>")
+            want_exact.append(1.0)
+            want_partial.append(1.0)
+        else:  # contains the oracle: partial credit len(oracle)/len(answer), not correct
+            wrong = t.answer + "1"
+            comps.append(f"<answer>{wrong}</answer>")
+            want_exact.append(0.0)
+            want_partial.append(len(t.answer) / len(wrong))
+    for t, c, e, p in zip(tasks, comps, want_exact, want_partial):
+        got = score(t, c)
+        assert got[0] == e
+        assert got[1] == pytest.approx(p) or got[1] == 0.0  # stricter verifiers may give no partial credit
+    res = _aggregate(tasks, comps, score, keep_examples=2)
+    assert res.n == 40 and res.accuracy == pytest.approx(0.5)
+    assert res.partial_credit >= res.accuracy
+    assert set(res.per_task) == {"chain_sum", "leg_counting"} and sum(res.counts.values()) == 40
+    for name in res.per_task:
+        assert res.per_task[name] <= res.per_task_partial[name]
+    d = res.to_dict()
+    assert d["accuracy"] == res.accuracy and d["metric"] == "exact greedy pass@1"
+    assert d["partial_credit"] == res.partial_credit and "per_task_partial_credit" in d
+    assert "50.0% exact (n=40" in format_accuracy(res)
+    # a bare float score is read as the raw verifier score: 0.75 is not correct
+    half = _aggregate(tasks[:2], ["", ""], lambda t, c: 0.75, keep_examples=0)
+    assert half.accuracy == 0.0 and half.partial_credit == pytest.approx(0.75)
+
+
+def test_length_sorted_batches_keep_question_order(policy, mix):
+    tasks = [mix.get(r) for r in mix.eval_refs(24)]
+    prompts = [policy.prompt(t.question) for t in tasks]
+    batched = greedy_completions(policy.model, policy.tokenizer, prompts, 8, batch_size=7)
+    one_by_one = [greedy_completions(policy.model, policy.tokenizer, [p], 8, batch_size=1)[0] for p in prompts]
+    assert batched == one_by_one
+    with pytest.raises(ValueError):
+        greedy_completions(policy.model, policy.tokenizer, prompts, 8, batch_size=0)
+
+
+def test_evaluate_mix_reports_probes_apart(policy, mix):
+    cfg = TasksConfig(sources=[{"name": "chain_sum", "config": CHAIN2}],
+                      probes=[{"name": "chain_sum", "config": {"min_terms": 3, "max_terms": 3}, "label": "three_terms"}],
+                      eval_size=30)
+    m = TaskMix.from_config(cfg)
+    probes = TaskMix.probes_from_config(cfg)
+    res = evaluate_mix(policy.model, policy.tokenizer, m, lambda t: policy.prompt(t.question), max_new_tokens=8,
+                       probes=probes)
+    assert isinstance(res, EvalResult) and res.n == 30 and list(res.generalization) == ["three_terms"]
+    g = res.generalization["three_terms"]
+    assert g.n == 30 and 0.0 <= g.accuracy <= g.partial_credit <= 1.0
+    assert res.seconds > 0
+    # the same numbers as evaluating each set on its own
+    alone = evaluate(policy.model, policy.tokenizer, [m.get(r) for r in m.eval_refs()],
+                     lambda t: policy.prompt(t.question), mix_scorer(m), max_new_tokens=8)
+    assert (alone.accuracy, alone.partial_credit, alone.per_task) == (res.accuracy, res.partial_credit, res.per_task)
+    d = res.to_dict()
+    assert d["generalization"]["three_terms"]["n"] == 30
+    # every evaluated question is held out by content
+    assert all(is_heldout_question(m.get(r).question, m.eval_fraction) for r in m.eval_refs())
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _config(tmp_path: Path, **extra) -> Path:
+    d = yaml.safe_load((REPO / "swarmnode" / "default.yaml").read_text())
+    if os.environ.get("SWARMNODE_TEST_MODEL"):
+        d["model"]["name_or_path"] = os.environ["SWARMNODE_TEST_MODEL"]
+    d["tasks"]["eval_size"] = 12
+    d["tasks"]["probes"] = [{"name": "chain_sum", "config": {"min_terms": 3, "max_terms": 3}, "label": "three_terms"}]
+    d["sampling"]["max_completion_length"] = 8
+    d.update(extra)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def test_cli_eval_json_and_table(tmp_path):
+    cfg = _config(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "swarmnode.cli", "eval", "--config", str(cfg), "--json"],
+                       capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["metric"] == "exact greedy pass@1" and 0 < d["n"] <= 12
+    assert d["generalization"]["three_terms"]["n"] == 12
+    assert d["partial_credit"] >= d["accuracy"]
+    r = subprocess.run([sys.executable, "-m", "swarmnode.cli", "eval", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = " ".join(r.stdout.split())  # rich wraps long titles
+    assert "exact greedy pass@1" in out and "partial credit" in out and "three_terms" in out
+
+
+def test_run_before_after_lines_and_metrics_rows(tmp_path):
+    cfg = _config(tmp_path, steps=1)
+    rd = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "swarmnode.cli", "run", "--config", str(cfg), "--run-dir", str(rd)],
+                       capture_output=True, text=True, timeout=900, env=_env(), cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    out = " ".join(r.stdout.split())
+    assert "held-out accuracy before:" in out and "exact (n=" in out
+    assert "held-out accuracy (exact greedy pass@1, n=" in out and "probe three_terms (n=12)" in out
+    rows = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    evals = [x for x in rows if x.get("eval") in ("before", "after")]
+    assert [x["eval"] for x in evals] == ["before", "after"]
+    for x in evals:
+        assert x["metric"] == "exact greedy pass@1" and "partial_credit" in x and "per_task" in x
+        assert x["generalization"]["three_terms"]["n"] == 12
