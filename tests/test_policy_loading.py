@@ -60,6 +60,8 @@ def test_embedded_dir_is_small_and_complete():
         "<answer>7</answer>",
         "<answer>-12</answer> after",
         "Spell this word backward (example: sun -> nus): hay",
+        "7+6=13 3\n4+8+1=13 33\n3+5+1=9 933\n<answer>933</answer>",
+        "sea slug 1*0=0\nbutterfly 8*6=48\n0+48=48\n<answer>48</answer>",
     ],
 )
 def test_embedded_tokenizer_roundtrips_exactly(embedded, text):
@@ -109,22 +111,27 @@ def test_embedded_policy_fields(embedded):
     assert not embedded.model.training
 
 
-def test_embedded_generates_answers_in_both_formats(embedded):
-    """The embedded default answers bare or inside <answer> tags (docs/embedded_model.md): sampled completions at
-    temperature 1 contain both, and every completion ends within the length cap with EOS."""
+def test_embedded_reasons_in_lines_then_answers(embedded):
+    """The embedded default writes worked steps (lines ending in "\\n") and then <answer>…</answer> + EOS
+    (docs/embedded_model.md), greedy and sampled at temperature 1, within the default completion length."""
+    from swarmnode.tasks.verifiers import extract_answer
+
     tok, model = embedded.tokenizer, embedded.model
-    prompt = embedded.prompt("Calculate 2 + 3.")
-    enc = tok([prompt] * 32, return_tensors="pt", add_special_tokens=False)
+    prompt = embedded.prompt("Calculate 347 + 586.")
+    enc = tok([prompt] * 16, return_tensors="pt", add_special_tokens=False)
     torch.manual_seed(0)
     with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             pad_token_id=tok.pad_token_id)
-    new = out[:, enc["input_ids"].shape[1] :]
-    texts = tok.batch_decode(new, skip_special_tokens=True)
-    tagged = [t for t in texts if t.startswith("<answer>") and t.endswith("</answer>")]
-    assert tagged, texts
-    assert len(tagged) < len(texts), texts  # some bare answers too: RL has a format to learn
-    assert sum(int(tok.eos_token_id in row.tolist()) for row in new) >= 24, texts
+        greedy = model.generate(**{k: v[:1] for k, v in enc.items()}, max_new_tokens=96,
+                                do_sample=False, pad_token_id=tok.pad_token_id)
+        sampled = model.generate(**enc, max_new_tokens=96, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 pad_token_id=tok.pad_token_id)
+    n = enc["input_ids"].shape[1]
+    g = tok.decode(greedy[0, n:], skip_special_tokens=True)
+    assert g.count("\n") >= 2 and g.endswith("</answer>") and extract_answer(g) is not None, g
+    assert g.index("\n") < g.index("<answer>"), g
+    texts = tok.batch_decode(sampled[:, n:], skip_special_tokens=True)
+    assert sum(extract_answer(t) is not None and "\n" in t for t in texts) >= 12, texts
+    assert sum(int(tok.eos_token_id in row.tolist()) for row in sampled[:, n:]) >= 12, texts
 
 
 # ------------------------------------------------------------------ a local directory, same code path

@@ -1,0 +1,122 @@
+"""Worked solutions (swarmnode/tasks/solutions.py): re-scored by the tasks' own reasoning-gym verifiers.
+
+Real reasoning-gym datasets and swarmnode's ReasoningGymSource.score (the node's scoring path), no mocks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
+from swarmnode.tasks.solutions import (
+    DEFAULT_MIX,
+    UnsupportedTaskError,
+    column_addition_steps,
+    letter_counting_space,
+    question_space_size,
+    reasoning_part,
+    running_sum_steps,
+    worked_solution,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = range(40)
+PER_SEED = 60  # 40 seeds x 60 = 2,400 solutions per task
+
+
+@pytest.mark.parametrize("spec", DEFAULT_MIX, ids=[s["name"] for s in DEFAULT_MIX])
+def test_every_worked_solution_is_rescored_fully_correct(spec):
+    src = ReasoningGymSource(spec["name"], spec["config"])
+    n, lengths = 0, []
+    for seed in SEEDS:
+        for index in range(PER_SEED):
+            task = src.get(src.ref(seed, index))
+            entry = {"question": task.question, "answer": task.answer, "metadata": task.metadata}
+            completion = worked_solution(spec["name"], entry)
+            assert src.score(task, completion) == 1.0, (task.question, task.answer, completion)
+            # format: reasoning lines, each ending in "\n", then exactly one answer block at the end
+            reasoning = reasoning_part(completion)
+            assert completion == reasoning + f"<answer>{completion[len(reasoning) + 8:-9]}</answer>"
+            assert reasoning.endswith("\n") and all(line for line in reasoning.split("\n")[:-1]), completion
+            assert completion.count("<answer>") == 1 and "\n" not in completion[len(reasoning):]
+            lengths.append(len(reasoning))
+            n += 1
+    assert n >= 2000
+    lengths.sort()
+    # character-level tokenizer: characters are tokens. 20-60 tokens of reasoning for the bulk of them
+    # (measured 10th-90th percentiles: chain_sum 25-31, basic_arithmetic 27-35, leg_counting 33-64,
+    # letter_counting 29-57; docs/embedded_model.md)
+    assert 20 <= lengths[len(lengths) // 2] <= 60, lengths[len(lengths) // 2]
+    assert lengths[len(lengths) // 10] >= 17 and lengths[len(lengths) * 9 // 10] <= 65, (lengths[0], lengths[-1])
+    assert lengths[-1] <= 90
+
+
+@pytest.mark.parametrize("spec", DEFAULT_MIX, ids=[s["name"] for s in DEFAULT_MIX])
+def test_steps_are_computed_not_copied(spec):
+    """The answer in the tags comes from the steps: a wrong ``answer`` field in the entry does not leak in."""
+    src = ReasoningGymSource(spec["name"], spec["config"])
+    task = src.get(src.ref(3, 7))
+    good = worked_solution(spec["name"], {"question": task.question, "answer": task.answer, "metadata": task.metadata})
+    bad = worked_solution(spec["name"], {"question": task.question, "answer": "999999", "metadata": task.metadata})
+    assert good == bad and "999999" not in good
+
+
+def test_column_addition_and_running_sums():
+    lines, v = column_addition_steps(347, 586)
+    assert "".join(lines) == "7+6=13 3\n4+8+1=13 33\n3+5+1=9 933\n" and v == 933
+    lines, v = column_addition_steps(847, 586)
+    assert lines[-1] == "8+5+1=14 1433\n" and v == 1433
+    lines, v = column_addition_steps(1000, 5)
+    assert "".join(lines) == "0+5=5 5\n0+0=0 05\n0+0=0 005\n1+0=1 1005\n" and v == 1005
+    assert column_addition_steps(0, 0) == (["0+0=0 0\n"], 0)
+    for a in range(0, 1001, 37):
+        for b in range(0, 1001, 53):
+            assert column_addition_steps(a, b)[1] == a + b
+    with pytest.raises(UnsupportedTaskError):
+        column_addition_steps(-1, 3)
+    lines, v = running_sum_steps([3, 7, 2], ["-", "+"])
+    assert "".join(lines) == "3-7=-4\n-4+2=-2\n" and v == -2
+
+
+def test_unsupported_tasks_and_shapes_raise():
+    with pytest.raises(UnsupportedTaskError, match="no worked-solution writer"):
+        worked_solution("sudoku", {"question": "", "answer": "", "metadata": {}})
+    with pytest.raises(UnsupportedTaskError, match="operator"):
+        worked_solution("basic_arithmetic", {"metadata": {"expression": "3 * 4"}})
+    with pytest.raises(UnsupportedTaskError, match="metadata"):
+        worked_solution("leg_counting", {"metadata": {}})
+
+
+def test_question_spaces_are_large():
+    for spec in DEFAULT_MIX:
+        assert question_space_size(spec["name"], spec["config"]) >= 10**5, spec
+
+
+def test_question_space_formulas_match_the_generators_on_small_configs():
+    """On configs small enough to exhaust by sampling, the formula equals the number of distinct questions drawn."""
+    import reasoning_gym as rg
+
+    cases = [
+        ("chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),  # 10*10*2 = 200
+        ("basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+                              "allow_parentheses": False, "allow_negation": False}),  # 11*11*2 = 242
+        ("leg_counting", {"min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 3}),  # 37*3 = 111
+    ]
+    for name, cfg in cases:
+        ds = rg.create_dataset(name, seed=0, size=20_000, **cfg)
+        assert len({e["question"] for e in ds}) == question_space_size(name, cfg), name
+    # letter_counting: the enumeration covers every question the generator draws
+    ds = rg.create_dataset("letter_counting", seed=0, size=3000, min_words=3, max_words=3)
+    assert letter_counting_space(3, 3) >= len({e["question"] for e in ds}) > 2000
+
+
+def test_default_configs_use_the_worked_solution_mix():
+    """swarmnode/default.yaml (and configs/default.yaml, tree.yaml) train on exactly DEFAULT_MIX."""
+    want = [(s["name"], s["config"], s["weight"]) for s in DEFAULT_MIX]
+    for path in (REPO / "swarmnode" / "default.yaml", REPO / "configs" / "default.yaml", REPO / "configs" / "tree.yaml"):
+        cfg = yaml.safe_load(path.read_text())
+        got = [(s["name"], s.get("config", {}), s.get("weight", 1.0)) for s in cfg["tasks"]["sources"]]
+        assert got == want, path
