@@ -42,7 +42,10 @@ class ModelConfig(_Strict):
         None, description="None lets transformers choose; flash_attention_2 is refused on CPU"
     )
     backend: Literal["hf", "vllm"] = Field("hf", description="generation backend; vllm needs the gpu extra and CUDA")
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(
+        False, description="let transformers run model code shipped with a hub model (only for models you trust); "
+        "default False"
+    )
     compile: bool = Field(False, description="torch.compile the one-token decode step (CUDA only)")
     max_batch_rows: int | None = Field(None, ge=1, description="cap on decode rows per forward; None = memory plan")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of free GPU memory the planner may use")
@@ -56,7 +59,10 @@ class ModelConfig(_Strict):
 class TaskSourceConfig(_Strict):
     """One task source of the mix."""
 
-    type: Literal["reasoning_gym", "jsonl"] = "reasoning_gym"
+    type: Literal["reasoning_gym", "jsonl"] = Field(
+        "reasoning_gym", description="reasoning_gym = a generated dataset (name, config); jsonl = a file of "
+        "question/answer lines (path); default reasoning_gym"
+    )
     name: str | None = Field(None, description="reasoning-gym dataset name (type reasoning_gym)")
     path: str | None = Field(None, description="JSONL file with question/answer per line (type jsonl)")
     config: dict[str, Any] = Field(default_factory=dict, description="dataset config kwargs (reasoning-gym)")
@@ -86,6 +92,7 @@ class TasksConfig(_Strict):
     sources: list[TaskSourceConfig] = Field(
         default_factory=lambda: [TaskSourceConfig(name="chain_sum", config={"min_terms": 2, "max_terms": 2})],
         min_length=1,
+        description="the task sources of the mix (at least one); default 2-term chain_sum",
     )
     seed: int = Field(0, ge=0, description="seed of the training task stream")
     stream: int | None = Field(
@@ -121,7 +128,10 @@ class TasksConfig(_Strict):
 class TreeConfig(_Strict):
     """Tree-structured sampling (TreePO / TreeRL / LATR). ``mode: chain`` is independent group sampling."""
 
-    mode: Literal["chain", "tree"] = "chain"
+    mode: Literal["chain", "tree"] = Field(
+        "chain", description="chain = num_generations independent samples per prompt; tree = segment-wise tree "
+        "(TreePO) grown by the tree.* knobs; default chain"
+    )
     segment_length: int = Field(8, ge=1, description="tokens per segment (TreePO l)")
     max_depth: int = Field(6, ge=1, description="maximum segments per path (TreePO d)")
     branching_factor: int = Field(2, ge=1, description="forks per active path per step (TreePO b)")
@@ -164,32 +174,49 @@ class SamplingConfig(_Strict):
     num_generations: int = Field(8, ge=2, description="leaves (completions) per prompt, G")
     max_completion_length: int = Field(32, ge=1, description="max new tokens per completion")
     max_prompt_length: int = Field(512, ge=8, description="longer prompts are left-truncated")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, gt=0, description="softmax temperature of sampling; behaviour log-probs are "
+                               "taken under it (TRL convention); default 1.0")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass kept when sampling, (0, 1]; 1.0 = off (default)")
     top_k: int = Field(0, ge=0, description="0 disables top-k")
-    tree: TreeConfig = Field(default_factory=TreeConfig)
+    tree: TreeConfig = Field(default_factory=TreeConfig, description="tree-rollout knobs (tree.*)")
 
 
 class TrainConfig(_Strict):
     """Loss, advantages and optimizer (design.md §5)."""
 
-    learning_rate: float = Field(2e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.99, ge=0, lt=1)
-    max_grad_norm: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    learning_rate: float = Field(2e-4, gt=0, description="AdamW peak learning rate; default 2e-4")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay; default 0")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1; default 0.9")
+    adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2; default 0.99")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping by global L2 norm; default 1.0")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear LR warm-up from 0; default 0")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="LR schedule after warm-up, over RunConfig.steps (TRL names); default constant"
+    )
     beta: float = Field(0.0, ge=0, description="k3 KL weight to the frozen reference; 0 loads no reference")
     epsilon: float = Field(0.2, gt=0, lt=1, description="lower clip")
     epsilon_high: float = Field(0.28, gt=0, description="upper clip (DAPO clip-higher)")
-    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    advantage_estimator: Literal["grpo", "mc_grpo", "treepo", "tree_grpo", "treerl"] = "grpo"
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = Field(
+        "dapo", description="token-loss aggregation (TRL names; docs/design.md §5): grpo = mean per sequence then "
+        "over sequences, dapo = sum / active tokens of the batch, dr_grpo = sum / (B * max_len); default dapo"
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="divide group-centred rewards by the std of the group, of the batch, or not at all "
+        "(TRL); default group"
+    )
+    advantage_estimator: Literal["grpo", "mc_grpo", "treepo", "tree_grpo", "treerl"] = Field(
+        "grpo", description="advantage estimator over each prompt's tree (docs/design.md §5): grpo, mc_grpo "
+        "(median/MAD), treepo, tree_grpo, treerl; default grpo"
+    )
     num_iterations: int = Field(1, ge=1, description="optimizer passes over each generated batch (mu)")
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
-    mask_truncated_completions: bool = False
-    drop_zero_variance_groups: bool = True
+    mask_truncated_completions: bool = Field(
+        False, description="leave completions cut at max_completion_length out of the loss (TRL; DAPO overlong "
+        "filtering); default False"
+    )
+    drop_zero_variance_groups: bool = Field(
+        True, description="drop groups whose rewards are all equal (no signal) before the loss; default True"
+    )
     advantage_std_floor: float = Field(
         0.1,
         ge=0,
@@ -234,11 +261,19 @@ class ScreenConfig(_Strict):
 class SwarmConfig(_Strict):
     """Swarm membership and gossip (off for a solo node)."""
 
-    enabled: bool = False
-    swarm_id: str = "swarmnode-local"
+    enabled: bool = Field(False, description="join a swarm (off: a solo node); default False")
+    swarm_id: str = Field(
+        "swarmnode-local", description="name of the swarm; bundles of another swarm id are refused; default "
+        "swarmnode-local"
+    )
     initial_peers: list[str] = Field(default_factory=list, description="bootstrap multiaddrs")
-    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
-    announce_maddrs: list[str] = Field(default_factory=list)
+    host_maddrs: list[str] = Field(
+        default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"],
+        description="libp2p multiaddrs to listen on; default loopback, ephemeral port",
+    )
+    announce_maddrs: list[str] = Field(
+        default_factory=list, description="multiaddrs announced to peers (behind NAT); empty = the listen addresses"
+    )
     identity_path: str | None = Field(None, description="Ed25519 PEM key; None = <home>/identity.pem")
     allowlist: list[str] = Field(default_factory=list, description="hex public keys; empty = open swarm")
     num_external: int = Field(
@@ -246,24 +281,39 @@ class SwarmConfig(_Strict):
     )
     max_external_share: float = Field(0.5, ge=0, le=1, description="cap on the external share of a batch")
     max_peer_share: float = Field(0.5, gt=0, le=1, description="cap on one peer's share of external samples")
-    selection: Literal["random", "contrast"] = "contrast"
+    selection: Literal["random", "contrast"] = Field(
+        "contrast", description="which external groups fill the num_external slots: contrast = highest reward "
+        "variance first, random = uniform; default contrast"
+    )
     bucket_seconds: float = Field(30.0, gt=0, description="time bucket of DHT manifest keys")
     read_buckets: int = Field(3, ge=1, description="how many recent buckets a node reads")
     fetch_timeout: float = Field(5.0, gt=0, description="seconds per bundle fetch")
     dht_timeout: float = Field(10.0, gt=0, description="seconds per DHT call")
-    max_bundle_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    freshness_seconds: float = Field(600.0, gt=0)
-    max_clock_skew: float = Field(30.0, ge=0)
+    max_bundle_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024,
+        description="bytes: size cap of a received bundle, checked before decoding; default 4 MiB",
+    )
+    freshness_seconds: float = Field(
+        600.0, gt=0, description="seconds: bundles older than this (+ max_clock_skew) are refused; default 600"
+    )
+    max_clock_skew: float = Field(30.0, ge=0, description="seconds of clock difference tolerated both ways in the "
+                                  "freshness check (future and stale); default 30")
     max_staleness: int | None = Field(
         None,
         ge=0,
         description="drop external trees of our own model id more than this many policy versions behind our step; "
         "versions are per-node step counts, so this only makes sense for nodes that start together (None: off)",
     )
-    normalization: Literal["per_source", "joint"] = "per_source"
-    off_policy: Literal["none", "luffy", "tis"] = "none"
-    luffy_gamma: float = Field(0.1, gt=0)
-    tis_cap: float = Field(2.0, gt=1)
+    normalization: Literal["per_source", "joint"] = Field(
+        "per_source", description="external rewards normalized within their own group (per peer and task; ERILS) "
+        "or jointly with local ones; default per_source"
+    )
+    off_policy: Literal["none", "luffy", "tis"] = Field(
+        "none", description="correction for external samples (docs/design.md §5): none = ratio 1 under our policy "
+        "(SAPO), luffy = f = p/(p+gamma) shaping, tis = capped importance ratio (same model id only); default none"
+    )
+    luffy_gamma: float = Field(0.1, gt=0, description="gamma of off_policy luffy; default 0.1")
+    tis_cap: float = Field(2.0, gt=1, description="cap C of the importance ratio of off_policy tis; default 2.0")
     max_external_completion_length: int | None = Field(
         None, ge=1, description="most TOKENS of one external completion (root-to-leaf path, in our vocabulary); "
         "longer ones are rejected at verification (reason too_long). None = our sampling.max_completion_length"
@@ -277,7 +327,10 @@ class SwarmConfig(_Strict):
         21600.0, gt=0, description="seconds the receiver remembers the normalized content (TaskRef + "
         "completion texts) of every accepted tree, so copies and re-signed replays are dropped (reason replay)"
     )
-    external_length_policy: Literal["drop", "truncate"] = "drop"
+    external_length_policy: Literal["drop", "truncate"] = Field(
+        "drop", description="an external completion over the length cap is dropped, or truncated and masked; "
+        "default drop"
+    )
     max_external_tokens_per_step: int = Field(
         32768,
         ge=0,
@@ -291,7 +344,7 @@ class SwarmConfig(_Strict):
     )
     rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")
-    ban_seconds: float = Field(600.0, gt=0)
+    ban_seconds: float = Field(600.0, gt=0, description="seconds a banned peer stays banned; default 600")
     # ---- the swarm client's networking knobs (swarmnode/swarm/gossip.py and transport.py; issues 12 and 13)
     poll_interval: float | None = Field(
         None, gt=0, description="seconds between the fetcher thread's DHT polls; None = min(2, bucket_seconds / 4)"
@@ -381,22 +434,24 @@ class RunConfig(_Strict):
     """The whole node configuration."""
 
     steps: int = Field(200, ge=0, description="optimizer steps to run (total, counting resumed ones)")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="seed of the node's RNGs (sampling, selection, init); default 0")
     run_dir: str = Field("runs/default", description="run directory: checkpoints, metrics.jsonl, logs")
     eval_every: int = Field(0, ge=0, description="held-out eval every N steps (0: only before and after)")
-    eval_at_start: bool = True
+    eval_at_start: bool = Field(True, description="held-out evaluation before the first step; default True")
     log_every: int = Field(
         10, ge=1,
         description="when stdout is not a terminal (nohup, systemd, a pipe): print one line every N steps (step, "
                     "reward, held-out accuracy, tokens/s, peers) instead of the progress bar. Default 10")
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    tasks: TasksConfig = Field(default_factory=TasksConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    swarm: SwarmConfig = Field(default_factory=SwarmConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy (model.*)")
+    tasks: TasksConfig = Field(default_factory=TasksConfig, description="task sources and mix (tasks.*)")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling (sampling.*)")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="loss, advantages, optimizer (train.*)")
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig, description="swarm membership and gossip (swarm.*)")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpointing (checkpoint.*)")
+    monitor: MonitorConfig = Field(
+        default_factory=MonitorConfig, description="status endpoint and watchdogs (monitor.*)"
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

@@ -171,7 +171,12 @@ def _protocol_methods(proto) -> set[str]:
 def test_declared_seams_are_implemented():
     """The seams are declared protocols, and the parts that sit on them implement every method they declare."""
     from swarmnode.policy.decode import DecodeEngine
-    from swarmnode.policy.vllm_backend import ReferenceSegmentGenerator, SegmentBackend, SegmentRequestEngine, VLLMBackend
+    from swarmnode.policy.vllm_backend import (
+        ReferenceSegmentGenerator,
+        SegmentBackend,
+        SegmentRequestEngine,
+        VLLMBackend,
+    )
     from swarmnode.rollout.engine import SegmentEngine
     from swarmnode.tasks.base import Scorer
     from swarmnode.tasks.mix import TaskMix

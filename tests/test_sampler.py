@@ -86,7 +86,8 @@ def test_rollouts_are_exact_and_consistent(tok, model, mode, branching):
     cfg = _cfg(mode, branching, num_generations=6, max_completion_length=16, segment_length=4, temperature=0.9,
                lookahead_tau_abs=0.02, lookahead_tau_rel=0.5)
     specs = _specs(tok, [CORPUS[0], "Hi", CORPUS[2]])
-    trees = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, policy_version=7, generator=torch.Generator().manual_seed(0))
+    trees = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, policy_version=7,
+                            generator=torch.Generator().manual_seed(0))
     assert isinstance(trees, SampledTrees) and len(trees) == 3
     assert [t.task.index for t in trees] == [0, 1, 2]
     assert trees.stats.prefill_tokens == sum(len(s.prompt_ids) for s in specs)  # each prompt prefilled once
@@ -102,7 +103,8 @@ def test_rollouts_are_exact_and_consistent(tok, model, mode, branching):
 def test_tree_shares_prefixes_and_decodes_fewer_tokens_than_chain(tok, model):
     specs = _specs(tok, [CORPUS[0], CORPUS[1]])
     common = dict(num_generations=8, max_completion_length=16, segment_length=4, max_depth=8)
-    chain = sample_rollouts(DecodeEngine(model, tok), tok, specs, _cfg("chain", **common), 0, torch.Generator().manual_seed(0))
+    chain = sample_rollouts(DecodeEngine(model, tok), tok, specs, _cfg("chain", **common), 0,
+                            torch.Generator().manual_seed(0))
     tree = sample_rollouts(DecodeEngine(model, tok), tok, specs, _cfg("tree", **common), 0, torch.Generator().manual_seed(0))
     assert [len(t.leaves()) for t in tree] == [len(t.leaves()) for t in chain] == [8, 8]
     if all(tree[i].nodes[lf].finish_reason == "length" for i in range(2) for lf in tree[i].leaves()):

@@ -57,7 +57,8 @@ def _run(name: str, tok, model) -> dict:
     specs = [PromptSpec(TaskRef("rg:test", "d", 0, i), tok(t).input_ids, t, "test")
              for i, t in enumerate([CORPUS[0], "Hi", CORPUS[2]])]
     if sampler == "hf":
-        trees = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 3, generator=torch.Generator().manual_seed(seed))
+        gen = torch.Generator().manual_seed(seed)
+        trees = sample_rollouts(DecodeEngine(model, tok), tok, specs, cfg, 3, generator=gen)
     else:
         trees = generate_rollouts(ReferenceSegmentGenerator(model, tok), None, specs, cfg, 3, seed=seed)
     out = {"trees": [], "stats": []}

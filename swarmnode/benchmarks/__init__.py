@@ -34,7 +34,8 @@ __all__ = ["MODULES", "module_name", "load_module", "run_module"]
 
 
 def module_name(name: str) -> str:
-    """``"tree-learning"``, ``"tree_learning"`` or ``"bench_tree_learning"`` -> ``"swarmnode.benchmarks.tree_learning"``.
+    """``"tree-learning"``, ``"tree_learning"`` or ``"bench_tree_learning"`` ->
+    ``"swarmnode.benchmarks.tree_learning"``.
 
     Raises:
         ValueError: no such benchmark (the message lists them).

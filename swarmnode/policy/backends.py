@@ -9,8 +9,8 @@ Public API::
     device_generator(generator, device)                              # a sampling RNG on the model's device
     HFDecodeEngine(model, tokenizer, compile_decode=False, ...)      # DecodeEngine + optional torch.compile
 
-Knobs read from ``model_cfg`` with ``getattr`` and a default, so this module works before
-:class:`swarmnode.config.ModelConfig` declares them:
+Knobs of :class:`swarmnode.config.ModelConfig` it reads (with these defaults when a partial config object lacks
+one):
 
 ============================== ========= =====================================================================
 knob                           default   meaning
@@ -39,7 +39,10 @@ from typing import Any, Sequence
 
 import torch
 
+from swarmnode.config import ModelConfig, SamplingConfig
 from swarmnode.policy.decode import DecodeEngine
+from swarmnode.policy.loading import Policy
+from swarmnode.policy.memory import MemoryPlan
 from swarmnode.policy.vllm_backend import (
     VLLM_INSTALL_HINT,
     BackendError,
@@ -60,7 +63,7 @@ BACKENDS = ("hf", "vllm")
 
 
 # ============================================================================ selection
-def select_backend(model_cfg: Any, device: torch.device | str) -> str:
+def select_backend(model_cfg: ModelConfig, device: torch.device | str) -> str:
     """The generation backend for ``model_cfg.backend`` on ``device``, or a clear refusal.
 
     Args:
@@ -157,7 +160,7 @@ class HFDecodeEngine(DecodeEngine):
         return out.logits[:, -1, :].float(), (new_cache if new_cache is not None else cache)
 
 
-def _ensure_sdpa(model: Any, model_cfg: Any) -> str | None:
+def _ensure_sdpa(model: Any, model_cfg: ModelConfig) -> str | None:
     """On CUDA, switch a model that came up with eager attention to SDPA (unless the config asked for eager)."""
     cfg = getattr(model, "config", None)
     impl = getattr(cfg, "_attn_implementation", None)
@@ -174,7 +177,9 @@ def _ensure_sdpa(model: Any, model_cfg: Any) -> str | None:
         return impl
 
 
-def make_generation_backend(policy: Any, model_cfg: Any, sampling_cfg: Any, plan: Any | None = None):
+def make_generation_backend(
+    policy: Policy, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, plan: MemoryPlan | None = None
+) -> GenerationBackend:
     """Build what the node passes to :func:`generate_rollouts` (or, for the HF engine, to ``sample_rollouts``).
 
     Args:
@@ -270,7 +275,7 @@ def generate_rollouts(
     backend: GenerationBackend | Any,
     tokenizer: Any,
     prompts: Sequence[PromptSpec],
-    sampling_cfg: Any,
+    sampling_cfg: SamplingConfig,
     policy_version: int,
     generator: torch.Generator | None = None,
     *,

@@ -78,6 +78,7 @@ from typing import Sequence
 
 import torch
 
+from swarmnode.config import SamplingConfig
 from swarmnode.rollout.engine import DecodeParams, EngineRows, ForkCandidate, SegmentEngine, SegmentRecord
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
@@ -396,7 +397,8 @@ class _Path:
 class _Run:
     """State of one tree-mode or chain-mode sampling run."""
 
-    def __init__(self, engine: SegmentEngine, tokenizer, prompts: list[PromptSpec], cfg, policy_version: int,
+    def __init__(self, engine: SegmentEngine, tokenizer, prompts: list[PromptSpec], cfg: SamplingConfig,
+                 policy_version: int,
                  generator: torch.Generator | None) -> None:
         self.engine = engine
         self.tok = tokenizer
@@ -839,8 +841,9 @@ class _Run:
                 continue
             src = cands[self._randint(len(cands))]
             nodes = self.trees[p].path(src.node)
+            step_only = self.tcfg.branching == "step"  # cut only right after a step end (or at the prompt)
             bounds = [(0, 0)] + [(self.node_end[p][u], u) for u in nodes[:-1]
-                                 if self.tcfg.branching != "step" or self.ends_step(self.trees[p].nodes[u].token_ids[-1])]
+                                 if not step_only or self.ends_step(self.trees[p].nodes[u].token_ids[-1])]
             if src.answer_start is not None:
                 bounds = [bd for bd in bounds if bd[0] <= src.answer_start] or [(0, 0)]
             cut, u = bounds[self._randint(len(bounds))]
@@ -871,7 +874,7 @@ def sample_rollouts(
     engine: SegmentEngine,
     tokenizer,
     prompts: Sequence[PromptSpec],
-    sampling_cfg,
+    sampling_cfg: SamplingConfig,
     policy_version: int,
     generator: torch.Generator | None = None,
 ) -> SampledTrees:
