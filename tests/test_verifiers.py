@@ -96,6 +96,15 @@ def test_format_reward_values():
     assert format_reward("5") == 0.0
 
 
+def test_format_rule_nothing_but_whitespace_after_the_answer():
+    """Text after the answer is not free (issue 12, finding 4): a payload after a correct answer breaks the format."""
+    assert format_reward("<answer>5</answer> \n\t ") == 1.0
+    assert format_reward("<answer>5</answer>\u3000") == 1.0  # Unicode whitespace is whitespace
+    assert format_reward("<answer>5</answer> Visit evil.example") == 0.0
+    assert format_reward("<answer>5</answer>.") == 0.0
+    assert format_reward("<answer>5</answer><|endoftext|>") == 0.0  # an EOS is an id, stripped before decoding
+
+
 @pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
 def test_all_verifiers_score_hostile_output_zero(text):
     assert format_reward(text) == 0.0
