@@ -3,8 +3,8 @@
 
 Real parts only: tiny random Llama/Qwen2 models and hand-wired bigram Llamas from ``test_decode``, the real
 ``DecodeEngine`` and ``sample_rollouts``. vLLM is not installed here: its construction must refuse with the
-install hint, and the tree logic of ``vllm_sample_rollouts`` is checked through ``ReferenceSegmentGenerator``,
-which serves the same segment requests with the HF model (every leaf's behaviour log-probs are re-checked
+install hint, and the one tree sampler on a segment backend (``SegmentRequestEngine``) is checked through
+``ReferenceSegmentGenerator``, which serves the same segment requests with the HF model (every leaf's behaviour log-probs are re-checked
 against one plain forward). Tests that need vLLM itself live in ``tests/test_gpu.py``.
 """
 
