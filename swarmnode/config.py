@@ -87,9 +87,10 @@ class TasksConfig(_Strict):
         description="the task sources of the mix (at least one); default 2-term chain_sum",
     )
     seed: int = Field(0, ge=0, description="seed of the training task stream")
-    stream: int = Field(
-        0, ge=0, description="task stream of this node: nodes of one swarm share `seed` (so peers can verify each "
-        "other's TaskRefs) and use different streams to draw different questions"
+    stream: int | None = Field(
+        None, ge=0, description="task stream of this node (int >= 0): nodes of one swarm share `seed` (so peers can "
+        "verify each other's TaskRefs) and use different streams to draw different questions. Default None: "
+        "derived from the node's swarm identity (swarmnode.tasks.mix.stream_for_peer), 0 for a solo node"
     )
     eval_seed: int = Field(
         1_000_003, ge=0, description="seed of held-out tasks; the training stream never uses it"

@@ -37,7 +37,7 @@ from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task
-from swarmnode.tasks.mix import TaskMix
+from swarmnode.tasks.mix import TaskMix, stream_for_peer
 from swarmnode.train.batch import samples_from_trees
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.train.external import compose_batch, make_token_weight_fn, process_external
@@ -50,6 +50,9 @@ log = logging.getLogger("swarmnode.node")
 
 class SwarmHook(Protocol):
     """What the node needs from a swarm layer (implemented in ``swarmnode.swarm``)."""
+
+    peer_id: str
+    """This node's printable peer id (derived from its Ed25519 key); names its default task stream."""
 
     def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
         """Publish scored local trees; returns metrics. Never raises on network trouble."""
@@ -145,6 +148,19 @@ class Node:
         """The sampling RNG of ``step``: a pure function of (seed, step), so a resumed run samples as an uninterrupted one."""
         return torch.Generator(device="cpu").manual_seed((self.cfg.seed * 1_000_003 + step) % (2**63))
 
+    @property
+    def task_stream(self) -> int:
+        """The training task stream this node draws from (``TaskMix.refs_for_step``'s ``stream``).
+
+        ``tasks.stream`` when set; otherwise derived from the swarm identity (:func:`stream_for_peer`), so nodes
+        of one swarm draw different questions by default; ``0`` for a solo node.
+        """
+        if self.cfg.tasks.stream is not None:
+            return self.cfg.tasks.stream
+        if self.swarm is None:
+            return 0
+        return stream_for_peer(self.swarm.peer_id)
+
     def prompt_for(self, task: Task) -> str:
         """The prompt text of a task (the tokenizer's chat template when it has one)."""
         return self.policy.prompt(task.question)
@@ -163,7 +179,8 @@ class Node:
         m: dict[str, Any] = {"step": step + 1}
 
         # 1. draw
-        refs = self.tasks.refs_for_step(step, cfg.sampling.prompts_per_step, stream=cfg.tasks.stream)
+        stream = self.task_stream
+        refs = self.tasks.refs_for_step(step, cfg.sampling.prompts_per_step, stream=stream)
         tasks = [self.tasks.get(r) for r in refs]
 
         # 2. sample
@@ -249,6 +266,7 @@ class Node:
                 "format": fmt / max(n_leaves, 1),
                 "leaves": n_leaves,
                 "leaves_pruned": n_pruned,
+                "task_stream": stream,
                 "groups": adv.num_groups,
                 "zero_variance_groups": adv.num_zero_variance_groups,
                 "samples_local": len(local),

@@ -40,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from swarmnode.swarm.identity import Identity
+from swarmnode.tasks.mix import stream_for_peer
 from swarmnode.swarm.local import bootstrap_identity, free_port
 
 pytestmark = pytest.mark.slow
@@ -277,6 +278,10 @@ def test_three_node_swarm_end_to_end(setup):
             assert any(r.get("swarm/bundles_accepted", 0) > 0 for r in recs)
             assert any(r.get("swarm/bundles_published", 0) > 0 for r in recs)
             assert not any(k.startswith("swarm/rejected/reward_mismatch") for r in recs for k in r)
+        # every node draws its own questions: the task stream derived from its identity (issue 16)
+        streams = {n: {r["task_stream"] for r in steps(rd[n])} for n in "abc"}
+        assert all(streams[n] == {stream_for_peer(pid[n])} for n in "abc"), streams
+        assert len({stream_for_peer(pid[n]) for n in "abc"}) == 3
 
         # 3. swarmnode peers: the swarm as its heartbeats show it
         out = subprocess.run([sys.executable, "-m", "swarmnode.cli", "peers", "--run-dir", str(rd["a"]), "--json"],

@@ -421,3 +421,31 @@ def test_hash_seed_dependent_dataset_is_flagged():
     assert ReasoningGymSource("chain_sum", CHAIN2, size=10).portable
     src = ReasoningGymSource("ransom_note", {}, size=10)
     assert src.portable == (os.environ.get("PYTHONHASHSEED") == "0")
+
+
+def test_nodes_of_one_swarm_draw_different_questions_by_default():
+    """Issue 16: three swarm nodes with their own identities draw different questions in the same steps.
+
+    The stream of a node with ``tasks.stream`` unset is derived from its peer id; TaskRefs stay verifiable by
+    every peer (same ``tasks.seed``), but the questions of a step differ between nodes.
+    """
+    from swarmnode.swarm.identity import Identity
+    from swarmnode.tasks.mix import stream_for_peer
+
+    mix = TaskMix([ReasoningGymSource("basic_arithmetic", {"min_terms": 2, "max_terms": 3, "min_digits": 1,
+                                                           "max_digits": 2}, size=10_000)], [1.0])
+    peers = [Identity.generate().peer_id for _ in range(3)]
+    streams = [stream_for_peer(p) for p in peers]
+    assert len(set(streams)) == 3 and 0 not in streams
+    assert stream_for_peer(peers[0]) == streams[0]  # a pure function of the peer id
+    draws = []
+    for s in streams:
+        refs = [r for step in range(20) for r in mix.refs_for_step(step, 4, stream=s)]
+        assert all(mix.contains(r) for r in refs)  # peers can still verify every TaskRef
+        draws.append({mix.get(r).question for r in refs})
+    for a in range(3):
+        for b in range(a + 1, 3):
+            overlap = len(draws[a] & draws[b]) / len(draws[a])
+            assert overlap < 0.2, f"nodes {a} and {b} share {overlap:.0%} of their questions"
+    with pytest.raises(ValueError):
+        stream_for_peer("")

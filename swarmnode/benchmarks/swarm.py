@@ -228,7 +228,12 @@ class BufferedSwarm:
         self.max_buffer = int(max_buffer)
         self._buf: list[Any] = []
 
-    def __getattr__(self, name: str) -> Any:  # dht, note_accuracy, peer_id, ... of the client
+    @property
+    def peer_id(self) -> str:
+        """The wrapped client's peer id (names the node's default task stream)."""
+        return self.client.peer_id
+
+    def __getattr__(self, name: str) -> Any:  # dht, note_accuracy, ... of the client
         return getattr(self.client, name)
 
     def publish(self, trees: Any, step: int, policy_version: int) -> dict[str, Any]:
@@ -262,8 +267,6 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     ``barrier_timeout``, ``peer_wait``. Writes ``result.json`` into the node's run dir (before/after accuracy,
     steps, wall seconds, external samples used). Returns the exit code (0: ok).
     """
-    import functools
-
     import torch
 
     spec = json.loads(Path(spec_path).read_text())
@@ -273,10 +276,9 @@ def worker_main(spec_path: str | os.PathLike) -> int:
 
     cfg = RunConfig.model_validate(spec["config"])
     idx, n, arm_dir = int(spec["index"]), int(spec["nodes"]), Path(spec["arm_dir"])
+    # node i draws its own questions: task stream i (tasks.seed is shared so peers can verify our TaskRefs)
+    cfg.tasks.stream = int(spec["stream"])
     node = Node(cfg)
-    # node i draws its own questions: TaskMix stream i (tasks.seed is shared so peers can verify our TaskRefs)
-    node.tasks.refs_for_step = functools.partial(type(node.tasks).refs_for_step, node.tasks,
-                                                 stream=int(spec["stream"]))
     if cfg.swarm.enabled:
         from swarmnode.swarm.gossip import build_swarm
 

@@ -386,3 +386,23 @@ class TaskMix:
     def score(self, task: Task, completion: Any) -> float:
         """``score_detail(task, completion)["reward"]``, in ``[0, 1 + format_reward]``; never raises."""
         return self.score_detail(task, completion)["reward"]
+
+
+_STREAM_ID_TAG = b"swarmnode-task-stream-v1\x00"
+
+
+def stream_for_peer(peer_id: str) -> int:
+    """The default training task stream of a swarm node: a pure function of its peer id.
+
+    Nodes of one swarm share ``tasks.seed`` (so every TaskRef stays verifiable by every peer) but should not
+    answer the same questions in the same step; ``tasks.stream`` left unset (None) gives each node the stream
+    ``1 + (first 4 bytes of SHA-256(tag + peer_id)) mod 2**31`` (never 0, the solo stream).
+
+    Raises:
+        ValueError: ``peer_id`` is empty or not a ``str``.
+    """
+    if not isinstance(peer_id, str) or not peer_id:
+        raise ValueError(f"peer_id must be a non-empty str, got {peer_id!r}")
+    digest = hashlib.sha256(_STREAM_ID_TAG + peer_id.encode("utf-8")).digest()
+    return 1 + int.from_bytes(digest[:4], "big") % (2**31)
+
