@@ -272,7 +272,7 @@ def _prompt_chunks(n: int, num_generations: int, max_rows: int | None) -> list[t
 
 
 def generate_rollouts(
-    backend: GenerationBackend | Any,
+    backend: GenerationBackend | torch.nn.Module,
     tokenizer: Any,
     prompts: Sequence[PromptSpec],
     sampling_cfg: SamplingConfig,
