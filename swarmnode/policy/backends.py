@@ -332,7 +332,7 @@ def generate_rollouts(
     return _merge(parts)
 
 
-def sync_weights(backend: GenerationBackend, model: Any) -> int:
+def sync_weights(backend: GenerationBackend, model: torch.nn.Module) -> int:
     """Bring the generation backend up to date with ``model`` after an optimizer step.
 
     A decode engine decodes with the training module itself (nothing to do; returns 0). A segment backend gets
