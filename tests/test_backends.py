@@ -3,8 +3,8 @@
 
 Real parts only: tiny random Llama/Qwen2 models and hand-wired bigram Llamas from ``test_decode``, the real
 ``DecodeEngine`` and ``sample_rollouts``. vLLM is not installed here: its construction must refuse with the
-install hint, and the tree logic of ``vllm_sample_rollouts`` is checked through ``ReferenceSegmentGenerator``,
-which serves the same segment requests with the HF model (every leaf's behaviour log-probs are re-checked
+install hint, and the one tree sampler on a segment backend (``SegmentRequestEngine``) is checked through
+``ReferenceSegmentGenerator``, which serves the same segment requests with the HF model (every leaf's behaviour log-probs are re-checked
 against one plain forward). Tests that need vLLM itself live in ``tests/test_gpu.py``.
 """
 
@@ -413,3 +413,37 @@ def test_segment_backend_runs_the_same_tree_sampler(atok, branching):
     assert trees.stats.prompts[0].forks >= 2
     if branching == "step":
         assert _assert_forks_after_step_ends(trees[0], lambda t: t == nl, firsts)
+
+
+def test_segment_request_engine_rows_and_refusals(tok, model):
+    from swarmnode.policy.vllm_backend import SegmentRequestEngine
+
+    eng = ReferenceSegmentGenerator(model, tok).request_engine(seed=1)
+    assert isinstance(eng, SegmentRequestEngine) and not eng.supports_token_forks
+    rows = eng.prefill([tok("Hi").input_ids, tok(CORPUS[0]).input_ids])
+    assert rows.size == 2 and rows.completion(0) == [] and rows.answer_start == [None, None]
+    p = DecodeParams(max_completion_length=6, temperature=0.9)
+    recs = eng.decode_segment(rows, [3, 0], p)
+    assert 1 <= len(recs[0].token_ids) <= 3 and recs[1].token_ids == [] and recs[1].finish_reason is None
+    assert rows.completion(0) == recs[0].token_ids and len(recs[0].surprisal) == len(recs[0].logprobs)
+    assert recs[0].surprisal == [-x for x in recs[0].logprobs]
+    copies = eng.select(rows, [0, 0, 1])
+    copies.tokens[0].append(5)  # a copy is a copy: the source row is unchanged
+    assert rows.completion(0) == recs[0].token_ids and copies.size == 3
+    cut = eng.branch(rows, [(0, 1), (1, 0)])
+    assert cut.completion(0) == recs[0].token_ids[:1] and cut.completion(1) == []
+    assert eng.concat([rows, cut]).size == 4 and eng.empty_batch().size == 0
+    with pytest.raises(IndexError):
+        eng.branch(rows, [(2, 0)])
+    with pytest.raises(ValueError, match="keep="):
+        eng.branch(rows, [(1, 1)])
+    with pytest.raises(BackendError, match="lookahead"):
+        eng.decode_segment(rows, [1, 1], p, fork_fn=lambda c: [], with_top2=True)
+    with pytest.raises(ValueError, match="entries"):
+        eng.decode_segment(rows, [1], p)
+    # seeds: request i of the k-th call gets its own seed; same engine seed and inputs -> same tokens
+    a = ReferenceSegmentGenerator(model, tok).request_engine(seed=7)
+    b = ReferenceSegmentGenerator(model, tok).request_engine(seed=7)
+    ra, rb = a.prefill([tok("Hi").input_ids]), b.prefill([tok("Hi").input_ids])
+    assert a.decode_segment(ra, [4], p)[0].token_ids == b.decode_segment(rb, [4], p)[0].token_ids
+    assert a.request_seed(1, 0) != a.request_seed(2, 0) != a.request_seed(1, 1)

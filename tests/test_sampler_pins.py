@@ -26,6 +26,7 @@ from swarmnode.tasks.base import TaskRef
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_decode import CORPUS, tiny_llama, tiny_tokenizer  # noqa: E402
+from test_sampler import model, tok  # noqa: E402, F401  (the same fixtures: tiny BPE tokenizer, tiny Llama seed 1)
 
 PINS = Path(__file__).parent / "data" / "sampler_pins.json"
 
@@ -72,16 +73,6 @@ def _run(name: str, tok, model) -> dict:
     out["counters"] = {k: d[k] for k in ("prefill_tokens", "steps", "forward_calls", "decode_rows", "refeed_rows",
                                          "copied_rows")}
     return out
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_llama(len(tok), seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -63,8 +63,6 @@ __all__ = [
     "worker_main",
     "hostile_main",
     "BufferedSwarm",
-    "load_script",
-    "run_script",
 ]
 
 NORMALIZATIONS = ("per_source", "joint")

@@ -272,7 +272,7 @@ def _prompt_chunks(n: int, num_generations: int, max_rows: int | None) -> list[t
 
 
 def generate_rollouts(
-    backend: GenerationBackend | Any,
+    backend: GenerationBackend | torch.nn.Module,
     tokenizer: Any,
     prompts: Sequence[PromptSpec],
     sampling_cfg: SamplingConfig,
@@ -332,7 +332,7 @@ def generate_rollouts(
     return _merge(parts)
 
 
-def sync_weights(backend: GenerationBackend, model: Any) -> int:
+def sync_weights(backend: GenerationBackend, model: torch.nn.Module) -> int:
     """Bring the generation backend up to date with ``model`` after an optimizer step.
 
     A decode engine decodes with the training module itself (nothing to do; returns 0). A segment backend gets

@@ -183,7 +183,6 @@ def is_repetition(completion: Sequence[int], count: int, max_period: int = 16) -
     return False
 
 
-# ============================================================================ parameters and records
 # ============================================================================ KV batch
 @dataclass(kw_only=True)
 class KVBatch(TokenRows):
