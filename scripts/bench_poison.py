@@ -90,6 +90,9 @@ def run_arm(arm: str, args, workdir: Path) -> dict:
         "steps": args.steps, "run_dir": str(workdir / arm), "seed": args.seed,
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": args.prompts, "num_generations": 8, "max_completion_length": 12},
+        # local zero-variance groups stay in the batch (with advantage 0), so the 0.5 external share has room
+        # from the first step, when the embedded model's groups are all wrong
+        "train": {"drop_zero_variance_groups": False},
         "swarm": {"num_external": args.groups, "max_peer_share": 1.0, "max_external_share": 0.5,
                   "screen": {"enabled": arm == "screen"}},
         "checkpoint": {"save_steps": 10**6},

@@ -256,6 +256,11 @@ class ScreenConfig(_Strict):
         1.0, ge=0, description="nats per token below the reference quantile at which a completion is rejected "
         "(threshold = quantile - margin, for both statistics). Default 1.0",
     )
+    max_claim_gap: float | None = Field(
+        1.0, ge=0, description="nats/token: a kept external sample whose claimed behaviour log-probs differ from our "
+        "own scores by more than this on average loses them, so swarm.off_policy=tis weighs it with ratio 1 instead "
+        "of a capped weight an extreme claim saturates (None = off). Default 1.0",
+    )
 
 
 class SwarmConfig(_Strict):

@@ -106,3 +106,18 @@ def test_warmup_keeps_everything(policy):
 
 def test_screen_config_defaults_on():
     assert SwarmConfig().screen.enabled is True
+
+
+def test_extreme_behaviour_claims_are_discarded_before_tis(policy):
+    """Issue 12, also noted: a claimed log-prob of -100 makes min(pi/mu, C) saturate at C (twice the weight)."""
+    prompt, rows = _own_samples(policy, 36, seed=1)
+    sc = LikelihoodScreen(window=4, min_history=32, max_claim_gap=1.0)
+    sc.observe([[lp for _, lp in r] for r in rows[:32]])
+    r = rows[33]
+    ids, own = [t for t, _ in r], [lp for _, lp in r]
+    truthful = Sample(prompt, ids, [0.0] * len(ids), source="external:t", behaviour_logprobs=list(own))
+    extreme = Sample(prompt, ids, [0.0] * len(ids), source="external:x", behaviour_logprobs=[-100.0] * len(ids))
+    res = sc.screen(policy.model, [truthful, extreme])
+    assert res.kept == [truthful, extreme]  # the text is ours: kept ...
+    assert truthful.behaviour_logprobs == own and extreme.behaviour_logprobs is None  # ... the lie is not
+    assert res.metrics["screen/behaviour_claims_dropped"] == 1

@@ -203,7 +203,7 @@ def external_reward(m: dict[str, Any]) -> float | None:
     """Mean reward of the external samples trained on in a step (weighted by ``<source>/used``), or None.
 
     Reads the per-source keys ``external:<peer>/reward_mean`` and ``external:<peer>/used`` that
-    ``train.external.compose_batch`` emits.
+    ``train.batch.compose_batch`` emits.
     """
     tot = n = 0.0
     for k, v in m.items():

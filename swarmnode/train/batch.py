@@ -210,7 +210,7 @@ def external_samples(
     in :func:`swarmnode.train.off_policy.external_token_loss` — counted as ``external/tis_fallback_samples``.
 
     Args:
-        selected: output of :func:`select_external`.
+        selected: output of :func:`swarmnode.train.external.select_external`.
         normalization, local_rewards_by_task, max_len, length_policy, off_policy, our_model_id,
             our_tokenizer_id, scale_rewards: as above (config keys ``swarm.normalization``,
             ``swarm.max_external_completion_length``, ``swarm.external_length_policy``, ``swarm.off_policy``,

@@ -95,7 +95,8 @@ class ScreenResult:
         rejected_by_peer: peer id -> number of its samples rejected.
         metrics: ``screen/checked``, ``screen/rejected``, ``screen/warmup`` (1 while the reference is too small),
             ``screen/reference`` (completions in it), ``screen/threshold_mean``, ``screen/threshold_window``
-            (nats/token; NaN in warm-up), ``screen/ext_mean_median`` (median mean log-prob of the checked samples).
+            (nats/token; NaN in warm-up), ``screen/ext_mean_median`` (median mean log-prob of the checked samples),
+            ``screen/behaviour_claims_dropped`` (kept samples whose claimed behaviour log-probs were discarded).
         stats: per input sample ``(mean, window)`` under our policy.
     """
 
@@ -115,6 +116,10 @@ class LikelihoodScreen:
         pad_token_id: id for padded positions of the forward.
         max_rows, max_tokens: micro-batch bounds of the scoring forward (``train.micro_batch_size``,
             ``train.max_tokens_per_micro_batch``).
+        max_claim_gap: nats/token (``swarm.screen.max_claim_gap``). A kept sample whose claimed behaviour
+            log-probs differ from our own scores by more than this on average loses them
+            (``behaviour_logprobs = None``), so ``tis`` treats it with ratio 1 instead of the capped weight
+            ``min(π/μ, C)`` that an extreme claimed μ saturates at C (issue 12, "also noted"). ``None``: off.
 
     Raises:
         ValueError: a parameter out of range.
@@ -132,6 +137,7 @@ class LikelihoodScreen:
         pad_token_id: int = 0,
         max_rows: int = 16,
         max_tokens: int | None = None,
+        max_claim_gap: float | None = 1.0,
     ) -> None:
         if window < 1 or history < 1 or min_history < 1:
             raise ValueError(f"screen window/history/min_history must be >= 1, got {window}/{history}/{min_history}")
@@ -149,6 +155,7 @@ class LikelihoodScreen:
         self.pad_token_id = int(pad_token_id)
         self.max_rows = int(max_rows)
         self.max_tokens = max_tokens
+        self.max_claim_gap = max_claim_gap
         self._ref: deque[tuple[float, float]] = deque(maxlen=int(history))
 
     @classmethod
@@ -157,7 +164,7 @@ class LikelihoodScreen:
         """Build from a :class:`swarmnode.config.ScreenConfig`."""
         return cls(screen_cfg.window, screen_cfg.history, screen_cfg.min_history, screen_cfg.quantile,
                    screen_cfg.margin, temperature=temperature, pad_token_id=pad_token_id, max_rows=max_rows,
-                   max_tokens=max_tokens)
+                   max_tokens=max_tokens, max_claim_gap=screen_cfg.max_claim_gap)
 
     # ------------------------------------------------------------------ reference
     def __len__(self) -> int:
@@ -188,25 +195,29 @@ class LikelihoodScreen:
 
     # ------------------------------------------------------------------ screening
     @torch.no_grad()
-    def score(self, model: torch.nn.Module, samples: Sequence[Sample]) -> list[tuple[float, float]]:
-        """Statistics of each sample's completion under ``model`` (one no-grad forward per micro-batch).
+    def score_tokens(self, model: torch.nn.Module, samples: Sequence[Sample]) -> list[list[float]]:
+        """Per-token log-probs of each sample's completion under ``model`` (one no-grad forward per micro-batch).
 
         Returns:
-            ``(mean, window)`` per sample, input order; ``(-inf, -inf)`` for an empty completion.
+            One list of T floats per sample, input order.
         """
-        out: dict[int, tuple[float, float]] = {}
+        out: dict[int, list[float]] = {}
         was_training = model.training
         model.eval()
         try:
             for mb in pack_micro_batches(list(samples), self.max_rows, self.max_tokens):
-                lp, mask = sequence_logprobs(model, [s.prompt_ids for s in mb], [s.completion_ids for s in mb],
-                                             temperature=self.temperature, pad_token_id=self.pad_token_id)
+                lp, _ = sequence_logprobs(model, [s.prompt_ids for s in mb], [s.completion_ids for s in mb],
+                                          temperature=self.temperature, pad_token_id=self.pad_token_id)
                 for i, s in enumerate(mb):
-                    T = len(s.completion_ids)
-                    out[id(s)] = completion_stats(lp[i, :T].tolist(), self.window) if T else (-math.inf, -math.inf)
+                    out[id(s)] = lp[i, : len(s.completion_ids)].tolist()
         finally:
             model.train(was_training)
         return [out[id(s)] for s in samples]
+
+    def score(self, model: torch.nn.Module, samples: Sequence[Sample]) -> list[tuple[float, float]]:
+        """``(mean, window)`` of each sample's completion under ``model``; ``(-inf, -inf)`` for an empty one."""
+        return [completion_stats(r, self.window) if r else (-math.inf, -math.inf)
+                for r in self.score_tokens(model, samples)]
 
     def screen(self, model: torch.nn.Module, samples: Sequence[Sample]) -> ScreenResult:
         """Score external ``samples`` under ``model`` and reject the outliers (module docstring).
@@ -222,16 +233,23 @@ class LikelihoodScreen:
             Whatever the forward raises (RuntimeError / MemoryError / IndexError on bad input): the node
             catches it and drops the external samples of the step.
         """
-        stats = self.score(model, samples) if samples else []
+        rows = self.score_tokens(model, samples) if samples else []
+        stats = [completion_stats(r, self.window) if r else (-math.inf, -math.inf) for r in rows]
         th = self.thresholds()
         kept: list[Sample] = []
         rejected: dict[str, int] = {}
-        for s, (mean, win) in zip(samples, stats):
+        n_claims_dropped = 0
+        for s, (mean, win), row in zip(samples, stats, rows):
             if th is not None and (mean < th[0] or win < th[1]):
                 peer = s.source.split(":", 1)[1] if s.source.startswith("external:") else s.source
                 rejected[peer] = rejected.get(peer, 0) + 1
-            else:
-                kept.append(s)
+                continue
+            if s.behaviour_logprobs is not None and row and self.max_claim_gap is not None:
+                gap = sum(abs(a - b) for a, b in zip(s.behaviour_logprobs, row)) / len(row)
+                if not gap <= self.max_claim_gap:  # also NaN / inf claims
+                    s.behaviour_logprobs = None  # tis falls back to ratio 1 for this sample
+                    n_claims_dropped += 1
+            kept.append(s)
         means = sorted(a for a, _ in stats)
         metrics: dict[str, Any] = {
             "screen/checked": len(samples),
@@ -241,5 +259,6 @@ class LikelihoodScreen:
             "screen/threshold_mean": th[0] if th else float("nan"),
             "screen/threshold_window": th[1] if th else float("nan"),
             "screen/ext_mean_median": means[len(means) // 2] if means else float("nan"),
+            "screen/behaviour_claims_dropped": n_claims_dropped,
         }
         return ScreenResult(kept, rejected, metrics, stats)
