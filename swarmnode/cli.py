@@ -258,7 +258,10 @@ def eval_cmd(
     device: Optional[str] = typer.Option(None, "--device"),
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
-    """Greedy accuracy of a checkpoint (or the embedded default) on held-out tasks, per task and overall."""
+    """Greedy accuracy of a checkpoint (or the embedded default) on held-out tasks, per task and overall.
+
+    A run dir or checkpoint dir is evaluated on the tasks, ``eval_size`` and completion length of the config it
+    was trained with (its checkpoint's ``config.yaml``) unless --config is given."""
     cfg = _load(config, {"model.device": device})
     _setup_logging(None, False)
     from swarmnode.evaluation import evaluate
@@ -273,8 +276,12 @@ def eval_cmd(
         if ck is None:
             _fail(f"{p} holds no valid checkpoint (expected {p}/checkpoints/step-*/ with a manifest)")
         path = str(ck.model_path)
+        if config is None:  # the run's own tasks and eval_size
+            cfg = _load(ck.path / "config.yaml", {"model.device": device})
     elif (p / MODEL_SUBDIR / "config.json").is_file():  # one checkpoint directory (checkpoints/step-<n>/)
         path = str(p / MODEL_SUBDIR)
+        if config is None and (p / "config.yaml").is_file():
+            cfg = _load(p / "config.yaml", {"model.device": device})
     try:
         tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
         pol = load_policy(cfg.model.model_copy(update={"name_or_path": path}))
