@@ -283,7 +283,10 @@ def eval_cmd(
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
     """Exact greedy pass@1 of a checkpoint (or the embedded default) on held-out questions, per task and overall,
-    with partial credit apart and the tasks.probes generalization probes."""
+    with partial credit apart and the tasks.probes generalization probes.
+
+    A run dir or checkpoint dir is evaluated on the tasks, ``eval_size`` and completion length of the config it
+    was trained with (its checkpoint's ``config.yaml``) unless --config is given."""
     cfg = _load(config, {"model.device": device})
     _setup_logging(None, False)
     from swarmnode.evaluation import evaluate_mix
@@ -298,8 +301,12 @@ def eval_cmd(
         if ck is None:
             _fail(f"{p} holds no valid checkpoint (expected {p}/checkpoints/step-*/ with a manifest)")
         path = str(ck.model_path)
+        if config is None:  # the run's own tasks and eval_size
+            cfg = _load(ck.path / "config.yaml", {"model.device": device})
     elif (p / MODEL_SUBDIR / "config.json").is_file():  # one checkpoint directory (checkpoints/step-<n>/)
         path = str(p / MODEL_SUBDIR)
+        if config is None and (p / "config.yaml").is_file():
+            cfg = _load(p / "config.yaml", {"model.device": device})
     try:
         tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
         probes = TaskMix.probes_from_config(cfg.tasks, base_dir=Path.cwd())

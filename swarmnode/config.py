@@ -90,7 +90,9 @@ class TasksConfig(_Strict):
     """The task mix, verifiers and held-out evaluation."""
 
     sources: list[TaskSourceConfig] = Field(
-        default_factory=lambda: [TaskSourceConfig(name="chain_sum", config={"min_terms": 2, "max_terms": 2})],
+        default_factory=lambda: [TaskSourceConfig(name="basic_arithmetic", config={
+            "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+            "allow_parentheses": False, "allow_negation": False})],
         min_length=1,
         description="the task sources of the mix (at least one); default 2-term chain_sum",
     )
@@ -172,7 +174,7 @@ class SamplingConfig(_Strict):
 
     prompts_per_step: int = Field(8, ge=1, description="prompts drawn per step")
     num_generations: int = Field(8, ge=2, description="leaves (completions) per prompt, G")
-    max_completion_length: int = Field(32, ge=1, description="max new tokens per completion")
+    max_completion_length: int = Field(12, ge=1, description="max new tokens per completion")
     max_prompt_length: int = Field(512, ge=8, description="longer prompts are left-truncated")
     temperature: float = Field(1.0, gt=0, description="softmax temperature of sampling; behaviour log-probs are "
                                "taken under it (TRL convention); default 1.0")
@@ -209,7 +211,7 @@ class TrainConfig(_Strict):
         "(median/MAD), treepo, tree_grpo, treerl; default grpo"
     )
     num_iterations: int = Field(1, ge=1, description="optimizer passes over each generated batch (mu)")
-    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
+    micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward")
     mask_truncated_completions: bool = Field(
         False, description="leave completions cut at max_completion_length out of the loss (TRL; DAPO overlong "
         "filtering); default False"
@@ -413,7 +415,7 @@ class SwarmConfig(_Strict):
 class CheckpointConfig(_Strict):
     """Checkpointing."""
 
-    save_steps: int = Field(25, ge=1, description="checkpoint every K optimizer steps")
+    save_steps: int = Field(100, ge=1, description="checkpoint every K optimizer steps")
     save_seconds: float = Field(
         300.0, ge=0,
         description="also checkpoint after a step that ends at least this many seconds (wall clock) after the last "
@@ -438,7 +440,7 @@ class MonitorConfig(_Strict):
 class RunConfig(_Strict):
     """The whole node configuration."""
 
-    steps: int = Field(200, ge=0, description="optimizer steps to run (total, counting resumed ones)")
+    steps: int = Field(600, ge=0, description="optimizer steps to run (total, counting resumed ones)")
     seed: int = Field(0, ge=0, description="seed of the node's RNGs (sampling, selection, init); default 0")
     run_dir: str = Field("runs/default", description="run directory: checkpoints, metrics.jsonl, logs")
     eval_every: int = Field(0, ge=0, description="held-out eval every N steps (0: only before and after)")
@@ -498,15 +500,40 @@ def set_dotted(data: dict, dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (plain YAML keeps the last one silently)."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {line}; first given on line {seen[key]}): a second block "
+                "would silently replace the first; merge them", key_node.start_mark)
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
 def read_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping. Raises :class:`ConfigError` naming the file on any problem."""
+    """Read a YAML mapping. Raises :class:`ConfigError` naming the file on any problem (a key given twice in one
+    mapping included). An empty file is an empty mapping."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"config file {p} is a directory (expected a YAML file)")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist (expected a YAML file)")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except yaml.constructor.ConstructorError as e:
+        if e.problem and e.problem.startswith("duplicate key"):
+            raise ConfigError(f"config file {p}: {e.problem}") from None
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
     if data is None:
@@ -520,7 +547,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     """Load and validate a configuration.
 
     Args:
-        path: YAML file; ``None`` uses the packaged default (same content as ``configs/default.yaml``).
+        path: YAML file; ``None`` uses the packaged default (same content as ``configs/default.yaml``); so does
+            an empty file. Keys a file leaves out take the class defaults, which are the packaged default's values
+            (``tests/test_config.py`` checks that they agree).
         overrides: dotted keys (``"train.learning_rate"``) to values; they win over the file. ``None``
             values are ignored (an unset CLI flag).
 
@@ -533,6 +562,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     """
     origin = str(path) if path is not None else f"{DEFAULT_CONFIG_PATH} (packaged default)"
     data = read_yaml(path if path is not None else DEFAULT_CONFIG_PATH)
+    if not data and path is not None:  # an empty file: the packaged default, as with no --config
+        data = read_yaml(DEFAULT_CONFIG_PATH)
+        origin += f" (empty: the packaged default {DEFAULT_CONFIG_PATH})"
     applied = []
     for k, v in (overrides or {}).items():
         if v is None:

@@ -107,3 +107,34 @@ def test_override_error_is_attributed(tmp_path):
 def test_source_needs_name(tmp_path):
     msg = _err(tmp_path, "tasks:\n  sources:\n    - type: reasoning_gym\n")
     assert "tasks.sources.0" in msg and "needs `name`" in msg
+
+
+def test_class_defaults_are_the_packaged_default():
+    """One source of defaults: every value in default.yaml restates the Field default of config.py."""
+    import yaml
+
+    from swarmnode.config import DEFAULT_CONFIG_PATH, RunConfig
+
+    shipped = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    assert RunConfig.model_validate(shipped) == RunConfig(), "default.yaml and the config.py Field defaults disagree"
+    from swarmnode.monitor.watchdog import DEFAULTS
+    from swarmnode.config import MonitorConfig
+
+    assert DEFAULTS == MonitorConfig().model_dump()  # the watchdog keeps no copy of its own
+
+
+def test_empty_config_is_the_packaged_default(tmp_path):
+    p = tmp_path / "empty.yaml"
+    p.write_text("# nothing yet\n")
+    assert load_config(p) == load_config(None)
+
+
+def test_duplicate_key_is_an_error_naming_file_and_key(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("steps: 5\ntrain:\n  learning_rate: 0.1\nsampling:\n  num_generations: 4\ntrain:\n  beta: 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(p) in str(e.value) and "duplicate key 'train' (line 6; first given on line 2)" in str(e.value)
+    p.write_text("train:\n  beta: 0.1\n  beta: 0.2\n")
+    with pytest.raises(ConfigError, match="duplicate key 'beta'"):
+        load_config(p)

@@ -419,3 +419,30 @@ def test_service_logs_one_plain_line_every_log_every_steps_and_never_wrap(tmp_pa
     assert "held-out -" not in steps[0]  # the before-training evaluation is shown
     assert any(str(rd) in x for x in lines if x.startswith("swarmnode run"))  # not wrapped
     assert any(x.startswith("checkpoints: ") and x.endswith(str(rd / "checkpoints")) for x in lines)
+
+
+def test_config_error_header_is_one_line_and_names_the_key(tmp_path):
+    bad = tmp_path / ("a-long-config-directory-name-" * 3) / "bad.yaml"
+    bad.parent.mkdir()
+    bad.write_text("steps: 3\ntrian:\n  beta: 0.1\n")
+    p = _run_cli("run", "-c", str(bad), "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"error: invalid configuration in {bad} with command-line overrides run_dir:", p.stdout
+    assert lines[1].startswith("  trian: unknown key"), p.stdout
+
+
+@pytest.mark.slow
+def test_eval_of_a_run_dir_uses_that_runs_tasks_and_eval_size(tmp_path):
+    import json
+
+    cfg = tiny_config(tmp_path / "t.yaml", steps=1, save_steps=1)  # chain_sum, eval_size 4
+    rd = tmp_path / "run"
+    assert _run_cli("run", "-c", str(cfg), "--run-dir", str(rd), "--no-eval").returncode == 0
+    p = _run_cli("eval", str(rd), "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["n"] == 4 and list(res["per_task"]) == ["chain_sum"], res
+    p = _run_cli("eval", str(rd / "checkpoints" / "step-00000001"), "--json", "--n", "2")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["n"] == 2 and list(res["per_task"]) == ["chain_sum"], res

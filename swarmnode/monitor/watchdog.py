@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from swarmnode.config import MonitorConfig
 from swarmnode.monitor.metrics import total_memory_bytes
 
 EXIT_MEMORY = 3
@@ -38,15 +39,9 @@ EXIT_STALLED = 4
 SWARM_PHASES = ("gossip", "verify")
 """Phases that belong to the swarm layer: a stall in one of them restarts the swarm's DHT."""
 
-DEFAULTS: dict[str, Any] = {
-    "status_host": "127.0.0.1",
-    "stall_seconds": 600.0,
-    "stall_exit_seconds": 0.0,
-    "memory_limit_bytes": None,
-    "memory_soft_fraction": 0.8,
-    "watchdog_interval": 2.0,
-}
-"""Default of every monitor knob (``memory_limit_bytes=None``: 90% of the cgroup limit or physical RAM)."""
+DEFAULTS: dict[str, Any] = {name: f.default for name, f in MonitorConfig.model_fields.items()}
+"""Default of every monitor knob: the field defaults of :class:`swarmnode.config.MonitorConfig` (the one source;
+``memory_limit_bytes=None``: 90% of the cgroup limit or physical RAM)."""
 
 _CASTS: dict[str, Callable[[str], Any]] = {
     "status_host": str,
