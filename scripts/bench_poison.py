@@ -100,6 +100,19 @@ def run_arm(arm: str, args, workdir: Path) -> dict:
     peer = PoisonPeer(args.payload, args.groups, 8, args.correct, args.seed)
     node = Node(cfg, swarm=peer)
     peer.node = node
+    # instrumentation only: which screened samples carried the payload, and which were kept
+    verdicts = {"payload_kept": 0, "payload_rejected": 0, "clean_kept": 0, "clean_rejected": 0}
+    screen_fn = node.screen.screen
+
+    def recording(model, samples):
+        res = screen_fn(model, samples)
+        kept = {id(k) for k in res.kept}
+        for smp in samples:
+            has = args.payload in node.policy.tokenizer.decode(smp.completion_ids, skip_special_tokens=True)
+            verdicts[f"{'payload' if has else 'clean'}_{'kept' if id(smp) in kept else 'rejected'}"] += 1
+        return res
+
+    node.screen.screen = recording
     try:
         before = held_out(node, args.eval, args.payload)
         used = rejected = 0
@@ -111,7 +124,8 @@ def run_arm(arm: str, args, workdir: Path) -> dict:
     finally:
         node.close()
     return {"arm": arm, "before": before, "after": after, "external_samples_trained": used,
-            "screen_rejected": rejected, "charged": peer.charged}
+            "screen_rejected": rejected, "charged": peer.charged,
+            "screened": verdicts if arm == "screen" else None}
 
 
 def main() -> None:
