@@ -532,9 +532,13 @@ def top(
     if url is None and run_dir is None:
         run_dir = Path(_load(None, {}).run_dir)
     try:
-        run_top(run_dir, url, refresh=refresh, once=once, console=console)
+        verdicts = run_top(run_dir, url, refresh=refresh, once=once, console=console)
     except FileNotFoundError as e:
         _fail(str(e))
+        return
+    if once and verdicts and all(getattr(v, "exit_code", 0) == 2 and getattr(v, "kind", "") == "unreachable"
+                                 for v in verdicts):
+        raise typer.Exit(2)  # nothing readable there: not a node
 
 
 @app.command()
@@ -544,7 +548,7 @@ def report(
     x: str = typer.Option("step", "--x", help="x axis: step, tokens (equal generation compute) or hours"),
     smooth: int = typer.Option(10, "--smooth", min=1, help="moving-average window of the reward curve (steps)"),
     title: Optional[str] = typer.Option(None, "--title"),
-    json_out: bool = typer.Option(False, "--json", help="also print the per-run summary as JSON"),
+    json_out: bool = typer.Option(False, "--json", help="print the per-run summary as JSON (only that) instead of the table"),
 ) -> None:
     """Plot reward, held-out accuracy and tokens over steps from metrics.jsonl; several runs on one plot."""
     from swarmnode.monitor.report import X_AXES, expand_run_dirs, load_run, plot_runs
@@ -558,6 +562,9 @@ def report(
         return
     path = plot_runs(runs, out, x=x, smooth=smooth, title=title)
     rows = [r.summary() for r in runs]
+    if json_out:  # stdout is the JSON alone (the table would make it unparseable)
+        print(json.dumps(rows))
+        return
     t = Table(title=f"runs ({path})")
     for col in ("run", "steps", "reward (last 10)", "cumulative reward", "held-out first → last (best)", "tokens",
                 "hours", "external samples"):
@@ -570,8 +577,6 @@ def report(
                   f"{r['tokens']:.0f}", f"{r['hours']:.2f}", str(r["external_samples"]))
     console.print(t)
     console.print(f"wrote {path}", highlight=False)
-    if json_out:
-        print(json.dumps(rows))
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: swarm vs isolated learning, tree sampling, gossip, verify.")

@@ -29,7 +29,7 @@ import torch
 
 from swarmnode.config import RunConfig, dump_config
 from swarmnode.evaluation import EvalResult, evaluate
-from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, rss_bytes
+from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, node_memory_bytes
 from swarmnode.monitor.runtime import NodeMonitor
 from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
 from swarmnode.policy.loading import Policy, load_policy
@@ -320,7 +320,7 @@ class Node:
                 "tokens_per_s": gen_tokens / max(phases.get("sample", 0.0), 1e-9),
                 "step_time": wall,
                 "time": {k: round(v, 4) for k, v in phases.items()},
-                "rss_bytes": rss_bytes(),
+                "rss_bytes": node_memory_bytes(),  # with the DHT child, p2pd and torch's shm manager
                 "unix_time": time.time(),
             }
         )

@@ -446,3 +446,14 @@ def test_eval_of_a_run_dir_uses_that_runs_tasks_and_eval_size(tmp_path):
     p = _run_cli("eval", str(rd / "checkpoints" / "step-00000001"), "--json", "--n", "2")
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["n"] == 2 and list(res["per_task"]) == ["chain_sum"], res
+
+
+def test_status_and_top_refuse_a_status_json_that_is_not_a_nodes(tmp_path):
+    (tmp_path / "status.json").write_text('{"state": "training", "step": 3, "schema": 1}')  # another program's
+    for args in (["status", "--run-dir", str(tmp_path)], ["top", "--once", "--run-dir", str(tmp_path)]):
+        p = _run_cli(*args, timeout=120)
+        assert p.returncode == 2, (args, p.stdout + p.stderr)
+    p = _run_cli("status", "--run-dir", str(tmp_path), timeout=120)
+    assert "is not a swarmnode node's status document" in p.stdout, p.stdout
+    (tmp_path / "status.json").write_bytes(b"\xff\xfe garbage")
+    assert _run_cli("top", "--once", "--run-dir", str(tmp_path), timeout=120).returncode == 2
