@@ -443,6 +443,8 @@ def peers(
         _fail("no peer to ask: pass --initial-peers <multiaddr>, --run-dir <a running node's run dir>, or a config "
               "with swarm.initial_peers")
     _setup_logging(None, False)
+    logging.getLogger("hivemind").setLevel(logging.ERROR)  # a one-shot query: the table only, no DHT chatter
+    logging.getLogger("swarmnode.swarm").setLevel(logging.ERROR)
     try:
         with console.status(f"asking swarm {sid} through {len(boot)} peer(s)…"):
             rows = list_peers(sid, boot, timeout=timeout, bucket_seconds=cfg.swarm.bucket_seconds)
@@ -453,7 +455,8 @@ def peers(
         print(json.dumps({"swarm_id": sid, "peers": rows}))
         return
     t = Table(title=f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat")
-    for col in ("peer id", "model", "step", "reward", "accuracy", "published", "accepted", "rejected", "last seen"):
+    for col in ("peer id", "model", "step", "reward", "accuracy", "samples published", "samples accepted",
+                "samples rejected", "last seen"):
         t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
     for r in rows:
         t.add_row(r["peer_id"], r["model_id"], str(r["step"]),
@@ -626,7 +629,12 @@ def bench_tree(ctx: typer.Context) -> None:
     except FileNotFoundError as e:
         _fail(str(e))
         return
-    raise typer.Exit(mod.main(list(ctx.args)) or 0)
+    argv0, sys.argv[0] = sys.argv[0], "swarmnode bench tree"  # argparse's usage line names the real command
+    try:
+        code = mod.main(list(ctx.args)) or 0
+    finally:
+        sys.argv[0] = argv0
+    raise typer.Exit(code)
 
 
 @bench_app.command("tree-learning", context_settings=_PASSTHROUGH)

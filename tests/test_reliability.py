@@ -169,6 +169,7 @@ def test_second_run_in_a_used_run_dir_is_refused_with_the_pid(tmp_path):
     assert not (rd / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_identity_in_use_and_missing_identity(tmp_path):
     cfg = tiny_config(tmp_path / "tiny.yaml", steps=3, save_steps=1000)
     env = child_env(COLUMNS="300")
@@ -316,6 +317,7 @@ def _run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(swarmnode_cmd(*args), capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
+@pytest.mark.slow
 def test_read_only_and_full_run_dirs_are_one_line_errors_at_start_up(tmp_path, small_fs):
     cfg = tiny_config(tmp_path / "t.yaml", steps=2, save_steps=1)
     ro = small_fs("1m", read_only=True)
@@ -406,6 +408,7 @@ def test_report_of_an_old_file_with_a_resume_keeps_only_the_surviving_history(tm
     assert run.evals == []  # both evaluations were of the dead run's steps 3 and 4
 
 
+@pytest.mark.slow
 def test_service_logs_one_plain_line_every_log_every_steps_and_never_wrap(tmp_path):
     cfg = tiny_config(tmp_path / "t.yaml", steps=4, save_steps=100)
     cfg.write_text(cfg.read_text() + "log_every: 2\n")
@@ -457,3 +460,8 @@ def test_status_and_top_refuse_a_status_json_that_is_not_a_nodes(tmp_path):
     assert "is not a swarmnode node's status document" in p.stdout, p.stdout
     (tmp_path / "status.json").write_bytes(b"\xff\xfe garbage")
     assert _run_cli("top", "--once", "--run-dir", str(tmp_path), timeout=120).returncode == 2
+
+
+def test_bench_tree_help_names_the_command():
+    p = _run_cli("bench", "tree", "--help", timeout=300)
+    assert p.returncode == 0 and p.stdout.startswith("usage: swarmnode bench tree "), p.stdout[:300]
