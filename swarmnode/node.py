@@ -438,10 +438,12 @@ class Node:
             self.monitor.end_training()
 
     def close(self) -> None:
-        """Stop the monitor, the metrics file and the swarm layer, then release the run directory (idempotent)."""
-        self.monitor.close()
-        self.metrics.close()
+        """Shut down in a fixed order (idempotent): the swarm layer (its threads, bundle server and DHT child,
+        each bounded by its timeout), then the monitor (the final ``stopped`` status), the metrics file, and last
+        the identity and run-directory locks."""
         if self.swarm is not None:
             self.swarm.close()
+        self.monitor.close()
+        self.metrics.close()
         for lk in reversed(self.locks):
             lk.release()

@@ -82,6 +82,10 @@ def test_kill9_of_a_swarm_node_leaves_no_orphan_and_the_same_command_rejoins(tmp
         kids = wait_for(lambda: _descendants_with_p2pd(procs[-1]), 60, "the DHT child and p2pd", procs[-1], log)
         rec = json.loads((rd / CHILDREN_FILE).read_text())
         assert {c["pid"] for c in rec["children"]} <= {k.pid for k in kids} and len(rec["children"]) == 2
+        for k in kids:  # no child holds the node's status port (a forked child inherits every open socket)
+            assert not [c for c in k.net_connections(kind="tcp") if c.laddr and c.laddr.port == port], k
+        assert [c for c in psutil.Process(procs[-1].pid).net_connections(kind="tcp")
+                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN]
         os.kill(procs[-1].pid, signal.SIGKILL)
         procs[-1].wait(30)
         pids = [k.pid for k in kids]
