@@ -464,6 +464,8 @@ def peers(
         _fail("no peer to ask: pass --initial-peers <multiaddr>, --run-dir <a running node's run dir>, or a config "
               "with swarm.initial_peers")
     _setup_logging(None, False)
+    logging.getLogger("hivemind").setLevel(logging.ERROR)  # a one-shot query: the table only, no DHT chatter
+    logging.getLogger("swarmnode.swarm").setLevel(logging.ERROR)
     try:
         with console.status(f"asking swarm {sid} through {len(boot)} peer(s)…"):
             rows = list_peers(sid, boot, timeout=timeout, bucket_seconds=cfg.swarm.bucket_seconds,
@@ -475,7 +477,8 @@ def peers(
         print(json.dumps({"swarm_id": sid, "peers": rows}))
         return
     t = Table(title=f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat")
-    for col in ("peer id", "model", "step", "reward", "accuracy", "published", "accepted", "rejected", "last seen"):
+    for col in ("peer id", "model", "step", "reward", "accuracy", "samples published", "samples accepted",
+                "samples rejected", "last seen"):
         t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
     for r in rows:
         t.add_row(r["peer_id"], r["model_id"], str(r["step"]),
@@ -554,9 +557,13 @@ def top(
     if url is None and run_dir is None:
         run_dir = Path(_load(None, {}).run_dir)
     try:
-        run_top(run_dir, url, refresh=refresh, once=once, console=console)
+        verdicts = run_top(run_dir, url, refresh=refresh, once=once, console=console)
     except FileNotFoundError as e:
         _fail(str(e))
+        return
+    if once and verdicts and all(getattr(v, "exit_code", 0) == 2 and getattr(v, "kind", "") == "unreachable"
+                                 for v in verdicts):
+        raise typer.Exit(2)  # nothing readable there: not a node
 
 
 @app.command()
@@ -566,7 +573,7 @@ def report(
     x: str = typer.Option("step", "--x", help="x axis: step, tokens (equal generation compute) or hours"),
     smooth: int = typer.Option(10, "--smooth", min=1, help="moving-average window of the reward curve (steps)"),
     title: Optional[str] = typer.Option(None, "--title"),
-    json_out: bool = typer.Option(False, "--json", help="also print the per-run summary as JSON"),
+    json_out: bool = typer.Option(False, "--json", help="print the per-run summary as JSON (only that) instead of the table"),
 ) -> None:
     """Plot reward, held-out accuracy and tokens over steps from metrics.jsonl; several runs on one plot."""
     from swarmnode.monitor.report import X_AXES, expand_run_dirs, load_run, plot_runs
@@ -580,6 +587,9 @@ def report(
         return
     path = plot_runs(runs, out, x=x, smooth=smooth, title=title)
     rows = [r.summary() for r in runs]
+    if json_out:  # stdout is the JSON alone (the table would make it unparseable)
+        print(json.dumps(rows))
+        return
     t = Table(title=f"runs ({path})")
     for col in ("run", "steps", "reward (last 10)", "cumulative reward", "held-out first → last (best)", "tokens",
                 "hours", "external samples"):
@@ -592,8 +602,6 @@ def report(
                   f"{r['tokens']:.0f}", f"{r['hours']:.2f}", str(r["external_samples"]))
     console.print(t)
     console.print(f"wrote {path}", highlight=False)
-    if json_out:
-        print(json.dumps(rows))
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: swarm vs isolated learning, tree sampling, gossip, verify.")
@@ -643,7 +651,12 @@ def bench_tree(ctx: typer.Context) -> None:
     except FileNotFoundError as e:
         _fail(str(e))
         return
-    raise typer.Exit(mod.main(list(ctx.args)) or 0)
+    argv0, sys.argv[0] = sys.argv[0], "swarmnode bench tree"  # argparse's usage line names the real command
+    try:
+        code = mod.main(list(ctx.args)) or 0
+    finally:
+        sys.argv[0] = argv0
+    raise typer.Exit(code)
 
 
 @bench_app.command("tree-learning", context_settings=_PASSTHROUGH)

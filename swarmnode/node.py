@@ -29,7 +29,7 @@ import torch
 
 from swarmnode.config import RunConfig, dump_config
 from swarmnode.evaluation import EvalResult, evaluate_mix
-from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, rss_bytes
+from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, node_memory_bytes
 from swarmnode.monitor.runtime import NodeMonitor
 from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
 from swarmnode.policy.loading import Policy, load_policy
@@ -399,7 +399,7 @@ class Node:
                 "tokens_per_s": gen_tokens / max(phases.get("sample", 0.0), 1e-9),
                 "step_time": wall,
                 "time": {k: round(v, 4) for k, v in phases.items()},
-                "rss_bytes": rss_bytes(),
+                "rss_bytes": node_memory_bytes(),  # with the DHT child, p2pd and torch's shm manager
                 "unix_time": time.time(),
             }
         )
@@ -519,10 +519,12 @@ class Node:
             self.monitor.end_training()
 
     def close(self) -> None:
-        """Stop the monitor, the metrics file and the swarm layer, then release the run directory (idempotent)."""
-        self.monitor.close()
-        self.metrics.close()
+        """Shut down in a fixed order (idempotent): the swarm layer (its threads, bundle server and DHT child,
+        each bounded by its timeout), then the monitor (the final ``stopped`` status), the metrics file, and last
+        the identity and run-directory locks."""
         if self.swarm is not None:
             self.swarm.close()
+        self.monitor.close()
+        self.metrics.close()
         for lk in reversed(self.locks):
             lk.release()

@@ -99,8 +99,13 @@ def test_evals_and_checkpoint_pointer(tmp_path):
 
 
 def test_status_file_roundtrip(tmp_path):
-    write_status_file(tmp_path, {"state": "training", "x": float("inf")})
-    assert read_status_file(tmp_path) == {"state": "training", "x": None}
+    from swarmnode.monitor.status import STATUS_KIND
+
+    doc = {"kind": STATUS_KIND, "state": "training", "node": {"pid": 1}}
+    write_status_file(tmp_path, {**doc, "x": float("inf")})
+    assert read_status_file(tmp_path) == {**doc, "x": None}
+    write_status_file(tmp_path, {"state": "training", "x": 1})  # not a node's document (no kind): refused
+    assert read_status_file(tmp_path) is None
     (tmp_path / "status.json").write_text("{torn")
     assert read_status_file(tmp_path) is None
     assert read_status_file(tmp_path / "missing") is None
@@ -319,7 +324,7 @@ def test_report_png_and_summary(tmp_path):
                                    "--x", "tokens", "--json"])
     assert res.exit_code == 0, res.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    rows = json.loads(res.output.strip().splitlines()[-1])
+    rows = json.loads(res.stdout)  # --json: stdout is the JSON alone
     assert [r["run"] for r in rows] == ["solo", "node-0", "node-1"] and rows[2]["reward_last"] == 1.0
     res = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")])
     assert res.exit_code == 2 and "has no metrics.jsonl" in " ".join(res.output.split())

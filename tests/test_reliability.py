@@ -82,6 +82,10 @@ def test_kill9_of_a_swarm_node_leaves_no_orphan_and_the_same_command_rejoins(tmp
         kids = wait_for(lambda: _descendants_with_p2pd(procs[-1]), 60, "the DHT child and p2pd", procs[-1], log)
         rec = json.loads((rd / CHILDREN_FILE).read_text())
         assert {c["pid"] for c in rec["children"]} <= {k.pid for k in kids} and len(rec["children"]) == 2
+        for k in kids:  # no child holds the node's status port (a forked child inherits every open socket)
+            assert not [c for c in k.net_connections(kind="tcp") if c.laddr and c.laddr.port == port], k
+        assert [c for c in psutil.Process(procs[-1].pid).net_connections(kind="tcp")
+                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN]
         os.kill(procs[-1].pid, signal.SIGKILL)
         procs[-1].wait(30)
         pids = [k.pid for k in kids]
@@ -169,6 +173,7 @@ def test_second_run_in_a_used_run_dir_is_refused_with_the_pid(tmp_path):
     assert not (rd / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_identity_in_use_and_missing_identity(tmp_path):
     cfg = tiny_config(tmp_path / "tiny.yaml", steps=3, save_steps=1000)
     env = child_env(COLUMNS="300")
@@ -316,6 +321,7 @@ def _run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(swarmnode_cmd(*args), capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
+@pytest.mark.slow
 def test_read_only_and_full_run_dirs_are_one_line_errors_at_start_up(tmp_path, small_fs):
     cfg = tiny_config(tmp_path / "t.yaml", steps=2, save_steps=1)
     ro = small_fs("1m", read_only=True)
@@ -406,6 +412,7 @@ def test_report_of_an_old_file_with_a_resume_keeps_only_the_surviving_history(tm
     assert run.evals == []  # both evaluations were of the dead run's steps 3 and 4
 
 
+@pytest.mark.slow
 def test_service_logs_one_plain_line_every_log_every_steps_and_never_wrap(tmp_path):
     cfg = tiny_config(tmp_path / "t.yaml", steps=4, save_steps=100)
     cfg.write_text(cfg.read_text() + "log_every: 2\n")
@@ -446,3 +453,19 @@ def test_eval_of_a_run_dir_uses_that_runs_tasks_and_eval_size(tmp_path):
     p = _run_cli("eval", str(rd / "checkpoints" / "step-00000001"), "--json", "--n", "2")
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["n"] == 2 and list(res["per_task"]) == ["chain_sum"], res
+
+
+def test_status_and_top_refuse_a_status_json_that_is_not_a_nodes(tmp_path):
+    (tmp_path / "status.json").write_text('{"state": "training", "step": 3, "schema": 1}')  # another program's
+    for args in (["status", "--run-dir", str(tmp_path)], ["top", "--once", "--run-dir", str(tmp_path)]):
+        p = _run_cli(*args, timeout=120)
+        assert p.returncode == 2, (args, p.stdout + p.stderr)
+    p = _run_cli("status", "--run-dir", str(tmp_path), timeout=120)
+    assert "is not a swarmnode node's status document" in p.stdout, p.stdout
+    (tmp_path / "status.json").write_bytes(b"\xff\xfe garbage")
+    assert _run_cli("top", "--once", "--run-dir", str(tmp_path), timeout=120).returncode == 2
+
+
+def test_bench_tree_help_names_the_command():
+    p = _run_cli("bench", "tree", "--help", timeout=300)
+    assert p.returncode == 0 and p.stdout.startswith("usage: swarmnode bench tree "), p.stdout[:300]

@@ -342,6 +342,9 @@ def test_swarm_up_two_nodes_and_ctrl_c(setup):
         for n in nodes:
             assert list((n / "checkpoints").glob("step-*")), f"no checkpoint in {n}"
             assert (n / "identity.pem").exists() and (n / "stdout.log").exists()
+            out = " ".join((n / "stdout.log").read_text(errors="replace").split())
+            for noise in ("daemon failed", "restarting the DHT", "did not shut down", "Traceback", "ERROR"):
+                assert noise not in out, f"a normal Ctrl-C logged {noise!r} in {n}: {out[-3000:]}"  # a quiet stop
         assert Identity.load(nodes[0] / "identity.pem") != Identity.load(nodes[1] / "identity.pem")
     finally:
         if launcher.poll() is None:

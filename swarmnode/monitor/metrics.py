@@ -172,6 +172,32 @@ def rss_bytes() -> int:
         return 0
 
 
+def node_memory_bytes() -> int:
+    """Memory of this process and all its descendants (the DHT child, p2pd, torch's shm manager), in bytes.
+
+    Each process counts its proportional set size (PSS: pages shared between the node and its forked children
+    count once overall), or its RSS where PSS is unavailable; 0 if unknown. What the memory watchdog and
+    ``swarmnode top`` show, since the OOM killer sees the children too.
+    """
+    try:
+        import psutil
+
+        me = psutil.Process(os.getpid())
+        procs = [me, *me.children(recursive=True)]
+    except Exception:  # noqa: BLE001 - pragma: no cover
+        return rss_bytes()
+    total = 0
+    for pr in procs:
+        try:
+            try:
+                total += int(pr.memory_full_info().pss)
+            except (AttributeError, psutil.AccessDenied):
+                total += int(pr.memory_info().rss)
+        except psutil.Error:  # the child ended meanwhile
+            continue
+    return total or rss_bytes()
+
+
 def gpu_memory() -> dict[str, int]:
     """GPU memory of this process as torch's CUDA allocator sees it, in bytes, summed over visible devices.
 

@@ -34,7 +34,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
-from swarmnode.monitor.metrics import gpu_memory, rss_bytes
+from swarmnode.monitor.metrics import gpu_memory, node_memory_bytes
 from swarmnode.monitor.status import NodeMetrics, StatusServer, StatusTracker, write_status_file
 from swarmnode.monitor.watchdog import (
     EXIT_MEMORY,
@@ -216,6 +216,9 @@ class NodeMonitor:
             "stopped by a signal after checkpointing" if getattr(self.node, "stop_requested", False)
             else "finished" if getattr(self.node, "step", 0) >= getattr(self.node.cfg, "steps", 0) else "closed")
         self.tracker.set(state="stopped", exit={"code": self.exit_code, "reason": why})
+        self.tracker.update(lambda d: d["swarm"].update(  # a stopped node is connected to nobody
+            {"connected": False, "peers": 0, "dht_alive": False,
+             "reason": "stopped: the node is not running" if d["swarm"].get("enabled") else d["swarm"]["reason"]}))
         self.tracker.note_checkpoint()
         self.publish()
         if self.server is not None:
@@ -389,12 +392,12 @@ class NodeMonitor:
         self._check_memory()
         self._check_stall(now)
         self.tracker.observe_swarm(getattr(self.node, "swarm", None))
-        self.tracker.update(lambda d: d["memory"].update({"rss_bytes": rss_bytes(), "gpu": gpu_memory()}))
+        self.tracker.update(lambda d: d["memory"].update({"rss_bytes": node_memory_bytes(), "gpu": gpu_memory()}))
         self._refresh_state()
         self.publish()
 
     def _check_memory(self) -> None:
-        ev = self.memory.check(rss_bytes())
+        ev = self.memory.check(node_memory_bytes())  # the node with its DHT child, p2pd and shm manager
         if ev is None:
             return
         if ev.kind == "hard":

@@ -35,6 +35,8 @@ from swarmnode.monitor.metrics import _clean
 
 STATUS_FILE = "status.json"
 SCHEMA_VERSION = 1
+STATUS_KIND = "swarmnode-node-status"
+"""The ``kind`` of every status document: a ``status.json`` without it is not a node's (another program's file)."""
 STATES = ("starting", "training", "evaluating", "stopping", "stopped")
 """Node states. ``stalled`` is not a state but a flag (``status["stall"]["stalled"]``) on top of one."""
 
@@ -91,7 +93,7 @@ class NodeMetrics:
                                ["direction"], registry=r)
         self.rejected = Counter("swarmnode_rejected", "rejected peer inputs by reason", ["reason"], registry=r)
         self.bans = Gauge("swarmnode_banned_peers", "peers currently banned", registry=r)
-        self.rss = Gauge("swarmnode_rss_bytes", "resident memory of the node process", registry=r)
+        self.rss = Gauge("swarmnode_rss_bytes", "memory of the node process and its children (PSS, shared pages once)", registry=r)
         self.memory_limit = Gauge("swarmnode_memory_limit_bytes", "memory watchdog limits (soft, hard)", ["kind"],
                                   registry=r)
         self.gpu_mem = Gauge("swarmnode_gpu_memory_bytes", "GPU memory of torch's allocator (allocated, reserved)",
@@ -273,6 +275,7 @@ class StatusTracker:
         except Exception:  # pragma: no cover
             started = now
         self.doc: dict[str, Any] = {
+            "kind": STATUS_KIND,
             "schema": SCHEMA_VERSION,
             "state": "starting",
             "step": 0,
@@ -566,13 +569,19 @@ def write_status_file(run_dir: str | os.PathLike, status: dict[str, Any], fsync:
     os.replace(tmp, p)
 
 
+def is_status_document(data: Any) -> bool:
+    """Whether ``data`` is a swarmnode node's status document (``kind`` :data:`STATUS_KIND`, a ``node`` with a pid)."""
+    return (isinstance(data, dict) and data.get("kind") == STATUS_KIND and isinstance(data.get("node"), dict)
+            and isinstance(data["node"].get("pid"), int) and isinstance(data.get("state"), str))
+
+
 def read_status_file(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """Read ``run_dir/status.json``; ``None`` if missing or unreadable."""
+    """Read ``run_dir/status.json``; ``None`` if missing, unreadable or not a node's (:func:`is_status_document`)."""
     try:
         data = json.loads((Path(run_dir) / STATUS_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return data if isinstance(data, dict) else None
+    return data if is_status_document(data) else None
 
 
 # ------------------------------------------------------------------------------------------ verdicts

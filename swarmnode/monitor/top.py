@@ -134,8 +134,9 @@ def load_node(run_dir: Path | None = None, url: str | None = None) -> tuple[dict
         assert run_dir is not None
         doc = read_status_file(run_dir)
         if doc is None:
-            return None, Verdict("unreachable", f"no status.json in {run_dir} yet (the node has not started, or it "
-                                                "is older than the status feature)", 2)
+            why = ("is not a swarmnode node's status document" if (Path(run_dir) / "status.json").exists()
+                   else "does not exist yet (the node has not started)")
+            return None, Verdict("unreachable", f"{Path(run_dir) / 'status.json'} {why}", 2)
         live_url = (doc.get("node") or {}).get("url")
         if live_url and doc.get("state") != "stopped":
             try:
@@ -224,7 +225,7 @@ def render_node(name: str, doc: dict[str, Any], verdict: Verdict, history: list[
     gpu = mem.get("gpu") or {}
     ck = doc.get("checkpoint") or {}
     res_rows = [
-        ("memory (RSS)", f"{fmt_bytes(mem.get('rss_bytes'))}  (warn > {fmt_bytes(mem.get('soft_limit_bytes'))}, "
+        ("memory (node + children)", f"{fmt_bytes(mem.get('rss_bytes'))}  (warn > {fmt_bytes(mem.get('soft_limit_bytes'))}, "
                          f"checkpoint+exit > {fmt_bytes(mem.get('hard_limit_bytes'))})"),
         ("GPU memory", f"{fmt_bytes(gpu.get('allocated'))} allocated, {fmt_bytes(gpu.get('reserved'))} reserved of "
                        f"{fmt_bytes(gpu.get('total'))}" if gpu else "- (CPU)"),
