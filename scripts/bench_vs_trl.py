@@ -88,13 +88,12 @@ def arm_swarmnode(args) -> dict:
     cfg.run_dir = str(Path(args.work) / f"swarmnode-seed{args.seed}")
     node = Node(cfg)
     if not hasattr(node.tasks, "rescore"):  # verifiers without exact scoring: train on the exact reward too
-        reward = exact_reward_fn(node.tasks)
-        orig = node.tasks.score_detail
+        orig = node.tasks.score_detail  # the bound method, before the instance attribute shadows it
 
         def exact_detail(task, completion, **kw):
             d = dict(orig(task, completion, **kw))
             d["correct"] = 1.0 if d["correct"] >= 1.0 - 1e-9 else 0.0
-            d["reward"] = reward(task, completion)
+            d["reward"] = d["correct"] + node.tasks.format_reward * d["format"]
             return d
 
         node.tasks.score_detail = exact_detail
@@ -103,15 +102,19 @@ def arm_swarmnode(args) -> dict:
     _barrier(args, "swarmnode")
     t0 = time.perf_counter()
     budget = 60.0 * args.minutes
-    rewards = []
+    rewards, phases = [], {}
     while time.perf_counter() - t0 < budget:
         res = node.run_step()
         rewards.append(float(res.metrics["reward"]))
+        for k, v in res.metrics.get("time", {}).items():
+            phases[k] = phases.get(k, 0.0) + float(v)
     train_s = time.perf_counter() - t0
     after = _evaluate(node.policy.model, node.policy.tokenizer, node.tasks, probes, node.prompt_for, cfg)
     node.close()
     return {"arm": "swarmnode", "seed": args.seed, "steps": node.step, "train_seconds": train_s, "before": before,
-            "after": after, "mean_train_reward": sum(rewards) / max(len(rewards), 1)}
+            "after": after, "mean_train_reward": sum(rewards) / max(len(rewards), 1),
+            "seconds_per_step": train_s / max(node.step, 1),
+            "phase_seconds_per_step": {k: v / max(node.step, 1) for k, v in phases.items()}}
 
 
 def arm_trl(args) -> dict:
@@ -210,9 +213,10 @@ def arm_trl(args) -> dict:
     train_s = time.perf_counter() - clock["t0"]
     after = _evaluate(trainer.model, tokenizer, mix, probes, lambda task: pol.prompt(task.question), cfg)
     hist = [h.get("reward") for h in trainer.state.log_history if "reward" in h]
+    steps = max(int(trainer.state.global_step), 1)
     return {"arm": "trl", "seed": args.seed, "steps": int(trainer.state.global_step), "train_seconds": train_s,
             "before": before, "after": after, "mean_train_reward": (sum(hist) / len(hist)) if hist else None,
-            "trl_version": __import__("trl").__version__}
+            "seconds_per_step": train_s / steps, "trl_version": __import__("trl").__version__}
 
 
 def _barrier(args, me: str, timeout: float = 600.0) -> None:
@@ -247,7 +251,7 @@ def table(results: list[dict]) -> str:
     """Markdown table of every arm and seed, the means, and the swarmnode/TRL ratios."""
     rows = [_row(r) for r in results]
     lines = ["| arm | seed | n | before | after | gain (points) | steps | train min | points/min | points/step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]  # n: held-out questions; before/after: exact pass@1
     for w in rows:
         lines.append(f"| {w['arm']} | {w['seed']} | {w['n']} | {100 * w['before']:.1f}% | {100 * w['after']:.1f}% | "
                      f"{100 * w['gain']:+.1f} | {w['steps']} | {w['minutes']:.2f} | {100 * w['per_min']:+.2f} | "
