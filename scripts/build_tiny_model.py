@@ -322,7 +322,7 @@ def train(model, tokenizer, sources, seed: int, steps: int, batch_size: int, mic
                           **{k: round(v["exact"], 4) for k, v in r.items() if not k.startswith("_") and k != "ALL"}})
             print(f"  held-out at step {step}: {json.dumps(evals[-1])}", flush=True)
             model.train()
-        if el > max_seconds and step < steps:
+        if max_seconds > 0 and el > max_seconds and step < steps:
             print(f"WARNING: stopped at step {step} of {steps} after {el:.0f}s (--minutes cap); the result is "
                   "NOT the reference build", flush=True)
             break
@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of weights init and training data order")
     ap.add_argument("--out", type=Path, default=REPO / "swarmnode" / "policy" / "embedded", help="output directory")
     ap.add_argument("--steps", type=int, default=1000, help="optimizer steps (the reference build: 1000)")
-    ap.add_argument("--minutes", type=float, default=15.0, help="wall-clock cap on training (a capped run warns)")
+    ap.add_argument("--minutes", type=float, default=0.0,
+                    help="wall-clock cap on training, 0 = none (a capped run warns: it is not deterministic)")
     ap.add_argument("--batch-size", type=int, default=64, help="examples per optimizer step")
     ap.add_argument("--micro-batch", type=int, default=16, help="examples per forward pass (length-sorted)")
     ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")

@@ -24,7 +24,9 @@ def test_tree_config_is_the_default_with_only_the_sampler_changed():
     from it in the tree sampler (and its run directory) only."""
     default = load_config(None).model_dump()
     tree = load_config(ROOT / "configs" / "tree.yaml").model_dump()
-    assert tree["sampling"]["tree"]["mode"] == "tree" and tree["sampling"]["tree"]["branching"] == "lookahead"
+    # the branching rule follows the embedded model's completions (reasoning lines since issue 14), so only
+    # the mode is pinned here
+    assert tree["sampling"]["tree"]["mode"] == "tree"
     for d in (default, tree):
         d["sampling"].pop("tree")
         d.pop("run_dir")
