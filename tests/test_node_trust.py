@@ -20,6 +20,8 @@ from swarmnode.rollout.tree import RolloutTree
 class CraftedSwarm:
     """A SwarmHook whose ``gather`` returns ``make(node, step)``; records ``charge`` calls."""
 
+    peer_id = "sn1craftedswarmhook"
+
     def __init__(self, make):
         self.make = make
         self.node: Node | None = None

@@ -256,10 +256,10 @@ class HostileFactory:
         """``n_trees`` honest 2-leaf trees, one correct and one wrong leaf ([1, 0]): the highest reward variance a
         tree can have, so a ``contrast`` ranking puts them first (what a Sybil publishes, issue 12 finding 7).
 
-        The tasks come from a stream offset by this factory's key, so several Sybil keys publish different
+        The tasks come from a task stream named by this factory's key, so several Sybil keys publish different
         content (identical trees from two keys would be caught as copies, which is not the attack here)."""
-        offset = int.from_bytes(hashlib.sha256(self.identity.public_key_bytes).digest()[:3], "big") * 1000
-        refs = self.tasks.refs_for_step(offset + next(self._step), n_trees)
+        stream = 1 + int.from_bytes(hashlib.sha256(self.identity.public_key_bytes).digest()[:3], "big")
+        refs = self.tasks.refs_for_step(next(self._step), n_trees, stream=stream)
         return [self.tree_for(r, 2, correct_leaves=1) for r in refs]
 
     def bundle(self, trees: list[RolloutTree], *, created_at: float | None = None, swarm_id: str | None = None,
