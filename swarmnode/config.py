@@ -79,7 +79,8 @@ class TaskSourceConfig(_Strict):
 
 
 class ProbeConfig(TaskSourceConfig):
-    """A nearby-distribution probe: a task source evaluated on its held-out questions only, never trained on."""
+    """A nearby-distribution probe: a task source evaluated on its held-out questions only, never trained on
+    (``weight`` is not used; ``size`` and ``config`` name the questions as for a training source)."""
 
     label: str | None = Field(
         None, description="name of the probe in reports (e.g. 'three_terms'); None = the dataset name or file stem"

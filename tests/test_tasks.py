@@ -546,3 +546,19 @@ def test_nodes_of_one_swarm_draw_different_questions_by_default():
             assert overlap < 0.2, f"nodes {a} and {b} share {overlap:.0%} of their questions"
     with pytest.raises(ValueError):
         stream_for_peer("")
+
+
+def test_redrawn_stream_is_the_same_in_a_fresh_process():
+    """Held-out redraws (about 1 draw in 10) keep the stream a pure function of (seed, step, n, stream)."""
+    mix = TaskMix([ReasoningGymSource("basic_arithmetic", ARITH1)], [1.0])
+    here = [[r.to_list() for r in mix.refs_for_step(s, 50, stream=3)] for s in range(5)]
+    code = (
+        "import json\n"
+        "from swarmnode.tasks import TaskMix, ReasoningGymSource\n"
+        f"m = TaskMix([ReasoningGymSource('basic_arithmetic', {ARITH1!r})], [1.0])\n"
+        "print(json.dumps([[r.to_list() for r in m.refs_for_step(s, 50, stream=3)] for s in range(5)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         env=dict(os.environ, PYTHONHASHSEED="999"))
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+    assert not any(mix.is_heldout(TaskRef.from_list(v)) for step in here for v in step)

@@ -26,8 +26,8 @@ The rule is a pure function of the text, so every node agrees on it without coor
   seed. It also refuses seeds that are not training-epoch seeds, and epochs beyond :data:`MAX_TRAIN_DRAWS`
   draws of a source (a far-future epoch seed is not a task this swarm will ever schedule).
 * Training epochs still avoid the seed range ``[eval_seed, eval_seed + S)`` (reasoning-gym mostly seeds
-  item ``i`` of seed ``s`` with ``random.Random(s + i)``), so the training stream and the held-out walk do
-  not even share generator states; the content rule is what makes the split exact.
+  item ``i`` of seed ``s`` with ``random.Random(s + i)``), so the training stream and the first ``S`` items
+  of the held-out walk do not even share generator states. The content rule is what makes the split exact.
 
 A JSONL source is split the same way, by each line's question: held-out lines are those whose question is
 held out (duplicates by normalized content count once); training draws only the other lines.
