@@ -312,6 +312,12 @@ class SwarmConfig(_Strict):
         description="drop external trees of our own model id more than this many policy versions behind our step; "
         "versions are per-node step counts, so this only makes sense for nodes that start together (None: off)",
     )
+    max_age_seconds: float | None = Field(
+        600.0, gt=0,
+        description="seconds: drop external trees whose body arrived (receiver's clock, PeerTree.received_at) more "
+        "than this long ago. Staleness a peer cannot lie about, unlike the signed policy version; default 600 "
+        "(None: off)",
+    )
     normalization: Literal["per_source", "joint"] = Field(
         "per_source", description="external rewards normalized within their own group (per peer and task; ERILS) "
         "or jointly with local ones; default per_source"

@@ -400,6 +400,27 @@ def test_stale_groups_dropped_only_for_our_model():
     assert stats["select/dropped_zero_variance"] == 1 and stats["select/dropped_stale"] == 0
 
 
+def test_staleness_is_measured_by_the_receiver_not_the_signed_version():
+    """Issue 12 finding 8: a claimed policy version of 2**63 - 1 must not keep a tree fresh forever.
+
+    The receiver's arrival time (PeerTree.received_at) bounds the age whatever the version claims."""
+    liar = ext([1, 0], peer="A", version=2**63 - 1)
+    liar.received_at = 1_000.0  # arrived 700 s before `now`
+    recent = ext([1, 0], peer="B", version=15)
+    recent.received_at = 1_650.0  # 50 s ago
+    unknown = ext([1, 0], peer="C", version=15)  # received_at 0: built outside the swarm layer, not judged
+    stats: dict = {}
+    out = select_external([liar, recent, unknown], 8, "random", 1.0, 0, current_version=20, max_staleness=8,
+                          our_model_id=OUR_MODEL, stats=stats, max_age_seconds=600.0, now=1_700.0)
+    assert sorted(c.peer_id for c in out) == ["B", "C"] and stats["select/dropped_stale"] == 1
+    # the signed version alone would have kept the liar (it claims to be far ahead of us)
+    out = select_external([liar], 8, "random", 1.0, 0, current_version=20, max_staleness=8,
+                          our_model_id=OUR_MODEL, max_age_seconds=None, now=1_700.0)
+    assert [c.peer_id for c in out] == ["A"]
+    with pytest.raises(ValueError, match="max_age_seconds"):
+        select_external([recent], 8, "random", 1.0, 0, max_age_seconds=0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     groups=st.lists(st.tuples(st.sampled_from("ABCD"), st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=1, max_size=4)),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import Any, Literal, Mapping, Sequence
 
 from swarmnode.rollout.advantages import STD_FLOOR, _std
@@ -96,6 +97,8 @@ def select_external(
     max_len: int | None = None,
     length_policy: Literal["drop", "truncate"] = "drop",
     max_prompt_len: int | None = None,
+    max_age_seconds: float | None = None,
+    now: float | None = None,
 ) -> list[PeerTree]:
     """Pick at most ``num_external`` external groups for this step (SAPO's J; design.md §5).
 
@@ -106,7 +109,11 @@ def select_external(
     2. **Stale groups** are dropped: when the producer's ``model_id`` equals ``our_model_id`` (both
        non-empty) and ``current_version - policy_version > max_staleness`` (config ``swarm.max_staleness``).
        Versions of a different model are not comparable and are never called stale. Skipped when
-       ``current_version`` or ``max_staleness`` is ``None``.
+       ``current_version`` or ``max_staleness`` is ``None``. The version is the producer's signed *claim*;
+       the bound a peer cannot lie about is the receiver's own clock: a tree whose body arrived more than
+       ``max_age_seconds`` before ``now`` (``PeerTree.received_at``, set by our verification pipeline; config
+       ``swarm.max_age_seconds``) is stale whatever version it claims. Trees with ``received_at == 0`` (built
+       outside the swarm layer) skip that check.
     3. **Ranking within each peer**: ``contrast`` orders a peer's trees by reward variance, highest first
        (ties at random); ``random`` shuffles them (SAPO's uniform sampling).
     4. **Round-robin over peers**: the peers are ordered by a random key drawn from ``rng`` (a new order
@@ -124,7 +131,9 @@ def select_external(
         selection: ``"random"`` or ``"contrast"``.
         max_peer_share: one peer's cap as a share of ``num_external``, in (0, 1].
         rng: a ``random.Random`` (used in place), an int seed, or ``None`` (fresh entropy).
-        current_version, max_staleness, our_model_id: the staleness filter.
+        current_version, max_staleness, our_model_id: the staleness filter on the claimed version.
+        max_age_seconds, now: the staleness filter on the receiver-measured arrival time (seconds; ``now``
+            defaults to ``time.time()``).
         stats: optional dict updated in place with counts ``select/candidates``,
             ``select/dropped_zero_variance``, ``select/dropped_stale``, ``select/dropped_peer_cap``,
             ``select/dropped_token_budget``, ``select/selected``, ``select/peer_cap``, ``select/peers``
@@ -149,6 +158,9 @@ def select_external(
         raise ValueError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
         raise ValueError(f"max_tokens (swarm.max_external_tokens_per_step) must be an int >= 0 or None, got {max_tokens!r}")
+    if max_age_seconds is not None and not (isinstance(max_age_seconds, (int, float)) and max_age_seconds > 0):
+        raise ValueError(f"max_age_seconds (swarm.max_age_seconds) must be > 0 or None, got {max_age_seconds!r}")
+    now = time.time() if now is None else float(now)
     gen = _as_rng(rng)
     for i, c in enumerate(candidates):
         if not isinstance(c, PeerTree):
@@ -168,7 +180,7 @@ def select_external(
             and max_staleness is not None
             and _ids_match(c.model_id, our_model_id)
             and current_version - c.policy_version > max_staleness
-        ):
+        ) or (max_age_seconds is not None and c.received_at > 0 and now - c.received_at > max_age_seconds):
             n_stale += 1
             continue
         by_peer.setdefault(c.peer_id, []).append((c, _std(rewards) ** 2))
@@ -269,6 +281,7 @@ def process_external(
         rng,
         current_version=current_version,
         max_staleness=swarm_cfg.max_staleness,
+        max_age_seconds=swarm_cfg.max_age_seconds,
         our_model_id=our_model_id,
         stats=m,
         max_tokens=swarm_cfg.max_external_tokens_per_step,
