@@ -91,11 +91,19 @@ class TasksConfig(_Strict):
     """The task mix, verifiers and held-out evaluation."""
 
     sources: list[TaskSourceConfig] = Field(
-        default_factory=lambda: [TaskSourceConfig(name="basic_arithmetic", config={
-            "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
-            "allow_parentheses": False, "allow_negation": False})],
+        default_factory=lambda: [
+            TaskSourceConfig(name="chain_sum", config={"min_terms": 5, "max_terms": 5, "min_digits": 1,
+                                                        "max_digits": 1}),
+            TaskSourceConfig(name="basic_arithmetic", config={
+                "min_terms": 2, "max_terms": 2, "min_digits": 3, "max_digits": 3, "operators": ["+"],
+                "allow_parentheses": False, "allow_negation": False}),
+            TaskSourceConfig(name="leg_counting", config={"min_animals": 2, "max_animals": 3, "min_instances": 1,
+                                                           "max_instances": 10}),
+            TaskSourceConfig(name="letter_counting", config={"min_words": 3, "max_words": 5}),
+        ],
         min_length=1,
-        description="the task sources of the mix (at least one); default 2-term chain_sum",
+        description="the task sources of the mix (at least one); default: the embedded model's worked-solution mix "
+        "(5-term one-digit chain_sum, 3-digit addition, leg_counting, letter_counting; docs/embedded_model.md)",
     )
     seed: int = Field(0, ge=0, description="seed of the training task stream")
     stream: int | None = Field(
@@ -115,9 +123,16 @@ class TasksConfig(_Strict):
         "question text (swarmnode/tasks/partition.py); training never draws a held-out question. Default 0.1"
     )
     probes: list[ProbeConfig] = Field(
-        default_factory=list, description="nearby-distribution task sources (e.g. one more term, one more digit) "
+        default_factory=lambda: [
+            ProbeConfig(name="chain_sum", label="one_more_term",
+                        config={"min_terms": 6, "max_terms": 6, "min_digits": 1, "max_digits": 1}),
+            ProbeConfig(name="basic_arithmetic", label="one_more_digit", config={
+                "min_terms": 2, "max_terms": 2, "min_digits": 4, "max_digits": 4, "operators": ["+"],
+                "allow_parentheses": False, "allow_negation": False}),
+        ],
+        description="nearby-distribution task sources (e.g. one more term, one more digit) "
         "evaluated on their held-out questions and reported separately as generalization; never trained on. "
-        "Default: none"
+        "Default: 6-term chain_sum (one more term) and 4-digit addition (one more digit)"
     )
     format_reward: float = Field(
         0.0, ge=0, le=1, description="extra reward for a well-formed <answer>…</answer> (0 disables)"
@@ -175,7 +190,7 @@ class SamplingConfig(_Strict):
 
     prompts_per_step: int = Field(8, ge=1, description="prompts drawn per step")
     num_generations: int = Field(8, ge=2, description="leaves (completions) per prompt, G")
-    max_completion_length: int = Field(12, ge=1, description="max new tokens per completion")
+    max_completion_length: int = Field(96, ge=1, description="max new tokens per completion (TRL name); default 96 (the embedded model's worked solutions: <= 80 reasoning tokens + the answer tag)")
     max_prompt_length: int = Field(512, ge=8, description="longer prompts are left-truncated")
     temperature: float = Field(1.0, gt=0, description="softmax temperature of sampling; behaviour log-probs are "
                                "taken under it (TRL convention); default 1.0")

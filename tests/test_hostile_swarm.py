@@ -384,6 +384,9 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
         "swarm.swarm_id": f"hanging-{time.time_ns() % 10**9}", "swarm.identity_path": str(rd / "identity.pem"),
         "swarm.fetch_timeout": FETCH_TIMEOUT, "swarm.dht_timeout": 5.0, "swarm.bucket_seconds": 10.0,
         "swarm.max_bundle_bytes": 64 * 1024, "swarm.rate_limit_per_minute": 40.0,
+        # the honest publisher here is synthetic (HostileFactory trees, longer than our completions and not
+        # sampled by our policy): the length cap and the likelihood screen would rightly reject it
+        "swarm.max_external_completion_length": 256, "swarm.screen.enabled": False,
     })
     node = Node(cfg)
     honest = None
@@ -484,7 +487,8 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
     from swarmnode.train.external import select_external
 
     sid = f"sybil-{time.time_ns() % 10**9}"
-    base = dict(enabled=True, swarm_id=sid, fetch_timeout=FETCH_TIMEOUT, dht_timeout=5.0, bucket_seconds=10.0)
+    base = dict(enabled=True, swarm_id=sid, fetch_timeout=FETCH_TIMEOUT, dht_timeout=5.0, bucket_seconds=10.0,
+                max_external_completion_length=256)  # the factory's completions exceed max_completion_length
 
     def receiver(name: str, **caps) -> SwarmClient:
         peers = [] if name == "capped" else victims[0].maddrs()

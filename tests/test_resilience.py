@@ -129,6 +129,8 @@ def test_memory_watchdog_checkpoints_and_stops_cleanly(tmp_path):
 class HangingSwarm:
     """A swarm layer whose publish hangs (like a network call that never returns) until :meth:`recover`."""
 
+    peer_id = "sn1hangingswarm"
+
     def __init__(self) -> None:
         self.released = threading.Event()
         self.restarts: list[str] = []
@@ -236,6 +238,8 @@ from swarmnode.config import load_config
 from swarmnode.node import Node
 
 class StuckSwarm:  # publish never returns, and restarting the swarm layer does not help
+    peer_id = "sn1stuckswarm"
+
     def publish(self, trees, step, policy_version):
         threading.Event().wait(120)
         return {}
