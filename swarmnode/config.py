@@ -200,7 +200,7 @@ class SamplingConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    """Loss, advantages and optimizer (design.md §5)."""
+    """Loss, advantages and optimizer (docs/design.md §5)."""
 
     learning_rate: float = Field(2e-4, gt=0, description="AdamW peak learning rate; default 2e-4")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay; default 0")

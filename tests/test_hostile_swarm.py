@@ -554,8 +554,9 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
             t["honest_share_of_samples"] = t["samples_honest"] / max(1, t["samples_honest"] + t["samples_sybil"])
         print("sybil result:", json.dumps({"steps": n_steps, "fair_share": 0.25, **tally}))
         c, u = tally["capped"], tally["uncapped"]
-        # the attack is real: without the caps the Sybils take every external group
-        assert u["selected_sybil"] > 0 and u["honest_share_of_groups"] < 0.25, u
+        # the attack is real: without the caps the Sybils' trees are admitted 3:1 and, with the trainer's per-publisher
+        # round-robin selection, three fresh keys still take three quarters of the groups (by key count alone)
+        assert u["admitted_sybil"] > u["admitted_honest"] and u["honest_share_of_groups"] <= 0.25, u
         # with them, the honest peer supplies at least its fair share (1 of 4 keys) of groups and samples, and the
         # young keys together never get more than max_young_trees trees in a step
         assert c["honest_share_of_groups"] >= 0.25 and c["honest_share_of_samples"] >= 0.25, c

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: tree rollouts vs independent (chain) sampling at an equal number of leaves (design.md §8).
+"""Benchmark: tree rollouts vs independent (chain) sampling at an equal number of leaves (docs/design.md §8).
 
 Same model, prompts and leaves per prompt, both modes in one run, both through the same
 :class:`swarmnode.policy.decode.DecodeEngine` (so chain sampling also prefills each prompt once and shares the

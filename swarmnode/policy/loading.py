@@ -6,7 +6,7 @@ local Hugging Face directory or a hub id. All of them go through ``AutoTokenizer
 ``AutoModelForCausalLM.from_pretrained``, so the embedded default is loaded exactly the way a user's
 model is.
 
-Identity on the wire (design.md §4, RolloutBundle header):
+Identity on the wire (docs/design.md §4, RolloutBundle header):
 
 * ``model_id`` -- ``"swarmnode/embedded-tiny@<sha256(weights)[:12]>"`` for the embedded model;
   ``"<hub id or local directory name>@<sha256(config.json)[:12]>"`` otherwise (a local directory is
@@ -359,7 +359,7 @@ def _check_model_dir(path: Path, what: str) -> None:
 def check_embedded_roundtrip(tokenizer: Any, text: str = ROUNDTRIP_PROBE) -> None:
     """Raise :class:`PolicyLoadError` unless ``decode(encode(text)) == text`` exactly.
 
-    Guards the embedded character-level tokenizer against the transformers-5 trap (design.md §10):
+    Guards the embedded character-level tokenizer against the transformers-5 trap (docs/design.md §10):
     ``AutoTokenizer`` rebuilding a custom tokenizer with a model family's pre-tokenizer and silently
     dropping spaces and newlines.
     """

@@ -3,7 +3,7 @@
 :class:`HostileFactory` plays a peer with its own Ed25519 identity and the swarm's real task mix. It builds
 honest bundles (real regenerated tasks, completions scored by the real verifier, so their claimed rewards
 are right) and, from them, one :class:`HostileInput` per attack class, each with the reason an honest
-:class:`~swarmnode.swarm.verify.Verifier` must reject it with (design.md §6; references.md §6.1/§6.2:
+:class:`~swarmnode.swarm.verify.Verifier` must reject it with (docs/design.md §6; docs/references.md §6.1/§6.2:
 RL Swarm trusted sender-chosen answers and rewards, had no size caps before decoding, no per-peer quotas):
 
 ====================  ==============================================================  =====================
@@ -776,7 +776,7 @@ def _bounded_put(d: OrderedDict, key: Any, value: Any, cap: int = _MAP_CAP) -> N
 
 class HostilePeer:
     """A hostile peer on a real swarm: its own Ed25519 identity and libp2p daemon in the swarm's hivemind DHT,
-    publishing every class of :data:`NETWORK_CASES` it can deliver over the network (design.md §6; issue 5).
+    publishing every class of :data:`NETWORK_CASES` it can deliver over the network (docs/design.md §6; issue 5).
 
     The bytes come from :class:`HostileFactory`; the network parts are the real ones (a
     :class:`~swarmnode.swarm.dht.SwarmDHT` whose record validator forges signatures under other publishers'

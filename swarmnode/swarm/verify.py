@@ -1,10 +1,10 @@
-"""Trust nothing: the layered verification of manifests and bundles from peers (design.md §6).
+"""Trust nothing: the layered verification of manifests and bundles from peers (docs/design.md §6).
 
 Every byte from the network is hostile until proven otherwise. :class:`Verifier` runs the checks cheapest
 first and stops at the first failure, raising :class:`Rejection` (the only exception that leaves
 :meth:`Verifier.verify_manifest` / :meth:`Verifier.verify_bundle`) after charging it to a peer in the
-:class:`~swarmnode.swarm.peers.PeerBook`. The order follows design.md §6 and the staged verifiers in
-references.md §5 (grail's pipeline: schema -> tokens -> prompt -> environment re-run -> reward within
+:class:`~swarmnode.swarm.peers.PeerBook`. The order follows docs/design.md §6 and the staged verifiers in
+docs/references.md §5 (grail's pipeline: schema -> tokens -> prompt -> environment re-run -> reward within
 abs 1e-6; prime-rl: re-derive what the task was, never take it from the worker):
 
 ====  =========================================================  ==============================================

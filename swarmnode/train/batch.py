@@ -358,7 +358,7 @@ def compose_batch(
     external: Sequence[Sample],
     max_external_share: float,
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """Mix local and external samples with the external share of the batch capped (SAPO; design.md §5).
+    """Mix local and external samples with the external share of the batch capped (SAPO; docs/design.md §5).
 
     1. Zero-advantage external samples (every loss-masked advantage is 0, or no loss token) are dropped
        first — they carry no policy gradient.

@@ -1,4 +1,4 @@
-"""Which peer trees a step trains on, and the one call that turns them into samples (design.md §5-§6).
+"""Which peer trees a step trains on, and the one call that turns them into samples (docs/design.md §5-§6).
 
 A node trains on its own rollouts plus rollouts gossiped by peers (SAPO: I local + J external groups per
 step). This module only *selects* and *orchestrates*; each job lives beside the code it belongs with:
@@ -100,7 +100,7 @@ def select_external(
     max_age_seconds: float | None = None,
     now: float | None = None,
 ) -> list[PeerTree]:
-    """Pick at most ``num_external`` external groups for this step (SAPO's J; design.md §5).
+    """Pick at most ``num_external`` external groups for this step (SAPO's J; docs/design.md §5).
 
     Order of filters:
 
