@@ -3,7 +3,7 @@
 Same as ``swarmnode bench swarm`` (see ``swarmnode/bench.py`` for the method): N nodes in a loopback swarm
 versus N isolated nodes, splits I/J local/external prompts per step, per-source vs joint normalization,
 off-policy modes; writes a markdown table and PNG plots under ``--out``. ``--hostile`` adds, for every swarm arm,
-the same arm with one hostile peer in the swarm (``swarmnode.swarm.adversary.HostilePeer``) and reports the honest
+the same arm with one hostile peer in the swarm (``swarmnode.testing.adversary.HostilePeer``) and reports the honest
 nodes' rejections of its input by reason.
 
 Example (the bounded run recorded in docs/benchmarks.md):

@@ -2,7 +2,7 @@
 """Large fuzzing loop of the wire decoder and the verifier (not hypothesis-limited).
 
 Builds a corpus of valid messages (honest bundles, manifests, a heartbeat) and hostile inputs
-(swarmnode.swarm.adversary), then runs N inputs, each either plain random bytes or a random mutation of a
+(swarmnode.testing.adversary), then runs N inputs, each either plain random bytes or a random mutation of a
 corpus entry (bit flips, truncations, splices, inserted runs, repeated chunks, msgpack-level structural
 mutations of the envelope or of the re-signed body, semantic field changes re-encoded validly). Every input
 goes through ``wire.decode`` (any kind) and ``Verifier.verify_bundle`` / ``verify_manifest``; the only
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from swarmnode.config import SwarmConfig
 from swarmnode.swarm import wire
-from swarmnode.swarm.adversary import BYTE_TOKENIZER_ID, HostileFactory, Mutator, byte_detokenize, byte_tokenize
+from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, HostileFactory, Mutator, byte_detokenize, byte_tokenize
 from swarmnode.swarm.identity import Identity
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.verify import Rejection, Verifier

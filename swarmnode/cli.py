@@ -624,7 +624,7 @@ def bench_swarm(
     work_dir: Path = typer.Option(Path("runs/bench_swarm"), "--work-dir", help="run directories of the nodes"),
     prefix: str = typer.Option("swarm_bench_results", "--prefix", help="file name prefix of the outputs"),
     hostile: bool = typer.Option(False, "--hostile", help="also run every swarm arm with one hostile peer "
-                                 "(swarmnode.swarm.adversary.HostilePeer) in the swarm, labelled +hostile"),
+                                 "(swarmnode.testing.adversary.HostilePeer) in the swarm, labelled +hostile"),
 ) -> None:
     """Swarm vs isolated learning at equal generation compute per node (cumulative reward, held-out accuracy)."""
     from swarmnode.bench import run_bench

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from swarmnode.config import SwarmConfig
 from swarmnode.swarm import wire
-from swarmnode.swarm.adversary import BYTE_TOKENIZER_ID, HostileFactory, Mutator, byte_detokenize, byte_tokenize
+from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, HostileFactory, Mutator, byte_detokenize, byte_tokenize
 from swarmnode.swarm.identity import Identity
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.verify import REASONS, Rejection, Verifier

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from swarmnode.config import RunConfig, SwarmConfig
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
-from swarmnode.swarm.adversary import BYTE_TOKENIZER_ID, HostileFactory, byte_detokenize, byte_tokenize
+from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, HostileFactory, byte_detokenize, byte_tokenize
 from swarmnode.swarm.dht import SwarmDHT
 from swarmnode.swarm.gossip import SwarmClient, read_swarm_info
 from swarmnode.swarm.identity import Identity, peer_id_from_public_key

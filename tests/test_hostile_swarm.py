@@ -2,7 +2,7 @@
 
 Real parts only: hivemind DHTs and ``p2pd`` on loopback, Ed25519 keys, the node's own verifier, tokenizer and
 model (the embedded default, or ``$SWARMNODE_TEST_MODEL``), real reasoning-gym tasks. The hostile peer is
-:class:`swarmnode.swarm.adversary.HostilePeer`; an honest peer (a plain ``SwarmClient``) publishes good bundles
+:class:`swarmnode.testing.adversary.HostilePeer`; an honest peer (a plain ``SwarmClient``) publishes good bundles
 beside it, so that the node has something to accept and the hostile peer something to replay.
 
 The fast tests pin the two attribution rules a hostile peer on the network exploits (a wrapped bundle is the
@@ -22,7 +22,7 @@ import pytest
 from monitor_helpers import test_model
 from swarmnode.config import SwarmConfig, load_config
 from swarmnode.swarm import wire
-from swarmnode.swarm.adversary import (
+from swarmnode.testing.adversary import (
     BYTE_TOKENIZER_ID,
     NETWORK_CASES,
     HostileFactory,
@@ -189,7 +189,7 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
     """Every class the hostile peer delivers is rejected and counted under its reason by the training node; the
     honest peer (ban_after=3) bans it; the node keeps training, every gather within the fetch timeout."""
     from swarmnode.node import Node
-    from swarmnode.swarm.adversary import HostilePeer
+    from swarmnode.testing.adversary import HostilePeer
     from swarmnode.swarm.gossip import SwarmClient, build_swarm
 
     rd = tmp_path / "node"
@@ -373,7 +373,7 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
     publisher. The training node still accepts and trains on every honest bundle, keeps stepping, never accepts
     anything of the hanging keys, and rate-limits their manifests (swarm.rate_limit_per_minute)."""
     from swarmnode.node import Node
-    from swarmnode.swarm.adversary import HostilePeer
+    from swarmnode.testing.adversary import HostilePeer
     from swarmnode.swarm.gossip import SwarmClient, build_swarm
 
     rd = tmp_path / "node"
@@ -482,7 +482,7 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
     least its fair share (1 of 4 keys) on the capped receiver, and nothing on the uncapped one. Numbers in
     docs/benchmarks.md ("Sybil keys")."""
     from swarmnode.config import RunConfig
-    from swarmnode.swarm.adversary import HostilePeer
+    from swarmnode.testing.adversary import HostilePeer
     from swarmnode.swarm.gossip import SwarmClient
     from swarmnode.train.external import select_external
 

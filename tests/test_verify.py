@@ -9,7 +9,7 @@ import pytest
 
 from swarmnode.config import SwarmConfig
 from swarmnode.swarm import wire
-from swarmnode.swarm.adversary import (
+from swarmnode.testing.adversary import (
     BYTE_TOKENIZER_ID,
     TRANSPORT_CASES,
     HostileFactory,

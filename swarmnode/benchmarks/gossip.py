@@ -73,7 +73,7 @@ def _synthetic_trees(mix: Any, factory: Any, step: int, n_trees: int, n_leaves: 
                      rng: random.Random) -> list:
     """Honest trees of realistic size: real tasks, correct/incorrect answers, claims = the real scorer's rewards."""
     from swarmnode.rollout.tree import RolloutTree
-    from swarmnode.swarm.adversary import byte_tokenize
+    from swarmnode.testing.adversary import byte_tokenize
 
     words = "so we add the two numbers carefully and check the sum again before answering".split()
     trees = []
@@ -107,7 +107,7 @@ def _node_main(index: int, args: argparse.Namespace, boot: list[str], q: Any, st
     import psutil
 
     from swarmnode.config import RunConfig, SwarmConfig
-    from swarmnode.swarm.adversary import BYTE_TOKENIZER_ID, HostileFactory, byte_detokenize, byte_tokenize
+    from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, HostileFactory, byte_detokenize, byte_tokenize
     from swarmnode.swarm.gossip import SwarmClient
     from swarmnode.swarm.identity import Identity
     from swarmnode.tasks import ReasoningGymSource, TaskMix

@@ -22,7 +22,7 @@ reward -- SAPO's measure, local samples only), held-out greedy accuracy before /
 after, and rounds to reach the isolated nodes' final accuracy (first evaluation step whose node-mean accuracy
 is at least the isolated arm's final node-mean accuracy at the same ``I``).
 
-With ``--hostile`` every swarm arm also runs with one :class:`~swarmnode.swarm.adversary.HostilePeer` in the
+With ``--hostile`` every swarm arm also runs with one :class:`~swarmnode.testing.adversary.HostilePeer` in the
 swarm (its own process, ``python -m swarmnode.benchmarks.swarm hostile spec.json``, joining through node 0 and attacking
 with every class of ``NETWORK_CASES`` in rounds), labelled ``… +hostile``, so that the honest nodes' curves with
 and without it can be compared; the report adds, per hostile arm, the honest nodes' rejections of the hostile
@@ -114,7 +114,7 @@ class Arm:
         external: J, external groups a swarm node may add per step (0 for isolated arms).
         swarm: whether the nodes gossip (False: N independent nodes).
         normalization / off_policy: ``swarm.normalization`` / ``swarm.off_policy`` (swarm arms only).
-        hostile: one :class:`~swarmnode.swarm.adversary.HostilePeer` process joins the swarm (swarm arms only).
+        hostile: one :class:`~swarmnode.testing.adversary.HostilePeer` process joins the swarm (swarm arms only).
     """
 
     local: int
@@ -343,7 +343,7 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     and tasks), ``arm_dir``, ``interval`` (seconds between rounds), ``seed``, ``wait_for_nodes`` (seconds to wait
     for node 0's barrier file ``ready-0``, so that it joins node 0 instead of starting solo). Loads the honest
     nodes' tokenizer (through the model config) and task mix, starts a
-    :class:`~swarmnode.swarm.adversary.HostilePeer` and runs rounds until ``<arm_dir>/hostile.stop`` exists or
+    :class:`~swarmnode.testing.adversary.HostilePeer` and runs rounds until ``<arm_dir>/hostile.stop`` exists or
     SIGTERM/SIGINT arrives. Writes ``<arm_dir>/hostile.json``
     (``peer_id``, ``sender_id``, ``libp2p_peer_id``; after stopping also ``delivered``, ``rounds`` and the rest
     of :meth:`HostilePeer.stats`). Returns the exit code (0: ok).
@@ -356,7 +356,7 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     torch.set_num_threads(1)
     from swarmnode.config import RunConfig
     from swarmnode.policy.loading import load_policy
-    from swarmnode.swarm.adversary import HostilePeer
+    from swarmnode.testing.adversary import HostilePeer
     from swarmnode.tasks.mix import TaskMix
 
     cfg = RunConfig.model_validate(spec["config"])

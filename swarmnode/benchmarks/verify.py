@@ -26,7 +26,7 @@ import time
 
 from swarmnode.config import SwarmConfig
 from swarmnode.swarm import wire
-from swarmnode.swarm.adversary import BYTE_TOKENIZER_ID, HostileFactory, byte_detokenize
+from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, HostileFactory, byte_detokenize
 from swarmnode.swarm.identity import Identity
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.verify import Verifier
