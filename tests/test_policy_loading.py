@@ -378,3 +378,21 @@ def test_resume_and_eval_of_a_checkpoint_prompt_as_in_training(tmp_path):
     old = load_latest_checkpoint(tmp_path / "run-llama").model_path
     (old / "swarmnode.json").unlink()
     assert load_policy(ModelConfig(name_or_path=str(old), device="cpu")).system_prompt is None
+
+
+def test_uncached_hub_id_says_it_goes_to_the_hub_and_fails_clearly_offline(tmp_path):
+    """Issue 15 point 11: a hub id that is not in the local cache is not retried silently. With HF_HUB_OFFLINE=1
+    (set before huggingface_hub is imported, hence a fresh process) the node says it would fetch from the hub
+    and fails with a message naming the id."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from swarmnode.config import ModelConfig\n"
+            "from swarmnode.policy.loading import load_policy\n"
+            "load_policy(ModelConfig(name_or_path='nobody-here/not-a-model', device='cpu'))\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0
+    assert "not in the local Hugging Face cache" in out.stderr
+    assert "cannot load a tokenizer from 'nobody-here/not-a-model'" in out.stderr

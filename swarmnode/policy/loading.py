@@ -372,6 +372,24 @@ def check_embedded_roundtrip(tokenizer: Any, text: str = ROUNDTRIP_PROBE) -> Non
         )
 
 
+def _from_pretrained(cls: Any, source: str, hub: bool, **kwargs: Any) -> Any:
+    """``cls.from_pretrained(source)``; for a hub id, the local Hugging Face cache first, then (said in a log
+    line, not silently) the hub. ``HF_HUB_OFFLINE=1`` makes the second attempt fail at once.
+
+    Raises:
+        whatever ``from_pretrained`` raises (the caller wraps it in :class:`PolicyLoadError`).
+    """
+    if not hub:
+        return cls.from_pretrained(source, **kwargs)
+    try:
+        return cls.from_pretrained(source, local_files_only=True, **kwargs)
+    except (OSError, ValueError):
+        pass
+    log.warning("model %r is not a local directory and not in the local Hugging Face cache: fetching it from the "
+                "hub (this can take long or retry when offline; HF_HUB_OFFLINE=1 fails at once)", source)
+    return cls.from_pretrained(source, **kwargs)
+
+
 def load_policy(model_cfg: ModelConfig) -> Policy:
     """Load the policy named by ``model_cfg``.
 
@@ -434,8 +452,9 @@ def load_policy(model_cfg: ModelConfig) -> Policy:
         else:
             source = name  # a hub id
     trust = model_cfg.trust_remote_code
+    hub = source == name and not is_embedded
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
+        tokenizer = _from_pretrained(AutoTokenizer, source, hub, trust_remote_code=trust)
     except Exception as e:
         raise PolicyLoadError(f"cannot load a tokenizer from {source!r}: {type(e).__name__}: {e}") from e
     if tokenizer.pad_token is None:
@@ -446,7 +465,7 @@ def load_policy(model_cfg: ModelConfig) -> Policy:
     if model_cfg.attn_implementation is not None:
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        model = _from_pretrained(AutoModelForCausalLM, source, hub, **kwargs)
     except Exception as e:
         raise PolicyLoadError(f"cannot load a causal LM from {source!r}: {type(e).__name__}: {e}") from e
     model.to(device)
