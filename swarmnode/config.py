@@ -313,8 +313,10 @@ class SwarmConfig(_Strict):
     fetch_timeout: float = Field(5.0, gt=0, description="seconds per bundle fetch")
     dht_timeout: float = Field(10.0, gt=0, description="seconds per DHT call")
     max_bundle_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024,
-        description="bytes: size cap of a received bundle, checked before decoding; default 4 MiB",
+        1024 * 1024, ge=1024,
+        description="bytes: size cap of a received bundle, checked before decoding; default 1 MiB (an honest bundle of "
+        "8 trees x 8 leaves x 96 tokens is about 0.1 MiB; the bound on memory is this x max_pending_bundles plus "
+        "store_bytes)",
     )
     freshness_seconds: float = Field(
         600.0, gt=0, description="seconds: bundles older than this (+ max_clock_skew) are refused; default 600"
@@ -388,7 +390,7 @@ class SwarmConfig(_Strict):
     )
     max_concurrent_fetches: int = Field(4, ge=1, description="bundle fetches running at once (fetch worker threads)")
     store_bytes: int = Field(
-        128 * 1024 * 1024, ge=1024, description="bytes of bundle bodies kept for serving to peers (LRU; default 128 MiB)"
+        32 * 1024 * 1024, ge=1024, description="bytes of bundle bodies kept for serving to peers (LRU; default 32 MiB)"
     )
     fetch_retries: int = Field(
         3, ge=1, description="tries per announced bundle; each try asks the publisher, then up to fetch_relays peers"

@@ -38,7 +38,7 @@ step  check                                                      reason (hard/so
       task regenerated; its question is inside the prompt text   ``prompt_mismatch`` (soft)
       our prompt + completion tokens over all leaves (bundle     ``too_many_tokens`` (soft)
       expanded into samples) <= max_bundle_tokens
-      no special token in a completion but one final EOS         ``special_token`` (soft; that tree is dropped,
+      no special token in a completion but one final EOS         ``special_token`` (uncharged; that tree is dropped,
                                                                  the bundle only when no tree is left)
       text == detokenize(ids) (same tokenizer, when given)       ``text_mismatch`` (soft)
       encode(decode(ids)) == ids (same tokenizer)                ``not_roundtrip`` (not charged; that tree is
@@ -205,7 +205,8 @@ REASONS: dict[str, str] = {
     "replay": "a tree whose normalized content (TaskRef + completion texts) was seen before (re-published or copied)",
     "missing_reward": "a leaf that is not pruned carries no claimed reward",
     "pruned_only": "every tree holds only leaves marked pruned (nothing to score or train)",
-    "too_long": "a completion longer than max_external_completion_length tokens (our vocabulary)",
+    "too_long": "a completion longer than max_external_completion_length tokens (our vocabulary), or a sender "
+                "prompt over 4 x max_prompt_length tokens / 16 x max_prompt_length characters",
     "too_many_tokens": "the bundle expands into more than max_bundle_tokens tokens of samples",
     "special_token": "a completion's ids hold a special token other than one final EOS",
     "not_roundtrip": "same-tokenizer ids that our tokenizer does not produce for their own text",
@@ -237,11 +238,12 @@ SOFT_REASONS = frozenset({
 """Reasons that are always soft (lower the reputation, never ban)."""
 
 UNCHARGED_REASONS = frozenset({"rate_limited", "banned", "tokenizer_mismatch", "retokenize_failed", "internal",
-                               "not_roundtrip"})
+                               "not_roundtrip", "special_token"})
 """Reasons never charged to a peer (counted by the verifier only): the PeerBook already counted the refusal,
-or it is our configuration / our bug, or (``not_roundtrip``) honest samplers do it too: a model may sample a
-token sequence that its tokenizer would have merged (``"<answer>"`` letter by letter); such trees are dropped,
-which is all an attacker could be denied. ``replay`` is uncharged except for copies of our own rollouts."""
+or it is our configuration / our bug, or (``not_roundtrip``, ``special_token``) honest samplers do it too: a
+model may sample a token sequence that its tokenizer would have merged (``"<answer>"`` letter by letter) or a
+special token such as ``<|user|>`` inside a completion; such trees are dropped, which is all an attacker could
+be denied. ``replay`` is uncharged except for copies of our own rollouts."""
 
 _ENVELOPE_HARD = frozenset({"bad_signature"})
 _RECORD_HARD = frozenset({"bad_signature", "malformed", "schema", "non_canonical", "key_mismatch"})
@@ -852,6 +854,11 @@ class Verifier:
                 raise final(self._reject("foreign_task", f"trees[{i}].task cannot be regenerated: {str(e)[:160]}",
                                          signer, True))
             q = str(task.question)
+            # the sender's prompt is only checked, then replaced by ours: bound what checking it may cost
+            if len(wt.prompt_ids) > 4 * self.max_prompt_length or len(wt.prompt_text) > 16 * self.max_prompt_length:
+                raise final(self._reject("too_long", f"trees[{i}]: a sender prompt of {len(wt.prompt_ids)} tokens / "
+                                         f"{len(wt.prompt_text)} characters (cap {4 * self.max_prompt_length} tokens, "
+                                         f"{16 * self.max_prompt_length} characters)", signer, False))
             if q not in wt.prompt_text:
                 raise final(self._reject("prompt_mismatch", f"trees[{i}]: the prompt text does not contain the "
                                          f"regenerated question of {wt.task.key()[:120]}", signer, False))
@@ -977,7 +984,7 @@ class Verifier:
             self.peers.record_reject(signer, "replay", False, "a copy of our own rollouts")
         for reason, detail in bad_trees.values():
             self.stats["rejected"][reason] = self.stats["rejected"].get(reason, 0) + 1
-            if reason != "not_roundtrip":
+            if reason not in UNCHARGED_REASONS:
                 self.peers.record_reject(signer, reason, False, detail)
         dropped = own_echo + copies
         if dropped:
