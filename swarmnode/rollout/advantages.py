@@ -163,6 +163,16 @@ def _std(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
 
 
+def scaled_divisor(scale_rewards: str, group_std: float, batch_std: float, eps: float, floor: float) -> float:
+    """The divisor ``scale_rewards`` asks for: :func:`scale_divisor` of the group's std (``"group"``), of the
+    batch's (``"batch"``), or 1.0 (``"none"``, TRL's names)."""
+    if scale_rewards == "group":
+        return scale_divisor(group_std, eps, floor)
+    if scale_rewards == "batch":
+        return scale_divisor(batch_std, eps, floor)
+    return 1.0
+
+
 def scale_divisor(spread: float, eps: float, floor: float = 0.0) -> float:
     """The divisor of a normalized advantage: ``max(spread, floor) + eps``.
 
@@ -280,8 +290,7 @@ def _leaf_level(
         for g in groups:
             rs = g.rewards
             m = _mean(rs)
-            scale = {"group": scale_divisor(_std(rs), GRPO_EPS, floor),
-                     "batch": scale_divisor(batch_std, GRPO_EPS, floor), "none": 1.0}[scale_rewards]
+            scale = scaled_divisor(scale_rewards, _std(rs), batch_std, GRPO_EPS, floor)
             for lf in g.leaves:
                 out[(lf.tree, lf.leaf)] = 0.0 if g.key in zero else (lf.reward - m) / scale
         return out
@@ -344,12 +353,7 @@ def _leaf_level(
     if estimator == "tree_grpo":
         for g in groups:
             rs = g.rewards
-            if scale_rewards == "group":
-                s_prompt = scale_divisor(_std(rs), TREE_GRPO_EPS, floor)
-            elif scale_rewards == "batch":
-                s_prompt = scale_divisor(batch_std, TREE_GRPO_EPS, floor)
-            else:
-                s_prompt = 1.0
+            s_prompt = scaled_divisor(scale_rewards, _std(rs), batch_std, TREE_GRPO_EPS, floor)
             m_prompt = _mean(rs)
             # tree level: each RolloutTree when several share the key, else the subtrees under root children
             tree_of: dict[tuple[int, int], tuple[int, int]] = {}
@@ -370,12 +374,7 @@ def _leaf_level(
                 if len(trs) < 2:
                     z_tree = 0.0
                 else:
-                    if scale_rewards == "group":
-                        s_tree = scale_divisor(_std(trs), TREE_GRPO_EPS, floor)
-                    elif scale_rewards == "batch":
-                        s_tree = scale_divisor(batch_std, TREE_GRPO_EPS, floor)
-                    else:
-                        s_tree = 1.0
+                    s_tree = scaled_divisor(scale_rewards, _std(trs), batch_std, TREE_GRPO_EPS, floor)
                     z_tree = (lf.reward - _mean(trs)) / s_tree
                 out[(lf.tree, lf.leaf)] = (lf.reward - m_prompt) / s_prompt + z_tree
         return out
@@ -393,8 +392,7 @@ def _treerl_segment_values(
     for g in groups:
         rs = g.rewards
         v_root = _mean(rs)
-        scale = {"group": scale_divisor(_std(rs), GRPO_EPS, floor),
-                 "batch": scale_divisor(batch_std, GRPO_EPS, floor), "none": 1.0}[scale_rewards]
+        scale = scaled_divisor(scale_rewards, _std(rs), batch_std, GRPO_EPS, floor)
         for ti in g.trees:
             tree = trees[ti]
             # V(s) and |L(s)| from the leaf rewards (independent of TreeNode.update_stats having run)
@@ -557,12 +555,7 @@ def source_advantages(
     for g, rs in groups.items():
         p = pool_of[g]
         mean = _mean(p)
-        if scale_rewards == "group":
-            d = scale_divisor(_std(p), ADV_EPS, std_floor)
-        elif scale_rewards == "batch":
-            d = scale_divisor(batch_std, ADV_EPS, std_floor)
-        else:
-            d = 1.0
+        d = scaled_divisor(scale_rewards, _std(p), batch_std, ADV_EPS, std_floor)
         out[g] = [(float(r) - mean) / d for r in rs]
     return out
 
