@@ -342,13 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="seed of weights init and training data order")
     ap.add_argument("--out", type=Path, default=REPO / "swarmnode" / "policy" / "embedded", help="output directory")
-    ap.add_argument("--steps", type=int, default=120, help="optimizer steps (the reference build: 120)")
+    ap.add_argument("--steps", type=int, default=600, help="optimizer steps (the reference build: 600)")
     ap.add_argument("--minutes", type=float, default=0.0,
                     help="wall-clock cap on training, 0 = none (a capped run warns: it is not deterministic)")
     ap.add_argument("--batch-size", type=int, default=64, help="examples per optimizer step")
     ap.add_argument("--micro-batch", type=int, default=16, help="examples per forward pass (length-sorted)")
     ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
-    ap.add_argument("--warmup", type=int, default=10, help="linear warmup steps")
+    ap.add_argument("--warmup", type=int, default=30, help="linear warmup steps")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (results depend on it bitwise; 1 avoids OpenMP spin-waits on a shared machine)")
     ap.add_argument("--hidden", type=int, default=MODEL_SHAPE["hidden_size"], help="hidden size (MLP = 3x)")
