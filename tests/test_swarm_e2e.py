@@ -249,7 +249,9 @@ def test_three_node_swarm_end_to_end(setup):
         wait_for(lambda: len(steps(rd["c"])) >= 3, 150, [(procs["c"], rd["c"])], "C's first solo steps")
         solo = steps(rd["c"])[:3]
         assert all(r["swarm/connected"] is False and r["swarm/peers"] == 0 for r in solo)
-        assert all(r["samples_external"] == 0 and r["samples_local"] > 0 for r in solo)
+        # solo: nothing external; local samples in at least one step (a step whose groups all have zero reward
+        # variance trains on nothing, and the node's questions depend on its fresh identity's task stream)
+        assert all(r["samples_external"] == 0 for r in solo) and any(r["samples_local"] > 0 for r in solo)
 
         # 2. A (bootstrap peer, appears late) and B (another architecture and tokenizer) join
         procs["a"] = start_node(rd["a"], setup["cfg_a"], "--seed", "1", "--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}")
