@@ -281,6 +281,61 @@ class ScreenConfig(_Strict):
     )
 
 
+class CurriculumConfig(_Strict):
+    """Swarm curriculum (swarmnode/tasks/curriculum.py; docs/swarm.md "Swarm curriculum").
+
+    Heartbeats carry the per-task success counts of the sender's recent local samples; a node combines the
+    swarm's rates robustly (one vote per peer id, its own included, the median) and reweights its task mix
+    toward tasks whose success is near 0.5 (learnability 4p(1-p)), each task's weight kept within
+    [min_factor, max_factor] x its configured weight whatever peers claim."""
+
+    enabled: bool = Field(
+        False, description="reweight the task mix by the swarm's per-task success rates (and publish ours in "
+        "heartbeats). Default false"
+    )
+    window_steps: int = Field(
+        8, ge=1, description="steps of our own local samples that form our per-task success rate. Default 8"
+    )
+    min_samples: int = Field(
+        8, ge=1, description="leaves a rate needs (ours, or a peer's claimed count) to be a vote. Default 8"
+    )
+    max_age_seconds: float = Field(
+        120.0, gt=0, description="seconds: a peer's rates older than this (measured from when WE first read that "
+        "heartbeat) are ignored. Default 120"
+    )
+    max_voters: int = Field(
+        32, ge=0, description="most peers whose rates are counted per task (those with the most earned standing "
+        "first, then by peer id), besides our own vote. Default 32"
+    )
+    min_factor: float = Field(
+        0.5, gt=0, le=1, description="floor of a task's weight as a multiple of its configured weight (success "
+        "~0 or ~1). Default 0.5"
+    )
+    max_factor: float = Field(
+        2.0, ge=1, description="ceiling of a task's weight as a multiple of its configured weight (success 0.5). "
+        "Default 2.0"
+    )
+
+
+class ExpansionConfig(_Strict):
+    """Cross-node tree expansion (swarmnode/rollout/expansion.py; docs/swarm.md "Cross-node tree expansion").
+
+    A node picks, among this step's re-verified peer trees, an inner node whose subtree has mixed outcomes (our
+    own re-scores), and continues that prefix with its own policy under its own prompt: the peer's prefix is
+    context only (never trained), the continuation tokens are ours with our behaviour log-probs, and every new
+    leaf is scored by our verifier. The new group trains as local (on-policy) samples and is not published."""
+
+    enabled: bool = Field(False, description="continue peers' promising prefixes with our policy. Default false")
+    max_forks: int = Field(1, ge=1, description="forks (peer prefixes) expanded per step. Default 1")
+    num_generations: int = Field(
+        4, ge=2, description="continuations sampled from one fork (the new group's size). Default 4"
+    )
+    min_continuation_tokens: int = Field(
+        8, ge=1, description="a fork is used only if at least this many completion TOKENS remain after its prefix "
+        "(sampling.max_completion_length minus the prefix). Default 8"
+    )
+
+
 class SwarmConfig(_Strict):
     """Swarm membership and gossip (off for a solo node)."""
 
@@ -372,6 +427,15 @@ class SwarmConfig(_Strict):
     screen: ScreenConfig = Field(
         default_factory=lambda: ScreenConfig(),
         description="likelihood screen of external completions under our own policy (train/screen.py)",
+    )
+    curriculum: CurriculumConfig = Field(
+        default_factory=lambda: CurriculumConfig(),
+        description="swarm curriculum: task weights from the swarm's per-task success rates (tasks/curriculum.py)",
+    )
+    expansion: ExpansionConfig = Field(
+        default_factory=lambda: ExpansionConfig(),
+        description="cross-node tree expansion: continue re-verified peer prefixes with our policy "
+        "(rollout/expansion.py)",
     )
     rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")

@@ -2,12 +2,16 @@
 
 Each step:
 
-1. **draw** tasks whose answers a program can check (TaskRefs any node can regenerate);
+1. **draw** tasks whose answers a program can check (TaskRefs any node can regenerate); with
+   ``swarm.curriculum`` on, the task mix is reweighted toward tasks the swarm solves about half the time
+   (``tasks/curriculum.py``);
 2. **sample** tree-structured rollouts from the current policy;
 3. **score** every leaf with the task's verifier;
 4. **publish** the verified trees (pruned) to the swarm, signed;
 5. **gather** peers' trees, re-verified locally (the swarm layer trusts no claim);
-6. **process**: advantages per source (local trees, each external group on its own), batch composition;
+6. **process**: advantages per source (local trees, each external group on its own), batch composition; with
+   ``swarm.expansion`` on, a re-verified peer tree's promising prefix is first continued by our own policy
+   (``rollout/expansion.py``: the prefix is context only, the continuation is ours and trains as local);
 7. **update**: a clipped policy-gradient step; checkpoint every ``save_steps`` steps, after ``save_seconds`` of
    wall clock since the last checkpoint, and on SIGINT/SIGTERM.
 
@@ -35,6 +39,7 @@ from swarmnode.policy.backends import generate_rollouts, make_generation_backend
 from swarmnode.policy.loading import Policy, load_policy
 from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
+from swarmnode.rollout.expansion import Expansion, expand_forks, select_forks
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.rundir import (
@@ -50,6 +55,7 @@ from swarmnode.rundir import (
     lock_run_dir,
 )
 from swarmnode.tasks.base import Task
+from swarmnode.tasks.curriculum import LocalRates, PeerRates, combine_rates, curriculum_weights
 from swarmnode.tasks.mix import TaskMix, stream_for_peer
 from swarmnode.train.batch import compose_batch, samples_from_trees
 from swarmnode.rollout.peer_tree import PeerTree
@@ -88,6 +94,14 @@ class SwarmHook(Protocol):
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """Charge ``peer_id`` for ``n`` of its samples the trainer rejected under ``reason`` (e.g.
         ``"likelihood_screen"``): a soft rejection each, counted in the peer's record. Never raises."""
+
+    def share_task_rates(self, rates: dict[str, tuple[int, int]] | None) -> None:
+        """Our per-task success counts (task key -> ``(n, k)``) for our next heartbeats (swarm curriculum only).
+        Never raises."""
+
+    def peer_task_rates(self) -> list[PeerRates]:
+        """Peers' per-task success counts from their heartbeats, one entry per peer id, ages measured by us
+        (swarm curriculum only; untrusted, :func:`~swarmnode.tasks.curriculum.combine_rates` bounds them)."""
 
     def recover(self, reason: str) -> None:
         """Restart the network side (DHT) after the round stalled in the swarm layer; called from the monitor's
@@ -197,6 +211,7 @@ class Node:
             self.tokens_generated = int(ckpt.extra.get("tokens_generated", 0))
             self.base_model_id = str(ckpt.extra.get("base_model_id", self.base_model_id))
             log.info("resumed from %s at step %d", ckpt.path, self.step)
+        self.local_rates = LocalRates(cfg.swarm.curriculum.window_steps)  # our recent per-task success (curriculum)
         self.token_weight_fn = make_token_weight_fn(cfg.swarm)
         self.screen = LikelihoodScreen.from_config(
             cfg.swarm.screen,
@@ -252,6 +267,108 @@ class Node:
         ids = ids[-self.cfg.sampling.max_prompt_length :]
         return PromptSpec(task=task.ref, prompt_ids=ids, prompt_text=text, task_name=task.name)
 
+    # ------------------------------------------------------------------ the two swarm levers
+    def task_weights(self) -> tuple[list[float] | None, dict[str, Any]]:
+        """This step's per-source sampling weights under the swarm curriculum, and their metrics.
+
+        ``None`` (the configured weights) when ``swarm.curriculum.enabled`` is off. Otherwise each source's rate
+        is the median of our own recent rate and one vote per peer (:func:`combine_rates`), and its weight is its
+        configured weight times a factor within ``[min_factor, max_factor]`` (:func:`curriculum_weights`).
+        Metrics: ``curriculum/rate/<task>`` (NaN = no votes) and ``curriculum/share/<task>`` (share of the draws).
+        """
+        cc = self.cfg.swarm.curriculum
+        if not cc.enabled:
+            return None, {}
+        keys = [self.tasks.source_key(i) for i in range(len(self.tasks.sources))]
+        peers: list[PeerRates] = []
+        if self.swarm is not None and hasattr(self.swarm, "peer_task_rates"):
+            peers = self.swarm.peer_task_rates()
+        rates = combine_rates(keys, self.local_rates.counts(), peers, min_samples=cc.min_samples,
+                              max_age_s=cc.max_age_seconds, max_voters=cc.max_voters,
+                              own_peer_id=getattr(self.swarm, "peer_id", None))
+        weights = curriculum_weights(self.tasks.weights, [rates[k] for k in keys], min_factor=cc.min_factor,
+                                     max_factor=cc.max_factor)
+        total = sum(weights)
+        m: dict[str, Any] = {"curriculum/voters": len(peers)}
+        for i, k in enumerate(keys):
+            name = self._task_label(i)
+            m[f"curriculum/rate/{name}"] = float("nan") if rates[k] is None else rates[k]
+            m[f"curriculum/share/{name}"] = weights[i] / total
+        return weights, m
+
+    def _task_label(self, i: int) -> str:
+        name = self.tasks.sources[i].name
+        return name if [s.name for s in self.tasks.sources].count(name) == 1 else f"{name}#{i}"
+
+    def note_success(self, step_counts: dict[str, tuple[int, int]]) -> None:
+        """Record this step's per-task ``(leaves, correct leaves)`` of our local samples (the curriculum's own
+        vote) and hand the window's counts to the swarm layer for our heartbeats (curriculum on only)."""
+        if not self.cfg.swarm.curriculum.enabled:
+            return
+        self.local_rates.observe(step_counts)
+        if self.swarm is not None and hasattr(self.swarm, "share_task_rates"):
+            self.swarm.share_task_rates(self.local_rates.counts())
+
+    def expand(self, candidates: list[PeerTree], step: int, exclude_peers: set[str]) -> list[Expansion]:
+        """Cross-node tree expansion (``swarm.expansion``): continue the most promising prefixes of this step's
+        re-verified peer trees with our own policy, under our own prompt, scored by our verifier
+        (:func:`~swarmnode.rollout.expansion.expand_forks`). Peers in ``exclude_peers`` (rejected by the
+        likelihood screen this step) are not expanded. Returns the new trees (never published)."""
+        xc = self.cfg.swarm.expansion
+        max_comp = self.cfg.sampling.max_completion_length
+        forks = select_forks(candidates, xc.max_forks, max_prefix_tokens=max_comp - xc.min_continuation_tokens,
+                             accept_task=self.tasks.contains, exclude_peers=exclude_peers)
+        if not forks:
+            return []
+        gen = torch.Generator(device="cpu").manual_seed((self.cfg.seed * 1_000_003 + step) % (2**63) ^ 0x5E1F)
+        tok = self.policy.tokenizer
+
+        def sample(prompts: list[PromptSpec], scfg: Any) -> list[RolloutTree]:
+            return generate_rollouts(self.backend, tok, prompts, scfg, policy_version=step, generator=gen)
+
+        def score(ref: Any, text: str) -> dict[str, float]:
+            return self.tasks.score_detail(self.tasks.get(ref), text)
+
+        out = expand_forks(forks, our_prompt=lambda ref: self._prompt_spec(self.tasks.get(ref)), sample=sample,
+                           score=score, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                           sampling=self.cfg.sampling, num_generations=xc.num_generations,
+                           min_continuation_tokens=xc.min_continuation_tokens)
+        for e in out:
+            e.tree.model_id, e.tree.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
+        return out
+
+    def _expansion_samples(self, candidates: list[PeerTree], step: int, exclude: set[str],
+                           m: dict[str, Any]) -> list[Sample]:
+        """The local samples of this step's expansions (:meth:`expand`), with their metrics put into ``m``:
+        ``expansion/forks``, ``expansion/leaves``, ``expansion/correct`` (mean), ``expansion/zero_variance``,
+        ``expansion/samples``, ``expansion/tokens``, ``expansion/failed``. A failure is dropped, never fatal."""
+        cfg = self.cfg
+        try:
+            with self.timer.phase("expand"):
+                exps = self.expand(candidates, step, exclude)
+            trees_x = [e.tree for e in exps]
+            if not trees_x:
+                m.update({"expansion/forks": 0, "expansion/samples": 0})
+                return []
+            adv = compute_advantages(trees_x, cfg.train.advantage_estimator, cfg.train.scale_rewards,
+                                     std_floor=cfg.train.advantage_std_floor)
+            samples = samples_from_trees(trees_x, adv, source="local",
+                                         drop_zero_variance=cfg.train.drop_zero_variance_groups,
+                                         mask_truncated=cfg.train.mask_truncated_completions)
+        except _EXTERNAL_FAILURES as e:
+            m["expansion/failed"] = 1
+            log.warning("step %d: expanding peer prefixes failed (%s: %s); skipped", step + 1, type(e).__name__,
+                        str(e)[:200])
+            return []
+        tokens = sum(t.generated_tokens() for t in trees_x)
+        self.tokens_generated += tokens
+        corr = [c for e in exps for c in e.correct]
+        m.update({"expansion/forks": len(exps), "expansion/leaves": len(corr),
+                  "expansion/correct": sum(corr) / max(len(corr), 1),
+                  "expansion/zero_variance": adv.num_zero_variance_groups,
+                  "expansion/samples": len(samples), "expansion/tokens": tokens})
+        return samples
+
     # ------------------------------------------------------------------ the round
     def run_step(self) -> StepResult:
         """One round: draw -> sample -> score -> publish -> gather -> process -> update (-> checkpoint)."""
@@ -259,9 +376,11 @@ class Node:
         t_start = time.perf_counter()
         m: dict[str, Any] = {"step": step + 1}
 
-        # 1. draw
+        # 1. draw (with the swarm curriculum on, from task weights the swarm's success rates moved)
         stream = self.task_stream
-        refs = self.tasks.refs_for_step(step, cfg.sampling.prompts_per_step, stream=stream)
+        weights, cm = self.task_weights()
+        m.update(cm)
+        refs = self.tasks.refs_for_step(step, cfg.sampling.prompts_per_step, stream=stream, weights=weights)
         tasks = [self.tasks.get(r) for r in refs]
 
         # 2. sample
@@ -283,14 +402,19 @@ class Node:
         # 3. score
         with self.timer.phase("score"):
             correct, fmt, n_leaves = 0.0, 0.0, 0
+            success: dict[str, list[int]] = {}  # task key -> [leaves, correct leaves] (the curriculum's counts)
             for task, tree in zip(tasks, trees):
+                counts = success.setdefault(self.tasks.source_key(self.tasks.source_index(task.ref)), [0, 0])
                 for leaf in tree.leaves():
                     d = self.tasks.score_detail(task, tree.completion_text(leaf))
                     tree.nodes[leaf].reward = d["reward"]
                     correct += d["correct"]
                     fmt += d["format"]
                     n_leaves += 1
+                    counts[0] += 1
+                    counts[1] += int(d["correct"] >= 1.0)
                 tree.update_stats()
+        self.note_success({k: (n, c) for k, (n, c) in success.items()})
         self.tokens_generated += gen_tokens
 
         # 4. publish, 5. gather (swarm only)
@@ -337,6 +461,7 @@ class Node:
                 m["external/failed_stage"] = "process"
                 log.warning("step %d: processing %d external trees failed (%s: %s); training on local samples only",
                             step + 1, len(candidates), type(e).__name__, str(e)[:200])
+        screened_out: set[str] = set()
         if cfg.swarm.screen.enabled and self.swarm is not None:
             # our own completions of this step join the reference, then peers' are scored against it
             self.screen.observe(tree.completion_logprobs(leaf) for tree in trees for leaf in tree.leaves())
@@ -348,12 +473,17 @@ class Node:
                     m.update(sr.metrics)
                     for peer, n in sr.rejected_by_peer.items():
                         self.swarm.charge(peer, SCREEN_REASON, n)
+                        screened_out.add(peer)
                 except _EXTERNAL_FAILURES as e:
                     m["external/failed"] += 1
                     m["external/failed_stage"] = "screen"
                     log.warning("step %d: screening %d external samples failed (%s: %s); training on local samples "
                                 "only", step + 1, len(external), type(e).__name__, str(e)[:200])
                     external = []
+        if cfg.swarm.expansion.enabled and candidates:
+            # continue re-verified peers' promising prefixes with our policy: the prefix is context only, the
+            # continuation is ours (on-policy, our log-probs, our verifier's rewards), so it trains as local
+            local += self._expansion_samples(candidates, step, screened_out, m)
         batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
         external_used = [s for s in batch if not s.is_local]
         m.update(bm)

@@ -32,6 +32,8 @@ class PeerTree:
         same_tokenizer: ``True`` when the ids are the producer's own (its tokenizer id equals ours).
         digest: hex SHA-256 of the bundle envelope it came in (``""`` outside the swarm).
         received_at: the receiver's wall clock (unix seconds) when the bundle body arrived (0.0 = unknown).
+        verified: ``True`` only when the verification pipeline (``swarm/verify.py``) built it after every check
+            of docs/design.md §6 passed; cross-node expansion (``rollout/expansion.py``) continues only such trees.
 
     Raises:
         TypeError / ValueError: a field has the wrong type, ``peer_id`` is empty or ``policy_version < 0``.
@@ -46,6 +48,7 @@ class PeerTree:
     same_tokenizer: bool = False
     digest: str = ""
     received_at: float = 0.0
+    verified: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.tree, RolloutTree):

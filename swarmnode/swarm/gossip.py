@@ -426,8 +426,13 @@ class SwarmClient:
         self._reported: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
         self._rejected_reported: Counter[str] = Counter()
-        self._hb: dict[str, Any] = {"step": 0, "reward_mean": None, "accuracy": None, "npub": 0, "nacc": 0, "nrej": 0}
+        self._hb: dict[str, Any] = {"step": 0, "reward_mean": None, "accuracy": None, "npub": 0, "nacc": 0, "nrej": 0,
+                                    "rates": None}
         self._last_hb = -math.inf
+        cur = getattr(self.scfg, "curriculum", None)
+        self.curriculum_enabled = bool(getattr(cur, "enabled", False))
+        self._peer_rates: OrderedDict[str, tuple[float, float, dict]] = OrderedDict()  # peer -> (t, first seen, rates)
+        self._last_rates_read = -math.inf
         self._was_connected = False
         self._threads: list[threading.Thread] = []
         self._pool = ThreadPoolExecutor(max_workers=max_concurrent_fetches, thread_name_prefix="swarm-fetch")
@@ -535,6 +540,67 @@ class SwarmClient:
         if accuracy is None or (isinstance(accuracy, (int, float)) and 0.0 <= accuracy <= 1.0):
             with self._lock:
                 self._hb["accuracy"] = None if accuracy is None else float(accuracy)
+
+    def share_task_rates(self, rates: dict[str, tuple[int, int]] | None) -> None:
+        """Our per-task success counts (task key -> ``(n, k)``, :meth:`swarmnode.tasks.curriculum.LocalRates.counts`)
+        for the next heartbeats (SPEC.md §5.3 ``rates``); entries the codec would refuse are left out, ``None``
+        or ``{}`` sends heartbeats without rates. Never raises."""
+        clean: dict[str, tuple[int, int]] = {}
+        for key, v in (rates or {}).items():
+            try:
+                n, k = int(v[0]), int(v[1])
+            except (TypeError, ValueError, IndexError, OverflowError):
+                continue
+            if (isinstance(key, str) and 0 < len(key.encode("utf-8")) <= wire.MAX_TASK_KEY_BYTES
+                    and 1 <= n <= wire.MAX_RATE_COUNT and 0 <= k <= n):
+                clean[key] = (n, k)
+            if len(clean) >= wire.MAX_RATE_TASKS:
+                break
+        with self._lock:
+            self._hb["rates"] = clean or None
+
+    def peer_task_rates(self) -> list[Any]:
+        """The peers' per-task success counts from their newest valid heartbeats (read every
+        ``heartbeat_interval`` seconds while ``swarm.curriculum.enabled``), as
+        :class:`swarmnode.tasks.curriculum.PeerRates`: one entry per peer id, ``age_s`` measured from when WE
+        first read that heartbeat, ``standing`` the peer's earned standing; banned peers are left out. The
+        curriculum (``combine_rates``) does the rest; nothing here is trusted. Never raises."""
+        from swarmnode.tasks.curriculum import PeerRates
+
+        now = time.monotonic()
+        with self._lock:
+            items = list(self._peer_rates.items())
+        out = []
+        for pid, (_t, seen, rates) in items:
+            if self.peers.is_banned(pid):
+                continue
+            out.append(PeerRates(peer_id=pid, rates=dict(rates), age_s=now - seen, standing=self.peers.earned(pid)))
+        return out
+
+    def _read_peer_rates(self) -> None:
+        """Read the swarm's heartbeats and keep each peer's newest valid rates (publisher thread)."""
+        entries = self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.dht_timeout)
+        now_wall, now = time.time(), time.monotonic()
+        for owner, value in entries[:4096]:
+            try:
+                env, hb = wire.decode(value, expected_kind=wire.KIND_HEARTBEAT)
+            except wire.WireError:
+                continue
+            if (env.public_key != owner or not isinstance(hb, wire.Heartbeat) or hb.swarm_id != self.swarm_id
+                    or hb.peer_id == self.peer_id or not hb.task_rates):
+                continue
+            if not heartbeat_time_ok(hb.created_at, now_wall, self.scfg.max_clock_skew, self.scfg.freshness_seconds):
+                continue
+            if not self.verifier._allowed_key(env.public_key):  # a private swarm counts only its members
+                continue
+            with self._lock:
+                prev = self._peer_rates.get(hb.peer_id)
+                if prev is not None and prev[0] >= hb.created_at:
+                    continue
+                self._peer_rates[hb.peer_id] = (hb.created_at, now, dict(hb.task_rates))
+                self._peer_rates.move_to_end(hb.peer_id)
+                while len(self._peer_rates) > 1024:
+                    self._peer_rates.popitem(last=False)
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -707,10 +773,14 @@ class SwarmClient:
             beat = wire.Heartbeat(swarm_id=self.swarm_id, peer_id=self.peer_id, model_id=self.model_id[:256],
                                   step=hb["step"], reward_mean=hb["reward_mean"], accuracy=hb["accuracy"],
                                   samples_published=hb["npub"], samples_accepted=hb["nacc"],
-                                  samples_rejected=hb["nrej"], created_at=time.time())
+                                  samples_rejected=hb["nrej"], created_at=time.time(),
+                                  task_rates=hb["rates"] if self.curriculum_enabled else None)
             if self.dht.publish_heartbeat(self.swarm_id, wire.encode_heartbeat(beat, self.identity),
                                           timeout=self.scfg.dht_timeout):
                 self._last_hb = time.monotonic()
+        if self.curriculum_enabled and time.monotonic() - self._last_rates_read >= self.heartbeat_interval:
+            self._last_rates_read = time.monotonic()
+            self._read_peer_rates()
 
     # ------------------------------------------------------------------ fetcher thread
     def _fetch_loop(self) -> None:

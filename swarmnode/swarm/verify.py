@@ -972,7 +972,8 @@ class Verifier:
             tree.update_stats()
             out.append(PeerTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
                                 model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
-                                same_tokenizer=same_tok, digest=digest.hex(), received_at=float(received_at)))
+                                same_tokenizer=same_tok, digest=digest.hex(), received_at=float(received_at),
+                                verified=True))
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
         for i in keep:

@@ -47,6 +47,7 @@ from swarmnode.swarm.identity import (
     verify,
 )
 from swarmnode.tasks.base import TaskRef
+from swarmnode.tasks.curriculum import MAX_RATE_COUNT, MAX_RATE_TASKS, MAX_TASK_KEY_BYTES
 
 # ============================================================================================ constants
 PROTOCOL_VERSION = 1
@@ -267,6 +268,11 @@ class Heartbeat:
         samples_rejected: external samples rejected so far.
         created_at: time of the heartbeat, float seconds since the epoch.
         version: protocol version.
+        task_rates: optional per-task success counts of the sender's recent local samples (the swarm
+            curriculum, ``swarmnode/tasks/curriculum.py``): task key ``"<source_id>#<config_digest>"`` ->
+            ``(n, k)``, ``n`` leaves of which ``k`` were correct, ``1 <= n <= MAX_RATE_COUNT``, ``0 <= k <= n``,
+            at most ``MAX_RATE_TASKS`` keys of at most ``MAX_TASK_KEY_BYTES`` bytes. ``None`` (or empty): the key
+            ``rates`` is absent from the body, which is then byte for byte a heartbeat without rates.
     """
 
     swarm_id: str
@@ -280,6 +286,7 @@ class Heartbeat:
     samples_rejected: int
     created_at: float
     version: int = PROTOCOL_VERSION
+    task_rates: dict[str, tuple[int, int]] | None = None
 
 
 Message = Union[RolloutBundle, Manifest, Heartbeat]
@@ -320,7 +327,9 @@ TREE_KEYS = ("nodes", "pids", "ptext", "task")
 NODE_KEYS = ("fin", "ids", "lp", "p", "pv", "r", "text")
 MANIFEST_KEYS = ("digest", "nleaves", "ntrees", "pub", "pv", "size", "swarm", "t", "tasks", "v")
 HEARTBEAT_KEYS = ("acc", "model", "nacc", "npub", "nrej", "peer", "rmean", "step", "swarm", "t", "v")
-for _keys in (ENVELOPE_KEYS, BUNDLE_KEYS, TREE_KEYS, NODE_KEYS, MANIFEST_KEYS, HEARTBEAT_KEYS):
+HEARTBEAT_RATES_KEYS = ("acc", "model", "nacc", "npub", "nrej", "peer", "rates", "rmean", "step", "swarm", "t", "v")
+"""The heartbeat keys when the optional ``rates`` key is present (SPEC.md §5.3)."""
+for _keys in (ENVELOPE_KEYS, BUNDLE_KEYS, TREE_KEYS, NODE_KEYS, MANIFEST_KEYS, HEARTBEAT_KEYS, HEARTBEAT_RATES_KEYS):
     assert tuple(sorted(_keys, key=lambda k: k.encode())) == _keys
 
 
@@ -723,8 +732,34 @@ def _manifest_from_raw(raw: Any, envelope_version: int | None, envelope_key: byt
                     created_at=created, policy_version=pv, num_trees=ntrees, num_leaves=nleaves, version=version)
 
 
+def _rates_from_raw(v: Any) -> dict[str, tuple[int, int]]:
+    """``heartbeat.rates``: 1..MAX_RATE_TASKS ``[key, n, k]`` arrays, keys strictly ascending by UTF-8 bytes."""
+    if not isinstance(v, list):
+        raise _fail("schema", f"heartbeat.rates: expected an array, got {_tname(v)}")
+    if not v:
+        raise _fail("schema", "heartbeat.rates: an empty array is not allowed (leave the key out)")
+    if len(v) > MAX_RATE_TASKS:
+        raise _fail("too_large", f"heartbeat.rates: {len(v)} entries exceed the limit {MAX_RATE_TASKS}")
+    out: dict[str, tuple[int, int]] = {}
+    prev: bytes | None = None
+    for i, e in enumerate(v):
+        path = f"heartbeat.rates[{i}]"
+        if not isinstance(e, list) or len(e) != 3:
+            raise _fail("schema", f"{path}: expected [task key, n, k], got {_tname(e)}")
+        key = _str(e[0], f"{path}[0] (task key)", MAX_TASK_KEY_BYTES, min_bytes=1)
+        n = _int(e[1], f"{path}[1] (n)", lo=1, hi=MAX_RATE_COUNT)
+        k = _int(e[2], f"{path}[2] (k)", lo=0, hi=n)
+        kb = key.encode("utf-8")
+        if prev is not None and kb <= prev:
+            raise _fail("schema", f"{path}: task keys must be unique and in ascending byte order")
+        prev = kb
+        out[key] = (n, k)
+    return out
+
+
 def _heartbeat_from_raw(raw: Any, envelope_version: int | None, envelope_key: bytes | None) -> Heartbeat:
-    m = _check_map(raw, HEARTBEAT_KEYS, "heartbeat")
+    with_rates = isinstance(raw, dict) and "rates" in raw
+    m = _check_map(raw, HEARTBEAT_RATES_KEYS if with_rates else HEARTBEAT_KEYS, "heartbeat")
     version = _version(m["v"], "heartbeat.v", envelope_version)
     peer = _str(m["peer"], "heartbeat.peer", MAX_ID_BYTES, min_bytes=1)
     if envelope_key is not None and peer != peer_id_from_public_key(envelope_key):
@@ -739,9 +774,10 @@ def _heartbeat_from_raw(raw: Any, envelope_version: int | None, envelope_key: by
     nacc = _int(m["nacc"], "heartbeat.nacc")
     nrej = _int(m["nrej"], "heartbeat.nrej")
     created = _float(m["t"], "heartbeat.t", 0.0, None)
+    rates = _rates_from_raw(m["rates"]) if with_rates else None
     return Heartbeat(swarm_id=swarm, peer_id=peer, model_id=model, step=step, reward_mean=rmean, accuracy=acc,
                      samples_published=npub, samples_accepted=nacc, samples_rejected=nrej, created_at=created,
-                     version=version)
+                     version=version, task_rates=rates)
 
 
 # msgpack limits per body kind: (max_str, max_bin, max_array, max_map, max_containers)
@@ -750,7 +786,7 @@ _BODY_LIMITS = {
                   max(MAX_TREES_PER_BUNDLE, MAX_NODES_PER_TREE, 4), 16,
                   2 + 3 * MAX_TREES_PER_BUNDLE + MAX_NODES_PER_BUNDLE),
     KIND_MANIFEST: (MAX_ID_BYTES, DIGEST_BYTES, max(MAX_TREES_PER_BUNDLE, 4), 16, 2 + MAX_TREES_PER_BUNDLE),
-    KIND_HEARTBEAT: (MAX_ID_BYTES, 0, 0, 16, 1),
+    KIND_HEARTBEAT: (MAX_ID_BYTES, 0, MAX_RATE_TASKS, 16, 2 + MAX_RATE_TASKS),
 }
 _FROM_RAW: dict[str, Callable[[Any, int | None, bytes | None], Any]] = {
     KIND_BUNDLE: _bundle_from_raw,
@@ -912,9 +948,36 @@ def _manifest_to_raw(m: Manifest) -> dict:
     }
 
 
+def _rates_to_raw(rates: Any) -> list:
+    if not isinstance(rates, dict):
+        raise _fail("schema", f"heartbeat.task_rates: expected a dict, got {_tname(rates)}")
+    if len(rates) > MAX_RATE_TASKS:
+        raise _fail("too_large", f"heartbeat.task_rates: {len(rates)} tasks exceed the limit {MAX_RATE_TASKS}")
+    out = []
+    for key in sorted(rates, key=lambda k: k.encode("utf-8") if isinstance(k, str) else b""):
+        try:
+            n, k = rates[key]
+        except (TypeError, ValueError):
+            raise _fail("schema", f"heartbeat.task_rates[{_short(key)}]: expected (n, k)") from None
+        entry = [key, n, k]
+        _str(key, "heartbeat.task_rates key", MAX_TASK_KEY_BYTES, min_bytes=1)
+        _int(n, "heartbeat.task_rates n", lo=1, hi=MAX_RATE_COUNT)
+        _int(k, "heartbeat.task_rates k", lo=0, hi=n)
+        out.append(entry)
+    return out
+
+
 def _heartbeat_to_raw(h: Heartbeat) -> dict:
     if not isinstance(h, Heartbeat):
         raise _fail("schema", f"expected a Heartbeat, got {_tname(h)}")
+    raw = _heartbeat_base_raw(h)
+    if h.task_rates:  # the optional key: absent when there are no rates (the body is then a plain heartbeat)
+        raw["rates"] = _rates_to_raw(h.task_rates)
+        raw = {k: raw[k] for k in HEARTBEAT_RATES_KEYS}
+    return raw
+
+
+def _heartbeat_base_raw(h: Heartbeat) -> dict:
     return {
         "acc": _enc_opt_float(h.accuracy, "heartbeat.acc"),
         "model": h.model_id,
@@ -1482,6 +1545,7 @@ def to_jsonable(msg: Message) -> dict:
             "samples_accepted": msg.samples_accepted,
             "samples_rejected": msg.samples_rejected,
             "created_at": msg.created_at,
+            **({"task_rates": {k: list(v) for k, v in msg.task_rates.items()}} if msg.task_rates else {}),
         }
     raise TypeError(f"expected a RolloutBundle, Manifest or Heartbeat, got {_tname(msg)}")
 
@@ -1492,7 +1556,8 @@ __all__ = [
     "MAX_ENVELOPE_BYTES", "MAX_MANIFEST_BYTES", "MAX_HEARTBEAT_BYTES", "MAX_BYTES_BY_KIND", "MAX_TREES_PER_BUNDLE",
     "MAX_NODES_PER_TREE", "MAX_NODES_PER_BUNDLE", "MAX_LEAVES_PER_TREE", "MAX_DEPTH", "MAX_SEGMENT_TOKENS",
     "MAX_PROMPT_TOKENS", "MAX_COMPLETION_TOKENS", "MAX_TEXT_BYTES", "MAX_ID_BYTES", "MAX_CONFIG_DIGEST_BYTES",
-    "MAX_VOCAB_SIZE", "MAX_INT", "MAX_REWARD", "DIGEST_BYTES",
+    "MAX_VOCAB_SIZE", "MAX_INT", "MAX_REWARD", "DIGEST_BYTES", "MAX_RATE_TASKS", "MAX_TASK_KEY_BYTES",
+    "MAX_RATE_COUNT",
     "WireError", "WireNode", "WireTree", "RolloutBundle", "Manifest", "Heartbeat", "Envelope", "Message",
     "domain_prefix", "seal", "open_envelope", "encode_body", "decode_body", "message_kind",
     "encode", "decode", "encode_bundle", "decode_bundle", "encode_manifest", "decode_manifest",

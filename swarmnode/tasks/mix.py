@@ -354,7 +354,39 @@ class TaskMix:
                 out.append(s.name)
         return out
 
-    def refs_for_step(self, step: int, n: int, *, stream: int = 0) -> list[TaskRef]:
+    def _cumulative(self, weights: Sequence[float]) -> np.ndarray:
+        """Cumulative probabilities of per-source ``weights`` (the last one exactly 1.0).
+
+        Raises:
+            ValueError: not one weight per source, or a weight that is not finite and > 0.
+        """
+        w = [float(x) for x in weights]
+        if len(w) != len(self.sources):
+            raise ValueError(f"weights: expected {len(self.sources)} (one per source), got {len(w)}")
+        if not all(math.isfinite(x) and x > 0 for x in w):
+            raise ValueError(f"weights must be finite and > 0, got {w}")
+        cum = np.cumsum(np.asarray(w, dtype=np.float64) / sum(w))
+        cum[-1] = 1.0
+        return cum
+
+    def source_key(self, i: int) -> str:
+        """The curriculum key of source ``i``: ``"<source_id>#<config_digest>"`` (what heartbeats carry; at most
+        :data:`swarmnode.tasks.curriculum.MAX_TASK_KEY_BYTES` bytes for reasoning-gym and JSONL sources).
+
+        Raises:
+            IndexError: no source ``i``.
+        """
+        s = self.sources[i]
+        return f"{s.source_id}#{s.config_digest}"
+
+    def source_index(self, ref: TaskRef) -> int | None:
+        """The index of the source that ``ref`` names (by source id and config digest), or ``None``."""
+        if not isinstance(ref, TaskRef):
+            return None
+        return self._by_key.get((ref.source, ref.config_digest))
+
+    def refs_for_step(self, step: int, n: int, *, stream: int = 0,
+                      weights: Sequence[float] | None = None) -> list[TaskRef]:
         """The ``n`` training TaskRefs of step ``step``; the same on every node and process.
 
         Algorithm: a NumPy ``Generator(PCG64)`` seeded by ``SeedSequence([tag, tasks.seed, step, stream])``
@@ -371,22 +403,29 @@ class TaskMix:
             n: how many refs (int >= 0).
             stream: an extra stream id (int >= 0), e.g. to give nodes of one swarm different questions for
                 the same step; ``0`` by default.
+            weights: per-source sampling weights for this step's source pick, one per source in config order,
+                finite and > 0 (the swarm curriculum's, :func:`swarmnode.tasks.curriculum.curriculum_weights`);
+                ``None`` = the configured weights. Only the source pick changes: epochs (hence seeds) follow the
+                configured probabilities, so every ref stays one :meth:`contains` accepts, and the stream is a
+                pure function of ``(tasks.seed, step, n, stream, weights)``.
 
         Returns:
             ``n`` TaskRefs (repeats are possible: draws are with replacement), every one accepted by
             :meth:`contains` (none of them a held-out question).
 
         Raises:
-            ValueError: a negative or non-int argument; a step beyond the epoch schedule
-                (:data:`MAX_TRAIN_DRAWS`); or :data:`MAX_REDRAWS` held-out draws in a row.
+            ValueError: a negative or non-int argument; ``weights`` of the wrong length or with a value that is
+                not finite and > 0; a step beyond the epoch schedule (:data:`MAX_TRAIN_DRAWS`); or
+                :data:`MAX_REDRAWS` held-out draws in a row.
         """
         for what, v in (("step", step), ("n", n), ("stream", stream)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"{what} must be an int >= 0, got {v!r}")
         step, n, stream = int(step), int(n), int(stream)
+        cum = self._cum if weights is None else self._cumulative(weights)
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([_STREAM_TAG, self.seed, step, stream])))
         u = rng.random((n, 2))
-        src = np.searchsorted(self._cum, u[:, 0], side="right")
+        src = np.searchsorted(cum, u[:, 0], side="right")
         src = np.minimum(src, len(self.sources) - 1)
         redraw: np.random.Generator | None = None
         refs: list[TaskRef] = []

@@ -1,0 +1,263 @@
+"""Swarm curriculum: draw more of the tasks the swarm finds about half solvable (docs/swarm.md "Swarm curriculum").
+
+A group of binary rewards carries a policy gradient only when its rewards differ: with success rate ``p`` a
+group of ``G`` leaves has variance with probability ``1 - p^G - (1-p)^G``, and the expected reward variance
+``p(1-p)`` peaks at ``p = 0.5``. Each node publishes the per-task success counts of its recent local samples
+in its heartbeats (protocol/SPEC.md §5.3, key ``rates``); every node combines the swarm's rates and reweights
+its task mix toward tasks whose success is near 0.5 and away from those at ~0 or ~1.
+
+Peers are untrusted, so the statistic is bounded by construction:
+
+* **one vote per peer id** (the newest heartbeat of a peer), plus our own; banned peers, rates older than
+  ``max_age_seconds`` (measured from when *we* first read the heartbeat, never from its signed time) and
+  rates with fewer than ``min_samples`` leaves are no votes; at most ``max_voters`` peers vote per task, those
+  with the most earned standing first (:meth:`swarmnode.swarm.peers.PeerBook.earned`), so fresh Sybil keys
+  fill the remaining seats last;
+* every rate is ``k / n`` clamped to [0, 1]; a NaN, an infinity, a negative or non-numeric count is no vote;
+  counts are capped at :data:`MAX_RATE_COUNT` and only decide whether a rate is a vote (they weigh nothing);
+* the swarm's rate of a task is the **median** of its votes, so half of the voters must agree to move it;
+* whatever the median says, a task's weight stays within ``[min_factor, max_factor]`` x its configured
+  weight (:func:`curriculum_weights`): hostile values can move a task's share of the draws by at most the
+  factor ``max_factor / min_factor`` and can never take a task out of the mix or make it the only one.
+
+The weights only choose among sources; :meth:`swarmnode.tasks.mix.TaskMix.refs_for_step` keeps the held-out
+partition out of training and stays a pure function of ``(tasks.seed, step, n, stream, weights)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "MAX_RATE_TASKS",
+    "MAX_TASK_KEY_BYTES",
+    "MAX_RATE_COUNT",
+    "PeerRates",
+    "LocalRates",
+    "clean_count",
+    "vote_rate",
+    "combine_rates",
+    "learnability",
+    "curriculum_factor",
+    "curriculum_weights",
+]
+
+#: Most tasks one heartbeat reports rates for (protocol/SPEC.md §5.3).
+MAX_RATE_TASKS = 16
+#: Most UTF-8 bytes of a task key (``"<source_id>#<config_digest>"``) in a heartbeat.
+MAX_TASK_KEY_BYTES = 128
+#: Largest leaf count a rate may claim; larger counts are capped (they only decide whether a rate is a vote).
+MAX_RATE_COUNT = 1 << 20
+
+
+@dataclass(frozen=True)
+class PeerRates:
+    """One peer's per-task success counts, as the swarm layer read them from its newest valid heartbeat.
+
+    Attributes:
+        peer_id: the signer's peer id (one vote per id).
+        rates: task key -> ``(n, k)``: ``n`` leaves of which ``k`` were correct (claims; sanitized on use).
+        age_s: seconds since WE first read this heartbeat (receiver's clock).
+        standing: the peer's earned standing (useful trees admitted from it; voters are ranked by it).
+    """
+
+    peer_id: str
+    rates: Mapping[str, Any]
+    age_s: float = 0.0
+    standing: int = 0
+
+
+def clean_count(v: Any) -> int | None:
+    """A claimed leaf count as an int in ``[0, MAX_RATE_COUNT]``, or ``None`` when it is not a finite number >= 0
+    (NaN, inf, negative, bool, str, ...)."""
+    if isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not math.isfinite(f) or f < 0:
+        return None
+    return int(min(f, MAX_RATE_COUNT))
+
+
+def vote_rate(entry: Any, min_samples: int) -> float | None:
+    """The success rate in [0, 1] that one ``(n, k)`` entry votes for, or ``None`` (no vote).
+
+    ``n`` and ``k`` are cleaned with :func:`clean_count`; ``n < min_samples`` is no vote; ``k > n`` counts as ``n``
+    (rate 1). Never raises.
+    """
+    try:
+        n_raw, k_raw = entry
+    except (TypeError, ValueError):
+        return None
+    n, k = clean_count(n_raw), clean_count(k_raw)
+    if n is None or k is None or n < max(1, int(min_samples)):
+        return None
+    return min(1.0, max(0.0, min(k, n) / n))
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else 0.5 * (s[m - 1] + s[m])
+
+
+def combine_rates(
+    keys: Sequence[str],
+    own: Mapping[str, Any],
+    peers: Iterable[PeerRates],
+    *,
+    min_samples: int = 8,
+    max_age_s: float = 120.0,
+    max_voters: int = 32,
+    own_peer_id: str | None = None,
+) -> dict[str, float | None]:
+    """The swarm's success rate of each task: the median over one vote per peer id plus our own.
+
+    Args:
+        keys: the task keys to rate (:meth:`swarmnode.tasks.mix.TaskMix.source_key`, config order).
+        own: our recent local counts, task key -> ``(n, k)`` (:meth:`LocalRates.counts`).
+        peers: the peers' counts (any number, any values; untrusted). A peer id that appears several times
+            votes once, with its freshest (smallest ``age_s``) entry; ``own_peer_id`` (our own heartbeat read
+            back from the DHT) is skipped.
+        min_samples: leaves a rate needs to be a vote (int >= 1).
+        max_age_s: seconds; entries with a larger (or non-finite) ``age_s`` are ignored.
+        max_voters: most peers counted per task, ranked by ``standing`` (highest first), then peer id.
+
+    Returns:
+        task key -> median rate in [0, 1], or ``None`` when no vote exists for that task. Never raises on
+        hostile peer values.
+    """
+    best: dict[str, PeerRates] = {}
+    for pr in peers:
+        if not isinstance(pr, PeerRates) or not isinstance(pr.peer_id, str) or not pr.peer_id:
+            continue
+        if own_peer_id is not None and pr.peer_id == own_peer_id:
+            continue
+        try:
+            age = float(pr.age_s)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if not math.isfinite(age) or age > max_age_s or not isinstance(pr.rates, Mapping):
+            continue
+        prev = best.get(pr.peer_id)
+        if prev is None or age < float(prev.age_s):
+            best[pr.peer_id] = pr
+
+    def rank(pr: PeerRates) -> tuple[int, str]:
+        st = clean_count(pr.standing)
+        return (-(st or 0), pr.peer_id)
+
+    ranked = sorted(best.values(), key=rank)
+    out: dict[str, float | None] = {}
+    for key in keys:
+        votes: list[float] = []
+        mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
+        if mine is not None:
+            votes.append(mine)
+        n_peer = 0
+        for pr in ranked:
+            if n_peer >= max_voters:
+                break
+            try:
+                r = vote_rate(pr.rates.get(key), min_samples)
+            except Exception:  # noqa: BLE001 - a hostile mapping is no vote
+                r = None
+            if r is not None:
+                votes.append(r)
+                n_peer += 1
+        out[key] = _median(votes) if votes else None
+    return out
+
+
+def learnability(p: float) -> float:
+    """``4 p (1 - p)`` in [0, 1]: 1 at p = 0.5, 0 at p = 0 or 1 (``p`` is clamped to [0, 1]; NaN gives 0)."""
+    if not isinstance(p, (int, float)) or not math.isfinite(p):
+        return 0.0
+    p = min(1.0, max(0.0, float(p)))
+    return 4.0 * p * (1.0 - p)
+
+
+def curriculum_factor(rate: float | None, min_factor: float = 0.5, max_factor: float = 2.0) -> float:
+    """The weight multiplier of a task with swarm success ``rate``: log-linear in :func:`learnability`,
+    ``min_factor`` at rate 0 or 1, ``max_factor`` at 0.5; ``rate None`` (no votes) gives 1 clamped into the range.
+
+    Always within ``[min_factor, max_factor]``. Raises ValueError unless ``0 < min_factor <= max_factor`` (finite).
+    """
+    if not (math.isfinite(min_factor) and math.isfinite(max_factor) and 0 < min_factor <= max_factor):
+        raise ValueError(f"need 0 < min_factor <= max_factor, got {min_factor!r}, {max_factor!r}")
+    if rate is None:
+        return min(max_factor, max(min_factor, 1.0))
+    g = learnability(rate)
+    f = math.exp(math.log(min_factor) + g * (math.log(max_factor) - math.log(min_factor)))
+    return min(max_factor, max(min_factor, f))
+
+
+def curriculum_weights(configured: Sequence[float], rates: Sequence[float | None], *, min_factor: float = 0.5,
+                       max_factor: float = 2.0) -> list[float]:
+    """Per-source sampling weights: ``configured[i] * curriculum_factor(rates[i])``.
+
+    Args:
+        configured: the configured weights (finite, > 0), one per source.
+        rates: the swarm's rate per source (:func:`combine_rates`, same order), ``None`` = unknown.
+        min_factor / max_factor: the floor and ceiling multipliers (``swarm.curriculum``).
+
+    Returns:
+        Weights, each within ``[min_factor, max_factor] x configured[i]``; hence each source's share of the
+        draws is at least ``min_factor / max_factor`` and at most ``max_factor / min_factor`` times its
+        configured share (capped at 1).
+
+    Raises:
+        ValueError: lengths differ, a configured weight is not finite and > 0, or bad factors.
+    """
+    if len(configured) != len(rates):
+        raise ValueError(f"{len(configured)} configured weights but {len(rates)} rates")
+    out = []
+    for w, r in zip(configured, rates):
+        w = float(w)
+        if not math.isfinite(w) or w <= 0:
+            raise ValueError(f"configured weights must be finite and > 0, got {w}")
+        out.append(w * curriculum_factor(r, min_factor, max_factor))
+    return out
+
+
+@dataclass
+class LocalRates:
+    """Our own per-task success counts over the last ``window_steps`` steps (what our heartbeats publish).
+
+    Args:
+        window_steps: steps kept (int >= 1).
+
+    Raises:
+        ValueError: ``window_steps < 1``.
+    """
+
+    window_steps: int = 8
+    _steps: deque = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if int(self.window_steps) < 1:
+            raise ValueError(f"window_steps must be >= 1, got {self.window_steps!r}")
+        self._steps = deque(maxlen=int(self.window_steps))
+
+    def observe(self, step_counts: Mapping[str, tuple[int, int]]) -> None:
+        """Add one step: task key -> ``(leaves, correct leaves)`` of our local samples (the oldest step leaves)."""
+        self._steps.append({str(k): (int(n), int(c)) for k, (n, c) in step_counts.items()})
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Task key -> ``(n, k)`` summed over the window (at most :data:`MAX_RATE_TASKS` keys with the most
+        leaves, ties by key; keys over :data:`MAX_TASK_KEY_BYTES` bytes are left out), counts capped at
+        :data:`MAX_RATE_COUNT`."""
+        tot: dict[str, list[int]] = {}
+        for d in self._steps:
+            for k, (n, c) in d.items():
+                t = tot.setdefault(k, [0, 0])
+                t[0] += n
+                t[1] += c
+        items = [(k, v) for k, v in tot.items() if v[0] > 0 and len(k.encode("utf-8")) <= MAX_TASK_KEY_BYTES]
+        items.sort(key=lambda kv: (-kv[1][0], kv[0]))
+        return {k: (min(n, MAX_RATE_COUNT), min(c, n, MAX_RATE_COUNT)) for k, (n, c) in items[:MAX_RATE_TASKS]}
