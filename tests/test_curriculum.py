@@ -1,0 +1,196 @@
+"""Swarm curriculum (issue 16): the swarm's per-task success rates reweight the task mix, within bounds that no
+peer value can break; the rates travel in heartbeats as an optional key that leaves old heartbeats' bytes alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from swarmnode.swarm import wire
+from swarmnode.swarm.identity import Identity
+from swarmnode.tasks import ReasoningGymSource, TaskMix
+from swarmnode.tasks.curriculum import (
+    MAX_RATE_COUNT,
+    LocalRates,
+    PeerRates,
+    combine_rates,
+    curriculum_factor,
+    curriculum_weights,
+    learnability,
+    vote_rate,
+)
+
+KEYS = ["rg:a#1", "rg:b#2", "rg:c#3"]
+ME = Identity.from_private_bytes(hashlib.sha256(b"test_curriculum me").digest())
+VECTORS = Path(__file__).resolve().parents[1] / "protocol" / "vectors"
+
+
+def peers(n, rates, *, age=1.0, standing=0, prefix="sybil"):
+    return [PeerRates(f"{prefix}{i}", rates, age_s=age, standing=standing) for i in range(n)]
+
+
+# ------------------------------------------------------------------ the statistic
+def test_median_of_one_vote_per_peer_with_our_own():
+    own = {"rg:a#1": (10, 5)}
+    ps = [PeerRates("p1", {"rg:a#1": (10, 1)}), PeerRates("p2", {"rg:a#1": (10, 9)})]
+    assert combine_rates(KEYS, own, ps) == {"rg:a#1": 0.5, "rg:b#2": None, "rg:c#3": None}
+    # one peer id repeated 100 times votes once (its freshest entry)
+    dup = [PeerRates("p1", {"rg:a#1": (10, 0)}, age_s=5.0)] * 100 + [PeerRates("p1", {"rg:a#1": (10, 10)}, age_s=1.0)]
+    assert combine_rates(["rg:a#1"], {"rg:a#1": (10, 2)}, dup)["rg:a#1"] == pytest.approx(0.6)  # median(0.2, 1.0)
+    # our own heartbeat read back from the DHT is not a second vote of ours
+    assert combine_rates(["rg:a#1"], own, [PeerRates("me", {"rg:a#1": (10, 0)})], own_peer_id="me")["rg:a#1"] == 0.5
+
+
+def test_stale_small_and_hostile_entries_are_no_votes():
+    own = {"rg:a#1": (10, 5)}
+    hostile = [
+        PeerRates("stale", {"rg:a#1": (10, 0)}, age_s=121.0),
+        PeerRates("nan-age", {"rg:a#1": (10, 0)}, age_s=float("nan")),
+        PeerRates("few", {"rg:a#1": (3, 0)}),
+        PeerRates("nan", {"rg:a#1": (float("nan"), 0)}),
+        PeerRates("inf", {"rg:a#1": (float("inf"), float("inf"))}),
+        PeerRates("neg", {"rg:a#1": (10, -5)}),
+        PeerRates("str", {"rg:a#1": ("10", None)}),
+        PeerRates("bool", {"rg:a#1": (True, True)}),
+        PeerRates("shape", {"rg:a#1": 0.0}),
+        PeerRates("notmap", ["rg:a#1"]),  # type: ignore[arg-type]
+        PeerRates("", {"rg:a#1": (10, 0)}),
+    ]
+    assert combine_rates(["rg:a#1"], own, hostile, min_samples=8, max_age_s=120.0) == {"rg:a#1": 0.5}
+    # k > n and huge counts: a rate of at most 1, a count capped (it only decides whether it is a vote)
+    assert vote_rate((10, 10**30), 8) == 1.0
+    assert vote_rate((10**30, 10**29), 8) == pytest.approx(min(10**29, MAX_RATE_COUNT) / MAX_RATE_COUNT)
+    assert vote_rate((1e308, 0), 8) == 0.0
+    for rate in combine_rates(KEYS, {}, [PeerRates("x", {k: (1e300, 1e301) for k in KEYS})]).values():
+        assert rate is not None and 0.0 <= rate <= 1.0
+
+
+def test_voters_are_capped_and_ranked_by_earned_standing():
+    honest = peers(3, {"rg:a#1": (16, 8)}, standing=20, prefix="honest")
+    sybils = peers(1000, {"rg:a#1": (16, 0)})
+    # 32 seats: the three established peers sit first; the Sybils fill the rest and win the median ...
+    assert combine_rates(["rg:a#1"], {}, honest + sybils, max_voters=32)["rg:a#1"] == 0.0
+    # ... but with few seats the established peers hold them
+    assert combine_rates(["rg:a#1"], {}, sybils + honest, max_voters=3)["rg:a#1"] == 0.5
+
+
+# ------------------------------------------------------------------ the weights
+def test_factor_is_bounded_and_peaks_at_one_half():
+    assert learnability(0.5) == 1.0 and learnability(0.0) == learnability(1.0) == 0.0
+    assert learnability(float("nan")) == 0.0 and learnability(7.0) == 0.0 and learnability(-3.0) == 0.0
+    assert curriculum_factor(0.5) == pytest.approx(2.0)
+    assert curriculum_factor(0.0) == curriculum_factor(1.0) == pytest.approx(0.5)
+    assert curriculum_factor(None) == 1.0
+    grid = [i / 100 for i in range(101)] + [float("nan"), float("inf"), -1e9, 1e9]
+    for p in grid:
+        assert 0.5 <= curriculum_factor(p, 0.5, 2.0) <= 2.0
+    with pytest.raises(ValueError):
+        curriculum_factor(0.5, 0.0, 2.0)
+    with pytest.raises(ValueError):
+        curriculum_factor(0.5, 3.0, 2.0)
+
+
+@pytest.mark.parametrize("attack", [
+    {"rg:a#1": (16, 8), "rg:b#2": (16, 0), "rg:c#3": (16, 16)},      # steer everything onto task a
+    {"rg:a#1": (1e300, float("nan")), "rg:b#2": (float("inf"), 1), "rg:c#3": (10**40, 10**41)},
+    {"rg:a#1": (16, 0), "rg:b#2": (16, 0), "rg:c#3": (16, 0)},        # kill every task
+])
+def test_hostile_swarm_cannot_push_a_task_past_its_floor_or_ceiling(attack):
+    configured = [1.0, 2.0, 5.0]
+    own = {"rg:a#1": (16, 16), "rg:b#2": (16, 8), "rg:c#3": (16, 8)}
+    rates = combine_rates(KEYS, own, peers(5000, attack))
+    w = curriculum_weights(configured, [rates[k] for k in KEYS], min_factor=0.5, max_factor=2.0)
+    total, ctotal = sum(w), sum(configured)
+    for wi, ci in zip(w, configured):
+        assert 0.5 * ci - 1e-12 <= wi <= 2.0 * ci + 1e-12
+        share, cshare = wi / total, ci / ctotal
+        assert cshare * 0.25 - 1e-12 <= share <= min(1.0, cshare * 4.0) + 1e-12
+        assert share > 0 and math.isfinite(share)
+
+
+# ------------------------------------------------------------------ the draw
+@pytest.fixture(scope="module")
+def mix() -> TaskMix:
+    return TaskMix([ReasoningGymSource("chain_sum", {"min_terms": 2, "max_terms": 2}),
+                    ReasoningGymSource("leg_counting", {})], [1.0, 1.0])
+
+
+def test_weighted_draw_respects_the_weights_and_stays_deterministic(mix):
+    w = curriculum_weights(mix.weights, [0.5, 1.0])  # chain_sum x2, leg_counting x0.5: share 0.8 / 0.2
+    refs = [r for step in range(150) for r in mix.refs_for_step(step, 8, stream=3, weights=w)]
+    share = sum(r.source == "rg:chain_sum" for r in refs) / len(refs)
+    assert 0.75 <= share <= 0.85
+    assert mix.refs_for_step(7, 8, stream=3, weights=w) == mix.refs_for_step(7, 8, stream=3, weights=list(w))
+    assert mix.refs_for_step(7, 8, stream=3, weights=[1.0, 1.0]) == mix.refs_for_step(7, 8, stream=3)
+    for r in refs:  # never a held-out question, always a task every peer accepts
+        assert mix.contains(r) and not mix.is_heldout(r)
+    for bad in ([1.0], [1.0, float("nan")], [1.0, 0.0], [1.0, -2.0]):
+        with pytest.raises(ValueError):
+            mix.refs_for_step(0, 4, weights=bad)
+
+
+def test_local_rates_window_and_bounds():
+    lr = LocalRates(window_steps=2)
+    lr.observe({"rg:a#1": (4, 1)})
+    lr.observe({"rg:a#1": (4, 3), "x" * 200: (4, 4)})
+    lr.observe({"rg:a#1": (4, 4), "rg:b#2": (8, 0)})
+    assert lr.counts() == {"rg:b#2": (8, 0), "rg:a#1": (8, 7)}  # window of 2 steps; over-long keys left out
+    lr2 = LocalRates(window_steps=1)
+    lr2.observe({f"rg:t{i}#0": (i + 1, 0) for i in range(40)})
+    assert len(lr2.counts()) == 16
+
+
+# ------------------------------------------------------------------ the heartbeat
+def _beat(rates=None) -> wire.Heartbeat:
+    return wire.Heartbeat(swarm_id="s", peer_id=ME.peer_id, model_id="m", step=3, reward_mean=0.5, accuracy=None,
+                          samples_published=1, samples_accepted=2, samples_rejected=0, created_at=1767225600.0,
+                          task_rates=rates)
+
+
+def test_heartbeat_rates_round_trip_and_old_bytes_unchanged():
+    rates = {"rg:leg_counting#00aa": (32, 7), "rg:chain_sum#1f7d586e2d8b0c5e": (64, 40)}
+    env = wire.encode_heartbeat(_beat(rates), ME)
+    assert len(env) <= wire.MAX_HEARTBEAT_BYTES
+    hb = wire.decode_heartbeat(env)
+    assert hb.task_rates == rates
+    assert wire.to_jsonable(hb)["task_rates"] == {k: list(v) for k, v in rates.items()}
+    # without rates the body has no `rates` key: byte for byte the heartbeat of before (golden vector)
+    assert wire.encode_body(_beat(None)) == wire.encode_body(_beat({}))
+    assert b"rates" not in wire.encode_body(_beat(None))
+    vec = json.loads((VECTORS / "heartbeat_valid.json").read_text())
+    got = wire.decode_heartbeat(bytes.fromhex(vec["envelope_hex"]))
+    assert got.task_rates is None and "task_rates" not in wire.to_jsonable(got)
+    # the largest heartbeat fits
+    big = {("k%03d" % i) + "x" * 124: (wire.MAX_RATE_COUNT, wire.MAX_RATE_COUNT) for i in range(wire.MAX_RATE_TASKS)}
+    assert len(wire.encode_heartbeat(_beat(big), ME)) <= wire.MAX_HEARTBEAT_BYTES
+
+
+def _signed_raw(raw: dict) -> bytes:
+    return wire.seal(ME, wire.KIND_HEARTBEAT, wire._pack(raw))
+
+
+@pytest.mark.parametrize("rates, reason", [
+    ([["a", 10, 11]], "schema"),                    # k > n
+    ([["a", 0, 0]], "schema"),                      # n = 0
+    ([["a", 2**21, 0]], "schema"),                  # n over MAX_RATE_COUNT
+    ([["a", 10.0, 1]], "schema"),                   # a float count
+    ([["a", float("nan"), 1]], "schema"),
+    ([["b", 10, 1], ["a", 10, 1]], "schema"),       # not ascending
+    ([["a", 10, 1], ["a", 10, 1]], "schema"),       # repeated key
+    ([["", 10, 1]], "schema"),
+    ([["x" * 129, 10, 1]], "too_large"),
+    ([[f"k{i:02d}", 10, 1] for i in range(17)], "too_large"),
+    ([], "schema"),
+    ([["a", 10]], "schema"),
+])
+def test_hostile_heartbeat_rates_are_rejected(rates, reason):
+    raw = wire._heartbeat_base_raw(_beat())
+    raw["rates"] = rates
+    raw = {k: raw[k] for k in wire.HEARTBEAT_RATES_KEYS}
+    with pytest.raises(wire.WireError) as ei:
+        wire.decode_heartbeat(_signed_raw(raw))
+    assert ei.value.reason == reason
