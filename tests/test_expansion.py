@@ -1,0 +1,169 @@
+"""Cross-node tree expansion (issue 16): a node continues a re-verified peer prefix with its own policy.
+
+Real parts throughout: the embedded model on CPU, the node's own TaskMix and verifier, and a real
+:class:`~swarmnode.swarm.verify.Verifier` over signed bundles from a second Ed25519 identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+import torch
+
+from swarmnode.config import RunConfig
+from swarmnode.node import Node
+from swarmnode.rollout.expansion import find_forks, select_forks
+from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.swarm import wire
+from swarmnode.swarm.identity import Identity
+from swarmnode.swarm.verify import Rejection, Verifier, special_token_ids
+
+PEER = Identity.from_private_bytes(hashlib.sha256(b"test_expansion peer").digest())
+SWARM = "expansion-test"
+PREFIX = "Let me add.\n"
+
+
+class VerifiedSwarm:
+    """A SwarmHook whose ``gather`` passes signed bundles through a real Verifier (the node's tokenizer)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        tok = node.policy.tokenizer
+        self.peer_id = "sn1expansiontestnode"
+        self.verifier = Verifier(node.cfg.swarm, node.tasks, len(tok), node.policy.tokenizer_id,
+                                 lambda t: list(tok(t, add_special_tokens=False)["input_ids"]),
+                                 detokenize=lambda ids: tok.decode(list(ids), skip_special_tokens=False),
+                                 prompt_for=node.prompt_for, max_prompt_length=node.cfg.sampling.max_prompt_length,
+                                 special_ids=special_token_ids(tok),
+                                 encode=lambda t: list(tok(t, add_special_tokens=False)["input_ids"]))
+        self.bundles: list[bytes] = []
+        self.rejections: list[str] = []
+        self.charges: list = []
+
+    def publish(self, trees, step, policy_version):
+        return {}
+
+    def gather(self, step, policy_version):
+        out = []
+        for b in self.bundles:
+            try:
+                out += self.verifier.verify_bundle(b, None, "transport:peer")
+            except Rejection as r:
+                self.rejections.append(r.reason)
+        self.bundles = []
+        return out, {}
+
+    def charge(self, peer_id, reason, n=1):
+        self.charges.append((peer_id, reason, n))
+
+    def close(self):
+        pass
+
+
+def make_cfg(tmp_path, **expansion) -> RunConfig:
+    return RunConfig.model_validate({
+        "steps": 3, "run_dir": str(tmp_path / "run"), "seed": 0,
+        "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
+        "sampling": {"prompts_per_step": 1, "num_generations": 2, "max_completion_length": 40},
+        "train": {"micro_batch_size": 8},
+        "swarm": {"swarm_id": SWARM, "num_external": 2, "max_peer_share": 1.0, "screen": {"enabled": False},
+                  "expansion": {"enabled": True, "num_generations": 4, **expansion}},
+        "checkpoint": {"save_steps": 1000},
+    })
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    n = Node(make_cfg(tmp_path_factory.mktemp("exp")))
+    yield n
+    n.close()
+
+
+def peer_bundle(node: Node, k: int, *, claims=(1.0, 0.0), prompt: str | None = None) -> tuple[bytes, str]:
+    """A signed bundle of one tree: a shared prefix segment, then a right and a wrong answer (claims as given)."""
+    tok = node.policy.tokenizer
+    ref = node.tasks.refs_for_step(500 + k, 1)[0]
+    task = node.tasks.get(ref)
+    enc = lambda t: list(tok(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    ptext = prompt if prompt is not None else "PEER PROMPT " + task.question
+    tree = RolloutTree(task=ref, prompt_ids=enc(ptext), prompt_text=ptext)
+    mid = tree.add_child(0, enc(PREFIX), text=PREFIX, policy_version=3)
+    for text, r in zip((f"<answer>{task.answer}</answer>", "<answer>99999</answer>"), claims):
+        j = tree.add_child(mid, enc(text), text=text, policy_version=3, finish_reason="answer")
+        tree.nodes[j].reward = float(r)
+    b = wire.bundle_from_trees([tree], swarm_id=SWARM, publisher_key=PEER.public_key_bytes, vocab_size=len(tok),
+                               model_id="peer/model", tokenizer_id=node.policy.tokenizer_id, created_at=time.time(),
+                               policy_version=3)
+    return wire.encode(b, PEER), ptext
+
+
+def test_only_reverified_trees_are_expanded(node):
+    sw = VerifiedSwarm(node)
+    good, _ = peer_bundle(node, 0)
+    bad, _ = peer_bundle(node, 1, claims=(0.0, 1.0))  # claims our re-score contradicts: reward_mismatch
+    sw.bundles = [good, bad]
+    accepted, _ = sw.gather(0, 0)
+    assert sw.rejections == ["reward_mismatch"]
+    assert len(accepted) == 1 and accepted[0].verified and accepted[0].peer_id == PEER.peer_id
+    forks = select_forks(accepted, 4, accept_task=node.tasks.contains)
+    assert len(forks) == 1 and forks[0].peer is accepted[0]
+    assert forks[0].prefix_text == PREFIX and forks[0].reward_var > 0
+    # the same tree as a PeerTree the verifier did not build: never expanded
+    forged = PeerTree(accepted[0].tree, PEER.peer_id, same_tokenizer=True)
+    assert not forged.verified and find_forks(forged) == [] and select_forks([forged], 4) == []
+    # a verified tree whose leaves agree has no fork; nor does a task outside our training stream
+    flat = PeerTree(accepted[0].tree.subtree(accepted[0].tree.leaves()[:1]), PEER.peer_id, verified=True)
+    assert select_forks([flat], 4) == []
+    assert select_forks(accepted, 4, accept_task=lambda ref: False) == []
+    assert select_forks(accepted, 4, exclude_peers={PEER.peer_id}) == []
+
+
+def test_continuation_is_ours_under_our_prompt_scored_by_our_verifier(node):
+    sw = VerifiedSwarm(node)
+    data, peer_prompt = peer_bundle(node, 2)
+    sw.bundles = [data]
+    accepted, _ = sw.gather(0, 0)
+    step = 7
+    (exp,) = node.expand(accepted, step, set())
+    fork, tree = exp.fork, exp.tree
+    tok = node.policy.tokenizer
+    ours = node._prompt_spec(node.tasks.get(fork.task))
+    # our prompt (not the sender's), then the peer's re-verified prefix as context
+    assert tree.prompt_ids == ours.prompt_ids + list(fork.prefix_ids)
+    assert tree.prompt_text == ours.prompt_text + PREFIX and not tree.prompt_text.startswith(peer_prompt)
+    assert len(tree.leaves()) == 4
+    model = node.policy.model
+    for lid, corr in zip(tree.leaves(), exp.correct):
+        comp = tree.completion_ids(lid)
+        assert comp and len(comp) <= node.cfg.sampling.max_completion_length - len(fork.prefix_ids)
+        for nid in tree.path(lid):  # every token after the fork is ours: our version, our log-probs
+            assert tree.nodes[nid].policy_version == step
+        lp = tree.completion_logprobs(lid)
+        assert lp is not None and len(lp) == len(comp)
+        ids = torch.tensor([tree.prompt_ids + comp])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(tree.prompt_ids) - 1:-1].float() / node.cfg.sampling.temperature
+        ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(comp)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(lp), ref, atol=2e-3)
+        # scored by our verifier on what the model's ids say: the prefix, then our continuation
+        text = tok.decode(list(fork.prefix_ids) + comp, skip_special_tokens=True)
+        d = node.tasks.score_detail(node.tasks.get(fork.task), text)
+        assert tree.nodes[lid].reward == d["reward"] and corr == d["correct"]
+
+
+def test_round_loop_trains_the_expansion_as_local_samples(tmp_path):
+    node = Node(make_cfg(tmp_path))
+    sw = VerifiedSwarm(node)
+    node.swarm = sw
+    try:
+        sw.bundles = [peer_bundle(node, 3)[0]]
+        m = node.run_step().metrics
+    finally:
+        node.close()
+    assert m["expansion/forks"] == 1 and m["expansion/leaves"] == 4
+    assert m["expansion/samples"] in (0, 4)  # a zero-variance group of continuations is dropped
+    assert m["samples_local"] >= m["expansion/samples"] and m["external/failed"] == 0
+    assert m["tokens_total"] >= m["tokens_generated"] + m["expansion/tokens"]
