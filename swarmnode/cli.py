@@ -625,6 +625,8 @@ def bench_swarm(
     prefix: str = typer.Option("swarm_bench_results", "--prefix", help="file name prefix of the outputs"),
     hostile: bool = typer.Option(False, "--hostile", help="also run every swarm arm with one hostile peer "
                                  "(swarmnode.testing.adversary.HostilePeer) in the swarm, labelled +hostile"),
+    levers: str = typer.Option("none", "--levers", help="swarm arms with the issue-16 levers: a comma-separated "
+                               "subset of none,curriculum,expansion,both (swarm.curriculum / swarm.expansion)"),
 ) -> None:
     """Swarm vs isolated learning at equal generation compute per node (cumulative reward, held-out accuracy)."""
     from swarmnode.bench import run_bench
@@ -633,7 +635,7 @@ def bench_swarm(
         res = run_bench(nodes=nodes, steps=steps, model=model, config=str(config) if config else None, splits=splits,
                         normalization=normalization, off_policy=off_policy, eval_size=eval_size,
                         eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix, hostile=hostile,
-                        log=lambda s: console.print(s, highlight=False, markup=False))
+                        levers=levers, log=lambda s: console.print(s, highlight=False, markup=False))
     except (ValueError, RuntimeError) as e:
         _fail(str(e))
         return

@@ -143,3 +143,20 @@ def test_cli_bench_rejects_bad_input_before_running(tmp_path):
     r = CliRunner().invoke(app, ["bench", "swarm", "--config", str(tmp_path), *work])
     assert r.exit_code == 2 and "directory" in r.output and "YAML" in r.output
     assert not any(tmp_path.iterdir())
+
+
+def test_levers_add_curriculum_and_expansion_arms(tmp_path):
+    arms = plan_arms([(8, 0), (4, 4)], ["per_source", "joint"], ["none"], levers=["none", "curriculum", "both"])
+    assert [a.name for a in arms] == [
+        "isolated-8", "isolated-4", "swarm-4x4-per_source-none", "swarm-4x4-per_source-none-cur",
+        "swarm-4x4-per_source-none-cur-exp", "swarm-4x4-joint-none",
+    ]
+    assert arms[4].label == "swarm 4/4 per_source none +curriculum +expansion"
+    with pytest.raises(ValueError, match="--levers"):
+        plan_arms([(4, 4)], levers=["magic"])
+    c = node_config(load_config(None), arms[4], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
+                    swarm_id="x")
+    assert c.swarm.curriculum.enabled and c.swarm.expansion.enabled
+    off = node_config(load_config(None), arms[2], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "m",
+                      swarm_id="x")
+    assert not off.swarm.curriculum.enabled and not off.swarm.expansion.enabled

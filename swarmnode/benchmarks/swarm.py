@@ -67,6 +67,8 @@ __all__ = [
 
 NORMALIZATIONS = ("per_source", "joint")
 OFF_POLICY_MODES = ("none", "luffy", "tis")
+LEVERS = ("none", "curriculum", "expansion", "both")
+"""``--levers``: the issue-16 levers a swarm arm runs with (``swarm.curriculum``, ``swarm.expansion``)."""
 
 
 # ------------------------------------------------------------------------------------------ planning
@@ -115,6 +117,7 @@ class Arm:
         swarm: whether the nodes gossip (False: N independent nodes).
         normalization / off_policy: ``swarm.normalization`` / ``swarm.off_policy`` (swarm arms only).
         hostile: one :class:`~swarmnode.testing.adversary.HostilePeer` process joins the swarm (swarm arms only).
+        curriculum / expansion: ``swarm.curriculum.enabled`` / ``swarm.expansion.enabled`` (swarm arms only).
     """
 
     local: int
@@ -123,13 +126,19 @@ class Arm:
     normalization: str = "per_source"
     off_policy: str = "none"
     hostile: bool = False
+    curriculum: bool = False
+    expansion: bool = False
+
+    @property
+    def _levers(self) -> str:
+        return ("-cur" if self.curriculum else "") + ("-exp" if self.expansion else "")
 
     @property
     def name(self) -> str:
         """Directory-safe label, e.g. ``isolated-4``, ``swarm-4x4-per_source-none`` or ``…-none-hostile``."""
         if not self.swarm:
             return f"isolated-{self.local}"
-        return f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}" + (
+        return f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}{self._levers}" + (
             "-hostile" if self.hostile else "")
 
     @property
@@ -137,25 +146,30 @@ class Arm:
         """Human label for tables and legends (``… +hostile`` when a hostile peer is in the swarm)."""
         if not self.swarm:
             return f"isolated {self.local}/0"
-        return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}" + (
+        lev = (" +curriculum" if self.curriculum else "") + (" +expansion" if self.expansion else "")
+        return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}{lev}" + (
             " +hostile" if self.hostile else "")
 
 
 def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] = ("per_source",),
-              off_policies: Sequence[str] = ("none",), hostile: bool = False) -> list[Arm]:
+              off_policies: Sequence[str] = ("none",), hostile: bool = False,
+              levers: Sequence[str] = ("none",)) -> list[Arm]:
     """The arms to run for the given splits and ablations.
 
     For every split ``I/J``: the isolated arm with ``I`` prompts (once per distinct I); for ``J > 0`` also a
     swarm arm for every normalization (with the first off-policy mode) and for every further off-policy
     mode (with the first normalization). ``I/0`` splits have no swarm arm: with no external groups a swarm
     node trains exactly like an isolated one. With ``hostile``, every swarm arm is followed by its twin with one
-    hostile peer in the swarm (``Arm.hostile``).
+    hostile peer in the swarm (``Arm.hostile``). ``levers`` (``--levers``, of :data:`LEVERS`): each swarm arm of the
+    first normalization and off-policy mode is run once per lever set -- ``none`` (as is), ``curriculum``,
+    ``expansion``, ``both``.
 
     Raises:
-        ValueError: unknown normalization or off-policy mode, or empty lists.
+        ValueError: unknown normalization, off-policy mode or lever, or empty lists.
     """
     norms = _parse_choices(list(normalizations), NORMALIZATIONS, "--normalization")
     offs = _parse_choices(list(off_policies), OFF_POLICY_MODES, "--off-policy")
+    levs = _parse_choices(list(levers), LEVERS, "--levers")
     arms: list[Arm] = []
 
     def add(a: Arm) -> None:
@@ -169,7 +183,11 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     for i, j in splits:
         if j == 0:
             continue
-        for nrm in norms:
+        for lev in levs:
+            a = Arm(i, j, True, norms[0], offs[0], curriculum=lev in ("curriculum", "both"),
+                    expansion=lev in ("expansion", "both"))
+            add(a)
+        for nrm in norms[1:]:
             add(Arm(i, j, True, nrm, offs[0]))
         for off in offs[1:]:
             add(Arm(i, j, True, norms[0], off))
@@ -204,6 +222,8 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
         sw["max_external_share"] = arm.external / (arm.local + arm.external)
         sw["normalization"] = arm.normalization
         sw["off_policy"] = arm.off_policy
+        sw.setdefault("curriculum", {})["enabled"] = bool(arm.curriculum)
+        sw.setdefault("expansion", {})["enabled"] = bool(arm.expansion)
         sw["swarm_id"] = swarm_id
         sw["identity_path"] = str(Path(run_dir) / "identity.pem")
         if host_maddrs:
@@ -787,7 +807,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               eval_size: int = 100, eval_every: int = 25, out: str | os.PathLike = "docs",
               work_dir: str | os.PathLike = "runs/bench_swarm", prefix: str = "swarm_bench",
               arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
-              hostile: bool = False, log: Any = print) -> BenchResult:
+              hostile: bool = False, levers: str = "none", log: Any = print) -> BenchResult:
     """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
 
     Args:
@@ -805,6 +825,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         command: the command line to record in the report (default: ``sys.argv``).
         hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile``; see
             :func:`plan_arms` and :func:`run_arm`).
+        levers: comma-separated subset of :data:`LEVERS` (``--levers``): the swarm curriculum and cross-node
+            expansion arms (see :func:`plan_arms`).
         log: a ``print``-like callable for progress lines.
 
     Raises:
@@ -820,7 +842,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         raise ValueError(f"--steps must be >= 1; got {steps}")
     if eval_size < 1 or eval_every < 0:
         raise ValueError(f"--eval-size must be >= 1 and --eval-every >= 0; got {eval_size} and {eval_every}")
-    arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile)
+    arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile,
+                     levers=levers.split(","))
     base = load_config(config, {"model.name_or_path": model})
     check_model_source(base.model.name_or_path)  # a bad local path fails here, not in N worker processes
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
