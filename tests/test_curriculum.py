@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,55 @@ def test_hostile_heartbeat_rates_are_rejected(rates, reason):
     with pytest.raises(wire.WireError) as ei:
         wire.decode_heartbeat(_signed_raw(raw))
     assert ei.value.reason == reason
+
+
+# ------------------------------------------------------------------ through a real swarm (hivemind on loopback)
+def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    from swarmnode.config import RunConfig, SwarmConfig
+    from swarmnode.swarm.dht import SwarmDHT
+    from swarmnode.swarm.gossip import SwarmClient
+    from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, byte_tokenize
+
+    swarm_id = "curriculum-test"
+    mix = TaskMix([ReasoningGymSource("chain_sum", {"min_terms": 2, "max_terms": 2})], [1.0])
+    fast = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout": 60.0}
+
+    def client(name, peers=()):
+        cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=list(peers), dht_timeout=5.0,
+                                          curriculum={"enabled": True}))
+        ident = Identity.from_private_bytes(hashlib.sha256(f"test_curriculum {name}".encode()).digest())
+        return SwarmClient(cfg, ident, mix, 256, "m", BYTE_TOKENIZER_ID, byte_tokenize, tmp_path / name,
+                           heartbeat_interval=1.0, dht_kwargs=fast)
+
+    a = client("a")
+    b = client("b", a.maddrs())
+    future_ident = Identity.from_private_bytes(hashlib.sha256(b"test_curriculum future").digest())
+    key = serialization.load_pem_private_key(future_ident.to_pem(), password=None)
+    dht = SwarmDHT(key, swarm_ids=[swarm_id], initial_peers=a.maddrs(), call_timeout=10.0, health_interval=0,
+                   startup_timeout=60.0)
+    try:
+        key_a = mix.source_key(0)
+        a.share_task_rates({key_a: (16, 8), "": (1, 1), "bad": (0, 0), "worse": (5, 9)})  # only the valid entry
+        b.share_task_rates({key_a: (16, 1)})
+        beat = wire.Heartbeat(swarm_id=swarm_id, peer_id=future_ident.peer_id, model_id="m", step=1, reward_mean=None,
+                              accuracy=None, samples_published=0, samples_accepted=0, samples_rejected=0,
+                              created_at=time.time() + 3600, task_rates={key_a: (16, 0)})
+        assert dht.publish_heartbeat(swarm_id, wire.encode_heartbeat(beat, future_ident))  # dated an hour ahead
+        deadline = time.monotonic() + 90
+        seen: list[PeerRates] = []
+        while time.monotonic() < deadline:
+            seen = b.peer_task_rates()
+            if any(p.peer_id == a.peer_id for p in seen):
+                break
+            time.sleep(0.5)
+        by_peer = {p.peer_id: p for p in seen}
+        assert set(by_peer) == {a.peer_id}  # not our own heartbeat, not the future-dated one
+        assert by_peer[a.peer_id].rates == {key_a: (16, 8)} and 0 <= by_peer[a.peer_id].age_s < 90
+        rates = combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id)
+        assert rates[key_a] == pytest.approx((1 / 16 + 0.5) / 2)
+    finally:
+        dht.shutdown()
+        b.close()
+        a.close()
