@@ -300,8 +300,8 @@ class Node:
         name = self.tasks.sources[i].name
         return name if [s.name for s in self.tasks.sources].count(name) == 1 else f"{name}#{i}"
 
-    def note_success(self, step_counts: dict[str, tuple[int, int]]) -> None:
-        """Record this step's per-task ``(leaves, correct leaves)`` of our local samples (the curriculum's own
+    def note_success(self, step_counts: dict[str, Any]) -> None:
+        """Record this step's per-task ``(leaves, correct leaves)`` pairs of our local samples (the curriculum's own
         vote) and hand the window's counts to the swarm layer for our heartbeats (curriculum on only)."""
         if not self.cfg.swarm.curriculum.enabled:
             return
@@ -414,7 +414,7 @@ class Node:
                     counts[0] += 1
                     counts[1] += int(d["correct"] >= 1.0)
                 tree.update_stats()
-        self.note_success({k: (n, c) for k, (n, c) in success.items()})
+        self.note_success(success)  # our per-task success: the curriculum's own vote, and what our heartbeats carry
         self.tokens_generated += gen_tokens
 
         # 4. publish, 5. gather (swarm only)
@@ -480,11 +480,12 @@ class Node:
                     log.warning("step %d: screening %d external samples failed (%s: %s); training on local samples "
                                 "only", step + 1, len(external), type(e).__name__, str(e)[:200])
                     external = []
+        batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
         if cfg.swarm.expansion.enabled and candidates:
             # continue re-verified peers' promising prefixes with our policy: the prefix is context only, the
             # continuation is ours (on-policy, our log-probs, our verifier's rewards), so it trains as local
-            local += self._expansion_samples(candidates, step, screened_out, m)
-        batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
+            # samples -- added after the external cap, so they never make room for more external samples
+            batch += self._expansion_samples(candidates, step, screened_out, m)
         external_used = [s for s in batch if not s.is_local]
         m.update(bm)
 

@@ -247,3 +247,68 @@ def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
         dht.shutdown()
         b.close()
         a.close()
+
+
+# ------------------------------------------------------------------ in the round loop (embedded model, CPU)
+class RatesSwarm:
+    """A SwarmHook with no trees whose heartbeats (``peer_task_rates``) come from a hostile Sybil crowd."""
+
+    peer_id = "sn1curriculumtestnode"
+
+    def __init__(self, votes):
+        self.votes = votes
+        self.shared: list = []
+
+    def publish(self, trees, step, policy_version):
+        return {}
+
+    def gather(self, step, policy_version):
+        return [], {}
+
+    def charge(self, peer_id, reason, n=1):
+        pass
+
+    def share_task_rates(self, rates):
+        self.shared.append(rates)
+
+    def peer_task_rates(self):
+        return self.votes
+
+    def close(self):
+        pass
+
+
+def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
+    from swarmnode.config import RunConfig
+    from swarmnode.node import Node
+
+    cfg = RunConfig.model_validate({
+        "steps": 2, "run_dir": str(tmp_path / "run"), "seed": 0,
+        "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
+        "sampling": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 24},
+        "train": {"micro_batch_size": 8},
+        "swarm": {"curriculum": {"enabled": True, "min_samples": 4}, "screen": {"enabled": False}},
+        "checkpoint": {"save_steps": 1000},
+    })
+    node = Node(cfg)
+    keys = [node.tasks.source_key(i) for i in range(len(node.tasks.sources))]
+    crowd = {k: (16, 0) for k in keys} | {keys[-1]: (16, 8)}  # starve every task but the last one
+    node.swarm = sw = RatesSwarm(peers(3000, crowd))
+    try:
+        ms = [node.run_step().metrics for _ in range(2)]
+        weights, _ = node.task_weights()
+    finally:
+        node.close()
+    ctotal = sum(node.tasks.weights)
+    for m in ms:
+        assert m["curriculum/voters"] == 3000
+        shares = [m[f"curriculum/share/{node._task_label(i)}"] for i in range(len(keys))]
+        assert sum(shares) == pytest.approx(1.0)
+        for share, w in zip(shares, node.tasks.weights):
+            assert 0.25 * w / ctotal <= share + 1e-12 and share <= 4.0 * w / ctotal + 1e-12
+    for w, c in zip(weights, node.tasks.weights):
+        assert 0.5 * c - 1e-12 <= w <= 2.0 * c + 1e-12
+    assert weights[-1] == pytest.approx(2.0 * node.tasks.weights[-1])  # the crowd's median is 0.5 there
+    # our own counts went to the swarm layer for our heartbeats: 2 prompts x 4 leaves per step
+    assert len(sw.shared) == 2 and sum(n for n, _ in sw.shared[-1].values()) == 16
+    assert all(0 <= k <= n for n, k in sw.shared[-1].values())
