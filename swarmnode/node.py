@@ -316,12 +316,14 @@ class Node:
         likelihood screen this step) are not expanded. Returns the new trees (never published)."""
         xc = self.cfg.swarm.expansion
         max_comp = self.cfg.sampling.max_completion_length
+        tok = self.policy.tokenizer
         forks = select_forks(candidates, xc.max_forks, max_prefix_tokens=max_comp - xc.min_continuation_tokens,
-                             accept_task=self.tasks.contains, exclude_peers=exclude_peers)
+                             accept_task=self.tasks.contains, exclude_peers=exclude_peers,
+                             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                             step_delimiters=self.cfg.sampling.tree.step_delimiters)
         if not forks:
             return []
         gen = torch.Generator(device="cpu").manual_seed((self.cfg.seed * 1_000_003 + step) % (2**63) ^ 0x5E1F)
-        tok = self.policy.tokenizer
 
         def sample(prompts: list[PromptSpec], scfg: Any) -> list[RolloutTree]:
             return generate_rollouts(self.backend, tok, prompts, scfg, policy_version=step, generator=gen)

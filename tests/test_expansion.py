@@ -82,16 +82,19 @@ def node(tmp_path_factory):
     n.close()
 
 
-def peer_bundle(node: Node, k: int, *, claims=(1.0, 0.0), prompt: str | None = None) -> tuple[bytes, str]:
-    """A signed bundle of one tree: a shared prefix segment, then a right and a wrong answer (claims as given)."""
+def peer_bundle(node: Node, k: int, *, claims=(1.0, 0.0), prompt: str | None = None,
+                chain: bool = False) -> tuple[bytes, str]:
+    """A signed bundle of one tree: a shared prefix, then a right and a wrong answer (claims as given). The prefix
+    is a segment of its own (a tree-mode tree), or with ``chain`` repeated inside each leaf (a chain group)."""
     tok = node.policy.tokenizer
     ref = node.tasks.refs_for_step(500 + k, 1)[0]
     task = node.tasks.get(ref)
     enc = lambda t: list(tok(t, add_special_tokens=False)["input_ids"])  # noqa: E731
     ptext = prompt if prompt is not None else "PEER PROMPT " + task.question
     tree = RolloutTree(task=ref, prompt_ids=enc(ptext), prompt_text=ptext)
-    mid = tree.add_child(0, enc(PREFIX), text=PREFIX, policy_version=3)
+    mid = 0 if chain else tree.add_child(0, enc(PREFIX), text=PREFIX, policy_version=3)
     for text, r in zip((f"<answer>{task.answer}</answer>", "<answer>99999</answer>"), claims):
+        text = PREFIX + text if chain else text
         j = tree.add_child(mid, enc(text), text=text, policy_version=3, finish_reason="answer")
         tree.nodes[j].reward = float(r)
     b = wire.bundle_from_trees([tree], swarm_id=SWARM, publisher_key=PEER.public_key_bytes, vocab_size=len(tok),
@@ -119,6 +122,24 @@ def test_only_reverified_trees_are_expanded(node):
     assert select_forks([flat], 4) == []
     assert select_forks(accepted, 4, accept_task=lambda ref: False) == []
     assert select_forks(accepted, 4, exclude_peers={PEER.peer_id}) == []
+
+
+def test_chain_groups_fork_where_their_leaves_diverge_at_a_step_end(node):
+    sw = VerifiedSwarm(node)
+    sw.bundles = [peer_bundle(node, 4, chain=True)[0]]
+    accepted, _ = sw.gather(0, 0)
+    (pt,) = accepted
+    assert pt.verified and all(pt.tree.nodes[lid].parent == 0 for lid in pt.tree.leaves())  # a flat group
+    tok = node.policy.tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    assert select_forks(accepted, 4) == []  # no inner node to fork at ...
+    (fork,) = select_forks(accepted, 4, decode=decode)  # ... but the leaves share their first step
+    # the shared ids run into "<answer>"; the fork is cut back to the step end before the answer began
+    assert fork.node_id is None and fork.prefix_text == PREFIX and decode(list(fork.prefix_ids)) == PREFIX
+    assert fork.leaves == 2 and fork.reward_var > 0
+    assert select_forks(accepted, 4, decode=decode, step_delimiters=["|"]) == []  # no step end: no fork
+    forged = PeerTree(pt.tree, PEER.peer_id, same_tokenizer=True)
+    assert select_forks([forged], 4, decode=decode) == []
 
 
 def test_continuation_is_ours_under_our_prompt_scored_by_our_verifier(node):
@@ -159,7 +180,7 @@ def test_round_loop_trains_the_expansion_as_local_samples(tmp_path):
     sw = VerifiedSwarm(node)
     node.swarm = sw
     try:
-        sw.bundles = [peer_bundle(node, 3)[0]]
+        sw.bundles = [peer_bundle(node, 3, chain=True)[0]]
         m = node.run_step().metrics
     finally:
         node.close()

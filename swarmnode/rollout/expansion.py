@@ -1,8 +1,9 @@
 """Cross-node tree expansion: continue a peer's promising prefix with our own policy (docs/swarm.md).
 
-A peer's tree tells us where its policy's outcomes split: an inner node whose subtree holds both right and
-wrong leaves (by OUR re-scores) is a *fork* -- the step that decides. We take the prefix up to that node
-(root -> node, the peer's tokens, re-verified) as context and sample ``num_generations`` continuations from
+A peer's tree tells us where its policy's outcomes split: a prefix shared by right and wrong leaves (by OUR
+re-scores) -- an inner node of a tree, or the first steps a flat chain group's leaves have in common, cut at
+a step end before the answer -- is a *fork*, the step that decides. We take that prefix (the peer's tokens,
+re-verified) as context and sample ``num_generations`` continuations from
 it with our own policy under **our own prompt** for the TaskRef. The new leaves share one prefix and differ
 from the fork on, so their group has contrast exactly at the step that matters.
 
@@ -37,6 +38,7 @@ from swarmnode.tasks.base import TaskRef
 
 __all__ = ["Fork", "Expansion", "find_forks", "select_forks", "fork_prompt", "continuation_config", "expand_forks"]
 
+ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
 
 
@@ -46,7 +48,8 @@ class Fork:
 
     Attributes:
         peer: the :class:`PeerTree` it comes from (``verified`` is True).
-        node_id: the inner node the prefix ends at (not the root, not a leaf).
+        node_id: the inner node the prefix ends at (not the root, not a leaf), or ``None`` for a fork inside
+            segments (where leaves' token sequences diverge, :func:`find_forks` with ``decode``).
         prefix_ids: token ids root -> node (the peer's, in our vocabulary), ``len >= 1``.
         prefix_text: their text (the verified segment texts).
         leaves: leaves under the node in the peer tree (>= 2).
@@ -55,7 +58,7 @@ class Fork:
     """
 
     peer: PeerTree
-    node_id: int
+    node_id: int | None
     prefix_ids: tuple[int, ...]
     prefix_text: str
     leaves: int
@@ -85,45 +88,105 @@ class Expansion:
     correct: list[float]
 
 
-def find_forks(peer: PeerTree, *, max_prefix_tokens: int | None = None) -> list[Fork]:
-    """The forks of one peer tree: inner nodes whose leaves have different rewards (our re-scores).
+def _stats(rewards: Sequence[Any]) -> tuple[float, float] | None:
+    """(mean, population variance) of finite rewards, or None (fewer than 2, a non-finite one, or no variance)."""
+    if len(rewards) < 2 or any(r is None or not math.isfinite(float(r)) for r in rewards):
+        return None
+    rs = [float(r) for r in rewards]
+    mean = sum(rs) / len(rs)
+    var = sum((r - mean) ** 2 for r in rs) / len(rs)
+    return (mean, var) if var > 0 else None
+
+
+def _node_forks(peer: PeerTree, max_prefix_tokens: int | None) -> list[Fork]:
+    """Forks at the tree's own inner nodes (segment boundaries; tree-mode trees)."""
+    tree = peer.tree
+    out: list[Fork] = []
+    for node in tree.nodes[1:]:
+        if node.is_leaf or not node.children:
+            continue
+        st = _stats([tree.nodes[lid].reward for lid in tree.leaves_under(node.node_id)])
+        if st is None:
+            continue
+        path = tree.path(node.node_id)
+        ids = tuple(int(t) for nid in path for t in tree.nodes[nid].token_ids)
+        text = "".join(tree.nodes[nid].text for nid in path)
+        if not ids or ANSWER_CLOSE in text or ANSWER_OPEN in text:
+            continue
+        if max_prefix_tokens is not None and len(ids) > max_prefix_tokens:
+            continue
+        out.append(Fork(peer, node.node_id, ids, text, len(tree.leaves_under(node.node_id)), st[0], st[1]))
+    return out
+
+
+def _shared_prefix_forks(peer: PeerTree, max_prefix_tokens: int | None, decode: Callable[[list[int]], str],
+                         step_delimiters: Sequence[str]) -> list[Fork]:
+    """Forks where leaves' token sequences diverge (any tree, chain groups included), each cut back to the
+    last step end (``step_delimiters``) before the answer tag began: TreeRL's "each step is a node"."""
+    tree = peer.tree
+    leaves = tree.leaves()
+    seqs = [tuple(tree.completion_ids(lid)) for lid in leaves]
+    rewards = [tree.nodes[lid].reward for lid in leaves]
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+    cap = max_prefix_tokens if max_prefix_tokens is not None else max((len(x) for x in seqs), default=0)
+    cands: set[tuple[int, ...]] = set()
+    for a, b in zip(order, order[1:]):  # the branch points of the leaves' token trie
+        sa, sb = seqs[a], seqs[b]
+        n = 0
+        while n < min(len(sa), len(sb), cap) and sa[n] == sb[n]:
+            n += 1
+        if n:
+            cands.add(sa[:n])
+    delims = tuple(step_delimiters)
+    cut: dict[tuple[int, ...], str] = {}
+    for c in cands:
+        for n in range(len(c), 0, -1):  # the longest prefix that ends a step, before the answer began
+            text = decode(list(c[:n]))
+            if ANSWER_OPEN in text or ANSWER_CLOSE in text or not text.endswith(delims):
+                continue
+            cut[c[:n]] = text
+            break
+    out: list[Fork] = []
+    for ids, text in cut.items():
+        under = [i for i, sq in enumerate(seqs) if len(sq) > len(ids) and sq[:len(ids)] == ids]
+        if any(sq[:len(ids)] == ids and len(sq) <= len(ids) for sq in seqs):
+            continue  # a leaf ends inside the prefix (its final token would be in our prompt)
+        st = _stats([rewards[i] for i in under])
+        if st is not None:
+            out.append(Fork(peer, None, ids, text, len(under), st[0], st[1]))
+    return out
+
+
+def find_forks(peer: PeerTree, *, max_prefix_tokens: int | None = None,
+               decode: Callable[[list[int]], str] | None = None,
+               step_delimiters: Sequence[str] = ("\n",)) -> list[Fork]:
+    """The forks of one peer tree: prefixes whose leaves have different rewards (our re-scores).
 
     Args:
         peer: a :class:`PeerTree`; an unverified one (``peer.verified`` False) has no forks.
         max_prefix_tokens: longest prefix allowed (tokens); ``None`` = no limit.
+        decode: token ids -> text with our tokenizer. Given: forks are where the leaves' token sequences diverge
+            (so flat chain groups have forks too), each cut back to its last step end (a text ending with one
+            of ``step_delimiters``, ``sampling.tree.step_delimiters``) before the answer tag; the prefix text is
+            ``decode(prefix)``. ``None``: forks are the tree's inner nodes (segment boundaries) only, with the
+            verified segment texts.
+        step_delimiters: see ``decode``.
 
     Returns:
-        Forks, best first: highest reward variance under the node, then the longer prefix (the later the
-        fork, the more specific the step), then node id. A prefix whose text already holds a closed answer
-        tag is no fork. Never raises on a malformed tree (it has no forks).
+        Forks, best first: highest reward variance of the leaves under the prefix, then the longer prefix (the
+        later the fork, the more specific the step), then the prefix ids. A prefix holding an answer tag, or one
+        a leaf ends inside, is no fork. Never raises on a malformed tree (it has no forks).
     """
     if not isinstance(peer, PeerTree) or not peer.verified:
         return []
-    tree = peer.tree
-    out: list[Fork] = []
     try:
-        for node in tree.nodes[1:]:
-            if node.is_leaf or not node.children:
-                continue
-            rewards = [tree.nodes[lid].reward for lid in tree.leaves_under(node.node_id)]
-            if len(rewards) < 2 or any(r is None or not math.isfinite(float(r)) for r in rewards):
-                continue
-            rs = [float(r) for r in rewards]
-            mean = sum(rs) / len(rs)
-            var = sum((r - mean) ** 2 for r in rs) / len(rs)
-            if var <= 0:
-                continue
-            path = tree.path(node.node_id)
-            ids = tuple(int(t) for nid in path for t in tree.nodes[nid].token_ids)
-            text = "".join(tree.nodes[nid].text for nid in path)
-            if not ids or ANSWER_CLOSE in text:
-                continue
-            if max_prefix_tokens is not None and len(ids) > max_prefix_tokens:
-                continue
-            out.append(Fork(peer, node.node_id, ids, text, len(rs), mean, var))
+        if decode is None:
+            out = _node_forks(peer, max_prefix_tokens)
+        else:
+            out = _shared_prefix_forks(peer, max_prefix_tokens, decode, step_delimiters)
     except (IndexError, ValueError, TypeError):
         return []
-    out.sort(key=lambda f: (-f.reward_var, -len(f.prefix_ids), f.node_id))
+    out.sort(key=lambda f: (-f.reward_var, -len(f.prefix_ids), f.prefix_ids))
     return out
 
 
@@ -134,19 +197,21 @@ def select_forks(
     max_prefix_tokens: int | None = None,
     accept_task: Callable[[TaskRef], bool] | None = None,
     exclude_peers: Iterable[str] = (),
+    decode: Callable[[list[int]], str] | None = None,
+    step_delimiters: Sequence[str] = ("\n",),
 ) -> list[Fork]:
     """This step's forks: at most one per peer tree, the best ones across trees, at most ``max_forks``.
 
     Args:
         candidates: this step's peer trees (``SwarmHook.gather``); unverified ones are skipped.
         max_forks: how many (int >= 0).
-        max_prefix_tokens: as :func:`find_forks`.
+        max_prefix_tokens / decode / step_delimiters: as :func:`find_forks`.
         accept_task: a predicate on the TaskRef (the node passes ``TaskMix.contains``: a task our training
             stream can produce, never a held-out one); ``None`` accepts all.
         exclude_peers: peer ids whose trees are not expanded (e.g. those the likelihood screen rejected).
 
     Returns:
-        Forks ordered by reward variance, prefix length, then peer id, digest and node id (deterministic for
+        Forks ordered by reward variance, prefix length, then peer id, digest and prefix ids (deterministic for
         the same candidates).
     """
     skip = set(exclude_peers)
@@ -156,10 +221,10 @@ def select_forks(
             continue
         if accept_task is not None and not accept_task(pt.tree.task):
             continue
-        forks = find_forks(pt, max_prefix_tokens=max_prefix_tokens)
+        forks = find_forks(pt, max_prefix_tokens=max_prefix_tokens, decode=decode, step_delimiters=step_delimiters)
         if forks:
             best.append(forks[0])
-    best.sort(key=lambda f: (-f.reward_var, -len(f.prefix_ids), f.peer.peer_id, f.peer.digest, f.node_id))
+    best.sort(key=lambda f: (-f.reward_var, -len(f.prefix_ids), f.peer.peer_id, f.peer.digest, f.prefix_ids))
     return best[: max(0, int(max_forks))]
 
 
