@@ -160,3 +160,21 @@ def test_levers_add_curriculum_and_expansion_arms(tmp_path):
     off = node_config(load_config(None), arms[2], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "m",
                       swarm_id="x")
     assert not off.swarm.curriculum.enabled and not off.swarm.expansion.enabled
+
+
+@pytest.mark.slow
+def test_tiny_swarm_arm_with_both_levers_runs(tmp_path):
+    """Two real node processes with swarm.curriculum and swarm.expansion on (plumbing only, a few steps)."""
+    base = load_config(None, {"sampling.max_completion_length": 32})
+    arm = Arm(2, 2, True, curriculum=True, expansion=True)
+    arm_dir = run_arm(arm, base, tmp_path, nodes=2, steps=4, eval_every=0, eval_size=4, timeout=240, nice=10)
+    s = summarize_arm(arm_dir)
+    assert s["nodes"] == 2 and s["steps"] == 4
+    for i in range(2):
+        recs = [json.loads(x) for x in (arm_dir / f"node-{i}" / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in recs if "reward" in r]
+        assert len(steps) == 4
+        for r in steps:
+            shares = [v for k, v in r.items() if k.startswith("curriculum/share/")]
+            assert shares and sum(shares) == pytest.approx(1.0)
+            assert r.get("expansion/failed", 0) == 0 and r["external/failed"] == 0

@@ -21,7 +21,10 @@ Publisher thread
     stores the record of every changed bucket under ``{swarm}:manifests:{bucket}`` in our own subkey
     (``SwarmDHT.publish_manifest``, bounded by ``swarm.dht_timeout``), retries failed stores every second,
     re-stores after a DHT restart or after joining a swarm, and publishes a signed heartbeat every
-    ``heartbeat_interval`` seconds (``swarmnode peers`` reads them).
+    ``heartbeat_interval`` seconds (``swarmnode peers`` reads them). With ``swarm.curriculum.enabled`` the
+    heartbeat carries our per-task success counts (``share_task_rates``; SPEC.md §5.3 ``rates``) and the thread
+    reads the swarm's heartbeats every ``heartbeat_interval`` seconds, keeping each peer's newest valid rates
+    (signature, owner, swarm id, allowlist, time checks) for ``peer_task_rates``.
 
 Fetcher thread (every ``poll_interval`` seconds)
     reads the records of the current and the previous bucket (all of the last ``swarm.read_buckets`` buckets
