@@ -190,3 +190,23 @@ def test_round_loop_trains_the_expansion_as_local_samples(tmp_path):
     if not m["train/skipped"]:  # the continuations join the batch after the external cap, as local samples
         assert m["train/sequences"] == m["batch/samples"] + m["expansion/samples"]
     assert m["tokens_total"] >= m["tokens_generated"] + m["expansion/tokens"]
+
+
+def test_fork_search_is_bounded_on_a_large_tree():
+    """A verified tree may still be built to be expensive: 255 leaves of 96 tokens, newlines everywhere."""
+    import random
+
+    from swarmnode.tasks.base import TaskRef
+    from swarmnode.testing.adversary import byte_detokenize
+
+    rng = random.Random(0)
+    tree = RolloutTree(task=TaskRef("rg:chain_sum", "0" * 16, 0, 1), prompt_ids=[65])
+    for k in range(255):
+        ids = [rng.choice([10, 97, 98]) for _ in range(96)]
+        j = tree.add_child(0, ids, text=byte_detokenize(ids), finish_reason="length")
+        tree.nodes[j].reward = float(k % 2)
+    pt = PeerTree(tree, "sn1big", verified=True)
+    t0 = time.perf_counter()
+    forks = select_forks([pt] * 8, 1, max_prefix_tokens=88, decode=byte_detokenize)
+    assert time.perf_counter() - t0 < 10.0
+    assert len(forks) == 1 and len(forks[0].prefix_ids) <= 88 and forks[0].prefix_text.endswith("\n")

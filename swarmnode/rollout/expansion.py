@@ -38,6 +38,8 @@ from swarmnode.tasks.base import TaskRef
 
 __all__ = ["Fork", "Expansion", "find_forks", "select_forks", "fork_prompt", "continuation_config", "expand_forks"]
 
+#: Most branch points of one tree examined (the longest shared prefixes first); bounds the work a large tree costs.
+MAX_CANDIDATES = 32
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
 
@@ -138,9 +140,20 @@ def _shared_prefix_forks(peer: PeerTree, max_prefix_tokens: int | None, decode: 
         if n:
             cands.add(sa[:n])
     delims = tuple(step_delimiters)
+    ends: dict[int, bool] = {}  # token id -> its text ends a step (the sampler's `step` rule), decoded once
+
+    def ends_step(t: int) -> bool:
+        hit = ends.get(t)
+        if hit is None:
+            text = decode([t])
+            hit = ends[t] = bool(text) and text.endswith(delims)
+        return hit
+
     cut: dict[tuple[int, ...], str] = {}
-    for c in cands:
+    for c in sorted(cands, key=len, reverse=True)[:MAX_CANDIDATES]:
         for n in range(len(c), 0, -1):  # the longest prefix that ends a step, before the answer began
+            if not ends_step(c[n - 1]):
+                continue
             text = decode(list(c[:n]))
             if ANSWER_OPEN in text or ANSWER_CLOSE in text or not text.endswith(delims):
                 continue
