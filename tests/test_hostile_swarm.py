@@ -607,3 +607,15 @@ def test_bench_poison_report_counts_attack_success_and_honest_false_positives(tm
     md, _ = write_report([(Arm(4, 4, True, hostile="poison"), s)], tmp_path / "out", command="x", prefix="t")
     text = md.read_text()
     assert "Poisoned but correct" in text and "| 0.0% / 25.0% | 50.0% / 40.0% | 1 / 20 | 1 | 80 | 2.00% (2/100) |" in text
+
+
+def test_bench_repeats_report_gives_mean_and_standard_error():
+    from swarmnode.bench import Arm, repeats_report
+
+    a = Arm(4, 4, True)
+    one = {"cumulative_reward": 10.0, "accuracy_after": 0.5, "accuracy_after_per_node": [0.4, 0.6]}
+    two = {"cumulative_reward": 14.0, "accuracy_after": 0.7, "accuracy_after_per_node": [0.6, 0.8]}
+    assert repeats_report([(a, one)]) == ""  # one run: no spread to report
+    text = repeats_report([(a, one), (a, two)])
+    # mean 12, SE = sd / sqrt(2) = 2.83 / 1.41 = 2.00; per node 40, 60, 60, 80: sd 16.3 -> SE 8.2
+    assert "| swarm 4/4 per_source none | 2 | 12.00 ± 2.00 (n=2) | 60.0% ± 10.0% (n=2) | 60.0% ± 8.2% (n=4) |" in text
