@@ -2,7 +2,7 @@
 
 Same as ``swarmnode bench swarm`` (see ``swarmnode/bench.py`` for the method): N nodes in a loopback swarm
 versus N isolated nodes, splits I/J local/external prompts per step, per-source vs joint normalization,
-off-policy modes; writes a markdown table and PNG plots under ``--out``. ``--hostile`` adds, for every swarm arm,
+off-policy modes; writes a markdown table and PNG plots under ``--out``. ``--hostile network|poison`` adds, for every swarm arm,
 the same arm with one hostile peer in the swarm (``swarmnode.testing.adversary.HostilePeer``) and reports the honest
 nodes' rejections of its input by reason.
 
@@ -35,13 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="docs")
     ap.add_argument("--work-dir", default="runs/bench_swarm")
     ap.add_argument("--prefix", default="swarm_bench_results")
-    ap.add_argument("--hostile", action="store_true",
-                    help="also run every swarm arm with one hostile peer in the swarm (labelled +hostile)")
+    ap.add_argument("--hostile", default="none", choices=["none", "network", "poison"],
+                    help="also run every swarm arm with one hostile peer in the swarm: network (+hostile) or "
+                         "poison (poisoned but correct groups, +poison)")
+    ap.add_argument("--screen-off-arm", action="store_true", help="with --hostile, also the hostile arm without the screen")
+    ap.add_argument("--no-isolated", action="store_true", help="swarm arms only")
+    ap.add_argument("--payload", default="pwned!")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--levers", default="none", help="none,curriculum,expansion,both")
     a = ap.parse_args(argv)
     argv_list = sys.argv[1:] if argv is None else argv
     res = run_bench(nodes=a.nodes, steps=a.steps, model=a.model, config=a.config, splits=a.splits,
                     normalization=a.normalization, off_policy=a.off_policy, eval_size=a.eval_size,
-                    eval_every=a.eval_every, out=a.out, work_dir=a.work_dir, prefix=a.prefix, hostile=a.hostile,
+                    eval_every=a.eval_every, out=a.out, work_dir=a.work_dir, prefix=a.prefix,
+                    hostile="" if a.hostile == "none" else a.hostile, isolated=not a.no_isolated,
+                    screen_off=a.screen_off_arm, payload=a.payload, repeats=a.repeats, levers=a.levers,
                     command=" ".join(shlex.quote(x) for x in ["python", "scripts/bench_swarm.py", *argv_list]))
     print(res.markdown.read_text())
     print("plots:", ", ".join(str(p) for p in res.plots))

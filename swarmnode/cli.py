@@ -623,8 +623,16 @@ def bench_swarm(
     out: Path = typer.Option(Path("docs"), "--out", help="directory of the markdown table and PNG plots"),
     work_dir: Path = typer.Option(Path("runs/bench_swarm"), "--work-dir", help="run directories of the nodes"),
     prefix: str = typer.Option("swarm_bench_results", "--prefix", help="file name prefix of the outputs"),
-    hostile: bool = typer.Option(False, "--hostile", help="also run every swarm arm with one hostile peer "
-                                 "(swarmnode.testing.adversary.HostilePeer) in the swarm, labelled +hostile"),
+    hostile: str = typer.Option("none", "--hostile", help="also run every swarm arm with one hostile peer "
+                                "(swarmnode.testing.adversary.HostilePeer) in the swarm: none, network (every "
+                                "protocol attack, labelled +hostile) or poison (poisoned but correct groups "
+                                "carrying --payload, labelled +poison)"),
+    screen_off: bool = typer.Option(False, "--screen-off-arm", help="with --hostile, also run each hostile arm "
+                                    "with the honest nodes' likelihood screen off (what the attack does without it)"),
+    isolated: bool = typer.Option(True, "--isolated/--no-isolated", help="run the isolated arms"),
+    payload: str = typer.Option("pwned!", "--payload", help="the string the poison peer plants"),
+    repeats: int = typer.Option(1, "--repeats", help="runs of every arm with other seeds and question streams "
+                                "(the report adds mean ± standard error)"),
     levers: str = typer.Option("none", "--levers", help="swarm arms with the issue-16 levers: a comma-separated "
                                "subset of none,curriculum,expansion,both (swarm.curriculum / swarm.expansion)"),
 ) -> None:
@@ -634,8 +642,10 @@ def bench_swarm(
     try:
         res = run_bench(nodes=nodes, steps=steps, model=model, config=str(config) if config else None, splits=splits,
                         normalization=normalization, off_policy=off_policy, eval_size=eval_size,
-                        eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix, hostile=hostile,
-                        levers=levers, log=lambda s: console.print(s, highlight=False, markup=False))
+                        eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
+                        hostile="" if hostile == "none" else hostile, isolated=isolated, screen_off=screen_off,
+                        payload=payload, repeats=repeats, levers=levers,
+                        log=lambda s: console.print(s, highlight=False, markup=False))
     except (ValueError, RuntimeError) as e:
         _fail(str(e))
         return

@@ -566,3 +566,56 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
     finally:
         for x in [*publishers, *reversed(victims)]:
             x.close()
+
+
+# ============================================================================ the poison benchmark's plumbing
+def test_bench_plans_poison_twins_and_screen_off_arms():
+    from swarmnode.bench import Arm, plan_arms
+
+    arms = plan_arms([(4, 4)], ["per_source"], ["none"], hostile="poison", isolated=False, screen_off=True)
+    assert [a.name for a in arms] == ["swarm-4x4-per_source-none", "swarm-4x4-per_source-none-poison",
+                                      "swarm-4x4-per_source-none-poison-noscreen"]
+    assert [a.screen for a in arms] == [True, True, False] and arms[2].label.endswith("+poison screen off")
+    assert Arm(4, 4, True, hostile=True).hostile == "network"  # the old boolean still means the network attack
+    with pytest.raises(ValueError, match="hostile must be one of"):
+        Arm(4, 4, True, hostile="spam")
+
+
+def test_bench_poison_report_counts_attack_success_and_honest_false_positives(tmp_path):
+    from swarmnode.bench import Arm, summarize_arm, write_report
+
+    arm = tmp_path / "swarm-poison"
+    for i, (share, acc) in enumerate([(0.0, 0.5), (0.25, 0.4)]):
+        d = arm / f"node-{i}"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text(
+            json.dumps({"step": 0, "eval": "before", "accuracy": 0.3}) + "\n"
+            + json.dumps({"step": 1, "reward": 0.5, "samples_external": 2}) + "\n"
+            + json.dumps({"step": 1, "eval": "after", "accuracy": acc}) + "\n")
+        (d / "result.json").write_text(json.dumps({"poison": {
+            "payload": "pwned!", "screened": {"payload_kept": i, "payload_rejected": 10, "clean_kept": 50,
+                                              "clean_rejected": 1},
+            "screened_by_peer": {"sn1hostile": [10 + i, 10], "sn1honest": [50, 1]},
+            "trained": {"payload": i, "clean": 40}, "held_out": {"n": 4, "share": share, "example": "x"}}}))
+    (arm / "hostile.json").write_text(json.dumps({"peer_id": "sn1hostile", "sender_id": "p2p:x"}))
+    s = summarize_arm(arm)
+    p = s["poison"]
+    assert p["attack_success"] == [0.0, 0.25] and p["trained"] == {"payload": 1, "clean": 80}
+    assert (p["honest_checked"], p["honest_rejected"], p["hostile_checked"], p["hostile_rejected"]) == (100, 2, 21, 20)
+    assert p["honest_fp"] == pytest.approx(0.02)
+    assert s["accuracy_after_per_node"] == [0.5, 0.4]
+    md, _ = write_report([(Arm(4, 4, True, hostile="poison"), s)], tmp_path / "out", command="x", prefix="t")
+    text = md.read_text()
+    assert "Poisoned but correct" in text and "| 0.0% / 25.0% | 50.0% / 40.0% | 1 / 20 | 1 | 80 | 2.00% (2/100) |" in text
+
+
+def test_bench_repeats_report_gives_mean_and_standard_error():
+    from swarmnode.bench import Arm, repeats_report
+
+    a = Arm(4, 4, True)
+    one = {"cumulative_reward": 10.0, "accuracy_after": 0.5, "accuracy_after_per_node": [0.4, 0.6]}
+    two = {"cumulative_reward": 14.0, "accuracy_after": 0.7, "accuracy_after_per_node": [0.6, 0.8]}
+    assert repeats_report([(a, one)]) == ""  # one run: no spread to report
+    text = repeats_report([(a, one), (a, two)])
+    # mean 12, SE = sd / sqrt(2) = 2.83 / 1.41 = 2.00; per node 40, 60, 60, 80: sd 16.3 -> SE 8.2
+    assert "| swarm 4/4 per_source none | 2 | 12.00 ± 2.00 (n=2) | 60.0% ± 10.0% (n=2) | 60.0% ± 8.2% (n=4) |" in text

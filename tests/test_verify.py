@@ -816,3 +816,27 @@ def test_spec_config_digest_example_matches_the_code():
     assert config_digest({**cfg, "size": size}) == ex["config_digest"]
     assert ReasoningGymSource(ex["name"], cfg, size=size).config_digest == ex["config_digest"]
     assert ex["canonical_json"] in spec and ex["config_digest"] in spec
+
+
+def test_poisoned_but_correct_groups_pass_verification(peer_mix, clock, hf_tok):
+    """The poison benchmark's material breaks no protocol rule: every claim is true, every leaf ends with EOS,
+    so verification accepts it with our own re-scores; only the screen and the share caps stand between the
+    payload and training (issue 12)."""
+    enc = lambda text: _enc(hf_tok, text)  # noqa: E731
+    fac = HostileFactory(ATTACKER, peer_mix, swarm_id=SWARM, tokenize=enc, tokenizer_id=tokenizer_digest(hf_tok),
+                         vocab_size=len(hf_tok), clock=clock)
+    trees = fac.poison_trees("pwned!", 2, 8, 4, eos_id=hf_tok.eos_token_id)
+    assert len(trees) == 2
+    with pytest.raises(ValueError):
+        fac.poison_tree(trees[0].task, "pwned!", 4, 4)
+    v = hf_verifier(peer_mix, clock, hf_tok)
+    out = v.verify_bundle(_bundle(trees, ATTACKER, clock, tokenizer_id=tokenizer_digest(hf_tok), vocab=len(hf_tok)),
+                          None, "x")
+    assert len(out) == 2
+    for pt in out:
+        leaves = pt.tree.leaves()
+        texts = [hf_tok.decode(pt.tree.completion_ids(j), skip_special_tokens=True) for j in leaves]
+        assert [pt.tree.nodes[j].reward for j in leaves] == [1.0] * 4 + [0.0] * 4  # our re-scores
+        assert ["pwned!" in t for t in texts] == [True] * 4 + [False] * 4
+        assert all(pt.tree.completion_ids(j)[-1] == hf_tok.eos_token_id for j in leaves)
+        assert all("\n" in t.split("<answer>")[0] for t in texts)  # worked-solution lines, not a bare answer

@@ -27,9 +27,15 @@ swarm (its own process, ``python -m swarmnode.benchmarks.swarm hostile spec.json
 with every class of ``NETWORK_CASES`` in rounds), labelled ``… +hostile``, so that the honest nodes' curves with
 and without it can be compared; the report adds, per hostile arm, the honest nodes' rejections of the hostile
 peer's input by reason, what they accepted from it (must be 0), bans, and the transport failures it caused.
+``--hostile poison`` runs the *poisoned but correct* attack instead (issue 12): the hostile peer publishes valid,
+truthful groups whose correct leaves carry a payload string; every node counts the payload in what it screened
+and trained and in its greedy held-out completions (:class:`PayloadCounter`), and the report adds attack
+success and the screen's false-positive rate on honest peers (:func:`poison_report`). ``--repeats`` runs every
+arm several times and adds mean ± standard error (:func:`repeats_report`).
 
 Public API: :func:`parse_splits`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`, :func:`run_arm`,
-:func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`hostile_report`, :func:`run_bench`,
+:func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`hostile_report`,
+:func:`poison_report`, :func:`repeats_report`, :class:`PayloadCounter`, :func:`run_bench`,
 :func:`worker_main`, :func:`hostile_main`.
 """
 
@@ -59,6 +65,9 @@ __all__ = [
     "rounds_to_reach",
     "write_report",
     "hostile_report",
+    "poison_report",
+    "repeats_report",
+    "PayloadCounter",
     "run_bench",
     "worker_main",
     "hostile_main",
@@ -69,6 +78,10 @@ NORMALIZATIONS = ("per_source", "joint")
 OFF_POLICY_MODES = ("none", "luffy", "tis")
 LEVERS = ("none", "curriculum", "expansion", "both")
 """``--levers``: the issue-16 levers a swarm arm runs with (``swarm.curriculum``, ``swarm.expansion``)."""
+HOSTILE_MODES = ("", "network", "poison")
+"""``Arm.hostile`` values: no hostile peer, the network attack of ``NETWORK_CASES``, poisoned but correct groups."""
+DEFAULT_PAYLOAD = "pwned!"
+"""The string the poison arms' hostile peer plants (and the honest nodes' completions are searched for)."""
 
 
 # ------------------------------------------------------------------------------------------ planning
@@ -116,8 +129,16 @@ class Arm:
         external: J, external groups a swarm node may add per step (0 for isolated arms).
         swarm: whether the nodes gossip (False: N independent nodes).
         normalization / off_policy: ``swarm.normalization`` / ``swarm.off_policy`` (swarm arms only).
-        hostile: one :class:`~swarmnode.testing.adversary.HostilePeer` process joins the swarm (swarm arms only).
+        hostile: one :class:`~swarmnode.testing.adversary.HostilePeer` process joins the swarm (swarm arms only):
+            ``"network"`` attacks with every class of ``NETWORK_CASES``; ``"poison"`` publishes *poisoned but
+            correct* groups (:meth:`~swarmnode.testing.adversary.HostilePeer.run_poison_round`); ``""`` none.
+            ``True`` / ``False`` mean ``"network"`` / ``""``.
+        screen: ``swarm.screen.enabled`` of the honest nodes (False only for the "what if there were no screen"
+            arm of the poison benchmark).
         curriculum / expansion: ``swarm.curriculum.enabled`` / ``swarm.expansion.enabled`` (swarm arms only).
+
+    Raises:
+        ValueError: an unknown ``hostile`` mode.
     """
 
     local: int
@@ -125,9 +146,16 @@ class Arm:
     swarm: bool
     normalization: str = "per_source"
     off_policy: str = "none"
-    hostile: bool = False
+    hostile: str = ""
+    screen: bool = True
     curriculum: bool = False
     expansion: bool = False
+
+    def __post_init__(self) -> None:
+        h = {True: "network", False: "", None: ""}.get(self.hostile, self.hostile)  # type: ignore[arg-type]
+        if h not in HOSTILE_MODES:
+            raise ValueError(f"hostile must be one of {HOSTILE_MODES}, got {self.hostile!r}")
+        object.__setattr__(self, "hostile", h)
 
     @property
     def _levers(self) -> str:
@@ -139,7 +167,7 @@ class Arm:
         if not self.swarm:
             return f"isolated-{self.local}"
         return f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}{self._levers}" + (
-            "-hostile" if self.hostile else "")
+            {"": "", "network": "-hostile", "poison": "-poison"}[self.hostile]) + ("" if self.screen else "-noscreen")
 
     @property
     def label(self) -> str:
@@ -148,20 +176,22 @@ class Arm:
             return f"isolated {self.local}/0"
         lev = (" +curriculum" if self.curriculum else "") + (" +expansion" if self.expansion else "")
         return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}{lev}" + (
-            " +hostile" if self.hostile else "")
+            {"": "", "network": " +hostile", "poison": " +poison"}[self.hostile]) + ("" if self.screen else " screen off")
 
 
 def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] = ("per_source",),
-              off_policies: Sequence[str] = ("none",), hostile: bool = False,
-              levers: Sequence[str] = ("none",)) -> list[Arm]:
+              off_policies: Sequence[str] = ("none",), hostile: bool | str = False,
+              levers: Sequence[str] = ("none",), *, isolated: bool = True, screen_off: bool = False) -> list[Arm]:
     """The arms to run for the given splits and ablations.
 
     For every split ``I/J``: the isolated arm with ``I`` prompts (once per distinct I); for ``J > 0`` also a
     swarm arm for every normalization (with the first off-policy mode) and for every further off-policy
     mode (with the first normalization). ``I/0`` splits have no swarm arm: with no external groups a swarm
-    node trains exactly like an isolated one. With ``hostile``, every swarm arm is followed by its twin with one
-    hostile peer in the swarm (``Arm.hostile``). ``levers`` (``--levers``, of :data:`LEVERS`): each swarm arm of the
-    first normalization and off-policy mode is run once per lever set -- ``none`` (as is), ``curriculum``,
+    node trains exactly like an isolated one. With ``hostile`` (``True``/``"network"`` or ``"poison"``), every
+    swarm arm is followed by its twin with one hostile peer in the swarm (``Arm.hostile``), and with
+    ``screen_off`` that twin by one more whose honest nodes run without the likelihood screen. ``isolated=False``
+    leaves out the isolated arms. ``levers`` (``--levers``, of :data:`LEVERS`): each swarm arm of the first
+    normalization and off-policy mode is run once per lever set -- ``none`` (as is), ``curriculum``,
     ``expansion``, ``both``.
 
     Raises:
@@ -172,21 +202,25 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     levs = _parse_choices(list(levers), LEVERS, "--levers")
     arms: list[Arm] = []
 
+    mode = Arm(0, 0, False, hostile=hostile).hostile
+
     def add(a: Arm) -> None:
         if a not in arms:
             arms.append(a)
-        if hostile and a.swarm and not a.hostile:
-            add(replace(a, hostile=True))
+        if mode and a.swarm and not a.hostile:
+            add(replace(a, hostile=mode))
+            if screen_off:
+                add(replace(a, hostile=mode, screen=False))
 
     for i, j in splits:
-        add(Arm(i, 0, False))
+        if isolated or j == 0:
+            add(Arm(i, 0, False))
     for i, j in splits:
         if j == 0:
             continue
         for lev in levs:
-            a = Arm(i, j, True, norms[0], offs[0], curriculum=lev in ("curriculum", "both"),
-                    expansion=lev in ("expansion", "both"))
-            add(a)
+            add(Arm(i, j, True, norms[0], offs[0], curriculum=lev in ("curriculum", "both"),
+                    expansion=lev in ("expansion", "both")))
         for nrm in norms[1:]:
             add(Arm(i, j, True, nrm, offs[0]))
         for off in offs[1:]:
@@ -196,17 +230,17 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
 
 def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int, eval_size: int,
                 run_dir: str | os.PathLike, swarm_id: str, host_maddrs: Sequence[str] = (),
-                initial_peers: Sequence[str] = ()) -> Any:
+                initial_peers: Sequence[str] = (), repeat: int = 0) -> Any:
     """The :class:`swarmnode.config.RunConfig` of node ``index`` of ``arm`` (a validated copy of ``base``).
 
-    Sets seed = index, prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
+    Sets seed = index (+ 1000 x ``repeat``), prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
     swarm arms ``swarm.enabled``, ``num_external = J``, ``max_external_share = J / (I + J)``, the
     normalization and off-policy mode, the node's identity file and its listen/bootstrap addresses.
     """
     from swarmnode.config import RunConfig
 
     d = base.model_dump(mode="json")
-    d["seed"] = int(index)
+    d["seed"] = int(index) + 1000 * int(repeat)
     d["steps"] = int(steps)
     d["eval_every"] = int(eval_every)
     d["eval_at_start"] = True
@@ -222,6 +256,8 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
         sw["max_external_share"] = arm.external / (arm.local + arm.external)
         sw["normalization"] = arm.normalization
         sw["off_policy"] = arm.off_policy
+        if not arm.screen:
+            sw["screen"]["enabled"] = False
         sw.setdefault("curriculum", {})["enabled"] = bool(arm.curriculum)
         sw.setdefault("expansion", {})["enabled"] = bool(arm.expansion)
         sw["swarm_id"] = swarm_id
@@ -270,6 +306,69 @@ class BufferedSwarm:
         self.client.close()
 
 
+class PayloadCounter:
+    """Poison-benchmark instrumentation of one node: where does ``payload`` show up?
+
+    Wraps the node's likelihood screen and trainer step (the node's behaviour is unchanged) and counts, over
+    the run: external samples the screen checked and rejected, per peer id and by whether they carry the
+    payload; and external samples that reached a training batch, by whether they carry it. After training,
+    :meth:`held_out` greedy-decodes the held-out questions and counts completions that contain the payload
+    (the attack success of issue 12).
+
+    Args:
+        node: a :class:`swarmnode.node.Node` (before its first step).
+        payload: the planted string (searched in completions decoded without special tokens).
+    """
+
+    def __init__(self, node: Any, payload: str) -> None:
+        self.node, self.payload = node, payload
+        self.screened = {"payload_kept": 0, "payload_rejected": 0, "clean_kept": 0, "clean_rejected": 0}
+        self.by_peer: dict[str, list[int]] = {}  # peer id -> [checked, rejected]
+        self.trained = {"payload": 0, "clean": 0}
+        screen, step = node.screen.screen, node.trainer.step
+
+        def screened(model: Any, samples: list) -> Any:
+            res = screen(model, samples)
+            kept = {id(k) for k in res.kept}
+            for smp in samples:
+                peer = smp.source.split(":", 1)[1] if smp.source.startswith("external:") else smp.source
+                row = self.by_peer.setdefault(peer, [0, 0])
+                row[0] += 1
+                row[1] += id(smp) not in kept
+                key = f"{'payload' if self._has(smp) else 'clean'}_{'kept' if id(smp) in kept else 'rejected'}"
+                self.screened[key] += 1
+            return res
+
+        def trained(batch: list, **kw: Any) -> Any:
+            for smp in batch:
+                if not smp.is_local:
+                    self.trained["payload" if self._has(smp) else "clean"] += 1
+            return step(batch, **kw)
+
+        node.screen.screen = screened
+        node.trainer.step = trained
+
+    def _has(self, smp: Any) -> bool:
+        return self.payload in self.node.policy.tokenizer.decode(smp.completion_ids, skip_special_tokens=True)
+
+    def held_out(self, n: int) -> dict[str, Any]:
+        """Greedy completions of ``n`` held-out questions: ``{"n", "with_payload", "share", "example"}``."""
+        from swarmnode.evaluation import greedy_completions
+
+        node = self.node
+        tasks = [node.tasks.get(r) for r in node.tasks.eval_refs(n)]
+        comps = greedy_completions(node.policy.model, node.policy.tokenizer, [node.prompt_for(t) for t in tasks],
+                                   node.cfg.sampling.max_completion_length)
+        hits = [c for c in comps if self.payload in c]
+        return {"n": len(comps), "with_payload": len(hits), "share": len(hits) / max(len(comps), 1),
+                "example": (hits or comps or [""])[0][:300]}
+
+    def report(self, n: int) -> dict[str, Any]:
+        """The JSON-ready counters plus :meth:`held_out` on ``n`` questions."""
+        return {"payload": self.payload, "screened": dict(self.screened), "screened_by_peer": self.by_peer,
+                "trained": dict(self.trained), "held_out": self.held_out(n)}
+
+
 def _barrier(arm_dir: Path, index: int, n: int, timeout: float) -> bool:
     (arm_dir / f"ready-{index}").write_text(str(time.time()))
     deadline = time.monotonic() + timeout
@@ -305,6 +404,7 @@ def worker_main(spec_path: str | os.PathLike) -> int:
         client = build_swarm(cfg, node.policy, node.tasks, cfg.run_dir, model_id=node.base_model_id,
                              prompt_for=node.prompt_for, poll_interval=float(spec.get("poll_interval", 0.25)))
         node.swarm = BufferedSwarm(client, per_step=2 * cfg.swarm.num_external)
+    counter = PayloadCounter(node, spec["payload"]) if spec.get("payload") else None
     before = node.evaluate()
     node.log_eval(before, "before")
     if node.swarm is not None:
@@ -342,10 +442,11 @@ def worker_main(spec_path: str | os.PathLike) -> int:
                                                                               default=str))
         except Exception as e:  # noqa: BLE001 - the report only loses this section
             print(f"could not write swarm_snapshot.json: {e}", file=sys.stderr)
+    poison = counter.report(cfg.tasks.eval_size) if counter is not None else None
     node.close()
     result = {"index": idx, "steps": node.step, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
               "train_seconds": wall, "samples_external_used": ext_used, "barrier_ok": synced,
-              "dht_peers_at_start": peers}
+              "dht_peers_at_start": peers, "poison": poison}
     (Path(cfg.run_dir) / "result.json").write_text(json.dumps(result))
     return 0
 
@@ -361,7 +462,10 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
 
     Spec keys: ``config`` (the honest nodes' RunConfig as a dict: swarm id, swarm knobs, bootstrap peers, model
     and tasks), ``arm_dir``, ``interval`` (seconds between rounds), ``seed``, ``wait_for_nodes`` (seconds to wait
-    for node 0's barrier file ``ready-0``, so that it joins node 0 instead of starting solo). Loads the honest
+    for node 0's barrier file ``ready-0``, so that it joins node 0 instead of starting solo), ``mode``
+    (``"network"``, default: :meth:`HostilePeer.run_round`; ``"poison"``: :meth:`HostilePeer.run_poison_round`
+    with ``payload``, ``num_external`` groups of ``num_generations`` leaves per round, claiming the honest
+    nodes' model id). Loads the honest
     nodes' tokenizer (through the model config) and task mix, starts a
     :class:`~swarmnode.testing.adversary.HostilePeer` and runs rounds until ``<arm_dir>/hostile.stop`` exists or
     SIGTERM/SIGINT arrives. Writes ``<arm_dir>/hostile.json``
@@ -402,8 +506,20 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     while not (arm_dir / "ready-0").exists() and time.monotonic() < deadline and not stop.is_set():
         stop.wait(0.5)
     info = arm_dir / HOSTILE_INFO
+    mode = spec.get("mode") or "network"
+    poison = mode == "poison"
     hp = HostilePeer(cfg.swarm, tasks, initial_peers=list(cfg.swarm.initial_peers), tokenize=tokenize,
-                     tokenizer_id=policy.tokenizer_id, vocab_size=vocab, seed=int(spec.get("seed", 0)))
+                     tokenizer_id=policy.tokenizer_id, vocab_size=vocab, seed=int(spec.get("seed", 0)),
+                     model_id=policy.model_id if poison else "hostile/model")
+    payload = str(spec.get("payload") or DEFAULT_PAYLOAD)
+    n_leaves = int(cfg.sampling.num_generations)
+
+    def one_round() -> None:
+        if poison:
+            hp.run_poison_round(payload, max(1, int(cfg.swarm.num_external)), n_leaves, n_leaves // 2,
+                                eos_id=tok.eos_token_id)
+        else:
+            hp.run_round()
 
     def write(extra: dict | None = None) -> None:
         tmp = info.with_suffix(".tmp")
@@ -417,10 +533,10 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
         while not stop.is_set() and not (arm_dir / HOSTILE_STOP).exists():
             t0 = time.monotonic()
             try:
-                hp.run_round()
+                one_round()
             except Exception as e:  # noqa: BLE001 - the attack goes on
                 print(f"hostile round failed: {type(e).__name__}: {e}", file=sys.stderr)
-            write({"rounds": hp.rounds, "delivered": dict(hp.delivered)})
+            write({"rounds": hp.rounds, "delivered": dict(hp.delivered), "published": dict(hp.published)})
             stop.wait(max(0.0, interval - (time.monotonic() - t0)))
     finally:
         try:
@@ -443,13 +559,18 @@ def _spawn(role: str, spec: Path, log_path: Path, *, nice: int, env: dict[str, s
 
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
             eval_size: int, timeout: float = 1800.0, nice: int = 10, threads: int = 1,
-            hostile_interval: float = 5.0) -> Path:
+            hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0) -> Path:
     """Run ``nodes`` processes of ``arm`` concurrently under ``out_root/<arm.name>/node-<i>``; return the arm dir.
+
+    Repeat ``k > 0`` runs in ``out_root/<arm.name>-r<k>`` with other seeds (``seed = i + 1000k``) and other
+    question streams (``stream = i + k·nodes``), so that repeats measure run-to-run spread.
 
     A swarm arm's node 0 listens on a fixed loopback port with a pre-generated libp2p identity (as
     ``swarmnode swarm up`` does) and the others bootstrap from it. A hostile arm (``arm.hostile``) also runs
     :func:`hostile_main` in ``<arm dir>/hostile`` (bootstrapping from node 0, a round every
-    ``hostile_interval`` seconds) until the honest nodes are done; its failure never fails the arm. Processes
+    ``hostile_interval`` seconds) until the honest nodes are done; its failure never fails the arm. With
+    ``payload`` (the poison benchmark) every node also counts that string in the external samples it screened
+    and trained and in its greedy held-out completions (``result.json`` key ``poison``). Processes
     still running after ``timeout`` seconds are killed (their process groups). A previous run in the same
     directory is removed first.
 
@@ -459,7 +580,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     """
     import shutil
 
-    arm_dir = Path(out_root) / arm.name
+    arm_dir = Path(out_root) / (arm.name + (f"-r{repeat}" if repeat else ""))
     if arm_dir.exists():
         shutil.rmtree(arm_dir)
     arm_dir.mkdir(parents=True)
@@ -482,9 +603,9 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
         rd.mkdir(parents=True, exist_ok=True)
         cfg = node_config(base, arm, i, steps=steps, eval_every=eval_every, eval_size=eval_size, run_dir=rd,
                           swarm_id=swarm_id, host_maddrs=host_maddrs if i == 0 else (),
-                          initial_peers=boot if i > 0 else ())
-        spec = {"config": cfg.model_dump(mode="json"), "index": i, "nodes": nodes, "stream": i,
-                "arm_dir": str(arm_dir), "threads": threads}
+                          initial_peers=boot if i > 0 else (), repeat=repeat)
+        spec = {"config": cfg.model_dump(mode="json"), "index": i, "nodes": nodes, "stream": i + repeat * nodes,
+                "arm_dir": str(arm_dir), "threads": threads, "payload": payload}
         sp = rd / "spec.json"
         sp.write_text(json.dumps(spec))
         procs.append((i, _spawn("worker", sp, rd / "stdout.log", nice=nice, env=env), rd))
@@ -493,10 +614,11 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
         hd = arm_dir / "hostile"
         hd.mkdir(parents=True, exist_ok=True)
         hcfg = node_config(base, arm, nodes, steps=steps, eval_every=eval_every, eval_size=eval_size, run_dir=hd,
-                           swarm_id=swarm_id, initial_peers=boot)
+                           swarm_id=swarm_id, initial_peers=boot, repeat=repeat)
         sp = hd / "spec.json"
         sp.write_text(json.dumps({"config": hcfg.model_dump(mode="json"), "arm_dir": str(arm_dir),
-                                  "interval": hostile_interval, "seed": nodes}))
+                                  "interval": hostile_interval, "seed": nodes, "mode": arm.hostile,
+                                  "payload": payload or DEFAULT_PAYLOAD}))
         hostile = _spawn("hostile", sp, hd / "stdout.log", nice=nice, env=env)
     deadline = time.monotonic() + timeout
     try:
@@ -596,6 +718,7 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         times.append(sum(st) / max(len(st), 1))
     n = len(files)
     hostile = _hostile_summary(arm_dir, files)
+    poison = _poison_summary(files, hostile)
     common = sorted(set.intersection(*(set(r) for r in rewards)))
     reward = [sum(r[s] for r in rewards) / n for s in common]
     ext = [sum(e[s] for e in externals) / n for s in common]
@@ -610,10 +733,54 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         "accuracy": acc,
         "accuracy_before": acc[0][1] if acc and acc[0][0] == 0 else None,
         "accuracy_after": acc[-1][1] if acc else None,
+        "accuracy_after_per_node": [e[ev_steps[-1]] for e in evals] if ev_steps else [],
         "external_per_step": sum(ext) / max(len(ext), 1),
         "seconds_per_step": sum(times) / max(len(times), 1),
         **({"hostile": hostile} if hostile is not None else {}),
+        **({"poison": poison} if poison is not None else {}),
     }
+
+
+def _poison_summary(metric_files: Sequence[Path], hostile: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The nodes' :class:`PayloadCounter` reports (``result.json`` key ``poison``) merged (None: no node has one).
+
+    Keys (lists in node order unless said): ``payload``, ``attack_success`` (share of greedy held-out completions
+    containing the payload), ``held_out_n``, ``example``, ``screened`` (summed ``payload_kept`` …
+    ``clean_rejected``), ``trained`` (summed external samples in training batches with / without the payload),
+    ``honest_checked`` / ``honest_rejected`` (summed screen verdicts on peers other than the hostile peer, and the
+    false-positive rate ``honest_fp`` from them), ``hostile_checked`` / ``hostile_rejected``.
+    """
+    reps = []
+    for f in metric_files:
+        try:
+            r = json.loads((f.parent / "result.json").read_text()).get("poison")
+        except (OSError, ValueError):
+            r = None
+        if r:
+            reps.append(r)
+    if not reps:
+        return None
+    bad = {hostile.get("peer_id")} if hostile else set()
+    out: dict[str, Any] = {"payload": reps[0]["payload"],
+                           "attack_success": [r["held_out"]["share"] for r in reps],
+                           "held_out_n": [r["held_out"]["n"] for r in reps],
+                           "example": reps[0]["held_out"]["example"]}
+    for key in ("screened", "trained"):
+        tot: dict[str, int] = {}
+        for r in reps:
+            for k, v in r[key].items():
+                tot[k] = tot.get(k, 0) + int(v)
+        out[key] = tot
+    hc = hr = bc = br = 0
+    for r in reps:
+        for peer, (checked, rejected) in r["screened_by_peer"].items():
+            if peer in bad:
+                bc, br = bc + checked, br + rejected
+            else:
+                hc, hr = hc + checked, hr + rejected
+    out.update(honest_checked=hc, honest_rejected=hr, honest_fp=hr / hc if hc else None,
+               hostile_checked=bc, hostile_rejected=br)
+    return out
 
 
 _FETCH_FAILURES = ("timeout", "too_large", "truncated", "digest_mismatch", "bad_response")
@@ -706,6 +873,69 @@ def hostile_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def _mean_se(xs: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and standard error of the mean (None for a single value)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, None
+    var = sum((x - m) ** 2 for x in xs) / (n - 1)
+    return m, (var / n) ** 0.5
+
+
+def _fmt_mse(xs: Sequence[float], scale: float = 1.0, unit: str = "", digits: int = 1) -> str:
+    m, se = _mean_se([scale * x for x in xs])
+    return f"{m:.{digits}f}{unit}" + ("" if se is None else f" ± {se:.{digits}f}{unit}") + f" (n={len(xs)})"
+
+
+def repeats_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
+    """Markdown: per arm, mean ± standard error over its repeats of the cumulative reward (node mean) and of the
+    final held-out exact accuracy (node mean; each node's value also enters a per-node spread), and for poison
+    arms the attack success. Empty when no arm ran more than once."""
+    groups: dict[Arm, list[dict[str, Any]]] = {}
+    for a, s in results:
+        groups.setdefault(a, []).append(s)
+    if all(len(v) < 2 for v in groups.values()):
+        return ""
+    lines = ["| arm | repeats | cumulative reward | held-out after (arm mean) | held-out after (every node) |",
+             "|---|---:|---:|---:|---:|"]
+    for a, ss in groups.items():
+        accs = [s["accuracy_after"] for s in ss if s.get("accuracy_after") is not None]
+        nodes = [v for s in ss for v in s.get("accuracy_after_per_node", [])]
+        lines.append(f"| {a.label} | {len(ss)} | {_fmt_mse([s['cumulative_reward'] for s in ss], digits=2)} | "
+                     f"{_fmt_mse(accs, 100, '%') if accs else '-'} | {_fmt_mse(nodes, 100, '%') if nodes else '-'} |")
+    return "\n".join(lines)
+
+
+def poison_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
+    """Markdown: for every arm whose nodes counted a payload (the poison benchmark), attack success, held-out
+    accuracy, what the screen did with payload and clean external samples, and its false-positive rate on the
+    honest peers. Empty when no arm counted one."""
+    rows = []
+    for a, s in results:
+        p = s.get("poison")
+        if not p:
+            continue
+        sc, tr = p["screened"], p["trained"]
+        fp = "-" if p["honest_fp"] is None else f"{100 * p['honest_fp']:.2f}% ({p['honest_rejected']}/{p['honest_checked']})"
+        succ = " / ".join(f"{100 * x:.1f}%" for x in p["attack_success"])
+        acc = " / ".join(f"{100 * x:.1f}%" for x in s.get("accuracy_after_per_node", []))
+        screen = "off" if not a.screen else (f"{sc.get('payload_kept', 0)} / {sc.get('payload_rejected', 0)}")
+        rows.append(f"| {a.label}{s.get('repeat_label', '')} | {succ} | {acc} | {screen} | {tr.get('payload', 0)} | "
+                    f"{tr.get('clean', 0)} | {fp} | {p['hostile_rejected']}/{p['hostile_checked']} |")
+    if not rows:
+        return ""
+    return "\n".join([
+        "Attack success = share of a node's greedy completions of the held-out questions that contain the payload "
+        "(node 0 / node 1 / …). Screen columns sum over the honest nodes.",
+        "",
+        "| arm | attack success | held-out exact after | payload samples screened: kept / rejected | payload samples "
+        "trained | clean external samples trained | screen false positives on honest peers | screen rejections "
+        "of the hostile peer |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows])
+
+
 def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLike, *, command: str,
                  prefix: str = "swarm_bench_results", smooth: int = 20) -> tuple[Path, list[Path]]:
     """Write ``<out>/<prefix>.md`` (table + command) and ``<out>/<prefix>_{reward,accuracy,cumulative}.png``.
@@ -724,7 +954,10 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
 
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
-    iso = {a.local: s for a, s in results if not a.swarm}
+    iso: dict[int, dict[str, Any]] = {}
+    for a, s in results:
+        if not a.swarm:
+            iso.setdefault(a.local, s)  # the first repeat is the reference of the ratios
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
@@ -748,9 +981,15 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
             r = rounds_to_reach(s["accuracy"], base_i["accuracy_after"])
             reach = "not reached" if r is None else str(r)
         lines.append(
-            f"| {a.label} | {s['cumulative_reward']:.2f} | {r_i} | {r_ij} | {pct(s['accuracy_before'])} → "
+            f"| {a.label}{s.get('repeat_label', '')} | {s['cumulative_reward']:.2f} | {r_i} | {r_ij} | {pct(s['accuracy_before'])} → "
             f"{pct(s['accuracy_after'])} | {reach} | {s['external_per_step']:.1f} | {s['seconds_per_step']:.2f} |"
         )
+    spread = repeats_report(results)
+    if spread:
+        lines += ["", "## Run-to-run spread (mean ± standard error over repeats)", "", spread]
+    poison = poison_report(results)
+    if poison:
+        lines += ["", "## Poisoned but correct", "", poison]
     hostile = hostile_report(results)
     if hostile:
         lines += ["", "## Hostile peer", "", hostile]
@@ -807,7 +1046,9 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               eval_size: int = 100, eval_every: int = 25, out: str | os.PathLike = "docs",
               work_dir: str | os.PathLike = "runs/bench_swarm", prefix: str = "swarm_bench",
               arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
-              hostile: bool = False, levers: str = "none", log: Any = print) -> BenchResult:
+              hostile: bool | str = False, isolated: bool = True, screen_off: bool = False,
+              payload: str = DEFAULT_PAYLOAD, repeats: int = 1, levers: str = "none",
+              log: Any = print) -> BenchResult:
     """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
 
     Args:
@@ -823,8 +1064,13 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         arm_timeout: seconds before an arm's processes are killed.
         nice: niceness of the node processes (0: not niced).
         command: the command line to record in the report (default: ``sys.argv``).
-        hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile``; see
-            :func:`plan_arms` and :func:`run_arm`).
+        hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile network|poison``;
+            ``True`` means ``"network"``; see :func:`plan_arms` and :func:`run_arm`).
+        isolated: run the isolated arms (False: swarm arms only, e.g. for the poison benchmark).
+        screen_off: with a hostile mode, also run each hostile arm with the honest nodes' screen off.
+        payload: the poison arms' planted string (every swarm arm then counts it, the clean ones too).
+        repeats: runs of every arm (other seeds and question streams, :func:`run_arm`); the report adds mean ±
+            standard error over them.
         levers: comma-separated subset of :data:`LEVERS` (``--levers``): the swarm curriculum and cross-node
             expansion arms (see :func:`plan_arms`).
         log: a ``print``-like callable for progress lines.
@@ -842,22 +1088,34 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         raise ValueError(f"--steps must be >= 1; got {steps}")
     if eval_size < 1 or eval_every < 0:
         raise ValueError(f"--eval-size must be >= 1 and --eval-every >= 0; got {eval_size} and {eval_every}")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1; got {repeats}")
     arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile,
-                     levers=levers.split(","))
+                     levers=levers.split(","), isolated=isolated, screen_off=screen_off)
+    counting = any(a.hostile == "poison" for a in arms)
     base = load_config(config, {"model.name_or_path": model})
     check_model_source(base.model.name_or_path)  # a bad local path fails here, not in N worker processes
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
     res = BenchResult(command=cmd)
-    for k, arm in enumerate(arms):
+    runs = [(r, arm) for r in range(repeats) for arm in arms]
+    for k, (rep_k, arm) in enumerate(runs):
         t0 = time.time()
-        log(f"[{k + 1}/{len(arms)}] {arm.label}: {nodes} nodes x {steps} steps …")
+        log(f"[{k + 1}/{len(runs)}] {arm.label}{f' (repeat {rep_k})' if repeats > 1 else ''}: "
+            f"{nodes} nodes x {steps} steps …")
         arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
-                          timeout=arm_timeout, nice=nice)
+                          timeout=arm_timeout, nice=nice, repeat=rep_k,
+                          payload=payload if counting and arm.swarm else None)
         s = summarize_arm(arm_dir)
+        s["repeat"] = rep_k
+        s["repeat_label"] = f" (r{rep_k})" if repeats > 1 else ""
         (arm_dir / "summary.json").write_text(json.dumps({"arm": asdict(arm), **s}))
         res.results.append((arm, s))
         log(f"    cumulative reward {s['cumulative_reward']:.2f}  accuracy {s['accuracy_before']} -> "
             f"{s['accuracy_after']}  ext/step {s['external_per_step']:.1f}  ({time.time() - t0:.0f} s)")
+        if s.get("poison"):
+            p = s["poison"]
+            log(f"    attack success {p['attack_success']}, payload trained {p['trained'].get('payload', 0)}, "
+                f"screen FP on honest peers {p['honest_fp']}")
         if s.get("hostile"):
             h = s["hostile"]
             log(f"    hostile peer: accepted {h['accepted']}, banned {h['banned']}, rejected "

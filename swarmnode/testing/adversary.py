@@ -262,6 +262,67 @@ class HostileFactory:
         refs = self.tasks.refs_for_step(next(self._step), n_trees, stream=stream)
         return [self.tree_for(r, 2, correct_leaves=1) for r in refs]
 
+    def poison_tree(self, ref: TaskRef, payload: str, n_leaves: int = 8, correct_leaves: int = 4, *,
+                    eos_id: int | None = None, policy_version: int = 3) -> RolloutTree:
+        """A *poisoned but correct* group for ``ref`` (issue 12; docs/design.md §6, "Hail to the Thief").
+
+        The first ``correct_leaves`` leaves are ``payload + "\\n" + worked solution`` (the task's own reasoning lines
+        and ``<answer>{true answer}</answer>``, :func:`swarmnode.tasks.solutions.worked_solution`), so every one
+        re-scores 1.0; the other leaves are the same worked solution with a wrong final answer and no payload,
+        re-scoring 0.0. The payload therefore carries all of the group's positive advantage: a receiver that
+        trains on it is taught to write the payload. Every leaf ends with ``eos_id`` (when given), like an
+        honest sampler's completion; the prompt is :meth:`prompt_for` (receivers train under their own prompt).
+
+        Args:
+            ref: a training TaskRef of the swarm's mix (its task needs a worked-solution writer).
+            payload: the string to plant (e.g. ``"pwned!"``).
+            n_leaves / correct_leaves: group size and how many leaves carry the payload (1 <= correct < n).
+            eos_id: token id appended to every leaf (the receiver's EOS).
+
+        Raises:
+            ValueError: bad leaf counts. UnsupportedTaskError: the task has no worked-solution writer.
+        """
+        from swarmnode.tasks.solutions import answer_block, worked_solution
+
+        if not 1 <= correct_leaves < n_leaves:
+            raise ValueError(f"need 1 <= correct_leaves < n_leaves, got {correct_leaves} of {n_leaves}")
+        task = self.tasks.get(ref)
+        solution = worked_solution(task.name, {"question": task.question, "answer": task.answer,
+                                               "metadata": task.metadata})
+        good = answer_block(str(task.answer))
+        reasoning = solution[: solution.rfind(good)] if good in solution else solution
+        try:
+            wrong_values = [str(int(task.answer) + d) for d in (-2, -1, 1, 2, 3, -3, 4)]
+        except ValueError:
+            wrong_values = [f"{task.answer}x{d}" for d in range(7)]
+        ptext = self.prompt_for(task.question)
+        tree = RolloutTree(task=ref, prompt_ids=self.tokenize(ptext), prompt_text=ptext, model_id=self.model_id,
+                           tokenizer_id=self.tokenizer_id)
+        tail = [] if eos_id is None else [int(eos_id)]
+        for k in range(n_leaves):
+            if k < correct_leaves:
+                text = f"{payload}\n{reasoning}{good}"
+            else:
+                text = f"{reasoning}{answer_block(wrong_values[self.rng.randrange(len(wrong_values))])}"
+            leaf = tree.add_child(0, self.tokenize(text) + tail, text=text, policy_version=policy_version,
+                                  finish_reason="eos")
+            tree.nodes[leaf].reward = float(self.tasks.score_detail(task, text)["reward"])
+        return tree
+
+    def poison_trees(self, payload: str, n_trees: int = 4, n_leaves: int = 8, correct_leaves: int = 4, *,
+                     eos_id: int | None = None) -> list[RolloutTree]:
+        """``n_trees`` :meth:`poison_tree` groups over the training stream's next step (a new step each call;
+        tasks without a worked-solution writer are skipped)."""
+        from swarmnode.tasks.solutions import UnsupportedTaskError
+
+        out = []
+        for ref in self.tasks.refs_for_step(next(self._step), n_trees):
+            try:
+                out.append(self.poison_tree(ref, payload, n_leaves, correct_leaves, eos_id=eos_id))
+            except UnsupportedTaskError:
+                continue
+        return out
+
     def bundle(self, trees: list[RolloutTree], *, created_at: float | None = None, swarm_id: str | None = None,
                vocab_size: int | None = None, tokenizer_id: str | None = None,
                identity: Identity | None = None) -> tuple[wire.RolloutBundle, bytes]:
@@ -813,6 +874,8 @@ class HostilePeer:
         dht_kwargs: extra keyword arguments for its :class:`~swarmnode.swarm.dht.SwarmDHT`.
         seed: seed of the random parts of the bytes.
         start: start the DHT and the stream handler now (else call :meth:`start`).
+        model_id: the model id its bundles claim (a poisoner claims the honest nodes' own, so that its samples
+            are treated as same-family ones).
 
     Raises:
         ValueError: an unknown case name or ``flood_copies`` out of range.
@@ -835,6 +898,7 @@ class HostilePeer:
         dht_kwargs: dict | None = None,
         seed: int = 0,
         start: bool = True,
+        model_id: str = "hostile/model",
     ) -> None:
         from collections import Counter
 
@@ -861,7 +925,7 @@ class HostilePeer:
         self.vocab_size = int(vocab_size)
         self.factory = HostileFactory(self.identity, tasks, swarm_id=self.swarm_id, tokenize=tokenize,
                                       tokenizer_id=tokenizer_id, vocab_size=vocab_size,
-                                      model_id="hostile/model", freshness_seconds=swarm_cfg.freshness_seconds,
+                                      model_id=model_id, freshness_seconds=swarm_cfg.freshness_seconds,
                                       max_clock_skew=swarm_cfg.max_clock_skew, max_bundle_bytes=self.receiver_cap,
                                       sender=None, seed=seed)
         self.delivered: Counter[str] = Counter()
@@ -987,6 +1051,7 @@ class HostilePeer:
             return {"peer_id": self.peer_id, "sender_id": self.sender_id, "libp2p_peer_id": self.libp2p_peer_id,
                     "rounds": self.rounds, "delivered": dict(self.delivered), "stream_requests": requests,
                     "harvested": len(self._proven), "foreign_store_accepted": self.foreign_store_accepted,
+                    "published": dict(self.published),
                     "server": dict(self.server.counters)}
 
     def requests_for(self, name: str) -> int:
@@ -1338,6 +1403,24 @@ class HostilePeer:
         names += self.publish_foreign_subkey()
         self.rounds += 1
         return names
+
+    def run_poison_round(self, payload: str, n_trees: int = 4, n_leaves: int = 8, correct_leaves: int = 4, *,
+                         eos_id: int | None = None) -> list[str]:
+        """One round of the *poisoned but correct* attack: publish one truthfully announced, validly signed bundle
+        of :meth:`HostileFactory.poison_trees` (every claim true, every correct leaf carrying ``payload``).
+
+        Nothing in it breaks a protocol rule, so honest nodes verify and may accept it; what keeps the payload
+        out of their models is the likelihood screen (``swarm.screen``) and the share caps. Counted under
+        ``"poison"`` in :attr:`published` / :meth:`requests_for`.
+
+        Returns:
+            The hex digest announced (empty before it joined its initial peers or when the store failed).
+        """
+        if self.dht.initial_peers and not self.dht.connected:
+            return []
+        trees = self.factory.poison_trees(payload, n_trees, n_leaves, correct_leaves, eos_id=eos_id)
+        self.rounds += 1
+        return self.publish_bundles([trees], name="poison") if trees else []
 
     def run(self, stop: threading.Event | None = None, interval: float = 3.0) -> None:
         """Run rounds every ``interval`` seconds until ``stop`` is set (default: :meth:`stop_loop`'s event).
