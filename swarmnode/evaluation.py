@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from swarmnode.tasks.base import Task
+from swarmnode.tasks.base import Scorer, Task
+
+if TYPE_CHECKING:
+    from swarmnode.tasks.mix import TaskMix
 
 #: A verifier score at least this high counts as fully correct (float noise only).
 EXACT_THRESHOLD = 1.0 - 1e-9
@@ -205,21 +208,16 @@ def evaluate(
     return res
 
 
-def mix_scorer(mix) -> Callable[[Task, str], tuple[float, float]]:
-    """``(task, completion) -> (exact, partial)`` of a :class:`~swarmnode.tasks.mix.TaskMix`; never raises.
-
-    Uses the mix's ``rescore`` (exact and raw correctness from one verifier call) when it has one, else its
-    ``score_detail(...)["correct"]`` read as the raw score (exact = 1.0 only for a full score). The format
-    bonus (``tasks.format_reward``) is never part of either number.
+def mix_scorer(mix: Scorer) -> Callable[[Task, str], tuple[float, float]]:
+    """``(task, completion) -> (exact, partial)`` of a task set (``Scorer.rescore``: exact and raw correctness
+    from one verifier call); never raises (a scorer error scores ``(0.0, 0.0)``). The format bonus
+    (``tasks.format_reward``) is never part of either number.
     """
 
     def score(task: Task, completion: str) -> tuple[float, float]:
         try:
-            if hasattr(mix, "rescore"):
-                d = mix.rescore(task, completion)
-                return float(d["correct"]), float(d.get("partial", d["correct"]))
-            raw = float(mix.score_detail(task, completion)["correct"])
-            return (1.0 if raw >= EXACT_THRESHOLD else 0.0), raw
+            d = mix.rescore(task, completion)
+            return float(d["correct"]), float(d.get("partial", d["correct"]))
         except Exception:
             return 0.0, 0.0
 
@@ -229,11 +227,11 @@ def mix_scorer(mix) -> Callable[[Task, str], tuple[float, float]]:
 def evaluate_mix(
     model,
     tokenizer,
-    mix,
+    mix: TaskMix,
     prompt_fn: Callable[[Task], str],
     max_new_tokens: int,
     n: int | None = None,
-    probes: Mapping[str, Any] | None = None,
+    probes: Mapping[str, TaskMix] | None = None,
     batch_size: int = 64,
     keep_examples: int = 4,
 ) -> EvalResult:
@@ -253,7 +251,7 @@ def evaluate_mix(
     import time
 
     t0 = time.perf_counter()
-    groups: list[tuple[str | None, Any, list[Task]]] = [(None, mix, [mix.get(r) for r in mix.eval_refs(n)])]
+    groups: list[tuple[str | None, TaskMix, list[Task]]] = [(None, mix, [mix.get(r) for r in mix.eval_refs(n)])]
     for name, pm in (probes or {}).items():
         groups.append((name, pm, [pm.get(r) for r in pm.eval_refs(n)]))
     prompts = [prompt_fn(t) for _, _, ts in groups for t in ts]

@@ -79,7 +79,9 @@ import msgpack
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.identity import Identity
+from swarmnode.config import SwarmConfig
 from swarmnode.tasks.base import TaskRef
+from swarmnode.tasks.mix import TaskMix
 
 __all__ = [
     "BYTE_TOKENIZER_ID",
@@ -181,7 +183,7 @@ class HostileFactory:
     def __init__(
         self,
         identity: Identity,
-        tasks: Any,
+        tasks: TaskMix,
         *,
         swarm_id: str,
         victim: Identity | None = None,
@@ -820,8 +822,8 @@ class HostilePeer:
 
     def __init__(
         self,
-        swarm_cfg: Any,
-        tasks: Any,
+        swarm_cfg: SwarmConfig,
+        tasks: TaskMix,
         *,
         initial_peers: list[str] | None = None,
         identity: Identity | None = None,
