@@ -145,7 +145,20 @@ def _exact_and_partial(value: Any) -> tuple[float, float]:
     return (1.0 if exact >= EXACT_THRESHOLD else 0.0), min(1.0, max(0.0, partial))
 
 
-def _aggregate(tasks: list[Task], comps: list[str], score_fn, keep_examples: int) -> EvalResult:
+def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str], Any],
+              keep_examples: int) -> EvalResult:
+    """Score ``comps[i]`` against ``tasks[i]`` and fold the scores into an :class:`EvalResult`.
+
+    Args:
+        tasks / comps: the held-out tasks and one completion text each (same length).
+        score_fn: ``(task, completion) -> float | (exact, partial)`` (:func:`mix_scorer`); a bare float is
+            the raw score (exact = 1.0 only for a full score).
+        keep_examples: how many ``(question, completion, answer, exact)`` examples to keep (>= 0).
+
+    Returns:
+        Per task family (``task.name``, else the source id) the exact and partial means and counts; an empty
+        result (accuracy 0, ``n = 0``) for no tasks.
+    """
     if not tasks:
         return EvalResult(0.0, {}, {}, 0)
     ex_sum: dict[str, float] = {}
@@ -203,7 +216,7 @@ def evaluate(
     t0 = time.perf_counter()
     comps = greedy_completions(model, tokenizer, [prompt_fn(t) for t in tasks], max_new_tokens, batch_size) \
         if tasks else []
-    res = _aggregate(tasks, comps, score_fn, keep_examples)
+    res = aggregate(tasks, comps, score_fn, keep_examples)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -259,7 +272,7 @@ def evaluate_mix(
     results: list[EvalResult] = []
     k = 0
     for _, m, ts in groups:
-        results.append(_aggregate(ts, comps[k : k + len(ts)], mix_scorer(m), keep_examples))
+        results.append(aggregate(ts, comps[k : k + len(ts)], mix_scorer(m), keep_examples))
         k += len(ts)
     main = results[0]
     main.generalization = {name: r for (name, _, _), r in zip(groups[1:], results[1:])}
