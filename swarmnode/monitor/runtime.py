@@ -34,7 +34,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 
 from swarmnode.monitor.metrics import PhaseTimer, gpu_memory, node_memory_bytes
 from swarmnode.monitor.status import NodeMetrics, StatusServer, StatusTracker, SwarmProbe, write_status_file
@@ -49,6 +49,9 @@ from swarmnode.monitor.watchdog import (
     knob,
     stall_advice,
 )
+
+if TYPE_CHECKING:
+    from swarmnode.config import RunConfig
 
 log = logging.getLogger("swarmnode.monitor")
 
@@ -67,9 +70,9 @@ class MonitoredNode(Protocol):
     exist, when :meth:`NodeMonitor.start` runs; it never writes any of them.
     """
 
-    cfg: Any
-    """The node's ``swarmnode.config.RunConfig`` (the monitor package imports nothing of swarmnode): ``steps``,
-    ``status_port``, ``checkpoint.save_steps``, ``swarm.swarm_id`` and the knobs :func:`knob` reads."""
+    cfg: RunConfig
+    """The node's configuration: ``steps``, ``status_port``, ``checkpoint.save_steps``, ``swarm.swarm_id`` and
+    the knobs :func:`~swarmnode.monitor.watchdog.knob` reads."""
     run_dir: Path
     """The run directory (``status.json`` goes there)."""
     step: int
