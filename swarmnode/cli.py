@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +16,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from swarmnode.config import ConfigError, RunConfig, load_config
+
+if TYPE_CHECKING:  # the heavy modules load lazily, inside the commands that need them
+    from swarmnode.evaluation import EvalResult
+    from swarmnode.node import Node
 
 app = typer.Typer(
     add_completion=False,
@@ -64,20 +68,20 @@ def _setup_logging(run_dir: Path | None, verbose: bool, swarm: bool = False) -> 
     setup_logging(run_dir, verbose, console=console if run_dir is not None else None, swarm=swarm)
 
 
-def _print_eval(title: str, res) -> None:
+def _print_eval(title: str, res: EvalResult) -> None:
     """Per-task table of exact greedy pass@1 (n, exact, partial credit apart), then one per probe."""
     t = Table(title=f"{title} (exact greedy pass@1)")
     t.add_column("task")
     t.add_column("n", justify="right")
     t.add_column("exact", justify="right")
     t.add_column("partial credit", justify="right", style="dim")
-    partial = getattr(res, "per_task_partial", {}) or {}
+    partial = res.per_task_partial
     for k, v in res.per_task.items():
         t.add_row(k, str(res.counts[k]), f"{100 * v:.1f}%", f"{100 * partial.get(k, v):.1f}%")
     t.add_row("[bold]overall", str(res.n), f"[bold]{100 * res.accuracy:.1f}%",
-              f"{100 * getattr(res, 'partial_credit', res.accuracy):.1f}%")
+              f"{100 * res.partial_credit:.1f}%")
     console.print(t)
-    gen = getattr(res, "generalization", {}) or {}
+    gen = res.generalization
     if gen:
         g = Table(title="generalization probes (tasks.probes, held-out questions, never trained on)")
         g.add_column("probe")
@@ -248,7 +252,7 @@ def run(
         console.print("stopped by signal after checkpointing; run the same command to resume")
 
 
-def _attach_swarm(node, cfg: RunConfig, rd: Path) -> None:
+def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:
     """Start the node's swarm layer (swarm/gossip.py) and attach it to the node."""
     from swarmnode.rundir import LockedError, lock_identity
     from swarmnode.swarm.gossip import build_swarm, identity_path_for
@@ -259,16 +263,18 @@ def _attach_swarm(node, cfg: RunConfig, rd: Path) -> None:
             ident_path = identity_path_for(cfg)
             ident_path.parent.mkdir(parents=True, exist_ok=True)
             node.locks.append(lock_identity(ident_path))  # one node per identity; released by node.close()
-            node.swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
-                                     prompt_for=node.prompt_for)
+            swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
+                                prompt_for=node.prompt_for)
         except (IdentityError, ValueError, OSError, LockedError) as e:
             node.close()
             _fail(f"cannot start the swarm layer: {e}")
-    st = node.swarm.dht.status()
+            return
+    node.swarm = swarm
+    st = swarm.dht.status()
     state = "[yellow]solo (joining in the background)[/]" if st.solo_fallback or not st.connected else (
         f"{st.num_peers} DHT peer(s)")
-    console.print(f"swarm [cyan]{cfg.swarm.swarm_id}[/]  peer {node.swarm.peer_id}  {state}")
-    for m in node.swarm.maddrs():
+    console.print(f"swarm [cyan]{cfg.swarm.swarm_id}[/]  peer {swarm.peer_id}  {state}")
+    for m in swarm.maddrs():
         console.print(f"  bootstrap others with --initial-peers {m}", highlight=False)
 
 
@@ -561,8 +567,7 @@ def top(
     except FileNotFoundError as e:
         _fail(str(e))
         return
-    if once and verdicts and all(getattr(v, "exit_code", 0) == 2 and getattr(v, "kind", "") == "unreachable"
-                                 for v in verdicts):
+    if once and verdicts and all(v.exit_code == 2 and v.kind == "unreachable" for v in verdicts):
         raise typer.Exit(2)  # nothing readable there: not a node
 
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from swarmnode.tasks.base import Task
+from swarmnode.tasks.base import Scorer, Task
+
+if TYPE_CHECKING:
+    from swarmnode.tasks.mix import TaskMix
 
 #: A verifier score at least this high counts as fully correct (float noise only).
 EXACT_THRESHOLD = 1.0 - 1e-9
@@ -142,7 +145,20 @@ def _exact_and_partial(value: Any) -> tuple[float, float]:
     return (1.0 if exact >= EXACT_THRESHOLD else 0.0), min(1.0, max(0.0, partial))
 
 
-def _aggregate(tasks: list[Task], comps: list[str], score_fn, keep_examples: int) -> EvalResult:
+def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str], Any],
+              keep_examples: int) -> EvalResult:
+    """Score ``comps[i]`` against ``tasks[i]`` and fold the scores into an :class:`EvalResult`.
+
+    Args:
+        tasks / comps: the held-out tasks and one completion text each (same length).
+        score_fn: ``(task, completion) -> float | (exact, partial)`` (:func:`mix_scorer`); a bare float is
+            the raw score (exact = 1.0 only for a full score).
+        keep_examples: how many ``(question, completion, answer, exact)`` examples to keep (>= 0).
+
+    Returns:
+        Per task family (``task.name``, else the source id) the exact and partial means and counts; an empty
+        result (accuracy 0, ``n = 0``) for no tasks.
+    """
     if not tasks:
         return EvalResult(0.0, {}, {}, 0)
     ex_sum: dict[str, float] = {}
@@ -200,26 +216,21 @@ def evaluate(
     t0 = time.perf_counter()
     comps = greedy_completions(model, tokenizer, [prompt_fn(t) for t in tasks], max_new_tokens, batch_size) \
         if tasks else []
-    res = _aggregate(tasks, comps, score_fn, keep_examples)
+    res = aggregate(tasks, comps, score_fn, keep_examples)
     res.seconds = time.perf_counter() - t0
     return res
 
 
-def mix_scorer(mix) -> Callable[[Task, str], tuple[float, float]]:
-    """``(task, completion) -> (exact, partial)`` of a :class:`~swarmnode.tasks.mix.TaskMix`; never raises.
-
-    Uses the mix's ``rescore`` (exact and raw correctness from one verifier call) when it has one, else its
-    ``score_detail(...)["correct"]`` read as the raw score (exact = 1.0 only for a full score). The format
-    bonus (``tasks.format_reward``) is never part of either number.
+def mix_scorer(mix: Scorer) -> Callable[[Task, str], tuple[float, float]]:
+    """``(task, completion) -> (exact, partial)`` of a task set (``Scorer.rescore``: exact and raw correctness
+    from one verifier call); never raises (a scorer error scores ``(0.0, 0.0)``). The format bonus
+    (``tasks.format_reward``) is never part of either number.
     """
 
     def score(task: Task, completion: str) -> tuple[float, float]:
         try:
-            if hasattr(mix, "rescore"):
-                d = mix.rescore(task, completion)
-                return float(d["correct"]), float(d.get("partial", d["correct"]))
-            raw = float(mix.score_detail(task, completion)["correct"])
-            return (1.0 if raw >= EXACT_THRESHOLD else 0.0), raw
+            d = mix.rescore(task, completion)
+            return float(d["correct"]), float(d.get("partial", d["correct"]))
         except Exception:
             return 0.0, 0.0
 
@@ -229,11 +240,11 @@ def mix_scorer(mix) -> Callable[[Task, str], tuple[float, float]]:
 def evaluate_mix(
     model,
     tokenizer,
-    mix,
+    mix: TaskMix,
     prompt_fn: Callable[[Task], str],
     max_new_tokens: int,
     n: int | None = None,
-    probes: Mapping[str, Any] | None = None,
+    probes: Mapping[str, TaskMix] | None = None,
     batch_size: int = 64,
     keep_examples: int = 4,
 ) -> EvalResult:
@@ -253,7 +264,7 @@ def evaluate_mix(
     import time
 
     t0 = time.perf_counter()
-    groups: list[tuple[str | None, Any, list[Task]]] = [(None, mix, [mix.get(r) for r in mix.eval_refs(n)])]
+    groups: list[tuple[str | None, TaskMix, list[Task]]] = [(None, mix, [mix.get(r) for r in mix.eval_refs(n)])]
     for name, pm in (probes or {}).items():
         groups.append((name, pm, [pm.get(r) for r in pm.eval_refs(n)]))
     prompts = [prompt_fn(t) for _, _, ts in groups for t in ts]
@@ -261,7 +272,7 @@ def evaluate_mix(
     results: list[EvalResult] = []
     k = 0
     for _, m, ts in groups:
-        results.append(_aggregate(ts, comps[k : k + len(ts)], mix_scorer(m), keep_examples))
+        results.append(aggregate(ts, comps[k : k + len(ts)], mix_scorer(m), keep_examples))
         k += len(ts)
     main = results[0]
     main.generalization = {name: r for (name, _, _), r in zip(groups[1:], results[1:])}

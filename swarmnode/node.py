@@ -23,10 +23,11 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ import torch
 from swarmnode.config import RunConfig, dump_config
 from swarmnode.evaluation import EvalResult, evaluate_mix
 from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, node_memory_bytes
-from swarmnode.monitor.runtime import NodeMonitor
+from swarmnode.monitor.runtime import WATCHED_CALL_THREAD, NodeMonitor
+from swarmnode.monitor.status import SwarmProbe
 from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
 from swarmnode.policy.loading import Policy, load_policy
 from swarmnode.policy.memory import plan_for_model
@@ -77,19 +79,21 @@ from swarmnode.train.trainer import Trainer
 log = logging.getLogger("swarmnode.node")
 
 
-class SwarmHook(Protocol):
-    """What the node needs from a swarm layer (implemented in ``swarmnode.swarm``)."""
-
-    peer_id: str
-    """This node's printable peer id (derived from its Ed25519 key); names its default task stream."""
+class SwarmHook(SwarmProbe, Protocol):
+    """The swarm layer as the node, the CLI and the monitor use it (``swarm/gossip.py``'s ``SwarmClient``
+    implements it): every method any of them calls is declared here or in
+    :class:`~swarmnode.monitor.status.SwarmProbe` (``swarm_id``, ``peer_id``, ``dht``, ``close``: what the
+    monitor reads)."""
 
     def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
-        """Publish scored local trees; returns metrics. Never raises on network trouble."""
+        """Publish scored local trees; returns metrics. Never raises on network trouble. No verification runs in
+        it (the node may call it off the main thread, see :meth:`Node.run_step`)."""
 
     def gather(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
         """Return peers' trees accepted by the verification pipeline (leaf rewards are OUR re-scores), and metrics.
 
-        Never raises on network trouble or hostile input; rejected input is counted, never returned."""
+        Never raises on network trouble or hostile input; rejected input is counted, never returned. Called on
+        the main thread (the verifiers' time limits are SIGALRM timers)."""
 
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """Charge ``peer_id`` for ``n`` of its samples the trainer rejected under ``reason`` (e.g.
@@ -104,10 +108,18 @@ class SwarmHook(Protocol):
         (swarm curriculum only; untrusted, :func:`~swarmnode.tasks.curriculum.combine_rates` bounds them)."""
 
     def recover(self, reason: str) -> None:
-        """Restart the network side (DHT) after the round stalled in the swarm layer; called from the monitor's
-        watchdog thread while the round loop is blocked in ``publish``/``gather``. Never raises on network trouble."""
+        """Restart the network side (DHT) after the round stalled in the swarm layer; the node's round loop calls
+        it when the monitor flags such a stall, from the main thread, possibly while a watched ``publish`` is
+        still blocked on its own thread. Never raises on network trouble."""
 
-    def close(self) -> None: ...
+    def note_accuracy(self, accuracy: float | None) -> None:
+        """Record the last held-out accuracy in [0, 1] (None: unknown) for the heartbeats (the CLI calls it)."""
+
+    def maddrs(self) -> list[str]:
+        """Multiaddrs other nodes can bootstrap from (the CLI prints them)."""
+
+
+_T = TypeVar("_T")
 
 
 # Failures of external input inside steps 6-7 that must not kill the node (issue 12 finding 1): the
@@ -419,14 +431,16 @@ class Node:
         self.note_success(success)  # our per-task success: the curriculum's own vote, and what our heartbeats carry
         self.tokens_generated += gen_tokens
 
-        # 4. publish, 5. gather (swarm only)
+        # 4. publish, 5. gather (swarm only); a swarm-layer stall the monitor flags is acted on here
         candidates: list[PeerTree] = []
         if self.swarm is not None:
+            swarm = self.swarm
             with self.timer.phase("gossip"):
-                m.update(self.swarm.publish(trees, step, policy_version=step))
+                m.update(self._watched(lambda: swarm.publish(trees, step, policy_version=step)))
             with self.timer.phase("verify"):
-                candidates, sm = self.swarm.gather(step, policy_version=step)
+                candidates, sm = swarm.gather(step, policy_version=step)
                 m.update(sm)
+            self._act_on_stall_flag()
 
         # 6. process: local advantages from the local trees; each external group normalized within its own
         #    source (peer, task), bounded in tokens and length, screened by likelihood, capped in share
@@ -617,11 +631,50 @@ class Node:
         self.stop_requested = True
 
     def recover_swarm(self, reason: str) -> bool:
-        """Restart the swarm layer's DHT (``SwarmHook.recover``) after a stall; whether a swarm was there to restart."""
+        """Restart the swarm layer's DHT (``SwarmHook.recover``) after a stall; whether a swarm was there to restart.
+
+        Logs the outcome; a failing restart is logged (with what to do) and never raises."""
         if self.swarm is None:
             return False
-        self.swarm.recover(reason)
+        try:
+            self.swarm.recover(reason)
+            log.warning("swarm layer restarted after a stall (%s)", reason)
+        except Exception as e:  # noqa: BLE001 - a failed restart must not end the round
+            log.error("restarting the swarm layer failed: %s: %s -- restart the node (it resumes from its newest "
+                      "checkpoint)", type(e).__name__, e)
         return True
+
+    def _act_on_stall_flag(self) -> None:
+        """Take the monitor's swarm-recovery flag and, when it is up, restart the swarm layer (the monitor only
+        observes and flags; the round loop acts)."""
+        reason = self.monitor.take_swarm_recovery()
+        if reason is not None:
+            self.recover_swarm(reason)
+
+    def _watched(self, call: Callable[[], _T]) -> _T:
+        """Run ``call`` on a helper thread (:data:`~swarmnode.monitor.runtime.WATCHED_CALL_THREAD`) while the
+        round loop waits for it and, every ``watchdog_interval`` seconds, acts on the monitor's swarm-recovery
+        flag: a stalled swarm call is what blocks the round, so the loop restarts the swarm layer while it waits.
+
+        Returns ``call()``'s value; re-raises its exception. The helper is a daemon thread: a second SIGINT
+        (``KeyboardInterrupt`` here) leaves it behind and the node stops."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting loop
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name=WATCHED_CALL_THREAD, daemon=True).start()
+        while not done.wait(self.monitor.interval):
+            self._act_on_stall_flag()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def install_signal_handlers(self) -> None:
         """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. Second: stop immediately."""

@@ -14,7 +14,7 @@ import yaml
 from swarmnode.config import ModelConfig, TasksConfig
 from swarmnode.evaluation import (
     EvalResult,
-    _aggregate,
+    aggregate,
     evaluate,
     evaluate_mix,
     format_accuracy,
@@ -60,7 +60,7 @@ def test_partial_credit_is_never_accuracy(mix):
         got = score(t, c)
         assert got[0] == e
         assert got[1] == pytest.approx(p) or got[1] == 0.0  # stricter verifiers may give no partial credit
-    res = _aggregate(tasks, comps, score, keep_examples=2)
+    res = aggregate(tasks, comps, score, keep_examples=2)
     assert res.n == 40 and res.accuracy == pytest.approx(0.5)
     assert res.partial_credit >= res.accuracy
     assert set(res.per_task) == {"chain_sum", "leg_counting"} and sum(res.counts.values()) == 40
@@ -71,7 +71,7 @@ def test_partial_credit_is_never_accuracy(mix):
     assert d["partial_credit"] == res.partial_credit and "per_task_partial_credit" in d
     assert "50.0% exact (n=40" in format_accuracy(res)
     # a bare float score is read as the raw verifier score: 0.75 is not correct
-    half = _aggregate(tasks[:2], ["", ""], lambda t, c: 0.75, keep_examples=0)
+    half = aggregate(tasks[:2], ["", ""], lambda t, c: 0.75, keep_examples=0)
     assert half.accuracy == 0.0 and half.partial_credit == pytest.approx(0.75)
 
 

@@ -126,6 +126,43 @@ def test_kl_to_reference_model():
     assert Trainer(tiny_llama(), TrainConfig(beta=0.0), 4, 1).ref_model is None
 
 
+def _per_step_lrs(opt: torch.optim.Optimizer, sched, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["constant", "linear", "cosine"])
+@pytest.mark.parametrize("total", [1, 7, 600])
+def test_lr_schedule_is_transformers_get_scheduler_without_warmup(kind, total):
+    """With ``warmup_steps = 0`` (the default) the Trainer's schedule gives the learning rate of
+    ``transformers.get_scheduler`` at every step, to one rounding of a float.
+
+    With warmup the two differ on purpose: ``get_scheduler`` warms up as ``s / W`` (its first update runs at
+    lr 0), ours as ``(s + 1) / W`` (the first update already moves). That one-step shift runs through the decay
+    too, so the kept library cannot replace the schedule without changing every warmed-up run."""
+    from transformers import get_scheduler
+
+    cfg = TrainConfig(learning_rate=3e-4, lr_scheduler_type=kind, warmup_steps=0)
+    ours = Trainer(tiny_llama(), cfg, max_completion_length=4, total_steps=total)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([p], lr=cfg.learning_rate)
+    hf = get_scheduler(kind, opt, num_warmup_steps=0, num_training_steps=total)
+    n = total + 1
+    got = _per_step_lrs(ours.optimizer, ours.scheduler, n)
+    want = _per_step_lrs(opt, hf, n)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-18)
+    # the documented warmup difference
+    f = lr_lambda_factory(kind, warmup_steps=4, total_steps=total + 4)
+    opt2 = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    hf2 = get_scheduler("constant_with_warmup" if kind == "constant" else kind, opt2, num_warmup_steps=4,
+                        num_training_steps=total + 4)
+    assert (f(0), _per_step_lrs(opt2, hf2, 1)[0]) == (0.25, 0.0)
+
+
 def test_lr_schedules():
     f = lr_lambda_factory("linear", warmup_steps=2, total_steps=6)
     assert [f(s) for s in range(7)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0])

@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from swarmnode.swarm.dht import SwarmDHT
-from swarmnode.swarm.transport import _FOUND, _HEADER_LEN, BundleServer, BundleStore, FetchResult, sha256_hex
+from swarmnode.swarm.transport import LENGTH_BYTES, STATUS_FOUND, BundleServer, BundleStore, FetchResult, sha256_hex
 
 SWARM = "transport-swarm"
 
@@ -64,12 +64,12 @@ class HostileServer(BundleServer):
         if self.mode == "hang":  # accept the stream, read the request, never answer
             await asyncio.sleep(3600)
         elif self.mode == "overclaim":  # claim a 1 GiB body and start streaming garbage
-            writer.write(_FOUND + (1 << 30).to_bytes(_HEADER_LEN, "big"))
+            writer.write(STATUS_FOUND + (1 << 30).to_bytes(LENGTH_BYTES, "big"))
             for _ in range(64):
                 writer.write(b"\0" * 65536)
                 await writer.drain()
         elif self.mode == "short":  # claim 1000 bytes, send 10, close
-            writer.write(_FOUND + (1000).to_bytes(_HEADER_LEN, "big") + b"0123456789")
+            writer.write(STATUS_FOUND + (1000).to_bytes(LENGTH_BYTES, "big") + b"0123456789")
             await writer.drain()
 
 

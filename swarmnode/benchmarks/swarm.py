@@ -50,10 +50,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from swarmnode.monitor.metrics import read_metrics
 from swarmnode.monitor.report import moving_average
+
+if TYPE_CHECKING:
+    from swarmnode.rollout.peer_tree import PeerTree
+    from swarmnode.rollout.tree import RolloutTree
+    from swarmnode.swarm.gossip import SwarmClient
 
 __all__ = [
     "Arm",
@@ -278,24 +283,31 @@ class BufferedSwarm:
     dropped) for the next steps. Verification is untouched: only trees the client accepted are buffered.
     """
 
-    def __init__(self, client: Any, per_step: int, max_buffer: int = 64) -> None:
+    def __init__(self, client: SwarmClient, per_step: int, max_buffer: int = 64) -> None:
         self.client = client
         self.per_step = max(1, int(per_step))
         self.max_buffer = int(max_buffer)
-        self._buf: list[Any] = []
+        self._buf: list[PeerTree] = []
+        self.swarm_id = client.swarm_id
+        self.peer_id = client.peer_id  # names the node's default task stream
+        self.dht = client.dht
 
-    @property
-    def peer_id(self) -> str:
-        """The wrapped client's peer id (names the node's default task stream)."""
-        return self.client.peer_id
+    def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
+        self.client.charge(peer_id, reason, n)
 
-    def __getattr__(self, name: str) -> Any:  # dht, note_accuracy, ... of the client
-        return getattr(self.client, name)
+    def recover(self, reason: str) -> None:
+        self.client.recover(reason)
 
-    def publish(self, trees: Any, step: int, policy_version: int) -> dict[str, Any]:
+    def note_accuracy(self, accuracy: float | None) -> None:
+        self.client.note_accuracy(accuracy)
+
+    def maddrs(self) -> list[str]:
+        return self.client.maddrs()
+
+    def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
         return self.client.publish(trees, step, policy_version=policy_version)
 
-    def gather(self, step: int, policy_version: int) -> tuple[list[Any], dict[str, Any]]:
+    def gather(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
         trees, m = self.client.gather(step, policy_version=policy_version)
         self._buf = (self._buf + list(trees))[-self.max_buffer:]
         out, self._buf = self._buf[-self.per_step:], self._buf[:-self.per_step]
@@ -398,6 +410,7 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     # node i draws its own questions: task stream i (tasks.seed is shared so peers can verify our TaskRefs)
     cfg.tasks.stream = int(spec["stream"])
     node = Node(cfg)
+    client: SwarmClient | None = None
     if cfg.swarm.enabled:
         from swarmnode.swarm.gossip import build_swarm
 
@@ -407,14 +420,14 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     counter = PayloadCounter(node, spec["payload"]) if spec.get("payload") else None
     before = node.evaluate()
     node.log_eval(before, "before")
-    if node.swarm is not None:
-        node.swarm.note_accuracy(before.accuracy)
+    if client is not None:
+        client.note_accuracy(before.accuracy)
     synced = _barrier(arm_dir, idx, n, float(spec.get("barrier_timeout", 180)))
     peers = None
-    if node.swarm is not None:  # wait (bounded) until every node reached the DHT, then start together
+    if client is not None:  # wait (bounded) until every node reached the DHT, then start together
         deadline = time.monotonic() + float(spec.get("peer_wait", 30))
         while time.monotonic() < deadline and idx > 0:  # nodes 1.. bootstrap from node 0
-            peers = node.swarm.dht.num_peers
+            peers = client.dht.num_peers
             if peers >= 1:
                 break
             time.sleep(0.2)
@@ -424,7 +437,7 @@ def worker_main(spec_path: str | os.PathLike) -> int:
             if all((arm_dir / f"joined-{k}").exists() for k in range(1, n)):
                 break
             time.sleep(0.2)
-        peers = node.swarm.dht.num_peers
+        peers = client.dht.num_peers
     t0 = time.time()
     ext_used = 0
 
@@ -436,9 +449,9 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     wall = time.time() - t0
     after = node.evaluate()
     node.log_eval(after, "after")
-    if node.swarm is not None:  # per-peer verdicts (rejections by reason, bans) for the report
+    if client is not None:  # per-peer verdicts (rejections by reason, bans) for the report
         try:
-            (Path(cfg.run_dir) / "swarm_snapshot.json").write_text(json.dumps(node.swarm.client.snapshot(),
+            (Path(cfg.run_dir) / "swarm_snapshot.json").write_text(json.dumps(client.snapshot(),
                                                                               default=str))
         except Exception as e:  # noqa: BLE001 - the report only loses this section
             print(f"could not write swarm_snapshot.json: {e}", file=sys.stderr)

@@ -96,7 +96,7 @@ def worker(spec_path: str) -> int:
             milestones.pop(0)
             node.log_eval(node.evaluate(), "periodic" if milestones else "after")
         if not milestones:
-            node.stop_requested = True
+            node.request_stop("the last token milestone is evaluated")
 
     node.run(on_step)
     node.close()

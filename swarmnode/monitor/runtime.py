@@ -9,15 +9,16 @@ CLI, so that a node evaluating before training is already visible). It
 * serves ``/status``, ``/metrics`` and ``/healthz`` when ``status_port`` is set (on ``status_host``,
   127.0.0.1 by default; 0 picks a free port, the URL is in ``status.json``);
 * runs one daemon thread, the watchdog, every ``watchdog_interval`` seconds: the stall detector (a round
-  with no progress for ``stall_seconds`` is logged with its phase and the main thread's stack, the status
-  says ``stalled``, a swarm-layer stall restarts the swarm's DHT, and with ``stall_exit_seconds`` set the node
-  exits with code 4 for a supervisor to restart it) and the memory guard (above the soft limit: a warning;
-  above the hard limit: the monitor calls ``node.request_stop``, so the node finishes the step, checkpoints and
-  the CLI exits with code 3).
+  with no progress for ``stall_seconds`` is logged with its phase and the stacks of the main thread and of a
+  watched swarm call, the status says ``stalled``, a swarm-layer stall raises the swarm-recovery flag, and with
+  ``stall_exit_seconds`` set the node exits with code 4 for a supervisor to restart it) and the memory guard
+  (above the soft limit: a warning; above the hard limit: the monitor calls ``node.request_stop``, so the node
+  finishes the step, checkpoints and the CLI exits with code 3).
 
-The monitor reads the node; it acts on it only through the methods :class:`MonitoredNode` declares
-(``request_stop``: the round loop stops after its step; ``recover_swarm``: the node restarts its swarm layer's
-DHT, the one thing that cannot wait for the loop, because a stalled swarm call is what blocks the loop).
+Monitoring reads. The watchdog observes and flags; it never drives the swarm layer. A stall in a swarm phase
+sets a flag that the node's round loop takes (:meth:`NodeMonitor.take_swarm_recovery`) while it waits on a
+watched swarm call (``node.py``), and acts on through the swarm layer's declared ``recover``. The one action the
+monitor takes on the node itself is :meth:`MonitoredNode.request_stop` (the round loop stops after its step).
 
 Knobs come from :func:`swarmnode.monitor.watchdog.knob` (env ``SWARMNODE_<NAME>``, ``cfg.monitor.<name>``,
 ``cfg.<name>``, defaults); constructor arguments win over all of them.
@@ -32,10 +33,11 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 
-from swarmnode.monitor.metrics import gpu_memory, node_memory_bytes
-from swarmnode.monitor.status import NodeMetrics, StatusServer, StatusTracker, write_status_file
+from swarmnode.monitor.metrics import PhaseTimer, gpu_memory, node_memory_bytes
+from swarmnode.monitor.status import NodeMetrics, StatusServer, StatusTracker, SwarmProbe, write_status_file
 from swarmnode.monitor.watchdog import (
     EXIT_MEMORY,
     EXIT_STALLED,
@@ -48,24 +50,42 @@ from swarmnode.monitor.watchdog import (
     stall_advice,
 )
 
+if TYPE_CHECKING:
+    from swarmnode.config import RunConfig
+
 log = logging.getLogger("swarmnode.monitor")
 
 _UNSET: Any = object()
 
 
+WATCHED_CALL_THREAD = "swarmnode-swarm-call"
+"""Name of the thread a node runs a watched swarm call on (``node.py``); a stall log shows its stack too."""
+
+
 @runtime_checkable
 class MonitoredNode(Protocol):
-    """What :class:`NodeMonitor` calls on a node (``swarmnode.node.Node`` implements it).
-
-    Besides these it reads (never writes) ``cfg``, ``run_dir``, ``step``, ``timer``, ``swarm``, ``policy``,
-    ``base_model_id``, ``tokenizer_id``, ``tokens_generated``, ``resumed_from`` and ``stop_requested`` when present.
+    """What :class:`NodeMonitor` reads of a node and the one method it calls (``swarmnode.node.Node`` implements
+    it). The monitor exists before the node has loaded its model (the status says ``starting`` first), so it reads
+    ``policy`` (its ``tokenizer_id``), ``base_model_id``, ``resumed_from`` and ``tokens_generated`` only once they
+    exist, when :meth:`NodeMonitor.start` runs; it never writes any of them.
     """
+
+    cfg: RunConfig
+    """The node's configuration: ``steps``, ``status_port``, ``checkpoint.save_steps``, ``swarm.swarm_id`` and
+    the knobs :func:`~swarmnode.monitor.watchdog.knob` reads."""
+    run_dir: Path
+    """The run directory (``status.json`` goes there)."""
+    step: int
+    """Optimizer steps done."""
+    timer: PhaseTimer
+    """The phase timer of the round (the stall detector's progress clock)."""
+    swarm: SwarmProbe | None
+    """The swarm layer, or None (solo)."""
+    stop_requested: bool
+    """Whether the round loop stops after this step."""
 
     def request_stop(self, reason: str) -> None:
         """Finish the current step, checkpoint and leave the round loop."""
-
-    def recover_swarm(self, reason: str) -> bool:
-        """Restart the swarm layer's network side after a stall (from the watchdog thread); whether it ran."""
 
 
 class _WarningCollector(logging.Handler):
@@ -103,7 +123,7 @@ class NodeMonitor:
 
     def __init__(
         self,
-        node: Any,
+        node: MonitoredNode,
         *,
         status_port: int | None = _UNSET,
         status_host: str | None = None,
@@ -117,7 +137,7 @@ class NodeMonitor:
         cfg = node.cfg
         self.node = node
         self.run_dir = node.run_dir
-        self.status_port = getattr(cfg, "status_port", None) if status_port is _UNSET else status_port
+        self.status_port = cfg.status_port if status_port is _UNSET else status_port
         self.status_host = status_host or knob(cfg, "status_host")
         self.interval = float(watchdog_interval or knob(cfg, "watchdog_interval"))
         if not self.interval > 0:
@@ -131,8 +151,8 @@ class NodeMonitor:
             float(memory_soft_fraction if memory_soft_fraction is not None else knob(cfg, "memory_soft_fraction")),
         )
         self.write_file = write_file
-        self.tracker = StatusTracker(self.run_dir, steps_total=getattr(cfg, "steps", 0),
-                                     save_steps=getattr(getattr(cfg, "checkpoint", None), "save_steps", 0))
+        self.tracker = StatusTracker(self.run_dir, steps_total=cfg.steps,
+                                     save_steps=cfg.checkpoint.save_steps)
         self.tracker.update(lambda d: d["memory"].update(
             {"soft_limit_bytes": self.memory.soft_limit, "hard_limit_bytes": self.memory.hard_limit}))
         self.metrics = NodeMetrics()
@@ -147,7 +167,8 @@ class NodeMonitor:
         self._collector: _WarningCollector | None = None
         self._started = False
         self._closed = False
-        self._recovering = False
+        self._recovery: str | None = None  # the swarm-recovery flag: why, or None (set by the watchdog)
+        self._flag_lock = threading.Lock()
         self._file_lock = threading.Lock()
         self._prev_excepthook: Any = None
         self._crash_hook: Any = None
@@ -170,7 +191,7 @@ class NodeMonitor:
             {"model_id": getattr(node, "base_model_id", None), "tokenizer_id": getattr(pol, "tokenizer_id", None)}))
         resumed = getattr(node, "resumed_from", None)
         self.tracker.update(lambda d: d["checkpoint"].update({"resumed_from": str(resumed) if resumed else None}))
-        self.tracker.set(step=int(getattr(node, "step", 0)), policy_version=int(getattr(node, "step", 0)))
+        self.tracker.set(step=int(node.step), policy_version=int(node.step))
         self.tracker.update(lambda d: d["throughput"].update({"tokens_total": int(getattr(node, "tokens_generated", 0))}))
         self.tracker.note_checkpoint()
         if self.status_port is not None:
@@ -188,11 +209,11 @@ class NodeMonitor:
 
             quiet_third_party()
         self.metrics.set_info(model_id=getattr(node, "base_model_id", None),
-                              swarm_id=getattr(getattr(node.cfg, "swarm", None), "swarm_id", None),
+                              swarm_id=node.cfg.swarm.swarm_id,
                               run_dir=str(self.run_dir))
         log.info("node pid %d: run dir %s, model %s, step %d of %d; status file %s; stall after %g s; memory limit %s",
-                 os.getpid(), self.run_dir, getattr(node, "base_model_id", None), int(getattr(node, "step", 0)),
-                 int(getattr(node.cfg, "steps", 0)), os.path.join(str(self.run_dir), "status.json"),
+                 os.getpid(), self.run_dir, getattr(node, "base_model_id", None), int(node.step),
+                 int(node.cfg.steps), os.path.join(str(self.run_dir), "status.json"),
                  self.stall.stall_seconds, self.memory.hard_limit)
         self.mark_progress()
         self._thread = threading.Thread(target=self._loop, name="swarmnode-watchdog", daemon=True)
@@ -213,8 +234,8 @@ class NodeMonitor:
             except Exception:  # noqa: BLE001 - pragma: no cover
                 log.debug("final stall check failed", exc_info=True)
         why = reason or self.exit_reason or (
-            "stopped by a signal after checkpointing" if getattr(self.node, "stop_requested", False)
-            else "finished" if getattr(self.node, "step", 0) >= getattr(self.node.cfg, "steps", 0) else "closed")
+            "stopped by a signal after checkpointing" if self.node.stop_requested
+            else "finished" if self.node.step >= self.node.cfg.steps else "closed")
         self.tracker.set(state="stopped", exit={"code": self.exit_code, "reason": why})
         self.tracker.update(lambda d: d["swarm"].update(  # a stopped node is connected to nobody
             {"connected": False, "peers": 0, "dht_alive": False,
@@ -238,7 +259,7 @@ class NodeMonitor:
             # resource sharer, hivemind's pipes) can raise ConnectionResetError/BrokenPipeError while the DHT child
             # goes down with the process group on SIGTERM; the round loop is unaffected, so log, do not fail the run.
             off_main = threading.current_thread() is not threading.main_thread()
-            shutting_down = getattr(self.node, "stop_requested", False) and issubclass(tp, (OSError, EOFError))
+            shutting_down = self.node.stop_requested and issubclass(tp, (OSError, EOFError))
             if off_main or shutting_down:
                 log.warning("ignored %s in %s: %s", tp.__name__, threading.current_thread().name, val)
                 return
@@ -246,7 +267,7 @@ class NodeMonitor:
                 try:
                     ck = self.tracker.document()["checkpoint"].get("step")
                     log.critical("node crashed at step %s: %s: %s -- run the same command to resume from checkpoint "
-                                 "step %s; if it recurs, report it with node.log", getattr(self.node, "step", "?"),
+                                 "step %s; if it recurs, report it with node.log", self.node.step,
                                  tp.__name__, val, ck, exc_info=(tp, val, tb))
                     self.exit_code = self.exit_code or 1
                     self.tracker.set(state="stopped", exit={"code": 1, "reason": f"crashed: {tp.__name__}: {val} "
@@ -267,18 +288,17 @@ class NodeMonitor:
         self.last_progress = time.monotonic()
 
     def _last_progress(self) -> float:
-        timer = getattr(self.node, "timer", None)
-        return max(self.last_progress, getattr(timer, "last_change", 0.0))
+        return max(self.last_progress, self.node.timer.last_change)
 
     def current_phase(self) -> str:
         """The phase the node is in: a timed phase of the step, ``evaluating``, or ``between phases (after X)``."""
-        timer = getattr(self.node, "timer", None)
-        cur = getattr(timer, "current", None)
+        timer = self.node.timer
+        cur = timer.current
         if cur:
             return cur
         if self.activity_name:
             return self.activity_name
-        last = getattr(timer, "last_phase", None)
+        last = timer.last_phase
         return f"between phases (after {last})" if last else "between phases"
 
     def _refresh_state(self) -> None:
@@ -287,13 +307,13 @@ class NodeMonitor:
             return
         if self.activity_name:
             state = self.activity_name
-        elif getattr(node, "stop_requested", False):
+        elif node.stop_requested:
             state = "stopping"
         else:
             state = self.base_state
-        timer = getattr(node, "timer", None)
-        phase = getattr(timer, "current", None) or self.activity_name
-        since = getattr(timer, "current_since", None) if getattr(timer, "current", None) else None
+        timer = node.timer
+        phase = timer.current or self.activity_name
+        since = timer.current_since if timer.current else None
         now_m = time.monotonic()
         self.tracker.set(state=state, phase=phase, phase_seconds=(now_m - since) if since is not None else 0.0,
                          progress_at=time.time() - max(0.0, now_m - self._last_progress()))
@@ -336,8 +356,7 @@ class NodeMonitor:
         self.mark_progress()
         self.tracker.observe_step(m)
         self.metrics.observe_step(m)
-        swarm = getattr(self.node, "swarm", None)
-        self.tracker.observe_swarm(swarm)
+        self.tracker.observe_swarm(self.node.swarm)
         if isinstance((m.get("time") or {}).get("checkpoint"), (int, float)):
             self.tracker.note_checkpoint()
         self._check_memory()
@@ -347,7 +366,7 @@ class NodeMonitor:
     def observe_eval(self, tag: str, res: Any) -> None:
         """Record a held-out evaluation (``EvalResult``) tagged ``before``/``periodic``/``after``."""
         self.mark_progress()
-        self.tracker.observe_eval(tag, int(getattr(self.node, "step", 0)), float(res.accuracy),
+        self.tracker.observe_eval(tag, int(self.node.step), float(res.accuracy),
                                   getattr(res, "per_task", None), getattr(res, "n", None))
         self.metrics.observe_eval(float(res.accuracy))
         self.publish()
@@ -391,7 +410,7 @@ class NodeMonitor:
         """One watchdog step: memory, stall, live probes, status file (called by the thread; public for tests)."""
         self._check_memory()
         self._check_stall(now)
-        self.tracker.observe_swarm(getattr(self.node, "swarm", None))
+        self.tracker.observe_swarm(self.node.swarm)
         self.tracker.update(lambda d: d["memory"].update({"rss_bytes": node_memory_bytes(), "gpu": gpu_memory()}))
         self._refresh_state()
         self.publish()
@@ -411,15 +430,16 @@ class NodeMonitor:
     def _check_stall(self, now: float | None = None) -> None:
         phase = self.current_phase()
         ev = self.stall.check(self._last_progress(), phase, now)
-        swarm = getattr(self.node, "swarm", None)
+        swarm = self.node.swarm
         if ev is not None and ev.kind == "stalled":
-            hook = self.node.recover_swarm if ev.phase in SWARM_PHASES and swarm is not None else None
-            advice = stall_advice(ev.phase, hook is not None)
-            log.warning("round stalled: no progress for %.0f s in phase %s at step %d -- %s\nmain thread:\n%s",
-                        ev.seconds, ev.phase, int(getattr(self.node, "step", 0)), advice, _main_stack())
+            recoverable = ev.phase in SWARM_PHASES and swarm is not None
+            advice = stall_advice(ev.phase, recoverable)
+            log.warning("round stalled: no progress for %.0f s in phase %s at step %d -- %s\nmain thread:\n%s%s",
+                        ev.seconds, ev.phase, int(self.node.step), advice, _thread_stack(),
+                        _watched_call_stack())
             self.tracker.update(lambda d: d["stall"].update({"advice": advice}))
-            if hook is not None:
-                self._recover(hook, f"round stalled in phase {ev.phase} for {ev.seconds:.0f} s")
+            if recoverable:
+                self.flag_swarm_recovery(f"round stalled in phase {ev.phase} for {ev.seconds:.0f} s")
         elif ev is not None and ev.kind == "recovered":
             log.warning("round recovered: progress again after a stall in phase %s", ev.phase)
             self.tracker.update(lambda d: d["stall"].update({"advice": None}))
@@ -430,22 +450,20 @@ class NodeMonitor:
         if ev is not None and ev.kind == "stalled":
             self.metrics.stalls.inc()
 
-    def _recover(self, hook: Callable[[str], Any], reason: str) -> None:
-        if self._recovering:
-            return
-        self._recovering = True
+    # -------------------------------------------------------------- the swarm-recovery flag
+    def flag_swarm_recovery(self, reason: str) -> None:
+        """Raise the swarm-recovery flag with ``reason`` (one sentence); the node's loop takes it. Idempotent:
+        a flag not taken yet keeps its first reason."""
+        with self._flag_lock:
+            if self._recovery is None:
+                self._recovery = reason
 
-        def run() -> None:
-            try:
-                hook(reason)
-                log.warning("swarm layer restarted after a stall (%s)", reason)
-            except Exception as e:  # noqa: BLE001
-                log.error("restarting the swarm layer failed: %s: %s -- restart the node (it resumes from its newest "
-                          "checkpoint)", type(e).__name__, e)
-            finally:
-                self._recovering = False
-
-        threading.Thread(target=run, name="swarmnode-stall-recovery", daemon=True).start()
+    def take_swarm_recovery(self) -> str | None:
+        """Take (and clear) the swarm-recovery flag: the reason of a swarm-layer stall, or None when none is
+        flagged. The node's round loop calls it and restarts its swarm layer (``SwarmHook.recover``)."""
+        with self._flag_lock:
+            reason, self._recovery = self._recovery, None
+        return reason
 
     def _exit_stalled(self, phase: str, seconds: float) -> None:
         ck = self.tracker.document()["checkpoint"].get("step")
@@ -456,7 +474,7 @@ class NodeMonitor:
         self.exit_code, self.exit_reason = EXIT_STALLED, reason
         self.tracker.set(state="stopped", exit={"code": EXIT_STALLED, "reason": reason})
         self.publish()
-        swarm = getattr(self.node, "swarm", None)
+        swarm = self.node.swarm
         if swarm is not None:  # stop the DHT/p2pd children, bounded (SwarmHook.close)
             t = threading.Thread(target=swarm.close, daemon=True)
             t.start()
@@ -465,8 +483,15 @@ class NodeMonitor:
         os._exit(EXIT_STALLED)
 
 
-def _main_stack(limit: int = 12) -> str:
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+def _thread_stack(ident: int | None = None, limit: int = 12) -> str:
+    """The last ``limit`` frames of thread ``ident`` (default: the main thread), or ``(unavailable)``."""
+    frame = sys._current_frames().get(ident if ident is not None else threading.main_thread().ident or -1)
     if frame is None:
         return "  (unavailable)"
     return "".join(traceback.format_stack(frame)[-limit:]).rstrip()
+
+
+def _watched_call_stack() -> str:
+    """The stacks of the running watched swarm calls (:data:`WATCHED_CALL_THREAD`), each under a header; ``""``."""
+    return "".join(f"\nswarm call ({t.name}):\n{_thread_stack(t.ident)}" for t in threading.enumerate()
+                   if t.name == WATCHED_CALL_THREAD and t.ident is not None)

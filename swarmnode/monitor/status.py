@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -42,6 +42,51 @@ STATES = ("starting", "training", "evaluating", "stopping", "stopped")
 
 EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE = 0, 1, 2
 """Exit codes of ``swarmnode status``: live; stalled; unreachable / not running (stopped, dead, no status)."""
+
+
+class DHTStatusView(Protocol):
+    """A snapshot of the swarm layer's DHT as the monitor reads it (``swarm/dht.py``'s ``SwarmDHTStatus``)."""
+
+    alive: bool
+    """Whether the DHT child process runs."""
+    connected: bool
+    """Whether it reaches at least one DHT peer."""
+    num_peers: int
+    """DHT peers in the routing table (meaningful only while ``alive``)."""
+    restarts: int
+    """Restarts of the DHT child so far."""
+    last_error: str | None
+    """The last join or health error, one line, or None."""
+    maddrs: list[str]
+    """Multiaddrs this node announces."""
+
+
+class DHTProbe(Protocol):
+    """The swarm layer's DHT handle as the monitor reads it (``swarm/dht.py``'s ``SwarmDHT``); no network call."""
+
+    initial_peers: Sequence[str]
+    """The bootstrap multiaddrs (empty: a bootstrap node)."""
+
+    def status(self) -> DHTStatusView:
+        """The current DHT snapshot; cheap (no network call)."""
+        ...
+
+
+class SwarmProbe(Protocol):
+    """What the monitor reads of a swarm layer (``swarmnode.node.SwarmHook`` extends it; ``swarm/gossip.py``'s
+    ``SwarmClient`` implements it). The monitor calls nothing that changes it, but for :meth:`close` on its way
+    to exiting a process whose round loop is stuck (``stall_exit_seconds``)."""
+
+    swarm_id: str
+    """The swarm's id."""
+    peer_id: str
+    """This node's printable peer id."""
+    dht: DHTProbe
+    """The DHT handle (its ``status()`` is the connectivity probe)."""
+
+    def close(self) -> None:
+        """Stop the swarm layer's threads and DHT child (bounded by its timeouts; idempotent)."""
+        ...
 
 
 def _num(v: Any) -> float | None:
@@ -376,29 +421,29 @@ class StatusTracker:
             a["history"] = (a["history"] + [{"step": int(step), "tag": tag, "accuracy": _num(accuracy)}])[-20:]
             self.doc["progress_at"] = time.time()
 
-    def observe_swarm(self, swarm: Any) -> None:
+    def observe_swarm(self, swarm: SwarmProbe | None) -> None:
         """Probe a live swarm layer (no network call): DHT liveness, peers, restarts, addresses, solo reason.
 
-        Works with the swarm of ``swarmnode.swarm.gossip`` (``swarm.dht.status()``); other objects only set
-        ``enabled``. ``None`` means solo by choice.
+        Reads what :class:`SwarmProbe` declares (``swarm.dht.status()``); a swarm layer whose probe fails (a test
+        double without a DHT) only sets ``enabled`` and a reason. ``None`` means solo by choice. Never raises.
         """
         if swarm is None:
             with self._lock:
                 self.doc["swarm"].update({"enabled": False, "connected": False, "solo": True,
                                           "reason": "solo: swarm disabled (run with --swarm to join one)"})
             return
-        info: dict[str, Any] = {"enabled": True, "swarm_id": getattr(swarm, "swarm_id", None),
-                                "peer_id": getattr(swarm, "peer_id", None)}
-        dht = getattr(swarm, "dht", None)
+        info: dict[str, Any] = {"enabled": True, "swarm_id": None, "peer_id": None}
         st = None
-        if dht is not None and hasattr(dht, "status"):
-            try:
-                st = dht.status()
-            except Exception as e:  # noqa: BLE001 - a probe must never raise
-                info["reason"] = f"solo: cannot read the DHT state ({type(e).__name__}: {e})"
+        initial: list[str] = []
+        try:
+            info["swarm_id"], info["peer_id"] = swarm.swarm_id, swarm.peer_id
+            dht = swarm.dht
+            st = dht.status()
+            initial = list(dht.initial_peers or [])
+        except Exception as e:  # noqa: BLE001 - a probe must never raise
+            info["reason"] = f"solo: cannot read the DHT state ({type(e).__name__}: {e})"
         if st is not None:
             peers = int(st.num_peers) if st.alive else 0
-            initial = list(getattr(dht, "initial_peers", []) or [])
             info.update({"dht_alive": bool(st.alive), "dht_restarts": int(st.restarts), "peers": peers,
                          "maddrs": list(st.maddrs or [])[:4]})
             connected = bool(st.alive and st.connected)

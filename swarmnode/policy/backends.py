@@ -77,7 +77,7 @@ def select_backend(model_cfg: ModelConfig, device: torch.device | str) -> str:
         BackendError: unknown backend name; ``vllm`` on a non-CUDA device (CPU, MPS); ``vllm`` without the
             vllm package (the message names ``pip install 'swarmnode[gpu]'``).
     """
-    name = getattr(model_cfg, "backend", "hf") or "hf"
+    name = model_cfg.backend or "hf"
     if not isinstance(name, str) or name.strip().lower() not in BACKENDS:
         raise BackendError(f"model.backend {name!r} is not a generation backend (expected one of {', '.join(BACKENDS)})")
     name = name.strip().lower()
@@ -164,7 +164,7 @@ def _ensure_sdpa(model: Any, model_cfg: ModelConfig) -> str | None:
     """On CUDA, switch a model that came up with eager attention to SDPA (unless the config asked for eager)."""
     cfg = getattr(model, "config", None)
     impl = getattr(cfg, "_attn_implementation", None)
-    if getattr(model_cfg, "attn_implementation", None) is not None or impl != "eager":
+    if model_cfg.attn_implementation is not None or impl != "eager":
         return impl
     setter = getattr(model, "set_attn_implementation", None)
     if setter is None:
@@ -205,27 +205,27 @@ def make_generation_backend(
             return VLLMBackend(
                 policy.path,
                 policy.tokenizer,
-                gpu_memory_utilization=float(getattr(model_cfg, "vllm_gpu_memory_utilization", 0.3)),
+                gpu_memory_utilization=float(model_cfg.vllm_gpu_memory_utilization),
                 dtype=policy.dtype,
                 enable_prefix_caching=True,
-                seed=int(getattr(model_cfg, "seed", 0) or 0),
+                seed=0,  # ModelConfig has no seed: vLLM's engine seed was always 0
                 max_model_len=max_len,
-                enforce_eager=bool(getattr(model_cfg, "vllm_enforce_eager", False)),
+                enforce_eager=bool(model_cfg.vllm_enforce_eager),
             )
         except BackendError:
             raise
         except Exception as e:
             raise BackendError(f"cannot start vLLM on {policy.path!r}: {type(e).__name__}: {e}") from e
-    want_compile = bool(getattr(model_cfg, "compile", False))
+    want_compile = bool(model_cfg.compile)
     compile_decode = want_compile and device.type == "cuda"
     if want_compile and not compile_decode:
         log.info("model.compile is set but the device is %s; torch.compile of the decode step is used on CUDA only",
                  device.type)
     if device.type == "cuda":
         _ensure_sdpa(policy.model, model_cfg)
-    max_rows = getattr(model_cfg, "max_batch_rows", None)
+    max_rows = model_cfg.max_batch_rows
     if max_rows is None and plan is not None:
-        max_rows = getattr(plan, "max_decode_rows", None)
+        max_rows = plan.max_decode_rows
     return HFDecodeEngine(policy.model, policy.tokenizer, compile_decode=compile_decode, max_rows=max_rows)
 
 

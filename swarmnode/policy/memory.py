@@ -61,9 +61,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from swarmnode.config import SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +373,7 @@ def device_free_bytes(device: torch.device | str, model: Any | None = None) -> i
 def plan_for_model(
     model: Any,
     device: torch.device | str | None = None,
-    sampling_cfg: Any | None = None,
+    sampling_cfg: SamplingConfig | None = None,
     *,
     optimizer: str = "adamw",
     utilization: float = 0.9,

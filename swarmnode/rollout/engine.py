@@ -21,7 +21,10 @@ requests). The branching rules, TreePO's budget transfer and its fallback are wr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:  # a type only: rollout reads the sampling settings it is handed
+    from swarmnode.config import SamplingConfig
 
 __all__ = [
     "DecodeParams",
@@ -81,7 +84,7 @@ class DecodeParams:
             raise ValueError("repetition_count must be >= 2 and repetition_max_period >= 1")
 
     @classmethod
-    def from_config(cls, sampling_cfg, **overrides) -> "DecodeParams":
+    def from_config(cls, sampling_cfg: SamplingConfig, **overrides: float | int | None) -> DecodeParams:
         """Build from a :class:`swarmnode.config.SamplingConfig` (``repetition_count = tree.repetition_window``)."""
         kw = dict(
             temperature=sampling_cfg.temperature,

@@ -105,12 +105,13 @@ from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from cryptography.hazmat.primitives import serialization
 
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode import rundir
+from swarmnode.config import RunConfig
 from swarmnode.swarm import wire
 from swarmnode.swarm.dht import SwarmDHT, parse_multiaddr
 from swarmnode.swarm.identity import Identity, load_or_create, peer_id_from_public_key
@@ -118,6 +119,7 @@ from swarmnode.swarm.prune import PruneRule, prune_trees
 from swarmnode.swarm.transport import BundleServer, BundleStore
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.swarm.verify import Rejection, Verifier, special_token_ids
+from swarmnode.tasks.base import Scorer, Task
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +178,7 @@ def default_identity_path() -> Path:
     return Path(os.environ.get("SWARMNODE_HOME", Path.home() / ".swarmnode")) / "identity.pem"
 
 
-def identity_path_for(cfg: Any) -> Path:
+def identity_path_for(cfg: RunConfig) -> Path:
     """The Ed25519 key file of a node: ``cfg.swarm.identity_path`` or :func:`default_identity_path`."""
     p = cfg.swarm.identity_path
     return Path(p).expanduser() if p else default_identity_path()
@@ -201,6 +203,22 @@ def _has_explicit_port(maddrs: Sequence[str]) -> bool:
             if proto in ("tcp", "udp") and val != "0":
                 return True
     return False
+
+
+class SwarmPolicy(Protocol):
+    """The loaded policy as the swarm layer needs it (``swarmnode.policy.loading.Policy`` implements it; the swarm
+    package does not import ``policy``): :func:`build_swarm` reads these and nothing else."""
+
+    model: Any
+    """The torch model (a ``transformers.PreTrainedModel``): its input-embedding rows bound the vocabulary; its
+    ``generation_config.eos_token_id`` joins the tokenizer's EOS ids."""
+    tokenizer: Any
+    """The Hugging Face tokenizer: ``len()``, ``__call__(text, add_special_tokens=False)["input_ids"]``,
+    ``decode(ids, skip_special_tokens=False)``, ``eos_token_id`` and its special-token tables."""
+    model_id: str
+    """The id published in bundle headers."""
+    tokenizer_id: str
+    """The tokenizer digest: a bundle with the same id keeps its token ids."""
 
 
 @dataclass
@@ -251,7 +269,8 @@ class SwarmClient:
             ``cfg.sampling.max_prompt_length`` bounds re-prompted external prompts).
         identity: this node's Ed25519 :class:`~swarmnode.swarm.identity.Identity` (signs bundles, manifests,
             heartbeats and DHT records).
-        tasks: the task mix (``swarmnode.tasks.TaskMix``): the verifier regenerates and re-scores tasks with it.
+        tasks: the task set (a :class:`~swarmnode.tasks.base.Scorer`, ``swarmnode.tasks.mix.TaskMix``): the verifier
+            regenerates and re-scores tasks with it.
         vocab_size: our vocabulary size (int >= 1; every token id we publish is below it).
         model_id / tokenizer_id: our ids (bundle header; a bundle with our tokenizer id keeps its token ids).
         retokenize: ``text -> list[int]`` in our vocabulary, for bundles from another tokenizer; ``None``
@@ -286,9 +305,9 @@ class SwarmClient:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: RunConfig,
         identity: Identity,
-        tasks: Any,
+        tasks: Scorer,
         vocab_size: int,
         model_id: str,
         tokenizer_id: str,
@@ -296,7 +315,7 @@ class SwarmClient:
         run_dir: str | os.PathLike | None = None,
         *,
         detokenize: Callable[[list[int]], str] | None = None,
-        prompt_for: Callable[[Any], str] | None = None,
+        prompt_for: Callable[[Task], str] | None = None,
         prune: PruneRule | None = None,
         poll_interval: float | None = None,
         heartbeat_interval: float | None = None,
@@ -316,31 +335,29 @@ class SwarmClient:
         self.cfg = cfg
         self.scfg = cfg.swarm
 
-        def knob(value: Any, name: str, default: Any) -> Any:  # argument > cfg.swarm.<name> > default
-            return value if value is not None else getattr(self.scfg, name, default)
-
-        poll_interval = knob(poll_interval, "poll_interval", None)
-        heartbeat_interval = knob(heartbeat_interval, "heartbeat_interval", 10.0)
-        gather_budget_s = knob(gather_budget_s, "gather_budget_seconds", None)
-        max_pending = int(knob(max_pending, "max_pending_bundles", 32))
-        max_concurrent_fetches = int(knob(max_concurrent_fetches, "max_concurrent_fetches", 4))
-        store_bytes = int(knob(store_bytes, "store_bytes", 128 * 1024 * 1024))
+        sc = self.scfg  # an argument given here wins over cfg.swarm.<the same knob>
+        poll_interval = sc.poll_interval if poll_interval is None else poll_interval
+        heartbeat_interval = sc.heartbeat_interval if heartbeat_interval is None else heartbeat_interval
+        gather_budget_s = sc.gather_budget_seconds if gather_budget_s is None else gather_budget_s
+        max_pending = int(sc.max_pending_bundles if max_pending is None else max_pending)
+        max_concurrent_fetches = int(sc.max_concurrent_fetches if max_concurrent_fetches is None
+                                     else max_concurrent_fetches)
+        store_bytes = int(sc.store_bytes if store_bytes is None else store_bytes)
         if max_pending < 1 or max_concurrent_fetches < 1 or not heartbeat_interval > 0:
             raise ValueError("need swarm.max_pending_bundles >= 1, swarm.max_concurrent_fetches >= 1 and "
                              f"swarm.heartbeat_interval > 0; got {max_pending}, {max_concurrent_fetches}, "
                              f"{heartbeat_interval!r}")
-        self.fetch_retries = int(knob(None, "fetch_retries", 3))
-        self.fetch_relays = int(knob(None, "fetch_relays", 2))
-        self.max_fetches_per_publisher = int(knob(None, "max_fetches_per_publisher", 1))
-        budget = knob(None, "publisher_fetch_budget_seconds", None)
+        self.fetch_retries = int(sc.fetch_retries)
+        self.fetch_relays = int(sc.fetch_relays)
+        self.max_fetches_per_publisher = int(sc.max_fetches_per_publisher)
+        budget = sc.publisher_fetch_budget_seconds
         self.publisher_budget_s = float(budget) if budget else 2.0 * float(self.scfg.fetch_timeout)
-        self.young_key_trees = int(knob(None, "young_key_trees", 1))
-        self.trees_per_earned_tree = int(knob(None, "trees_per_earned_tree", 4))
-        self.max_trees_per_peer = int(knob(None, "max_trees_per_peer", 8))
-        self.established_after = int(knob(None, "established_after", 16))
-        young_pool = knob(None, "max_young_trees", None)
-        self.max_young_trees = (int(young_pool) if young_pool is not None
-                                else max(1, int(getattr(self.scfg, "num_external", 4)) // 2))
+        self.young_key_trees = int(sc.young_key_trees)
+        self.trees_per_earned_tree = int(sc.trees_per_earned_tree)
+        self.max_trees_per_peer = int(sc.max_trees_per_peer)
+        self.established_after = int(sc.established_after)
+        young_pool = sc.max_young_trees
+        self.max_young_trees = int(young_pool) if young_pool is not None else max(1, int(sc.num_external) // 2)
         if (self.fetch_retries < 1 or self.fetch_relays < 0 or self.max_fetches_per_publisher < 1
                 or self.young_key_trees < 0 or self.trees_per_earned_tree < 1 or self.max_trees_per_peer < 1
                 or self.established_after < 0 or self.max_young_trees < 0):
@@ -364,13 +381,12 @@ class SwarmClient:
         self.gather_budget_s = float(gather_budget_s) if gather_budget_s else float(self.scfg.fetch_timeout)
         self.max_pending = int(max_pending)
         self.max_bundle_bytes = min(int(self.scfg.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
-        self.max_prompt_length = int(getattr(getattr(cfg, "sampling", None), "max_prompt_length", 512))
+        self.max_prompt_length = int(cfg.sampling.max_prompt_length)
         self.on_accept = on_accept
         self.max_concurrent_fetches = int(max_concurrent_fetches)
         self._full_read_every = max(1, round(self.scfg.bucket_seconds / (2 * self.poll_interval)))
 
-        max_comp = self.scfg.max_external_completion_length or getattr(
-            getattr(cfg, "sampling", None), "max_completion_length", None)
+        max_comp = self.scfg.max_external_completion_length or cfg.sampling.max_completion_length
         self.verifier = Verifier(self.scfg, tasks, vocab_size, tokenizer_id, retokenize, detokenize=detokenize,
                                  prompt_for=prompt_for, max_prompt_length=self.max_prompt_length,
                                  max_completion_tokens=max_comp, **(verifier_kwargs or {}))
@@ -404,9 +420,9 @@ class SwarmClient:
             self.dht,
             BundleStore(max_total_bytes=max(store_bytes, self.max_bundle_bytes), max_item_bytes=self.max_bundle_bytes),
             max_concurrent_fetches=max_concurrent_fetches,
-            max_concurrent_serves=int(knob(None, "max_concurrent_serves", 16)),
-            max_serves_per_peer=int(knob(None, "max_serves_per_peer", 4)),
-            first_byte_timeout=float(knob(None, "serve_first_byte_timeout", 2.0)),
+            max_concurrent_serves=int(sc.max_concurrent_serves),
+            max_serves_per_peer=int(sc.max_serves_per_peer),
+            first_byte_timeout=float(sc.serve_first_byte_timeout),
             request_timeout=self.scfg.fetch_timeout,
             default_max_bytes=self.max_bundle_bytes,
             start=False,
@@ -1234,13 +1250,13 @@ class SwarmClient:
 
 
 def build_swarm(
-    cfg: Any,
-    policy: Any,
-    tasks: Any,
+    cfg: RunConfig,
+    policy: SwarmPolicy,
+    tasks: Scorer,
     run_dir: str | os.PathLike,
     *,
     model_id: str | None = None,
-    prompt_for: Callable[[Any], str] | None = None,
+    prompt_for: Callable[[Task], str] | None = None,
     identity: Identity | None = None,
     **kwargs: Any,
 ) -> SwarmClient:
@@ -1248,9 +1264,8 @@ def build_swarm(
 
     Args:
         cfg: the node's RunConfig.
-        policy: the loaded policy (``swarmnode.policy.loading.Policy``): its ``tokenizer``, ``model``,
-            ``model_id`` and ``tokenizer_id`` are used (duck-typed; the swarm package does not import policy).
-        tasks: the node's TaskMix.
+        policy: the loaded policy as a :class:`SwarmPolicy` (``swarmnode.policy.loading.Policy``).
+        tasks: the node's task set (a :class:`~swarmnode.tasks.base.Scorer`: its TaskMix).
         run_dir: the node's run directory.
         model_id: the id to publish under (default ``policy.model_id``; a resumed node passes its base model id).
         prompt_for: ``Task -> prompt text`` (the node's ``prompt_for``), for re-prompting re-tokenized trees.

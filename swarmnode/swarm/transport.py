@@ -60,16 +60,28 @@ __all__ = [
     "BundleServer",
     "BundleStore",
     "FetchResult",
+    "LENGTH_BYTES",
+    "PROTOCOL",
+    "REQUEST_LEN",
+    "REQUEST_MAGIC",
+    "STATUS_BAD_REQUEST",
+    "STATUS_BUSY",
+    "STATUS_FOUND",
+    "STATUS_NOT_FOUND",
     "sha256_hex",
 ]
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = "/swarmnode/bundle/1.0.0"
-_MAGIC = b"SNB1"
-_REQUEST_LEN = len(_MAGIC) + 32
-_FOUND, _NOT_FOUND, _BUSY, _BAD_REQUEST = b"\x00", b"\x01", b"\x02", b"\x03"
-_HEADER_LEN = 8
+REQUEST_MAGIC = b"SNB1"
+"""The first 4 bytes of a request (then the 32-byte raw SHA-256 digest)."""
+REQUEST_LEN = len(REQUEST_MAGIC) + 32
+"""Bytes of a request: 36."""
+STATUS_FOUND, STATUS_NOT_FOUND, STATUS_BUSY, STATUS_BAD_REQUEST = b"\x00", b"\x01", b"\x02", b"\x03"
+"""The response's status byte."""
+LENGTH_BYTES = 8
+"""Bytes of the big-endian body length that follows :data:`STATUS_FOUND`."""
 _CHUNK = 64 * 1024
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -410,7 +422,7 @@ class BundleServer:
         try:
             if self._serving >= self.max_concurrent_serves or self._serving_by_peer[peer] >= self.max_serves_per_peer:
                 self._count("serve_busy" if self._serving >= self.max_concurrent_serves else "serve_busy_peer")
-                writer.write(_BUSY)
+                writer.write(STATUS_BUSY)
                 await asyncio.wait_for(writer.drain(), self.request_timeout)
                 return
             self._serving += 1
@@ -434,19 +446,19 @@ class BundleServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # an honest client writes its 36 bytes right after opening the stream: an idle stream is closed soon
-        request = await asyncio.wait_for(reader.readexactly(_REQUEST_LEN), self.first_byte_timeout)
-        if not request.startswith(_MAGIC):
+        request = await asyncio.wait_for(reader.readexactly(REQUEST_LEN), self.first_byte_timeout)
+        if not request.startswith(REQUEST_MAGIC):
             self._count("serve_bad_request")
-            writer.write(_BAD_REQUEST)
+            writer.write(STATUS_BAD_REQUEST)
             await asyncio.wait_for(writer.drain(), self.request_timeout)
             return
-        body = self._lookup(request[len(_MAGIC):].hex())
+        body = self._lookup(request[len(REQUEST_MAGIC):].hex())
         if body is None:
             self._count("serve_not_found")
-            writer.write(_NOT_FOUND)
+            writer.write(STATUS_NOT_FOUND)
             await asyncio.wait_for(writer.drain(), self.request_timeout)
             return
-        writer.write(_FOUND + len(body).to_bytes(_HEADER_LEN, "big"))
+        writer.write(STATUS_FOUND + len(body).to_bytes(LENGTH_BYTES, "big"))
         view = memoryview(body)
         for offset in range(0, len(body), _CHUNK):
             writer.write(view[offset : offset + _CHUNK])
@@ -593,16 +605,16 @@ class BundleServer:
             _, reader, writer = await p2p.call_binary_stream_handler(peer_id, PROTOCOL)
             progress["stage"] = "open"
             try:
-                writer.write(_MAGIC + bytes.fromhex(digest))
+                writer.write(REQUEST_MAGIC + bytes.fromhex(digest))
                 await writer.drain()
                 status = await reader.readexactly(1)
-                if status == _NOT_FOUND:
+                if status == STATUS_NOT_FOUND:
                     return FetchResult(None, "not_found", peer)
-                if status == _BUSY:
+                if status == STATUS_BUSY:
                     return FetchResult(None, "busy", peer)
-                if status != _FOUND:
+                if status != STATUS_FOUND:
                     return FetchResult(None, "bad_response", peer)
-                length = int.from_bytes(await reader.readexactly(_HEADER_LEN), "big")
+                length = int.from_bytes(await reader.readexactly(LENGTH_BYTES), "big")
                 if length > max_bytes:
                     return FetchResult(None, "too_large", peer)  # abort before reading the body
                 chunks: list[bytes] = []

@@ -158,7 +158,8 @@ from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.identity import peer_id_from_public_key
 from swarmnode.swarm.peers import UNATTRIBUTED, LogLimiter, PeerBook
-from swarmnode.tasks.base import TaskRef
+from swarmnode.config import SwarmConfig
+from swarmnode.tasks.base import Scorer, Task, TaskRef
 from swarmnode.tasks.partition import normalize_question
 
 log = logging.getLogger(__name__)
@@ -351,10 +352,10 @@ class Verifier:
     Args:
         swarm_cfg: the ``swarm`` config (:class:`~swarmnode.config.SwarmConfig`): ``swarm_id``,
             ``allowlist`` (hex public keys or ``sn1…`` peer ids; empty = open swarm), ``freshness_seconds``,
-            ``max_clock_skew``, ``max_bundle_bytes``, ``ban_after``, ``ban_seconds`` (and
-            ``rate_limit_per_minute`` if the config has it).
-        tasks: the task mix: ``contains(ref) -> bool``, ``get(ref) -> Task``,
-            ``score_detail(task, completion) -> {"correct", "format", "reward"}`` (``tasks.TaskMix``).
+            ``max_clock_skew``, ``max_bundle_bytes``, ``ban_after``, ``ban_seconds``, ``rate_limit_per_minute``,
+            ``replay_window_seconds``, ``max_external_completion_length``, ``max_bundle_tokens``.
+        tasks: the task set, a :class:`~swarmnode.tasks.base.Scorer` (``contains``, ``get``, ``rescore``,
+            ``format_reward``; ``tasks.TaskMix``).
         our_vocab_size: our tokenizer's vocabulary size (int >= 1).
         our_tokenizer_id: our tokenizer id (a bundle with the same id keeps its token ids).
         retokenize: ``text -> list[int]`` in our vocabulary, used when a bundle's tokenizer differs; ``None``
@@ -368,7 +369,6 @@ class Verifier:
         max_seeds_per_source: most distinct dataset seeds per task source in one bundle.
         verify_budget_s: seconds of re-scoring per bundle (checked between leaves).
         seen_capacity: capacity of each seen-digest set (bundle digests, tree digests, manifest digests).
-        rate_limit_per_minute: used for the default PeerBook when the config has no such field.
         timer: monotonic seconds for the re-scoring budget (``time.monotonic``).
         encode: ``text -> list[int]`` of OUR tokenizer (no special tokens added; default ``retokenize``): builds
             our prompts and checks that same-tokenizer ids round-trip (``encode(decode(ids)) == ids``).
@@ -397,8 +397,8 @@ class Verifier:
 
     def __init__(
         self,
-        swarm_cfg: Any,
-        tasks: Any,
+        swarm_cfg: SwarmConfig,
+        tasks: Scorer,
         our_vocab_size: int,
         our_tokenizer_id: str,
         retokenize: Callable[[str], list[int]] | None = None,
@@ -411,12 +411,11 @@ class Verifier:
         max_seeds_per_source: int = 4,
         verify_budget_s: float = 10.0,
         seen_capacity: int = 65536,
-        rate_limit_per_minute: float = 120.0,
         timer: Callable[[], float] = time.monotonic,
         encode: Callable[[str], list[int]] | None = None,
         special_ids: Collection[int] = (),
         eos_ids: Collection[int] = (),
-        prompt_for: Callable[[Any], str] | None = None,
+        prompt_for: Callable[[Task], str] | None = None,
         max_prompt_length: int = 512,
         max_completion_tokens: int | None = None,
         max_bundle_tokens: int | None = None,
@@ -433,10 +432,9 @@ class Verifier:
         if not (verify_budget_s > 0):
             raise ValueError(f"verify_budget_s must be > 0, got {verify_budget_s!r}")
         if max_completion_tokens is None:
-            max_completion_tokens = getattr(swarm_cfg, "max_external_completion_length", None) or \
-                wire.MAX_COMPLETION_TOKENS
+            max_completion_tokens = swarm_cfg.max_external_completion_length or wire.MAX_COMPLETION_TOKENS
         if max_bundle_tokens is None:
-            max_bundle_tokens = getattr(swarm_cfg, "max_bundle_tokens", None) or 131072
+            max_bundle_tokens = swarm_cfg.max_bundle_tokens or 131072
         for name, v in (("max_completion_tokens", max_completion_tokens), ("max_bundle_tokens", max_bundle_tokens),
                         ("max_prompt_length", max_prompt_length)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -466,7 +464,7 @@ class Verifier:
         self.timer = timer
         self.allow_keys: set[str] = set()
         self.allow_peer_ids: set[str] = set()
-        for entry in getattr(swarm_cfg, "allowlist", None) or []:
+        for entry in swarm_cfg.allowlist or []:
             e = str(entry).strip().lower()
             if e.startswith("sn1"):
                 self.allow_peer_ids.add(e)
@@ -476,14 +474,14 @@ class Verifier:
             peers = PeerBook(
                 ban_after=int(swarm_cfg.ban_after),
                 ban_seconds=float(swarm_cfg.ban_seconds),
-                rate_limit_per_minute=float(getattr(swarm_cfg, "rate_limit_per_minute", rate_limit_per_minute)),
+                rate_limit_per_minute=float(swarm_cfg.rate_limit_per_minute),
                 clock=clock,
             )
         self.peers = peers
         ttl = self.freshness + 2.0 * self.skew
         self._seen_bundles = _TTLSet(seen_capacity, ttl, clock)     # envelope digest -> verdict reason
         window = float(replay_window_s if replay_window_s is not None
-                       else getattr(swarm_cfg, "replay_window_seconds", 0.0) or 0.0)
+                       else swarm_cfg.replay_window_seconds or 0.0)
         self.replay_window_s = max(window, ttl)
         self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)  # content_key -> "own" | "peer"
         self._seen_manifests = _TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
@@ -924,19 +922,14 @@ class Verifier:
         scores: dict[tuple[int, int], float] = {}
         fmt_claims: list[tuple[int, int, float, float, float]] = []  # (i, j, claim, exact, partial)
         n_scored = sum(len(live[i]) for i in keep)
-        wfmt = float(getattr(self.tasks, "format_reward", 0.0) or 0.0)
+        wfmt = float(self.tasks.format_reward or 0.0)
         for i in keep:
             wt = b.trees[i]
             for j in live[i]:
                 text = texts[(i, j)]
-                if hasattr(self.tasks, "rescore"):
-                    d = self.tasks.rescore(tasks[i], text)
-                    exact, partial, fmt = float(d["correct"]), float(d["partial"]), float(d["format"])
-                    reward = exact + wfmt * fmt
-                else:  # a task set with only score_detail (its correctness is taken as exact)
-                    d = self.tasks.score_detail(tasks[i], text)
-                    exact = partial = float(d["correct"])
-                    fmt, reward = float(d["format"]), float(d["reward"])
+                d = self.tasks.rescore(tasks[i], text)
+                exact, partial, fmt = float(d["correct"]), float(d["partial"]), float(d["format"])
+                reward = exact + wfmt * fmt
                 if not all(math.isfinite(x) for x in (exact, partial, fmt, reward)):
                     raise final(self._reject("internal", f"our scorer returned a non-finite value {d!r}", signer,
                                              False, charge=False))
@@ -963,7 +956,7 @@ class Verifier:
         out: list[PeerTree] = []
         for i in keep:
             tree = rolled[i]
-            tree.task_name = getattr(tasks[i], "name", "") or ""
+            tree.task_name = tasks[i].name or ""
             tree.prompt_text, tree.prompt_ids = prompts[i]
             for j in live[i]:
                 tree.nodes[j].reward = scores[(i, j)]
@@ -999,7 +992,7 @@ class Verifier:
             self.stats["retokenized_trees"] += len(out)
         return out
 
-    def _our_prompt(self, task: Any, tree: RolloutTree, signer: str,
+    def _our_prompt(self, task: Task, tree: RolloutTree, signer: str,
                     final: Callable[[Rejection], Rejection]) -> tuple[str, list[int]]:
         """``(text, ids)`` of OUR prompt for ``task`` (``prompt_for`` + ``encode``, left-truncated to
         ``max_prompt_length``); without ``prompt_for``, the question alone in our tokenization. The sender's

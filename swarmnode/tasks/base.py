@@ -96,6 +96,9 @@ class Scorer(Protocol):
     task from its :class:`TaskRef` and re-score a completion. :class:`swarmnode.tasks.mix.TaskMix` implements it.
     """
 
+    format_reward: float
+    """Weight of the format term of the local reward, in [0, 1] (``tasks.format_reward``)."""
+
     def contains(self, ref: TaskRef) -> bool:
         """Whether ``ref`` names a training task of this task set (a peer's tree for any other task is refused)."""
         ...
@@ -110,4 +113,10 @@ class Scorer(Protocol):
 
     def score_detail(self, task: Task, completion: str) -> dict[str, float]:
         """``{"correct", "format", "reward"}`` of a completion text (exact correctness, format bonus, reward)."""
+        ...
+
+    def rescore(self, task: Task, completion: str) -> dict[str, float]:
+        """``{"correct", "partial", "format"}`` of a completion text from one verifier call: exact correctness,
+        the source's raw score in [0, 1], the format rule in {0, 1} (both correctness values 0 when it fails).
+        Re-scoring a peer's leaf and held-out evaluation use it; never raises."""
         ...

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from typing import Any
+
+from cachetools import LRUCache
 
 from swarmnode.tasks.base import Task, TaskRef, config_digest
 from swarmnode.tasks.verifiers import VerifierTimeout, clamp01, extract_answer, time_limit
@@ -120,7 +121,7 @@ class ReasoningGymSource:
                 name,
             )
         self._cache_seeds = cache_seeds
-        self._cache: OrderedDict[int, Any] = OrderedDict()
+        self._cache: LRUCache[int, Any] = LRUCache(maxsize=cache_seeds)
         self._lock = threading.Lock()
         # Validate the config now (the dataset's own validate() runs in create_dataset), with a tiny size
         # so that datasets that pre-generate items stay cheap.
@@ -163,16 +164,12 @@ class ReasoningGymSource:
     def dataset(self, seed: int) -> Any:
         """The reasoning-gym ``ProceduralDataset`` for ``seed`` (LRU-cached; thread-safe)."""
         with self._lock:
-            ds = self._cache.get(seed)
+            ds = self._cache.get(seed)  # a hit becomes the most recently used
             if ds is not None:
-                self._cache.move_to_end(seed)
                 return ds
         ds = self._rg.create_dataset(self.name, seed=seed, size=self.size, **self.config)
         with self._lock:
-            self._cache[seed] = ds
-            self._cache.move_to_end(seed)
-            while len(self._cache) > self._cache_seeds:
-                self._cache.popitem(last=False)
+            self._cache[seed] = ds  # evicts the least recently used beyond cache_seeds
         return ds
 
     def get(self, ref: TaskRef) -> Task:

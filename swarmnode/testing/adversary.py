@@ -79,7 +79,9 @@ import msgpack
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.identity import Identity
+from swarmnode.config import SwarmConfig
 from swarmnode.tasks.base import TaskRef
+from swarmnode.tasks.mix import TaskMix
 
 __all__ = [
     "BYTE_TOKENIZER_ID",
@@ -181,7 +183,7 @@ class HostileFactory:
     def __init__(
         self,
         identity: Identity,
-        tasks: Any,
+        tasks: TaskMix,
         *,
         swarm_id: str,
         victim: Identity | None = None,
@@ -748,7 +750,14 @@ def _network_classes() -> tuple[type, type, type]:
     from collections import Counter
 
     from swarmnode.swarm.dht import SwarmDHT
-    from swarmnode.swarm.transport import _FOUND, _HEADER_LEN, _MAGIC, _REQUEST_LEN, BundleServer, BundleStore
+    from swarmnode.swarm.transport import (
+        LENGTH_BYTES,
+        REQUEST_LEN,
+        REQUEST_MAGIC,
+        STATUS_FOUND,
+        BundleServer,
+        BundleStore,
+    )
     from swarmnode.swarm.validator import _SIG_PREFIX, Ed25519RecordValidator, owner_marker
 
     class ForgingValidator(Ed25519RecordValidator):
@@ -797,8 +806,8 @@ def _network_classes() -> tuple[type, type, type]:
             self.hang_seconds = float(hang_seconds)
 
         async def _serve(self, reader: Any, writer: Any) -> None:
-            request = await asyncio.wait_for(reader.readexactly(_REQUEST_LEN), self.request_timeout)
-            digest = request[len(_MAGIC):].hex()
+            request = await asyncio.wait_for(reader.readexactly(REQUEST_LEN), self.request_timeout)
+            digest = request[len(REQUEST_MAGIC):].hex()
             self.requests[digest] += 1
             mode = self.modes.get(digest)
             body = self.store.get(digest)
@@ -806,17 +815,17 @@ def _network_classes() -> tuple[type, type, type]:
                 await asyncio.wait_for(reader.read(1), self.hang_seconds)
                 return
             if mode == "overclaim":
-                writer.write(_FOUND + (1 << 30).to_bytes(_HEADER_LEN, "big"))
+                writer.write(STATUS_FOUND + (1 << 30).to_bytes(LENGTH_BYTES, "big"))
                 await writer.drain()
                 await asyncio.wait_for(reader.read(1), self.hang_seconds)
                 return
             if mode == "short" and body is not None:
-                writer.write(_FOUND + len(body).to_bytes(_HEADER_LEN, "big") + body[:10])
+                writer.write(STATUS_FOUND + len(body).to_bytes(LENGTH_BYTES, "big") + body[:10])
                 await writer.drain()
                 return
             fake = self.lies.get(digest) if mode == "lie" else None
             if fake is not None:
-                writer.write(_FOUND + len(fake).to_bytes(_HEADER_LEN, "big") + fake)
+                writer.write(STATUS_FOUND + len(fake).to_bytes(LENGTH_BYTES, "big") + fake)
                 await writer.drain()
                 return
             again = asyncio.StreamReader()  # the honest protocol, from the request already read
@@ -883,8 +892,8 @@ class HostilePeer:
 
     def __init__(
         self,
-        swarm_cfg: Any,
-        tasks: Any,
+        swarm_cfg: SwarmConfig,
+        tasks: TaskMix,
         *,
         initial_peers: list[str] | None = None,
         identity: Identity | None = None,

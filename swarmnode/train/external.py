@@ -28,13 +28,16 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from swarmnode.rollout.advantages import STD_FLOOR, _std
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.train.batch import _zero_variance, external_samples, leaf_completion_length
 from swarmnode.train.off_policy import _check_choice, _ids_match
 from swarmnode.train.samples import Sample
+
+if TYPE_CHECKING:
+    from swarmnode.config import SwarmConfig
 
 __all__ = ["select_external", "tree_sample_tokens", "process_external"]
 
@@ -244,7 +247,7 @@ def select_external(
 
 def process_external(
     candidates: Sequence[PeerTree],
-    swarm_cfg: Any,
+    swarm_cfg: SwarmConfig,
     *,
     current_version: int,
     our_model_id: str,

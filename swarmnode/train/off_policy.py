@@ -16,9 +16,12 @@ per-token loss each source defines (reference for the hook's gradient).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from swarmnode.config import SwarmConfig
 
 __all__ = [
     "OFF_POLICY_MODES",
@@ -233,7 +236,7 @@ def external_token_loss(
 
 
 
-def make_token_weight_fn(swarm_cfg: Any, stats: dict[str, Any] | None = None):
+def make_token_weight_fn(swarm_cfg: SwarmConfig, stats: dict[str, Any] | None = None):
     """A ``Trainer.step`` ``token_weight_fn`` applying ``swarm.off_policy`` to external rows only.
 
     Local rows keep weight 1 (their normal clipped ratio); each external row gets

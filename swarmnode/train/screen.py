@@ -32,13 +32,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
 from swarmnode.train.loss import sequence_logprobs
 from swarmnode.train.samples import Sample
 from swarmnode.train.trainer import pack_micro_batches
+
+if TYPE_CHECKING:
+    from swarmnode.config import ScreenConfig
 
 __all__ = ["completion_stats", "LikelihoodScreen", "ScreenResult", "SCREEN_REASON"]
 
@@ -159,7 +162,7 @@ class LikelihoodScreen:
         self._ref: deque[tuple[float, float]] = deque(maxlen=int(history))
 
     @classmethod
-    def from_config(cls, screen_cfg: Any, *, temperature: float, pad_token_id: int, max_rows: int,
+    def from_config(cls, screen_cfg: ScreenConfig, *, temperature: float, pad_token_id: int, max_rows: int,
                     max_tokens: int | None) -> "LikelihoodScreen":
         """Build from a :class:`swarmnode.config.ScreenConfig`."""
         return cls(screen_cfg.window, screen_cfg.history, screen_cfg.min_history, screen_cfg.quantile,
