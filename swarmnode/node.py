@@ -293,11 +293,11 @@ class Node:
             return None, {}
         keys = [self.tasks.source_key(i) for i in range(len(self.tasks.sources))]
         peers: list[PeerRates] = []
-        if self.swarm is not None and hasattr(self.swarm, "peer_task_rates"):
+        if self.swarm is not None:
             peers = self.swarm.peer_task_rates()
         rates = combine_rates(keys, self.local_rates.counts(), peers, min_samples=cc.min_samples,
                               max_age_s=cc.max_age_seconds, max_voters=cc.max_voters,
-                              own_peer_id=getattr(self.swarm, "peer_id", None))
+                              own_peer_id=None if self.swarm is None else self.swarm.peer_id)
         weights = curriculum_weights(self.tasks.weights, [rates[k] for k in keys], min_factor=cc.min_factor,
                                      max_factor=cc.max_factor)
         total = sum(weights)
@@ -318,7 +318,7 @@ class Node:
         if not self.cfg.swarm.curriculum.enabled:
             return
         self.local_rates.observe(step_counts)
-        if self.swarm is not None and hasattr(self.swarm, "share_task_rates"):
+        if self.swarm is not None:
             self.swarm.share_task_rates(self.local_rates.counts())
 
     def expand(self, candidates: list[PeerTree], step: int, exclude_peers: set[str]) -> list[Expansion]:

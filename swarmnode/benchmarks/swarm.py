@@ -58,7 +58,9 @@ from swarmnode.monitor.report import moving_average
 if TYPE_CHECKING:
     from swarmnode.rollout.peer_tree import PeerTree
     from swarmnode.rollout.tree import RolloutTree
+    from swarmnode.node import Node
     from swarmnode.swarm.gossip import SwarmClient
+    from swarmnode.tasks.curriculum import PeerRates
 
 __all__ = [
     "Arm",
@@ -304,6 +306,12 @@ class BufferedSwarm:
     def maddrs(self) -> list[str]:
         return self.client.maddrs()
 
+    def share_task_rates(self, rates: dict[str, tuple[int, int]] | None) -> None:
+        self.client.share_task_rates(rates)
+
+    def peer_task_rates(self) -> list[PeerRates]:
+        return self.client.peer_task_rates()
+
     def publish(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
         return self.client.publish(trees, step, policy_version=policy_version)
 
@@ -332,7 +340,7 @@ class PayloadCounter:
         payload: the planted string (searched in completions decoded without special tokens).
     """
 
-    def __init__(self, node: Any, payload: str) -> None:
+    def __init__(self, node: Node, payload: str) -> None:
         self.node, self.payload = node, payload
         self.screened = {"payload_kept": 0, "payload_rejected": 0, "clean_kept": 0, "clean_rejected": 0}
         self.by_peer: dict[str, list[int]] = {}  # peer id -> [checked, rejected]
