@@ -92,18 +92,19 @@ class TasksConfig(_Strict):
 
     sources: list[TaskSourceConfig] = Field(
         default_factory=lambda: [
-            TaskSourceConfig(name="chain_sum", config={"min_terms": 5, "max_terms": 5, "min_digits": 1,
+            TaskSourceConfig(name="chain_sum", config={"min_terms": 7, "max_terms": 7, "min_digits": 1,
                                                         "max_digits": 1}),
             TaskSourceConfig(name="basic_arithmetic", config={
-                "min_terms": 2, "max_terms": 2, "min_digits": 3, "max_digits": 3, "operators": ["+"],
+                "min_terms": 2, "max_terms": 2, "min_digits": 5, "max_digits": 5, "operators": ["+"],
                 "allow_parentheses": False, "allow_negation": False}),
             TaskSourceConfig(name="leg_counting", config={"min_animals": 2, "max_animals": 3, "min_instances": 1,
                                                            "max_instances": 10}),
-            TaskSourceConfig(name="letter_counting", config={"min_words": 3, "max_words": 5}),
+            TaskSourceConfig(name="letter_counting", config={"min_words": 4, "max_words": 6}),
         ],
         min_length=1,
         description="the task sources of the mix (at least one); default: the embedded model's worked-solution mix "
-        "(5-term one-digit chain_sum, 3-digit addition, leg_counting, letter_counting; docs/embedded_model.md)",
+        "(7-term one-digit chain_sum, 5-digit addition, leg_counting with 2-3 kinds, letter_counting with 4-6 words; "
+        "docs/embedded_model.md)",
     )
     seed: int = Field(0, ge=0, description="seed of the training task stream")
     stream: int | None = Field(
@@ -125,14 +126,14 @@ class TasksConfig(_Strict):
     probes: list[ProbeConfig] = Field(
         default_factory=lambda: [
             ProbeConfig(name="chain_sum", label="one_more_term",
-                        config={"min_terms": 6, "max_terms": 6, "min_digits": 1, "max_digits": 1}),
+                        config={"min_terms": 8, "max_terms": 8, "min_digits": 1, "max_digits": 1}),
             ProbeConfig(name="basic_arithmetic", label="one_more_digit", config={
-                "min_terms": 2, "max_terms": 2, "min_digits": 4, "max_digits": 4, "operators": ["+"],
+                "min_terms": 2, "max_terms": 2, "min_digits": 6, "max_digits": 6, "operators": ["+"],
                 "allow_parentheses": False, "allow_negation": False}),
         ],
         description="nearby-distribution task sources (e.g. one more term, one more digit) "
         "evaluated on their held-out questions and reported separately as generalization; never trained on. "
-        "Default: 6-term chain_sum (one more term) and 4-digit addition (one more digit)"
+        "Default: 8-term chain_sum (one more term) and 6-digit addition (one more digit)"
     )
     format_reward: float = Field(
         0.0, ge=0, le=1, description="extra reward for a well-formed <answer>…</answer> (0 disables)"
@@ -190,7 +191,7 @@ class SamplingConfig(_Strict):
 
     prompts_per_step: int = Field(8, ge=1, description="prompts drawn per step")
     num_generations: int = Field(8, ge=2, description="leaves (completions) per prompt, G")
-    max_completion_length: int = Field(96, ge=1, description="max new tokens per completion (TRL name); default 96 (the embedded model's worked solutions: <= 80 reasoning tokens + the answer tag)")
+    max_completion_length: int = Field(96, ge=1, description="max new tokens per completion (TRL name); default 96 (the embedded model's worked solutions: <= 88 reasoning tokens + the answer tag)")
     max_prompt_length: int = Field(512, ge=8, description="longer prompts are left-truncated")
     temperature: float = Field(1.0, gt=0, description="softmax temperature of sampling; behaviour log-probs are "
                                "taken under it (TRL convention); default 1.0")

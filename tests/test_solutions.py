@@ -23,7 +23,9 @@ from swarmnode.tasks.solutions import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-SEEDS = range(40)
+# reasoning-gym seeds item ``index`` of dataset ``seed`` with Random(seed + index), so seeds 0..39 x indices 0..59
+# would hold only 99 distinct questions; seeds 1,000 apart give 2,400 distinct ones per task
+SEEDS = range(0, 40_000, 1_000)
 PER_SEED = 60  # 40 seeds x 60 = 2,400 solutions per task
 
 
@@ -47,10 +49,10 @@ def test_every_worked_solution_is_rescored_fully_correct(spec):
     assert n >= 2000
     lengths.sort()
     # character-level tokenizer: characters are tokens. 20-60 tokens of reasoning for the bulk of them
-    # (measured 10th-90th percentiles: chain_sum 25-31, basic_arithmetic 27-35, leg_counting 33-64,
-    # letter_counting 29-57; docs/embedded_model.md)
+    # (measured 10th-90th percentiles: chain_sum 38-49, basic_arithmetic 53-61, leg_counting 33-65,
+    # letter_counting 40-68; docs/embedded_model.md)
     assert 20 <= lengths[len(lengths) // 2] <= 60, lengths[len(lengths) // 2]
-    assert lengths[len(lengths) // 10] >= 17 and lengths[len(lengths) * 9 // 10] <= 65, (lengths[0], lengths[-1])
+    assert lengths[len(lengths) // 10] >= 17 and lengths[len(lengths) * 9 // 10] <= 70, (lengths[0], lengths[-1])
     assert lengths[-1] <= 90
 
 

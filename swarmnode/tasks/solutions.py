@@ -9,14 +9,14 @@ solution with the task's own ``score_answer`` checks the steps' arithmetic too.
 
 The default mix (:data:`DEFAULT_MIX`), one writer per task:
 
-* ``chain_sum`` (5 one-digit terms, ``+``/``-``): running partial sums, one operation per line:
+* ``chain_sum`` (7 one-digit terms, ``+``/``-``): running partial sums, one operation per line:
   ``"3+5=8\\n8-2=6\\n6+7=13\\n13-4=9\\n"``.
-* ``basic_arithmetic`` (2 terms of up to 3 digits, ``+`` only): column addition from the units up; each line
+* ``basic_arithmetic`` (2 terms of up to 5 digits, ``+`` only): column addition from the units up; each line
   is one column (digit + digit + carry = column sum) and the answer digits written so far:
   ``"7+6=13 3\\n4+8+1=13 33\\n3+5+1=9 933\\n"``.
 * ``leg_counting`` (2-3 kinds of animals, 1-10 of each): legs per kind, then running sums:
   ``"duck 7*2=14\\ncat 3*4=12\\n14+12=26\\n"``.
-* ``letter_counting`` (spans of 3-5 words): every word with the letter's count in it and the running total:
+* ``letter_counting`` (spans of 4-6 words): every word with the letter's count in it and the running total:
   ``"hundred +1=1\\nthousand +1=2\\nnames +0=2\\n"``.
 
 Question-space sizes (:func:`question_space_size`, from the generators' parameters in reasoning-gym 0.1.19):
@@ -32,15 +32,15 @@ from typing import Any
 #: The embedded model's task mix: reasoning-gym dataset name, config (keyword arguments of the dataset's
 #: config dataclass) and sampling weight. swarmnode/default.yaml lists the same sources.
 DEFAULT_MIX: list[dict[str, Any]] = [
-    {"name": "chain_sum", "config": {"min_terms": 5, "max_terms": 5, "min_digits": 1, "max_digits": 1},
+    {"name": "chain_sum", "config": {"min_terms": 7, "max_terms": 7, "min_digits": 1, "max_digits": 1},
      "weight": 1.0},
     {"name": "basic_arithmetic",
-     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 3, "max_digits": 3, "operators": ["+"],
+     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 5, "max_digits": 5, "operators": ["+"],
                 "allow_parentheses": False, "allow_negation": False},
      "weight": 1.0},
     {"name": "leg_counting", "config": {"min_animals": 2, "max_animals": 3, "min_instances": 1, "max_instances": 10},
      "weight": 1.0},
-    {"name": "letter_counting", "config": {"min_words": 3, "max_words": 5}, "weight": 1.0},
+    {"name": "letter_counting", "config": {"min_words": 4, "max_words": 6}, "weight": 1.0},
 ]
 
 #: Tasks :func:`worked_solution` can write.
@@ -228,10 +228,10 @@ def question_space_size(task: str, config: dict[str, Any]) -> int:
 
     * ``chain_sum``: ``t`` terms of ``d`` digits, values ``randint(0, 9)`` for ``d == 1`` else
       ``randint(10**(d-1), 10**d - 1)``, ``t - 1`` operators from ``{+, -}``: ``sum_t,d  V(d)**t * 2**(t-1)``
-      (5 one-digit terms: 10^5 * 16 = 1.6M).
+      (7 one-digit terms: 10^7 * 64 = 640M).
     * ``basic_arithmetic`` without parentheses: ``t`` terms, each ``randint(0, 10**d)`` (``10**d + 1`` values),
-      operators from the config: ``sum_t,d (10**d + 1)**t * |ops|**(t-1)`` (2 terms, 3 digits, ``+``:
-      1001^2 = 1,002,001). Upper bound when ``/`` is allowed (the generator may rewrite it).
+      operators from the config: ``sum_t,d (10**d + 1)**t * |ops|**(t-1)`` (2 terms, 5 digits, ``+``:
+      100001^2 = 10,000,200,001). Upper bound when ``/`` is allowed (the generator may rewrite it).
     * ``leg_counting``: an ordered sample of ``k`` distinct animals out of 37 and a count in
       ``[min_instances, max_instances]`` for each: ``sum_k 37!/(37-k)! * n**k`` (2-3 animals, 1-10 each:
       133,200 + 46,620,000).
