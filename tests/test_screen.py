@@ -121,3 +121,26 @@ def test_extreme_behaviour_claims_are_discarded_before_tis(policy):
     assert res.kept == [truthful, extreme]  # the text is ours: kept ...
     assert truthful.behaviour_logprobs == own and extreme.behaviour_logprobs is None  # ... the lie is not
     assert res.metrics["screen/behaviour_claims_dropped"] == 1
+
+
+def test_a_group_that_loses_a_member_is_dropped_whole(policy):
+    """Poisoned-but-correct groups: the payload leaves are rejected; their payload-free wrong siblings carry
+    advantages normalized against them and must not train alone (docs/benchmarks.md)."""
+    prompt, rows = _own_samples(policy, 48, seed=1)
+    sc = LikelihoodScreen(window=4, min_history=32, temperature=1.0)
+    sc.observe([[lp for _, lp in r] for r in rows[:40]])
+    tok = policy.tokenizer
+    payload_ids = tok("zq#pwned!<answer>3</answer>", add_special_tokens=False)["input_ids"]
+    siblings = [Sample(prompt, [t for t, _ in r], [-1.0] * len(r), source="external:p", group_id="t1|external:p")
+                for r in rows[40:44]]
+    poisoned = [Sample(prompt, payload_ids, [1.0] * len(payload_ids), source="external:p", group_id="t1|external:p")
+                for _ in range(4)]
+    other = [Sample(prompt, [t for t, _ in r], [0.5] * len(r), source="external:h", group_id="t2|external:h")
+             for r in rows[44:48]]
+    res = sc.screen(policy.model, siblings + poisoned + other)
+    assert res.rejected_by_peer.get("p") >= 4  # the payload leaves, charged
+    assert not [s for s in res.kept if s.group_id == "t1|external:p"]  # the siblings go with them, uncharged
+    assert res.metrics["screen/group_dropped"] == 4 - (res.rejected_by_peer["p"] - 4)
+    assert res.metrics["screen/rejected"] == sum(res.rejected_by_peer.values())
+    kept_h = [s for s in res.kept if s.group_id == "t2|external:h"]
+    assert len(kept_h) == (0 if res.rejected_by_peer.get("h") else 4)  # an untouched group stays whole

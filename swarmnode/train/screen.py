@@ -19,6 +19,14 @@ completions. **Rule**: an external completion is rejected when either statistic 
 ``quantile`` (``swarm.screen.quantile``) minus ``margin`` nats (``swarm.screen.margin``). Until the
 reference holds ``min_history`` completions nothing is rejected (counted as ``screen/warmup``).
 
+**Groups go whole.** When one completion of an external group (``Sample.group_id``: a task of one source) is
+rejected, the group's other samples are dropped too (``screen/group_dropped``, not charged): their advantages
+were normalized against the rejected members, so without them the rest is no longer a fair contrast. The
+poisoned-but-correct benchmark showed why (docs/benchmarks.md): with only the payload leaves removed, the
+same groups' payload-free *wrong* leaves -- the task's correct worked reasoning with a wrong final answer --
+kept their negative advantages, taught the receivers to avoid correct reasoning, and held-out accuracy fell
+from 52.5% to 28.3% in 200 steps although no payload was ever trained.
+
 **Scoring**: one batched ``torch.no_grad()`` forward of our current policy over the external samples,
 micro-batched by padded tokens like the trainer (:func:`swarmnode.train.trainer.pack_micro_batches`). The
 samples were already cut to our length caps, so this forward is bounded. For a foreign tokenizer the
@@ -99,7 +107,8 @@ class ScreenResult:
         metrics: ``screen/checked``, ``screen/rejected``, ``screen/warmup`` (1 while the reference is too small),
             ``screen/reference`` (completions in it), ``screen/threshold_mean``, ``screen/threshold_window``
             (nats/token; NaN in warm-up), ``screen/ext_mean_median`` (median mean log-prob of the checked samples),
-            ``screen/behaviour_claims_dropped`` (kept samples whose claimed behaviour log-probs were discarded).
+            ``screen/behaviour_claims_dropped`` (kept samples whose claimed behaviour log-probs were discarded),
+            ``screen/group_dropped`` (passing samples dropped because their group lost a member; not charged).
         stats: per input sample ``(mean, window)`` under our policy.
     """
 
@@ -253,10 +262,16 @@ class LikelihoodScreen:
                     s.behaviour_logprobs = None  # tis falls back to ratio 1 for this sample
                     n_claims_dropped += 1
             kept.append(s)
+        kept_ids = {id(k) for k in kept}
+        tainted = {s.group_id for s in samples if s.group_id and id(s) not in kept_ids}  # groups that lost a member
+        n_before = len(kept)
+        if tainted:
+            kept = [s for s in kept if s.group_id not in tainted]
         means = sorted(a for a, _ in stats)
         metrics: dict[str, Any] = {
             "screen/checked": len(samples),
-            "screen/rejected": len(samples) - len(kept),
+            "screen/rejected": len(samples) - n_before,
+            "screen/group_dropped": n_before - len(kept),
             "screen/warmup": int(th is None),
             "screen/reference": len(self._ref),
             "screen/threshold_mean": th[0] if th else float("nan"),
