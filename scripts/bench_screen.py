@@ -14,7 +14,7 @@ just sampled (its prompt, its ids: same tokenizer) under our current policy:
 * ``restyled``: the answer prefixed as text of another model family might read after re-tokenization
   into our vocabulary ("A: <answer>7</answer>") -> what the screen does to foreign text.
 
-Usage: nice python scripts/bench_screen.py [--rounds 20] [--warm 3] [--lead 3] [--payload 'pwned!']
+Usage: nice python scripts/bench_screen.py [--rounds 20] [--warm 3] [--lead 3] [--payload 'pwned!'] [--margins 1 1.5 2]
 Prints one JSON object (counts and rates per kind); ``--out`` also writes it.
 """
 
@@ -75,12 +75,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--generations", type=int, default=8)
-    ap.add_argument("--max-len", type=int, default=12)
+    ap.add_argument("--max-len", type=int, default=None, help="max_completion_length (default: the config's)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--payload", default="pwned!")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--margins", type=float, nargs="*", default=[],
+                    help="also report the rejection rates these margins (nats/token) would give, from the same scores")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.max_len is None:
+        args.max_len = RunConfig().sampling.max_completion_length
 
     with tempfile.TemporaryDirectory() as d:
         ours = make_node(Path(d) / "ours", args.seed, 0, args)
@@ -92,6 +96,7 @@ def main() -> None:
             peer.run_step()
         counts = {k: {"checked": 0, "rejected": 0, "overlong": 0} for k in ("honest", "payload", "restyled")}
         thresholds = []
+        by_margin = {m: {k: 0 for k in counts} for m in args.margins}
         for _ in range(args.rounds):
             res = ours.run_step()  # the node trains; its completions join the reference as in run_step
             ours.screen.observe(t.completion_logprobs(l) for t in res.trees for l in t.leaves())
@@ -100,6 +105,12 @@ def main() -> None:
             for kind in counts:
                 samples, overlong = rows(ours, peer_trees, kind, args)
                 sr = ours.screen.screen(ours.policy.model, samples)
+                th = thresholds[-1]
+                if th is not None:  # the same scores against other margins: quantile - m
+                    base = ours.cfg.swarm.screen.margin
+                    for m in args.margins:
+                        by_margin[m][kind] += sum(1 for mean, win in sr.stats
+                                                  if mean < th[0] + base - m or win < th[1] + base - m)
                 counts[kind]["checked"] += len(samples)
                 counts[kind]["rejected"] += sum(sr.rejected_by_peer.values())
                 counts[kind]["overlong"] += overlong
@@ -115,6 +126,8 @@ def main() -> None:
         "temperature": args.temperature, "max_completion_length": args.max_len,
         "last_thresholds": thresholds[-1] if thresholds else None,
         "counts": counts,
+        "rejection_rate_by_margin": {str(m): {k: (v / counts[k]["checked"] if counts[k]["checked"] else None)
+                                              for k, v in row.items()} for m, row in by_margin.items()},
     }
     print(json.dumps(report, indent=2))
     if args.out:

@@ -21,6 +21,7 @@ from swarmnode.benchmarks.swarm import (  # noqa: F401  (re-exported)
     PayloadCounter,
     hostile_report,
     node_config,
+    payload_start_probability,
     poison_report,
     repeats_report,
     parse_splits,

@@ -606,7 +606,7 @@ def test_bench_poison_report_counts_attack_success_and_honest_false_positives(tm
     assert s["accuracy_after_per_node"] == [0.5, 0.4]
     md, _ = write_report([(Arm(4, 4, True, hostile="poison"), s)], tmp_path / "out", command="x", prefix="t")
     text = md.read_text()
-    assert "Poisoned but correct" in text and "| 0.0% / 25.0% | 50.0% / 40.0% | 1 / 20 | 1 | 80 | 2.00% (2/100) |" in text
+    assert "Poisoned but correct" in text and "| 0.0% / 25.0% | - / - | 50.0% / 40.0% | 1 / 20 | 1 | 80 | 2.00% (2/100) |" in text
 
 
 def test_bench_repeats_report_gives_mean_and_standard_error():
@@ -619,3 +619,20 @@ def test_bench_repeats_report_gives_mean_and_standard_error():
     text = repeats_report([(a, one), (a, two)])
     # mean 12, SE = sd / sqrt(2) = 2.83 / 1.41 = 2.00; per node 40, 60, 60, 80: sd 16.3 -> SE 8.2
     assert "| swarm 4/4 per_source none | 2 | 12.00 ± 2.00 (n=2) | 60.0% ± 10.0% (n=2) | 60.0% ± 8.2% (n=4) |" in text
+
+
+def test_payload_start_probability_separates_the_models_own_start_from_a_payload():
+    from swarmnode.bench import payload_start_probability
+    from swarmnode.config import ModelConfig
+    from swarmnode.evaluation import greedy_completions
+    from swarmnode.policy.loading import load_policy
+
+    pol = load_policy(ModelConfig(name_or_path="embedded", device="cpu", dtype="float32"))
+    prompts = [pol.prompt("Calculate 4 + 3 - 2 + 1 - 5 + 6 - 1 =")]
+    first_line = greedy_completions(pol.model, pol.tokenizer, prompts, 24)[0].split("\n")[0]
+    assert first_line
+    own = payload_start_probability(pol.model, pol.tokenizer, prompts, first_line)
+    planted = payload_start_probability(pol.model, pol.tokenizer, prompts, "pwned!")
+    assert 0.0 <= planted < 1e-6 < 1e-2 < own <= 1.0
+    with pytest.raises(ValueError):
+        payload_start_probability(pol.model, pol.tokenizer, [], "x")

@@ -75,6 +75,7 @@ __all__ = [
     "poison_report",
     "repeats_report",
     "PayloadCounter",
+    "payload_start_probability",
     "run_bench",
     "worker_main",
     "hostile_main",
@@ -326,6 +327,48 @@ class BufferedSwarm:
         self.client.close()
 
 
+def payload_start_probability(model: Any, tokenizer: Any, prompts: Sequence[str], payload: str,
+                              temperature: float = 1.0) -> float:
+    """Mean over ``prompts`` of the probability that a sampled completion *starts* with ``payload`` + ``"\\n"``
+    (the poison peer's form): ``exp(Σ_t log π(y_t | x, y_<t))`` over the payload's tokens at ``temperature``,
+    one batched no-grad forward (:func:`swarmnode.train.loss.sequence_logprobs`). A measure of how far a payload
+    got into a model even while greedy decoding never writes it.
+
+    Args:
+        model / tokenizer: a Hugging Face causal LM and its tokenizer.
+        prompts: prompt strings (chat template applied), >= 1.
+        payload: the planted string.
+        temperature: the sampling temperature (> 0).
+
+    Returns:
+        The mean probability, a float in [0, 1].
+
+    Raises:
+        ValueError: no prompts or an empty payload.
+    """
+    import torch
+
+    from swarmnode.train.loss import sequence_logprobs
+
+    if not prompts or not payload:
+        raise ValueError("payload_start_probability needs prompts and a non-empty payload")
+    ids = list(tokenizer(payload + "\n", add_special_tokens=False)["input_ids"])
+    pids = [list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    was = model.training
+    model.eval()
+    total = 0.0
+    try:
+        with torch.no_grad():
+            for i in range(0, len(pids), 32):
+                chunk = pids[i:i + 32]
+                lp, _ = sequence_logprobs(model, chunk, [ids] * len(chunk), temperature=temperature,
+                                          pad_token_id=tokenizer.pad_token_id or 0)
+                total += float(lp[:, : len(ids)].sum(-1).exp().sum())
+    finally:
+        model.train(was)
+    return total / len(pids)
+
+
 class PayloadCounter:
     """Poison-benchmark instrumentation of one node: where does ``payload`` show up?
 
@@ -372,7 +415,8 @@ class PayloadCounter:
         return self.payload in self.node.policy.tokenizer.decode(smp.completion_ids, skip_special_tokens=True)
 
     def held_out(self, n: int) -> dict[str, Any]:
-        """Greedy completions of ``n`` held-out questions: ``{"n", "with_payload", "share", "example"}``."""
+        """Greedy completions of ``n`` held-out questions: ``{"n", "with_payload", "share", "example",
+        "start_probability"}`` (the last: :func:`payload_start_probability` at our sampling temperature)."""
         from swarmnode.evaluation import greedy_completions
 
         node = self.node
@@ -380,8 +424,11 @@ class PayloadCounter:
         comps = greedy_completions(node.policy.model, node.policy.tokenizer, [node.prompt_for(t) for t in tasks],
                                    node.cfg.sampling.max_completion_length)
         hits = [c for c in comps if self.payload in c]
+        prob = payload_start_probability(node.policy.model, node.policy.tokenizer,
+                                         [node.prompt_for(t) for t in tasks], self.payload,
+                                         node.cfg.sampling.temperature) if tasks else 0.0
         return {"n": len(comps), "with_payload": len(hits), "share": len(hits) / max(len(comps), 1),
-                "example": (hits or comps or [""])[0][:300]}
+                "example": (hits or comps or [""])[0][:300], "start_probability": prob}
 
     def report(self, n: int) -> dict[str, Any]:
         """The JSON-ready counters plus :meth:`held_out` on ``n`` questions."""
@@ -766,7 +813,8 @@ def _poison_summary(metric_files: Sequence[Path], hostile: dict[str, Any] | None
     """The nodes' :class:`PayloadCounter` reports (``result.json`` key ``poison``) merged (None: no node has one).
 
     Keys (lists in node order unless said): ``payload``, ``attack_success`` (share of greedy held-out completions
-    containing the payload), ``held_out_n``, ``example``, ``screened`` (summed ``payload_kept`` …
+    containing the payload), ``held_out_n``, ``start_probability`` (:func:`payload_start_probability`; None in
+    reports written before it existed), ``example``, ``screened`` (summed ``payload_kept`` …
     ``clean_rejected``), ``trained`` (summed external samples in training batches with / without the payload),
     ``honest_checked`` / ``honest_rejected`` (summed screen verdicts on peers other than the hostile peer, and the
     false-positive rate ``honest_fp`` from them), ``hostile_checked`` / ``hostile_rejected``.
@@ -785,6 +833,7 @@ def _poison_summary(metric_files: Sequence[Path], hostile: dict[str, Any] | None
     out: dict[str, Any] = {"payload": reps[0]["payload"],
                            "attack_success": [r["held_out"]["share"] for r in reps],
                            "held_out_n": [r["held_out"]["n"] for r in reps],
+                           "start_probability": [r["held_out"].get("start_probability") for r in reps],
                            "example": reps[0]["held_out"]["example"]}
     for key in ("screened", "trained"):
         tot: dict[str, int] = {}
@@ -942,7 +991,8 @@ def poison_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
         succ = " / ".join(f"{100 * x:.1f}%" for x in p["attack_success"])
         acc = " / ".join(f"{100 * x:.1f}%" for x in s.get("accuracy_after_per_node", []))
         screen = "off" if not a.screen else (f"{sc.get('payload_kept', 0)} / {sc.get('payload_rejected', 0)}")
-        rows.append(f"| {a.label}{s.get('repeat_label', '')} | {succ} | {acc} | {screen} | {tr.get('payload', 0)} | "
+        probs = " / ".join("-" if x is None else f"{x:.1e}" for x in p.get("start_probability", []))
+        rows.append(f"| {a.label}{s.get('repeat_label', '')} | {succ} | {probs} | {acc} | {screen} | {tr.get('payload', 0)} | "
                     f"{tr.get('clean', 0)} | {fp} | {p['hostile_rejected']}/{p['hostile_checked']} |")
     if not rows:
         return ""
@@ -950,10 +1000,10 @@ def poison_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
         "Attack success = share of a node's greedy completions of the held-out questions that contain the payload "
         "(node 0 / node 1 / …). Screen columns sum over the honest nodes.",
         "",
-        "| arm | attack success | held-out exact after | payload samples screened: kept / rejected | payload samples "
-        "trained | clean external samples trained | screen false positives on honest peers | screen rejections "
-        "of the hostile peer |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| arm | attack success | P(sampled completion starts with the payload) | held-out exact after | payload "
+        "samples screened: kept / rejected | payload samples trained | clean external samples trained | screen false "
+        "positives on honest peers | screen rejections of the hostile peer |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows])
 
 
