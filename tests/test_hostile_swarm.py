@@ -270,7 +270,11 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
                     sent = hostile.publish_wave(arg) if what == "wave" else hostile.publish_garbage_record()
                     state["sent"] = bool(sent)
                 else:
-                    done = charged() == hostile.expected_rejections()
+                    # judged: every charged class counted, and every transport-stage body of the wave requested
+                    # (they are judged by the fetcher, not charged; the next wave replaces this record)
+                    pending = [n for n in (hostile.waves()[arg] if what == "wave" else [])
+                               if NETWORK_CASES[n].stage == "transport" and hostile.requests_for(n) < 1]
+                    done = charged() == hostile.expected_rejections() and not pending
             elif what == "subkey":
                 done = bool(hostile.publish_foreign_subkey())
             elif what == "transport":
@@ -285,7 +289,9 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
 
         node.run(on_step)
         assert plan[state["k"]][0] == "tail", f"the attack did not finish: stuck at {plan[state['k']]}, " \
-            f"delivered {dict(hostile.delivered)}, charged {charged()}, expected {hostile.expected_rejections()}"
+            f"delivered {dict(hostile.delivered)}, charged {charged()}, expected {hostile.expected_rejections()}, " \
+            f"fetch counts {dict((k, v) for k, v in client.snapshot()['counts'].items() if k.startswith('fetch/'))}, " \
+            f"verifier rejected {client.verifier.snapshot()['rejected']}, requests {hostile.stats()['stream_requests']}"
 
         # 1. every class was delivered over the network ...
         assert set(hostile.delivered) == set(NETWORK_CASES), set(NETWORK_CASES) - set(hostile.delivered)
