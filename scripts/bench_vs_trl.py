@@ -15,6 +15,11 @@ Usage::
 
     pip install -e '.[bench]'          # TRL is an optional extra, never a runtime dependency
     python scripts/bench_vs_trl.py --minutes 3.5 --seeds 0 1 [--config my.yaml] [--eval-size 500] [--out DIR]
+    python scripts/bench_vs_trl.py --minutes 6 --seeds 0 1 2 --tree-config configs/tree.yaml   # + a tree arm
+
+``--tree-config`` adds a third arm, ``swarmnode-tree``: swarmnode with that config (tree rollouts), started
+together with the other two under the same wall-time budget, so tree vs chain is compared at equal wall time
+on the same machine load (the report adds the tree/chain ratio).
 
 Prints a table per seed and the mean, with the swarmnode/TRL ratio of accuracy gained per wall minute and per
 step, and writes ``results.json`` (and each arm's ``arm-<name>-seed<k>.json``) under ``--out``.
@@ -85,7 +90,7 @@ def arm_swarmnode(args) -> dict:
     cfg = _load_cfg(args.config, args.seed, args.eval_size)
     cfg.steps = 10**9
     cfg.checkpoint.save_steps = 10**9
-    cfg.run_dir = str(Path(args.work) / f"swarmnode-seed{args.seed}")
+    cfg.run_dir = str(Path(args.work) / f"{args.arm or 'swarmnode'}-seed{args.seed}")
     node = Node(cfg)
     if not hasattr(node.tasks, "rescore"):  # verifiers without exact scoring: train on the exact reward too
         orig = node.tasks.score_detail  # the bound method, before the instance attribute shadows it
@@ -99,7 +104,7 @@ def arm_swarmnode(args) -> dict:
         node.tasks.score_detail = exact_detail
     probes = TaskMix.probes_from_config(cfg.tasks, base_dir=Path.cwd())
     before = _evaluate(node.policy.model, node.policy.tokenizer, node.tasks, probes, node.prompt_for, cfg)
-    _barrier(args, "swarmnode")
+    _barrier(args, args.arm or "swarmnode")
     t0 = time.perf_counter()
     budget = 60.0 * args.minutes
     rewards, phases = [], {}
@@ -111,7 +116,7 @@ def arm_swarmnode(args) -> dict:
     train_s = time.perf_counter() - t0
     after = _evaluate(node.policy.model, node.policy.tokenizer, node.tasks, probes, node.prompt_for, cfg)
     node.close()
-    return {"arm": "swarmnode", "seed": args.seed, "steps": node.step, "train_seconds": train_s, "before": before,
+    return {"arm": args.arm or "swarmnode", "seed": args.seed, "steps": node.step, "train_seconds": train_s, "before": before,
             "after": after, "mean_train_reward": sum(rewards) / max(len(rewards), 1),
             "seconds_per_step": train_s / max(node.step, 1),
             "phase_seconds_per_step": {k: v / max(node.step, 1) for k, v in phases.items()}}
@@ -220,12 +225,13 @@ def arm_trl(args) -> dict:
 
 
 def _barrier(args, me: str, timeout: float = 600.0) -> None:
-    """Both arms start training together: each writes ready-<arm>, then waits (bounded) for the other's."""
+    """All arms of a seed start training together: each writes ready-<arm>, then waits (bounded, ``timeout``
+    seconds) for every other arm's (``args.arms``, comma-separated)."""
     work = Path(args.work)
     (work / f"ready-{me}-seed{args.seed}").write_text(str(time.time()))
-    other = "trl" if me == "swarmnode" else "swarmnode"
+    others = [a for a in (args.arms or "swarmnode,trl").split(",") if a != me]
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not (work / f"ready-{other}-seed{args.seed}").exists():
+    while time.monotonic() < deadline and not all((work / f"ready-{o}-seed{args.seed}").exists() for o in others):
         time.sleep(0.2)
 
 
@@ -239,6 +245,15 @@ def _row(r: dict) -> dict:
             "per_step": gain / r["steps"] if r["steps"] else float("nan"), "n": r["after"]["n"],
             "probes": {k: (r["before"]["generalization"][k]["accuracy"], v["accuracy"])
                        for k, v in (r["after"].get("generalization") or {}).items()}}
+
+
+def _stderr(xs: list[float]) -> float:
+    """Standard error of the mean of ``xs`` (sample standard deviation / sqrt(n)); 0.0 for fewer than 2 values."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = sum(xs) / n
+    return (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5 / n ** 0.5
 
 
 def _ratio(x: float, y: float) -> str:
@@ -257,18 +272,24 @@ def table(results: list[dict]) -> str:
                      f"{100 * w['gain']:+.1f} | {w['steps']} | {w['minutes']:.2f} | {100 * w['per_min']:+.2f} | "
                      f"{100 * w['per_step']:+.3f} |")
     mean = {}
-    for arm in ("swarmnode", "trl"):
+    for arm in ("swarmnode", "swarmnode-tree", "trl"):
         mine = [w for w in rows if w["arm"] == arm]
         if mine:
             mean[arm] = {k: sum(w[k] for w in mine) / len(mine) for k in ("gain", "per_min", "per_step", "steps")}
-            lines.append(f"| **{arm} mean** | {len(mine)} seeds | | | | {100 * mean[arm]['gain']:+.1f} | "
+            se = _stderr([w["gain"] for w in mine])
+            lines.append(f"| **{arm} mean** | {len(mine)} seeds | | | | {100 * mean[arm]['gain']:+.1f} ± {100 * se:.1f} | "
                          f"{mean[arm]['steps']:.0f} | | {100 * mean[arm]['per_min']:+.2f} | "
                          f"{100 * mean[arm]['per_step']:+.3f} |")
-    if len(mean) == 2:
+    if "swarmnode" in mean and "trl" in mean:
         lines.append("")
         lines.append(f"ratio swarmnode/TRL: gain per wall minute {_ratio(mean['swarmnode']['per_min'], mean['trl']['per_min'])}, "
                      f"gain per step {_ratio(mean['swarmnode']['per_step'], mean['trl']['per_step'])}, "
                      f"steps in the same wall time {_ratio(mean['swarmnode']['steps'], mean['trl']['steps'])}")
+    if "swarmnode" in mean and "swarmnode-tree" in mean:
+        lines.append("")
+        lines.append(f"tree - chain (swarmnode-tree minus swarmnode), gain: "
+                     f"{100 * (mean['swarmnode-tree']['gain'] - mean['swarmnode']['gain']):+.1f} points; "
+                     f"steps in the same wall time {_ratio(mean['swarmnode-tree']['steps'], mean['swarmnode']['steps'])}")
     probe_lines = []
     for w in rows:
         for k, (b, a) in w["probes"].items():
@@ -283,10 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", help="swarmnode YAML config (default: the packaged default)")
     ap.add_argument("--minutes", type=float, default=10.0, help="training wall time per arm, minutes (default 10)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds; each runs both arms together")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds; each runs all arms together")
     ap.add_argument("--eval-size", type=int, default=None, help="held-out questions (default tasks.eval_size)")
     ap.add_argument("--out", default=None, help="directory for results.json (default runs/bench_vs_trl/<time>)")
-    ap.add_argument("--arm", choices=["swarmnode", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--tree-config", default=None,
+                    help="also run a 'swarmnode-tree' arm with this config (e.g. configs/tree.yaml), started together")
+    ap.add_argument("--arm", choices=["swarmnode", "swarmnode-tree", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--arms", default=None,
+                    help="comma-separated arms of {swarmnode,swarmnode-tree,trl} (default: swarmnode,trl, plus "
+                         "swarmnode-tree with --tree-config); e.g. 'swarmnode,swarmnode-tree' for tree vs chain only")
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -295,12 +321,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--minutes must be > 0")
 
     if args.arm:  # one arm in this process
-        out = arm_swarmnode(args) if args.arm == "swarmnode" else arm_trl(args)
+        out = arm_trl(args) if args.arm == "trl" else arm_swarmnode(args)
         Path(args.result).write_text(json.dumps(out, default=float))
         return 0
 
+    arms = (args.arms.split(",") if args.arms
+            else ["swarmnode", "trl"] + (["swarmnode-tree"] if args.tree_config else []))
+    bad = [a for a in arms if a not in ("swarmnode", "swarmnode-tree", "trl")]
+    if bad or not arms:
+        ap.error(f"--arms: unknown arm(s) {bad}; expected a comma-separated subset of swarmnode,swarmnode-tree,trl")
+    if "swarmnode-tree" in arms and not args.tree_config:
+        ap.error("--arms swarmnode-tree needs --tree-config (the tree arm's YAML config)")
     try:
-        import trl  # noqa: F401
+        if "trl" in arms:
+            import trl  # noqa: F401
     except ImportError:
         print("TRL is not installed: pip install -e '.[bench]'  (or: pip install trl 'torch==<your torch>')",
               file=sys.stderr)
@@ -314,12 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="bench_vs_trl-") as work:
             procs = {}
-            for arm in ("swarmnode", "trl"):
+            for arm in arms:
                 res_path = out_dir / f"arm-{arm}-seed{seed}.json"
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--arm", arm, "--seed", str(seed),
-                       "--minutes", str(args.minutes), "--work", work, "--result", str(res_path)]
-                if args.config:
-                    cmd += ["--config", args.config]
+                       "--minutes", str(args.minutes), "--work", work, "--result", str(res_path),
+                       "--arms", ",".join(arms)]
+                config = args.tree_config if arm == "swarmnode-tree" else args.config
+                if config:
+                    cmd += ["--config", config]
                 if args.eval_size:
                     cmd += ["--eval-size", str(args.eval_size)]
                 log = open(out_dir / f"arm-{arm}-seed{seed}.log", "w")
