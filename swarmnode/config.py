@@ -68,6 +68,14 @@ class TaskSourceConfig(_Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="dataset config kwargs (reasoning-gym)")
     weight: float = Field(1.0, gt=0, description="relative sampling weight in the mix")
     size: int = Field(100_000, ge=1, description="indices per seed before the stream moves to the next seed")
+    max_answer_share: float | None = Field(
+        None, gt=0, lt=1, description="answer balance (reasoning_gym only): the largest share, in (0, 1) as a "
+        "fraction of the source's questions, that any one answer may have. Questions of commoner answers are "
+        "rejected by a hash of the question (the same decision on every node), with acceptance probabilities "
+        "fitted to the answer histogram of 20,000 fixed items of the source; the training stream, the held-out set "
+        "and peers' refs all follow it, and it changes the source's config_digest (swarmnode/tasks/balance.py). "
+        "Default None: off (the generator's own answer distribution)"
+    )
 
     @model_validator(mode="after")
     def _check_kind(self) -> "TaskSourceConfig":
@@ -75,6 +83,8 @@ class TaskSourceConfig(_Strict):
             raise ValueError("a reasoning_gym source needs `name` (a reasoning-gym dataset name)")
         if self.type == "jsonl" and not self.path:
             raise ValueError("a jsonl source needs `path` (a .jsonl file with question and answer per line)")
+        if self.type == "jsonl" and self.max_answer_share is not None:
+            raise ValueError("`max_answer_share` is only for reasoning_gym sources (remove it from the jsonl source)")
         return self
 
 

@@ -3,7 +3,7 @@
 Public API::
 
     TaskRef, Task, TaskSource, config_digest          # shared contract (base.py)
-    ReasoningGymSource(name, config, size)            # rg:<name>
+    ReasoningGymSource(name, config, size, max_answer_share=None)  # rg:<name> (balance: tasks/balance.py)
     JsonlSource(path, name=None), JsonlFormatError    # jsonl:<sha256>
     TaskMix(sources, weights, ...), TaskMix.from_config(cfg.tasks, base_dir)
     extract_answer, format_reward, math_verify_score  # verifiers (never raise)

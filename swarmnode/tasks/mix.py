@@ -29,6 +29,16 @@ The rule is a pure function of the text, so every node agrees on it without coor
   item ``i`` of seed ``s`` with ``random.Random(s + i)``), so the training stream and the first ``S`` items
   of the held-out walk do not even share generator states. The content rule is what makes the split exact.
 
+Answer balance (opt-in, per source)
+-----------------------------------
+A reasoning-gym source with ``max_answer_share`` (``tasks.sources[i].max_answer_share``, also on probes) keeps
+only the questions its :class:`~swarmnode.tasks.balance.AnswerBalance` rule accepts -- a pure function of the
+question and its answer that caps every answer's share (:mod:`swarmnode.tasks.balance`). A rejected question
+is treated like a held-out one on the training side: :meth:`TaskMix.refs_for_step` redraws it with the same
+redraw generator, and :meth:`TaskMix.contains` refuses it. It is not held out either: :meth:`TaskMix.eval_refs`
+(and so the probes) skips it and :meth:`TaskMix.is_eval` is False for it, so training and held-out questions
+follow the same balanced distribution. The option is part of the source's ``config_digest``.
+
 A JSONL source is split the same way, by each line's question: held-out lines are those whose question is
 held out (duplicates by normalized content count once); training draws only the other lines.
 
@@ -99,10 +109,13 @@ def build_sources(configs: Sequence[Any], base_dir: str | Path | None = None, *,
     for i, sc in enumerate(configs):
         try:
             if sc.type == "reasoning_gym":
-                sources.append(ReasoningGymSource(sc.name, dict(sc.config), size=sc.size))
+                sources.append(ReasoningGymSource(sc.name, dict(sc.config), size=sc.size,
+                                                  max_answer_share=getattr(sc, "max_answer_share", None)))
             else:
                 if sc.config:
                     raise ValueError("`config` is not used by jsonl sources (remove it)")
+                if getattr(sc, "max_answer_share", None) is not None:
+                    raise ValueError("`max_answer_share` is only for reasoning_gym sources (remove it)")
                 p = Path(sc.path).expanduser()
                 if not p.is_absolute():
                     p = base / p
@@ -199,7 +212,7 @@ class TaskMix:
         self._eval_seen: list[set[str]] = [set() for _ in sources]
         self._eval_pos: list[int] = [0] * len(sources)
         self._eval_done: list[bool] = [False] * len(sources)
-        self._heldout_cache: OrderedDict[TaskRef, bool] = OrderedDict()
+        self._split_cache: OrderedDict[TaskRef, tuple[bool, bool]] = OrderedDict()  # ref -> (held out, balanced)
         for i, s in enumerate(sources):
             if isinstance(s, ReasoningGymSource):
                 self._bad_k.append(self._overlapping_epochs(s.size))
@@ -331,17 +344,32 @@ class TaskMix:
         Raises:
             KeyError: ``ref`` is not a TaskRef of this mix (see :meth:`get`).
         """
-        hit = self._heldout_cache.get(ref)
+        return self._split(ref)[0]
+
+    def is_balanced(self, ref: TaskRef) -> bool:
+        """Whether the question that ``ref`` regenerates passes its source's answer balance
+        (``max_answer_share``, :meth:`ReasoningGymSource.accepts`); always True for a source without it.
+
+        Raises:
+            KeyError: ``ref`` is not a TaskRef of this mix (see :meth:`get`).
+        """
+        return self._split(ref)[1]
+
+    def _split(self, ref: TaskRef) -> tuple[bool, bool]:
+        """``(held out, balanced)`` of the question ``ref`` regenerates (LRU-cached). Raises KeyError as :meth:`get`."""
+        hit = self._split_cache.get(ref)
         if hit is not None:
-            self._heldout_cache.move_to_end(ref)
+            self._split_cache.move_to_end(ref)
             return hit
         i = self._by_key.get((ref.source, ref.config_digest)) if isinstance(ref, TaskRef) else None
         if i is not None and isinstance(self.sources[i], JsonlSource) and self.sources[i].owns(ref):
-            return ref.index in self._jsonl_heldout[i]
-        value = is_heldout_question(self.get(ref).question, self.eval_fraction)
-        self._heldout_cache[ref] = value
-        while len(self._heldout_cache) > 65_536:
-            self._heldout_cache.popitem(last=False)
+            return ref.index in self._jsonl_heldout[i], True
+        task = self.get(ref)
+        s = self.sources[i]
+        value = (is_heldout_question(task.question, self.eval_fraction), s.accepts(task))
+        self._split_cache[ref] = value
+        while len(self._split_cache) > 65_536:
+            self._split_cache.popitem(last=False)
         return value
 
     # ------------------------------------------------------------------ streams
@@ -396,7 +424,8 @@ class TaskMix:
         (it moves to the next seed after about ``S`` draws) and draws ``index = floor(u · S)`` with replacement;
         a JSONL source draws uniformly among its training lines. A reasoning-gym draw whose question is in
         the held-out partition is redrawn (same source and seed, a new index) with uniforms from a second
-        generator, ``SeedSequence([redraw tag, tasks.seed, step, stream])``, consumed in item order.
+        generator, ``SeedSequence([redraw tag, tasks.seed, step, stream])``, consumed in item order; so is a
+        draw that its source's answer balance rejects (``max_answer_share``, :meth:`is_balanced`).
 
         Args:
             step: the training step (int >= 0).
@@ -411,12 +440,12 @@ class TaskMix:
 
         Returns:
             ``n`` TaskRefs (repeats are possible: draws are with replacement), every one accepted by
-            :meth:`contains` (none of them a held-out question).
+            :meth:`contains` (none of them a held-out question or one the answer balance rejects).
 
         Raises:
             ValueError: a negative or non-int argument; ``weights`` of the wrong length or with a value that is
                 not finite and > 0; a step beyond the epoch schedule (:data:`MAX_TRAIN_DRAWS`); or
-                :data:`MAX_REDRAWS` held-out draws in a row.
+                :data:`MAX_REDRAWS` held-out or balance-rejected draws in a row.
         """
         for what, v in (("step", step), ("n", n), ("stream", stream)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
@@ -440,12 +469,15 @@ class TaskMix:
                 idx = min(int(u[j, 1] * s.size), s.size - 1)
                 ref = TaskRef(s.source_id, s.config_digest, epoch_seed[i], idx)
                 tries = 0
-                while self.is_heldout(ref):
+                while True:
+                    held, balanced = self._split(ref)
+                    if balanced and not held:
+                        break
                     tries += 1
                     if tries > MAX_REDRAWS:
                         raise ValueError(
-                            f"{MAX_REDRAWS} draws in a row of {s.source_id} were held-out questions: is "
-                            f"tasks.eval_fraction ({self.eval_fraction}) close to 1?"
+                            f"{MAX_REDRAWS} draws in a row of {s.source_id} were held-out questions or rejected by "
+                            f"its max_answer_share: is tasks.eval_fraction ({self.eval_fraction}) close to 1?"
                         )
                     if redraw is None:
                         redraw = np.random.Generator(
@@ -477,9 +509,10 @@ class TaskMix:
                 break
             ref = TaskRef(s.source_id, s.config_digest, self.eval_seed + (pos // s.size) * s.size, pos % s.size)
             self._eval_pos[i] = pos + 1
-            q = self.get(ref).question
+            task = self.get(ref)
+            q = task.question
             since_new += 1
-            if not is_heldout_question(q, self.eval_fraction):
+            if not is_heldout_question(q, self.eval_fraction) or not s.accepts(task):
                 continue
             key = normalize_question(q)
             if key in seen:
@@ -505,9 +538,11 @@ class TaskMix:
         ties to the earlier source); a source whose held-out space holds fewer distinct questions gives them
         all and the rest goes to the other sources. A reasoning-gym source contributes the first held-out
         questions of its walk (items ``0, 1, …`` of seed ``eval_seed``, see the module docstring); a JSONL
-        source its held-out lines in file order. Refs are grouped by source in config order; a question that
-        two sources share counts once (the earlier source keeps it). Fewer than ``n`` refs come back only
-        when every source's held-out space is exhausted (small task spaces or small files).
+        source its held-out lines in file order. A source with ``max_answer_share`` skips the questions its
+        answer balance rejects, as its training stream does (:meth:`is_balanced`). Refs are grouped by source
+        in config order; a question that two sources share counts once (the earlier source keeps it). Fewer
+        than ``n`` refs come back only when every source's held-out space is exhausted (small task spaces or
+        small files).
 
         Deterministic: a pure function of the sources, ``eval_seed``, ``eval_fraction`` and ``n``.
 
@@ -574,7 +609,8 @@ class TaskMix:
     def is_eval(self, ref: TaskRef) -> bool:
         """True when ``ref`` names a held-out question: a well-formed ref of this mix whose question is in the
         held-out partition, with a seed of the held-out walk (``eval_seed + k·S``, within the walk's reach)
-        or of the training schedule (reasoning-gym), or seed 0 (JSONL). Never raises."""
+        or of the training schedule (reasoning-gym), or seed 0 (JSONL), and that its source's answer balance
+        accepts (:meth:`is_balanced`; the held-out set never holds a rejected question). Never raises."""
         try:
             i = self._well_formed(ref)
             if i is None:
@@ -585,7 +621,8 @@ class TaskMix:
                 walk = d >= 0 and d % s.size == 0 and d // s.size <= MAX_EVAL_SCAN // s.size
                 if not walk and not self._is_train_seed(i, ref.seed):
                     return False
-            return self.is_heldout(ref)
+            held, balanced = self._split(ref)
+            return held and balanced
         except Exception:
             return False
 
@@ -595,8 +632,10 @@ class TaskMix:
         Checks: ``ref`` is a TaskRef of a known source with the same config digest and int fields, its index
         is in range, its seed is a training-epoch seed within the schedule (reasoning-gym: ``tasks.seed +
         k·S`` outside the held-out seed range, epoch <= ``MAX_TRAIN_DRAWS / S``; JSONL: seed 0), and the
-        question it regenerates is **not** in the held-out partition (by content, whatever the seed). So a
-        peer cannot make this node train on a held-out question. ``include_eval=True`` also accepts held-out
+        question it regenerates is **not** in the held-out partition (by content, whatever the seed) and passes
+        its source's answer balance (``max_answer_share``, :meth:`is_balanced`). So a peer cannot make this node
+        train on a held-out question, nor on one the balance rejects (the verifier refuses both as
+        ``foreign_task``). ``include_eval=True`` also accepts held-out
         questions (:meth:`is_eval`). Never raises.
         """
         try:
@@ -608,7 +647,8 @@ class TaskMix:
             s = self.sources[i]
             if isinstance(s, ReasoningGymSource) and not self._is_train_seed(i, ref.seed):
                 return False
-            return not self.is_heldout(ref)
+            held, balanced = self._split(ref)
+            return balanced and not held
         except Exception:
             return False
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from swarmnode.tasks.balance import DIGEST_KEY, AnswerBalance, estimate_counts
 from swarmnode.tasks.base import Task, TaskRef, config_digest
 from swarmnode.tasks.verifiers import VerifierTimeout, clamp01, extract_answer, time_limit
 
@@ -58,6 +59,10 @@ class ReasoningGymSource:
             slow for some (those that pre-generate ``size`` items), so keep a few.
         score_timeout: seconds a single ``score_answer`` call may take (main thread only; see
             :func:`~swarmnode.tasks.verifiers.time_limit`). ``None`` disables the bound.
+        max_answer_share: cap on any one answer's share of the source's questions, in (0, 1); ``None`` (default)
+            = off. When set, the answer histogram of 20,000 fixed items is estimated at construction and questions
+            of over-represented answers are rejected deterministically (:mod:`swarmnode.tasks.balance`,
+            :meth:`accepts`).
 
     Attributes:
         name: the dataset name.
@@ -66,14 +71,18 @@ class ReasoningGymSource:
         size: items per seed.
         config_digest: :func:`~swarmnode.tasks.base.config_digest` of ``{**config, "size": size}`` -- i.e. of
             exactly the keyword arguments given to ``create_dataset`` except ``seed`` (``size`` is included
-            because some datasets' items depend on it).
+            because some datasets' items depend on it) -- plus ``"swarmnode.max_answer_share": x`` when
+            ``max_answer_share`` is set (the balanced source is another question distribution).
+        max_answer_share: the cap, or ``None``.
+        balance: the :class:`~swarmnode.tasks.balance.AnswerBalance` rule, or ``None`` when off.
         portable: ``False`` when the dataset is in :data:`HASH_SEED_DEPENDENT_DATASETS` and this process does not
             run with ``PYTHONHASHSEED=0`` (then another process may regenerate different items; a warning is
             logged at construction).
 
     Raises:
         ValueError: unknown dataset name, ``config`` not a dict, containing ``seed``/``size``, rejected by
-            the dataset's config validation, or ``size < 1``.
+            the dataset's config validation, ``size < 1``, ``max_answer_share`` not in (0, 1), or
+            ``max_answer_share`` below ``1/K`` for the ``K`` distinct answers of the estimate.
     """
 
     def __init__(
@@ -84,6 +93,7 @@ class ReasoningGymSource:
         *,
         cache_seeds: int = 4,
         score_timeout: float | None = DEFAULT_SCORE_TIMEOUT_S,
+        max_answer_share: float | None = None,
     ) -> None:
         import reasoning_gym
         from reasoning_gym.factory import DATASETS
@@ -106,12 +116,20 @@ class ReasoningGymSource:
             raise ValueError(f"size must be an int >= 1, got {size!r}")
         if cache_seeds < 1:
             raise ValueError(f"cache_seeds must be >= 1, got {cache_seeds!r}")
+        if max_answer_share is not None and (
+                isinstance(max_answer_share, bool) or not isinstance(max_answer_share, (int, float))
+                or not 0.0 < float(max_answer_share) < 1.0):
+            raise ValueError(f"max_answer_share must be None or a number in (0, 1), got {max_answer_share!r}")
         self._rg = reasoning_gym
         self.name = name
         self.config = dict(config)
         self.size = size
         self.source_id = f"rg:{name}"
-        self.config_digest = config_digest({**self.config, "size": size})
+        self.max_answer_share = None if max_answer_share is None else float(max_answer_share)
+        digest_of = {**self.config, "size": size}
+        if self.max_answer_share is not None:
+            digest_of[DIGEST_KEY] = self.max_answer_share
+        self.config_digest = config_digest(digest_of)
         self.score_timeout = score_timeout
         self.portable = name not in HASH_SEED_DEPENDENT_DATASETS or os.environ.get("PYTHONHASHSEED") == "0"
         if not self.portable:
@@ -129,9 +147,25 @@ class ReasoningGymSource:
             reasoning_gym.create_dataset(name, seed=0, size=1, **self.config)
         except Exception as e:
             raise ValueError(f"invalid reasoning-gym config for {name!r}: {config!r}: {e}") from e
+        self.balance: AnswerBalance | None = None
+        if self.max_answer_share is not None:
+            counts = estimate_counts(lambda seed, i: self.dataset(seed)[i]["answer"], size)
+            try:
+                self.balance = AnswerBalance(self.max_answer_share, counts)
+            except ValueError as e:
+                raise ValueError(f"max_answer_share for {name!r}: {e}") from e
+            logger.info("answer balance of %s (max_answer_share %s): %r", self.source_id, self.max_answer_share,
+                        self.balance)
 
     def __repr__(self) -> str:
-        return f"ReasoningGymSource({self.name!r}, {self.config!r}, size={self.size})"
+        extra = "" if self.max_answer_share is None else f", max_answer_share={self.max_answer_share}"
+        return f"ReasoningGymSource({self.name!r}, {self.config!r}, size={self.size}{extra})"
+
+    def accepts(self, task: Task) -> bool:
+        """Whether ``task`` (an item of this source) is in the source's balanced distribution: always True
+        without ``max_answer_share``; else :meth:`~swarmnode.tasks.balance.AnswerBalance.accepts` of its question
+        and answer (a pure function of the item's content)."""
+        return self.balance is None or self.balance.accepts(task.question, task.answer)
 
     # ------------------------------------------------------------------ refs and regeneration
     def ref(self, seed: int, index: int) -> TaskRef:
