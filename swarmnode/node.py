@@ -429,6 +429,10 @@ class Node:
                     counts[1] += int(d["correct"] >= 1.0)
                 tree.update_stats()
         self.note_success(success)  # our per-task success: the curriculum's own vote, and what our heartbeats carry
+        labels = {self.tasks.source_key(i): self._task_label(i) for i in range(len(self.tasks.sources))}
+        for key, (n, c) in success.items():  # per-task local leaves and exact-correct leaves (task-mix-aware reports)
+            m[f"task/{labels.get(key, key)}/leaves"] = n
+            m[f"task/{labels.get(key, key)}/correct"] = c
         self.tokens_generated += gen_tokens
 
         # 4. publish, 5. gather (swarm only); a swarm-layer stall the monitor flags is acted on here

@@ -12,6 +12,7 @@ from swarmnode.benchmarks.swarm import (
     node_config,
     parse_splits,
     plan_arms,
+    repeats_report,
     rounds_to_reach,
     run_arm,
     summarize_arm,
@@ -103,6 +104,36 @@ def test_summarize_and_report(tmp_path):
     assert all(p.is_file() and p.stat().st_size > 1000 for p in pngs)
     with pytest.raises(FileNotFoundError):
         summarize_arm(tmp_path / "missing")
+
+
+def test_equal_task_mix_reward_undoes_a_curriculum_shift(tmp_path):
+    """Two arms with the same per-task success but different task draws: the plain cumulative reward differs
+    (the one drawing more of the easy task looks better), the equal-task-mix one does not."""
+    def write(d: Path, easy_leaves: int, hard_leaves: int) -> None:
+        d.mkdir(parents=True)
+        with open(d / "metrics.jsonl", "w") as f:
+            for k in range(1, 11):  # easy task 80% correct, hard task 10%, every step
+                n = easy_leaves + hard_leaves
+                reward = (0.8 * easy_leaves + 0.1 * hard_leaves) / n
+                f.write(json.dumps({"step": k, "reward": reward, "samples_external": 0,
+                                    "task/easy/leaves": easy_leaves, "task/easy/correct": 0.8 * easy_leaves,
+                                    "task/hard/leaves": hard_leaves, "task/hard/correct": 0.1 * hard_leaves}) + "\n")
+
+    write(tmp_path / "even" / "node-0", 32, 32)
+    write(tmp_path / "shifted" / "node-0", 56, 8)
+    even, shifted = summarize_arm(tmp_path / "even"), summarize_arm(tmp_path / "shifted")
+    assert shifted["cumulative_reward"] > even["cumulative_reward"] + 1.0  # 7.125 vs 4.5
+    assert even["task_success"] == pytest.approx({"easy": 0.8, "hard": 0.1})
+    assert shifted["mix_cumulative_reward"] == pytest.approx(even["mix_cumulative_reward"]) == pytest.approx(4.5)
+    table = repeats_report([(Arm(4, 4, True), even), (Arm(4, 4, True), shifted)])
+    assert "4.50 ± 0.00" in table  # the equal-mix column of the two repeats
+    assert "task_success" not in summarize_arm_without_counts(tmp_path)
+
+
+def summarize_arm_without_counts(tmp_path: Path) -> dict:
+    """An arm whose nodes logged no per-task counts (older runs) has no equal-mix numbers."""
+    _write_node(tmp_path / "old" / "node-0", [0.5, 0.5], [0, 0], [("before", 0, 0.1), ("after", 2, 0.2)])
+    return summarize_arm(tmp_path / "old")
 
 
 @pytest.mark.slow

@@ -757,6 +757,12 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     ``external_per_step`` (node-mean external samples used per step), ``seconds_per_step``, and for an arm with
     a hostile peer (``hostile.json``) ``hostile`` (see :func:`_hostile_summary`).
 
+    When the nodes log per-task leaf counts (``task/<task>/leaves`` and ``task/<task>/correct``, written by
+    :class:`~swarmnode.node.Node` every step), also ``task_success`` (``{task: correct / leaves}`` pooled over
+    nodes and steps) and ``mix_cumulative_reward``: ``steps`` times the equal-weight mean of ``task_success``
+    over the tasks. A swarm curriculum changes *which* tasks a node draws, so its plain cumulative reward rises
+    when it draws more of an easy task; this number re-weights the same samples to a fixed, equal task mix.
+
     Raises:
         FileNotFoundError: no ``node-*/metrics.jsonl`` under ``arm_dir``.
     """
@@ -768,6 +774,7 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     externals: list[dict[int, int]] = []
     times: list[float] = []
     evals: list[dict[int, float]] = []
+    task_counts: dict[str, list[float]] = {}  # task -> [leaves, correct], pooled over nodes and steps
     for f in files:
         rw: dict[int, float] = {}
         ex: dict[int, int] = {}
@@ -779,6 +786,11 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
             elif "reward" in rec and "step" in rec:
                 rw[int(rec["step"])] = float(rec["reward"])
                 ex[int(rec["step"])] = int(rec.get("samples_external", 0))
+                for k, v in rec.items():
+                    if k.startswith("task/") and k.endswith(("/leaves", "/correct")):
+                        task, what = k[len("task/"):k.rindex("/")], k[k.rindex("/") + 1:]
+                        c = task_counts.setdefault(task, [0.0, 0.0])
+                        c[0 if what == "leaves" else 1] += float(v)
                 st.append(float(rec.get("step_time", 0.0)))
         rewards.append(rw)
         externals.append(ex)
@@ -792,6 +804,7 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     ext = [sum(e[s] for e in externals) / n for s in common]
     ev_steps = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
     acc = [(s, sum(e[s] for e in evals) / n) for s in ev_steps]
+    task_success = {t: c[1] / c[0] for t, c in sorted(task_counts.items()) if c[0] > 0}
     return {
         "nodes": n,
         "steps": common[-1] if common else 0,
@@ -804,6 +817,9 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         "accuracy_after_per_node": [e[ev_steps[-1]] for e in evals] if ev_steps else [],
         "external_per_step": sum(ext) / max(len(ext), 1),
         "seconds_per_step": sum(times) / max(len(times), 1),
+        **({"task_success": task_success,
+            "mix_cumulative_reward": (common[-1] if common else 0) * sum(task_success.values()) / len(task_success)}
+           if task_success else {}),
         **({"hostile": hostile} if hostile is not None else {}),
         **({"poison": poison} if poison is not None else {}),
     }
@@ -959,20 +975,24 @@ def _fmt_mse(xs: Sequence[float], scale: float = 1.0, unit: str = "", digits: in
 
 
 def repeats_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
-    """Markdown: per arm, mean ± standard error over its repeats of the cumulative reward (node mean) and of the
-    final held-out exact accuracy (node mean; each node's value also enters a per-node spread), and for poison
+    """Markdown: per arm, mean ± standard error over its repeats of the cumulative reward (node mean), of the
+    cumulative reward re-weighted to an equal task mix (``mix_cumulative_reward`` of :func:`summarize_arm`, when
+    the nodes logged per-task counts) and of the final held-out exact accuracy (node mean; each node's value also enters a per-node spread), and for poison
     arms the attack success. Empty when no arm ran more than once."""
     groups: dict[Arm, list[dict[str, Any]]] = {}
     for a, s in results:
         groups.setdefault(a, []).append(s)
     if all(len(v) < 2 for v in groups.values()):
         return ""
-    lines = ["| arm | repeats | cumulative reward | held-out after (arm mean) | held-out after (every node) |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| arm | repeats | cumulative reward | cumulative reward, equal task mix | held-out after (arm mean) | "
+             "held-out after (every node) |",
+             "|---|---:|---:|---:|---:|---:|"]
     for a, ss in groups.items():
         accs = [s["accuracy_after"] for s in ss if s.get("accuracy_after") is not None]
         nodes = [v for s in ss for v in s.get("accuracy_after_per_node", [])]
+        mix = [s["mix_cumulative_reward"] for s in ss if "mix_cumulative_reward" in s]
         lines.append(f"| {a.label} | {len(ss)} | {_fmt_mse([s['cumulative_reward'] for s in ss], digits=2)} | "
+                     f"{_fmt_mse(mix, digits=2) if mix else '-'} | "
                      f"{_fmt_mse(accs, 100, '%') if accs else '-'} | {_fmt_mse(nodes, 100, '%') if nodes else '-'} |")
     return "\n".join(lines)
 
