@@ -460,6 +460,12 @@ class SwarmConfig(_Strict):
         None, gt=0, description="seconds one gather (one step) spends verifying fetched bundles; the rest waits for "
         "the next step; None = fetch_timeout"
     )
+    stop_wait_seconds: float = Field(
+        10.0, ge=0, description="seconds the round loop still waits for a running swarm call (publish) once a stop "
+        "was requested (SIGINT/SIGTERM, the memory guard); then it leaves the call behind, skips gather, checkpoints "
+        "and exits, so a stop ends well inside a supervisor's grace (swarm up: 120 s) even when the call hangs on "
+        "the network; 0 = do not wait. Default 10"
+    )
     max_pending_bundles: int = Field(
         32, ge=1, description="fetched bundle bodies waiting for verification (bounded queue; the oldest is dropped)"
     )

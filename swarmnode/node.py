@@ -15,12 +15,16 @@ Each step:
 7. **update**: a clipped policy-gradient step; checkpoint every ``save_steps`` steps, after ``save_seconds`` of
    wall clock since the last checkpoint, and on SIGINT/SIGTERM.
 
-Steps 4–5 run only when a swarm is attached (``Node.swarm``); a solo node skips them.
+Steps 4–5 run only when a swarm is attached (``Node.swarm``); a solo node skips them. Once a stop is requested
+(SIGINT/SIGTERM, the memory guard) the step still finishes and checkpoints, but it waits for a running publish at most
+``swarm.stop_wait_seconds`` and skips gather, so a call hung on the network cannot hold the stop past a supervisor's
+grace (:meth:`Node._watched`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import threading
@@ -93,7 +97,9 @@ class SwarmHook(SwarmProbe, Protocol):
         """Return peers' trees accepted by the verification pipeline (leaf rewards are OUR re-scores), and metrics.
 
         Never raises on network trouble or hostile input; rejected input is counted, never returned. Called on
-        the main thread (the verifiers' time limits are SIGALRM timers)."""
+        the main thread (the verifiers' time limits are SIGALRM timers), so it must return within its own
+        budget whatever the network does: no unbounded wait on a lock, a DHT call or another thread. The node
+        does not call it once a stop is requested."""
 
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """Charge ``peer_id`` for ``n`` of its samples the trainer rejected under ``reason`` (e.g.
@@ -158,6 +164,8 @@ class Node:
         self.run_dir = Path(cfg.run_dir)
         self.swarm = swarm
         self.stop_requested = False
+        self._signal_pipe: tuple[int, int] | None = None  # (read, write) fds of the signal announcements
+        self._signal_thread: threading.Thread | None = None
         self.timer = PhaseTimer()
         self.step = 0
         self.tokens_generated = 0
@@ -440,10 +448,11 @@ class Node:
         if self.swarm is not None:
             swarm = self.swarm
             with self.timer.phase("gossip"):
-                m.update(self._watched(lambda: swarm.publish(trees, step, policy_version=step)))
-            with self.timer.phase("verify"):
-                candidates, sm = swarm.gather(step, policy_version=step)
-                m.update(sm)
+                m.update(self._watched(lambda: swarm.publish(trees, step, policy_version=step), "publish", dict))
+            if not self.stop_requested:  # stopping: this step trains on its local samples, then checkpoints
+                with self.timer.phase("verify"):
+                    candidates, sm = swarm.gather(step, policy_version=step)
+                    m.update(sm)
             self._act_on_stall_flag()
 
         # 6. process: local advantages from the local trees; each external group normalized within its own
@@ -650,18 +659,22 @@ class Node:
 
     def _act_on_stall_flag(self) -> None:
         """Take the monitor's swarm-recovery flag and, when it is up, restart the swarm layer (the monitor only
-        observes and flags; the round loop acts)."""
+        observes and flags; the round loop acts). A stopping node restarts nothing: it is about to close it."""
         reason = self.monitor.take_swarm_recovery()
-        if reason is not None:
+        if reason is not None and not self.stop_requested:
             self.recover_swarm(reason)
 
-    def _watched(self, call: Callable[[], _T]) -> _T:
+    def _watched(self, call: Callable[[], _T], name: str, on_stop: Callable[[], _T]) -> _T:
         """Run ``call`` on a helper thread (:data:`~swarmnode.monitor.runtime.WATCHED_CALL_THREAD`) while the
         round loop waits for it and, every ``watchdog_interval`` seconds, acts on the monitor's swarm-recovery
         flag: a stalled swarm call is what blocks the round, so the loop restarts the swarm layer while it waits.
 
-        Returns ``call()``'s value; re-raises its exception. The helper is a daemon thread: a second SIGINT
-        (``KeyboardInterrupt`` here) leaves it behind and the node stops."""
+        Once a stop is requested it waits at most ``swarm.stop_wait_seconds`` more (seconds, counted from when it
+        sees the stop), then leaves the call behind (logged, naming ``name``) and returns ``on_stop()``, so the
+        step ends and the node checkpoints and exits however long the call hangs (e.g. on a DHT restart).
+
+        Returns ``call()``'s value; re-raises its exception. The helper is a daemon thread: a call left behind,
+        or a second SIGINT (``KeyboardInterrupt`` here), does not keep the process alive."""
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -674,23 +687,84 @@ class Node:
                 done.set()
 
         threading.Thread(target=target, name=WATCHED_CALL_THREAD, daemon=True).start()
-        while not done.wait(self.monitor.interval):
+        bound = float(self.cfg.swarm.stop_wait_seconds)
+        give_up_at: float | None = None  # monotonic seconds; set once the stop is seen
+        while True:
+            wait = self.monitor.interval
+            if self.stop_requested:
+                now = time.monotonic()
+                if give_up_at is None:
+                    give_up_at = now + bound
+                if now >= give_up_at:
+                    log.warning("stopping: the swarm call %s did not return within swarm.stop_wait_seconds=%g s; "
+                                "leaving it behind to checkpoint and exit", name, bound)
+                    return on_stop()
+                wait = min(wait, give_up_at - now)
+            if done.wait(wait):
+                break
             self._act_on_stall_flag()
         if "error" in box:
             raise box["error"]
         return box["value"]
 
     def install_signal_handlers(self) -> None:
-        """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. Second: stop immediately."""
+        """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. Second: stop immediately.
 
-        def handler(signum, frame):  # noqa: ARG001
+        The handler takes no lock: CPython runs it on the main thread between two bytecodes, possibly while that
+        thread holds a non-reentrant lock (the status tracker's, inside any status update). Logging from it went
+        through the monitor's warning collector into that same lock and deadlocked the node for good (no step,
+        no checkpoint, the monitor's watchdog stuck behind it too). So it only sets :attr:`stop_requested` (and
+        raises ``KeyboardInterrupt`` the second time) and writes the signal number into a pipe; the
+        ``swarmnode-signals`` thread logs the announcement. Idempotent."""
+        if self._signal_pipe is not None:
+            return
+        r, w = os.pipe()
+        os.set_blocking(w, False)  # the handler must never block on it
+        self._signal_pipe = (r, w)
+
+        def announce() -> None:  # the one reader of the pipe; 0 ends it (close)
+            try:
+                while True:
+                    data = os.read(r, 1)
+                    if not data or data[0] == 0:
+                        return
+                    log.warning("signal %d received: checkpointing after this step, then exiting (again to force)",
+                                data[0])
+            except OSError:
+                return
+            finally:
+                os.close(r)
+
+        self._signal_thread = threading.Thread(target=announce, name="swarmnode-signals", daemon=True)
+        self._signal_thread.start()
+
+        def handler(signum, frame):  # noqa: ARG001 - no lock, no logging, no allocation-heavy work here
             if self.stop_requested:
                 raise KeyboardInterrupt
             self.stop_requested = True
-            log.warning("signal %d received: checkpointing after this step, then exiting (again to force)", signum)
+            pipe = self._signal_pipe  # None after close(): nothing to announce to
+            if pipe is not None:
+                try:
+                    os.write(pipe[1], bytes([signum]))
+                except OSError:  # pipe full: the stop itself is requested all the same
+                    pass
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+
+    def _close_signal_pipe(self) -> None:
+        """End the ``swarmnode-signals`` thread after it logged what is pending (bounded), and close the pipe."""
+        pipe, self._signal_pipe = self._signal_pipe, None
+        if pipe is None:
+            return
+        w = pipe[1]
+        try:
+            os.write(w, b"\0")
+        except OSError:
+            pass
+        if self._signal_thread is not None:
+            self._signal_thread.join(timeout=5.0)
+        os.close(w)
 
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
         """Run until ``cfg.steps`` optimizer steps are done or a stop is requested; checkpoint at the end."""
@@ -712,6 +786,7 @@ class Node:
         """Shut down in a fixed order (idempotent): the swarm layer (its threads, bundle server and DHT child,
         each bounded by its timeout), then the monitor (the final ``stopped`` status), the metrics file, and last
         the identity and run-directory locks."""
+        self._close_signal_pipe()  # pending announcements are logged before the final status
         if self.swarm is not None:
             self.swarm.close()
         self.monitor.close()

@@ -7,6 +7,7 @@ import os
 import pickle
 import signal
 import socket
+import threading
 import time
 
 import msgpack
@@ -251,6 +252,39 @@ def test_swarm_dht_argument_errors():
     assert dht.connected is False and dht.peer_id is None
     assert parse_multiaddr("/ip4/1.2.3.4/tcp/5/p2p/12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc") == (
         "/ip4/1.2.3.4/tcp/5", "12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc")
+
+
+def test_shutdown_does_not_wait_for_a_restart_under_way():
+    """A node's stop must not wait for the network: ``shutdown`` waits for a restart under way (the watchdog
+    starting a new DHT process: minutes on a loaded machine, held under the restart lock) at most
+    ``shutdown_grace`` s, and that restart then starts nothing that outlives the shutdown."""
+    dht = SwarmDHT(Ed25519PrivateKey.generate(), swarm_ids=[SWARM], shutdown_grace=0.2, health_interval=0,
+                   initial_peers=["/ip4/127.0.0.1/tcp/9/p2p/QmRH5KZxdsiy48hpAtSmgsh5i1E7y437hLxR5msPzETM7P"],
+                   start=False)
+    starting, release = threading.Event(), threading.Event()
+    attempts: list[list[str]] = []
+
+    def make_dht(peers: list[str]):  # p2pd start-up that takes (nearly) for ever, then fails (bootstrap down)
+        attempts.append(list(peers))
+        starting.set()
+        release.wait(120)  # only a failure guard
+        raise RuntimeError("Daemon failed to start: failed to connect to bootstrap peers")
+
+    dht._make_dht = make_dht  # type: ignore[method-assign]
+    result: dict[str, bool] = {}
+    restarting = threading.Thread(target=lambda: result.update(ok=dht.restart("DHT does not answer")), daemon=True)
+    restarting.start()
+    assert starting.wait(60)
+    stopped = threading.Event()
+    threading.Thread(target=lambda: (dht.shutdown(), stopped.set()), daemon=True).start()
+    try:
+        assert stopped.wait(60), "shutdown waited for the restart under way"
+        assert not release.is_set() and restarting.is_alive()  # it returned while the restart was still starting
+    finally:
+        release.set()
+    restarting.join(60)
+    # the restart's start-up failed; with the DHT shut down it tries no solo start, and no process is left
+    assert result == {"ok": False} and attempts == [dht.initial_peers] and dht._dht is None and not dht.is_alive
 
 
 # --------------------------------------------------------------------------- real DHTs on loopback

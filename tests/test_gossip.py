@@ -7,6 +7,7 @@ The network tests run real hivemind DHTs (p2pd) on loopback, real Ed25519 keys, 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import msgpack
@@ -413,6 +414,39 @@ def test_fair_order_round_robins_publishers_and_clamps_future_times():
         # future times are clamped to now, so within "future" the order is the announced one (all tie at now)
         assert [x[1][0] for x in order if x[2] == "future"] == [0, 1, 2, 3, 4]
     finally:
+        c.close()
+
+
+def test_gather_waits_for_a_busy_verifier_within_its_budget_only():
+    """gather runs on the node's main thread (a stop waits for it): while the fetcher thread holds the verifier,
+    gather waits for it at most its budget, and the fetched body waits for the next step instead."""
+    from swarmnode.swarm.gossip import _Pending
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, gather_budget_seconds=0.2)
+    f = HostileFactory(Identity.from_private_bytes(hashlib.sha256(b"busy verifier").digest()), mix, swarm_id=SWARM)
+    h = f.honest()
+    c._pending.append(_Pending(h.data, h.manifest, h.sender, time.time()))
+    held, release = threading.Event(), threading.Event()
+
+    def fetcher_verifying() -> None:  # the fetcher thread inside a verify_manifest that does not end
+        with c._vlock:
+            held.set()
+            release.wait(60)  # only a failure guard
+
+    busy = threading.Thread(target=fetcher_verifying, daemon=True)
+    busy.start()
+    try:
+        assert held.wait(30)
+        trees, m = c.gather(0, 0)
+        assert not release.is_set() and busy.is_alive()  # gather returned while the verifier was still busy
+        assert trees == [] and m["swarm/pending"] == 1 and m["swarm/bundles_received"] == 0
+        release.set()
+        busy.join(30)
+        trees, m = c.gather(1, 0)  # the next step verifies it
+        assert m["swarm/bundles_received"] == 1 and m["swarm/bundles_accepted"] == 1 and m["swarm/pending"] == 0
+    finally:
+        release.set()
         c.close()
 
 

@@ -548,6 +548,8 @@ class SwarmDHT:
         """Start a DHT process: with initial peers first, then solo. Returns whether one is running."""
         attempts: list[list[str]] = [self.initial_peers, []] if self.initial_peers else [[]]
         for peers in attempts:
+            if self._closed:  # shut down meanwhile: start nothing more
+                return False
             dht = None
             try:
                 dht = self._make_dht(peers)
@@ -566,8 +568,13 @@ class SwarmDHT:
                     log.error("DHT could not start even solo: %s", self._last_error)
                 continue
             with self._lock:
-                self._dht, self._info = dht, info
-                self._generation += 1
+                closed = self._closed
+                if not closed:
+                    self._dht, self._info = dht, info
+                    self._generation += 1
+            if closed:  # shut down while this one was starting (a restart under way): it must not outlive us
+                self._kill_dht(dht, info)
+                return False
             self._solo_fallback = bool(self.initial_peers) and not peers
             self._health_failures = 0
             self._maddrs_cache = (time.monotonic(), list(info["maddrs"]))
@@ -659,16 +666,33 @@ class SwarmDHT:
             return ok
 
     def shutdown(self) -> None:
-        """Stop the watchdog and the DHT process (idempotent)."""
+        """Stop the watchdog and the DHT process (idempotent; bounded).
+
+        A restart under way (the watchdog starting a new DHT process, up to ``startup_timeout`` s and more per
+        attempt) is waited for at most ``shutdown_grace`` s: then the current process, if any, is stopped without
+        it, and the restart kills the process it was starting once that returns (:meth:`_start_dht` sees the
+        shutdown), so a node's stop never waits for the network."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout=self.call_timeout + 5)
-        with self._restart_lock, self._lock:
-            dht, info = self._dht, self._info
-            self._dht, self._info = None, {}
+        restart_done = self._restart_lock.acquire(timeout=self.shutdown_grace)
+        if not restart_done:
+            log.info("a DHT restart is still under way after %.0f s; stopping without waiting for it",
+                     self.shutdown_grace)
+        try:
+            swapped = self._lock.acquire(timeout=self.shutdown_grace)  # held only around swaps and pipe writes
+            try:
+                dht, info = self._dht, self._info
+                self._dht, self._info = None, {}
+            finally:
+                if swapped:
+                    self._lock.release()
+        finally:
+            if restart_done:
+                self._restart_lock.release()
         self._kill_dht(dht, info)
         if self.pid_file is not None:
             try:

@@ -1085,7 +1085,9 @@ class SwarmClient:
         """:meth:`gather` without the conversion: the accepted :class:`PeerTree` s and the metrics.
 
         A step boundary for the swarm layer: the per-publisher fetch budgets start afresh (at most once per
-        ``fetch_timeout``), and the verified trees pass the per-key caps of :meth:`_admit` (young keys).
+        ``fetch_timeout``), and the verified trees pass the per-key caps of :meth:`_admit` (young keys). Bounded
+        by ``gather_budget_s``, waits for the verifier (busy on the fetcher thread) included; what is left waits
+        for the next step.
         """
         t0 = time.monotonic()
         self._new_step(force=True)
@@ -1096,15 +1098,19 @@ class SwarmClient:
         received = retok = 0
         latencies: list[float] = []
         for k, item in enumerate(items):
-            if time.monotonic() - t0 > self.gather_budget_s:
+            left = self.gather_budget_s - (time.monotonic() - t0)
+            # the verifier is shared with the fetcher thread: wait for it within the budget only, never unbounded
+            if left < 0 or not self._vlock.acquire(timeout=max(left, 0.0)):
                 with self._lock:  # the rest waits for the next step
                     self._pending.extendleft(reversed(items[k:]))
                 break
             received += 1
             try:
-                with self._vlock:
+                try:
                     vts = self.verifier.verify_bundle(item.body, item.manifest, item.sender,
                                                       received_at=item.fetched_at)
+                finally:
+                    self._vlock.release()
             except Rejection as r:
                 self._reject(r, item.manifest.num_leaves)
                 continue
