@@ -624,7 +624,7 @@ def test_bench_repeats_report_gives_mean_and_standard_error():
     assert repeats_report([(a, one)]) == ""  # one run: no spread to report
     text = repeats_report([(a, one), (a, two)])
     # mean 12, SE = sd / sqrt(2) = 2.83 / 1.41 = 2.00; per node 40, 60, 60, 80: sd 16.3 -> SE 8.2
-    assert "| swarm 4/4 per_source none | 2 | 12.00 ± 2.00 (n=2) | 60.0% ± 10.0% (n=2) | 60.0% ± 8.2% (n=4) |" in text
+    assert "| swarm 4/4 per_source none | 2 | 12.00 ± 2.00 (n=2) | - | 60.0% ± 10.0% (n=2) | 60.0% ± 8.2% (n=4) |" in text
 
 
 def test_payload_start_probability_separates_the_models_own_start_from_a_payload():
