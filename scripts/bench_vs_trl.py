@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -249,11 +250,9 @@ def _row(r: dict) -> dict:
 
 def _stderr(xs: list[float]) -> float:
     """Standard error of the mean of ``xs`` (sample standard deviation / sqrt(n)); 0.0 for fewer than 2 values."""
-    n = len(xs)
-    if n < 2:
+    if len(xs) < 2:
         return 0.0
-    m = sum(xs) / n
-    return (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5 / n ** 0.5
+    return statistics.stdev(xs) / len(xs) ** 0.5
 
 
 def _ratio(x: float, y: float) -> str:

@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -316,6 +317,11 @@ class Node:
             m[f"curriculum/share/{name}"] = weights[i] / total
         return weights, m
 
+    @cached_property
+    def _labels_by_key(self) -> dict[str, str]:
+        """``{source_key(i): _task_label(i)}`` for every task source (the sources are fixed for the node's life)."""
+        return {self.tasks.source_key(i): self._task_label(i) for i in range(len(self.tasks.sources))}
+
     def _task_label(self, i: int) -> str:
         name = self.tasks.sources[i].name
         return name if [s.name for s in self.tasks.sources].count(name) == 1 else f"{name}#{i}"
@@ -437,7 +443,7 @@ class Node:
                     counts[1] += int(d["correct"] >= 1.0)
                 tree.update_stats()
         self.note_success(success)  # our per-task success: the curriculum's own vote, and what our heartbeats carry
-        labels = {self.tasks.source_key(i): self._task_label(i) for i in range(len(self.tasks.sources))}
+        labels = self._labels_by_key
         for key, (n, c) in success.items():  # per-task local leaves and exact-correct leaves (task-mix-aware reports)
             m[f"task/{labels.get(key, key)}/leaves"] = n
             m[f"task/{labels.get(key, key)}/correct"] = c
