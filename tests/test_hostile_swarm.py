@@ -264,7 +264,8 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
             done = False
             if what == "harvest":
                 hostile.harvest()
-                done = hostile.stats()["harvested"] > 0 and bool(hostile.victims)
+                # the foreign-subkey slot targets the publishers seen here: wait until the honest peer is among them
+                done = hostile.stats()["harvested"] > 0 and HONEST.public_key_bytes in hostile.victims
             elif what in ("wave", "garbage"):
                 if not state["sent"]:
                     sent = hostile.publish_wave(arg) if what == "wave" else hostile.publish_garbage_record()
