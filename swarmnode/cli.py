@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -20,6 +21,7 @@ from swarmnode.config import ConfigError, RunConfig, load_config
 if TYPE_CHECKING:  # the heavy modules load lazily, inside the commands that need them
     from swarmnode.evaluation import EvalResult
     from swarmnode.node import Node
+    from swarmnode.tasks.mix import TaskMix
 
 app = typer.Typer(
     add_completion=False,
@@ -41,8 +43,6 @@ def _main_callback() -> None:
 
 
 def _nullcontext():
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -59,6 +59,46 @@ def _load(config: Optional[Path], overrides: dict) -> RunConfig:
     except ConfigError as e:
         _fail(str(e))
         raise  # unreachable
+
+
+def _build_tasks(cfg: RunConfig, config: Optional[Path]) -> tuple[TaskMix, dict[str, TaskMix]]:
+    """The task mix and the ``tasks.probes`` mixes of ``cfg``. A source that cannot be built (an unknown dataset,
+    a bad dataset config, an unreadable JSONL file, a ``max_answer_share`` its answers cannot meet) is a
+    configuration error: exit 2 with a message naming the config file (when one was given) and the key."""
+    from swarmnode.tasks.mix import TaskMix
+
+    try:
+        return (TaskMix.from_config(cfg.tasks, base_dir=Path.cwd()),
+                TaskMix.probes_from_config(cfg.tasks, base_dir=Path.cwd()))
+    except (ValueError, OSError) as e:
+        _fail(f"invalid configuration{f' in {config}' if config is not None else ''}:\n  {e}")
+        raise  # unreachable
+
+
+@contextlib.contextmanager
+def _held_logs(level: int) -> Iterator[list[logging.LogRecord]]:
+    """Hold the log records (``level`` and above) emitted inside, before logging is set up (``node.log`` is not
+    open yet); :func:`_replay_logs` hands them to the handlers set up later."""
+    held: list[logging.LogRecord] = []
+
+    class _Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    root, hold = logging.getLogger(), _Hold(level)
+    prev = root.level
+    root.addHandler(hold)
+    root.setLevel(level)
+    try:
+        yield held
+    finally:
+        root.removeHandler(hold)
+        root.setLevel(prev)
+
+
+def _replay_logs(records: list[logging.LogRecord]) -> None:
+    for rec in records:
+        logging.getLogger(rec.name).handle(rec)
 
 
 def _setup_logging(run_dir: Path | None, verbose: bool, swarm: bool = False) -> None:
@@ -148,6 +188,10 @@ def run(
         _fail(f"--identity {identity}: no such key file. A mistyped path would make this node a new peer; check "
               "the path, or pass --create-identity to create a new identity there (or run `swarmnode keygen "
               f"--path {identity}`)")
+    # the task sources are part of the config: one that cannot be built (e.g. a max_answer_share its answers
+    # cannot meet) is refused before the run directory is touched; their log records wait for node.log
+    with _held_logs(logging.DEBUG if verbose else logging.INFO) as held:
+        tasks, probes = _build_tasks(cfg, config)
     from swarmnode.rundir import DiskError, check_writable
 
     try:  # a read-only or full run directory: one line, exit 2, before anything else is written
@@ -155,16 +199,29 @@ def run(
     except DiskError as e:
         _fail(str(e))
     _setup_logging(rd, verbose, swarm=cfg.swarm.enabled)
-    from swarmnode.node import Node
+    from swarmnode.node import Node, NothingToTrainError
     from swarmnode.rundir import LockedError
     from swarmnode.train.checkpoint import CheckpointError
 
     console.print(f"[bold]swarmnode[/] run → {rd}  (model: {cfg.model.name_or_path}, steps: {cfg.steps})")
     try:
-        node = Node(cfg, fresh=fresh)
+        node = Node(cfg, fresh=fresh, tasks=tasks, probes=probes, require_steps_left=True)
+    except NothingToTrainError as e:  # refused before the model loads: nothing in the run dir has changed
+        asked = (f"--steps {e.steps}" if steps is not None
+                 else f"steps: {e.steps} (of {config or 'the packaged default'})")
+        if e.step == e.steps:  # a finished run started again (by hand, or by a supervisor): done, exit 0
+            console.print(f"run dir {rd} is already at step {e.step} = {asked}: the run is complete, nothing "
+                          f"to train (nothing was changed). Pass --steps > {e.step} to train further, or evaluate "
+                          f"it with `swarmnode eval {rd}`", style="yellow", markup=False, highlight=False)
+            return
+        _fail(f"run dir {rd} is already at step {e.step} ({e.checkpoint}); {asked} would train nothing (nothing was "
+              f"changed). Pass --steps > {e.step} to train further (steps counts all steps, the resumed ones "
+              "included), or another --run-dir to start from step 0")
+        return
     except (FileNotFoundError, ValueError, OSError, LockedError, CheckpointError) as e:
         _fail(str(e))
         return
+    _replay_logs(held)  # the task sources' records (e.g. their answer balance), now that node.log is ours
     node.install_signal_handlers()
     try:  # status.json + status endpoint + stall/memory watchdogs (swarmnode/monitor/runtime.py)
         node.monitor.start()
@@ -229,6 +286,12 @@ def run(
             after = node.evaluate()
         node.log_eval(after, "after")
     node.close()
+    # The node has stopped and checkpointed (or says why not, below): the rest is the summary and the
+    # interpreter's exit (about a second of torch finalizers). A supervisor's repeated SIGTERM must not turn that
+    # into a kill (exit 143) after the stop succeeded; Ctrl-C still interrupts it.
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     console.rule("summary")
     console.print(f"steps: {node.step}   training time: {train_s / 60:.1f} min   tokens generated: {node.tokens_generated}")
@@ -245,7 +308,7 @@ def run(
                 console.print(f"  probe {k} (n={a.n}): {100 * b.accuracy:.1f}% → {100 * a.accuracy:.1f}% "
                               f"({100 * (a.accuracy - b.accuracy):+.1f} points)", highlight=False)
     console.print(f"checkpoints: {rd / 'checkpoints'}\nmetrics:     {rd / 'metrics.jsonl'}")
-    if node.monitor.exit_code:  # the memory watchdog stopped the node (it checkpointed first)
+    if node.monitor.exit_code:  # the memory watchdog stopped the node (it checkpointed first), or a repeated signal
         console.print(node.monitor.exit_reason or "stopped by the watchdog", style="bold red", markup=False)
         raise typer.Exit(node.monitor.exit_code)
     if node.stop_requested:
@@ -293,11 +356,10 @@ def eval_cmd(
 
     A run dir or checkpoint dir is evaluated on the tasks, ``eval_size`` and completion length of the config it
     was trained with (its checkpoint's ``config.yaml``) unless --config is given."""
-    cfg = _load(config, {"model.device": device})
+    cfg, cfg_path = _load(config, {"model.device": device}), config
     _setup_logging(None, False)
     from swarmnode.evaluation import evaluate_mix
     from swarmnode.policy.loading import load_policy
-    from swarmnode.tasks.mix import TaskMix
     from swarmnode.train.checkpoint import MODEL_SUBDIR, load_latest_checkpoint
 
     path = checkpoint or cfg.model.name_or_path
@@ -308,14 +370,15 @@ def eval_cmd(
             _fail(f"{p} holds no valid checkpoint (expected {p}/checkpoints/step-*/ with a manifest)")
         path = str(ck.model_path)
         if config is None:  # the run's own tasks and eval_size
-            cfg = _load(ck.path / "config.yaml", {"model.device": device})
+            cfg_path = ck.path / "config.yaml"
+            cfg = _load(cfg_path, {"model.device": device})
     elif (p / MODEL_SUBDIR / "config.json").is_file():  # one checkpoint directory (checkpoints/step-<n>/)
         path = str(p / MODEL_SUBDIR)
         if config is None and (p / "config.yaml").is_file():
-            cfg = _load(p / "config.yaml", {"model.device": device})
+            cfg_path = p / "config.yaml"
+            cfg = _load(cfg_path, {"model.device": device})
+    tasks, probes = _build_tasks(cfg, cfg_path)
     try:
-        tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
-        probes = TaskMix.probes_from_config(cfg.tasks, base_dir=Path.cwd())
         pol = load_policy(cfg.model.model_copy(update={"name_or_path": path}))
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(str(e))

@@ -77,6 +77,13 @@ class TaskSourceConfig(_Strict):
         "Default None: off (the generator's own answer distribution)"
     )
 
+    @field_validator("max_answer_share", mode="before")
+    @classmethod
+    def _share_not_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # pydantic would read true as 1.0 and then report "less than 1"
+            raise ValueError("expected a number in (0, 1) such as 0.3 (or null: off), not a boolean")
+        return v
+
     @model_validator(mode="after")
     def _check_kind(self) -> "TaskSourceConfig":
         if self.type == "reasoning_gym" and not self.name:

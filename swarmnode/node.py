@@ -128,11 +128,36 @@ class SwarmHook(SwarmProbe, Protocol):
 
 _T = TypeVar("_T")
 
+#: Flags on a signal number in the signal pipe (:meth:`Node.install_signal_handlers`): a signal while stopping
+#: that was ignored, and the one that forced the stop.
+_SIGNAL_REPEATED, _SIGNAL_FORCED = 0x40, 0x80
+
 
 # Failures of external input inside steps 6-7 that must not kill the node (issue 12 finding 1): the
 # allocator's RuntimeError ("can't allocate memory", CUDA OOM is a RuntimeError too), MemoryError, and the
 # ValueError / TypeError / IndexError of bad shapes or ids.
 _EXTERNAL_FAILURES = (RuntimeError, MemoryError, ValueError, TypeError, IndexError)
+
+
+class NothingToTrainError(ValueError):
+    """The run directory's newest checkpoint is already at or past ``steps``: resuming would train nothing.
+
+    Raised by :class:`Node` (with ``require_steps_left``) before the model loads, so nothing in the run
+    directory has changed.
+
+    Attributes:
+        run_dir: the run directory.
+        checkpoint: the newest valid checkpoint's directory.
+        step: its step.
+        steps: the configured total (``steps``, which counts the resumed steps too).
+    """
+
+    def __init__(self, run_dir: Path, checkpoint: Path, step: int, steps: int) -> None:
+        self.run_dir, self.checkpoint, self.step, self.steps = run_dir, checkpoint, int(step), int(steps)
+        super().__init__(
+            f"run dir {run_dir} is already at step {step} ({checkpoint}); steps={steps} would train nothing: "
+            f"set steps > {step} (it counts all steps, the resumed ones included), or use another run dir to start "
+            "from step 0")
 
 
 @dataclass
@@ -152,19 +177,32 @@ class Node:
         swarm: an optional swarm layer; ``None`` trains solo.
         fresh: start from step 0 when the run directory's checkpoints are all corrupt (they stay quarantined);
             without it that case raises; with a valid checkpoint present it raises too.
+        tasks: the task mix of ``cfg.tasks`` when the caller has built it already (the CLI builds it before it
+            touches the run directory, so that a task source that cannot be built is a configuration error);
+            ``None`` builds it here.
+        probes: likewise the ``tasks.probes`` mixes (:meth:`TaskMix.probes_from_config`); ``None`` builds them at
+            the first :meth:`evaluate`.
+        require_steps_left: refuse a run directory whose newest checkpoint is already at or past ``cfg.steps``
+            (:class:`NothingToTrainError`, before the model loads) instead of resuming a run that trains nothing
+            (the CLI sets it; a library caller may resume a finished run, e.g. to evaluate it).
 
     Raises:
         swarmnode.rundir.LockedError: another process uses the run directory (the message names its PID).
         swarmnode.train.checkpoint.CheckpointError: every checkpoint is corrupt and ``fresh`` is False.
+        NothingToTrainError: ``require_steps_left`` and the newest checkpoint is at step ``>= cfg.steps``.
         swarmnode.config.ConfigError / FileNotFoundError / ValueError from loading the model or tasks, with
         messages naming what failed.
     """
 
-    def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None, *, fresh: bool = False) -> None:
+    def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None, *, fresh: bool = False,
+                 tasks: TaskMix | None = None, probes: dict[str, TaskMix] | None = None,
+                 require_steps_left: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.swarm = swarm
         self.stop_requested = False
+        self.forced_by: int | None = None  # the signal that forced an immediate stop (install_signal_handlers)
+        self._signals_while_stopping = 0
         self._signal_pipe: tuple[int, int] | None = None  # (read, write) fds of the signal announcements
         self._signal_thread: threading.Thread | None = None
         self.timer = PhaseTimer()
@@ -172,7 +210,8 @@ class Node:
         self.tokens_generated = 0
         self._seed_everything(cfg.seed)
 
-        self.tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
+        self.tasks = tasks if tasks is not None else TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
+        self._probes: dict[str, TaskMix] | None = probes  # built at the first evaluate() when None
         # one process per run directory (rundir.py); then end the DHT/p2pd a killed predecessor left behind
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -183,15 +222,13 @@ class Node:
         self.locks: list[ExclusiveLock] = [self.run_lock]
         try:
             end_stale_children(self.run_dir / CHILDREN_FILE)
-            self._load(cfg, fresh)
+            self._load(cfg, fresh, require_steps_left)
         except BaseException:  # a Node that failed to start does not keep the run directory
             self.run_lock.release()
             raise
 
-    def _load(self, cfg: RunConfig, fresh: bool) -> None:
-        """The rest of ``__init__`` (under the run directory's lock): monitor, checkpoint, model, trainer."""
-        self.monitor = NodeMonitor(self)  # status.json, status endpoint, stall/memory watchdogs (monitor/)
-
+    def _load(self, cfg: RunConfig, fresh: bool, require_steps_left: bool = False) -> None:
+        """The rest of ``__init__`` (under the run directory's lock): checkpoint, monitor, model, trainer."""
         ckpt = load_latest_checkpoint(self.run_dir, quarantine=True)
         if ckpt is None and corrupt_checkpoints(self.run_dir) and not fresh:
             raise CheckpointError(
@@ -201,6 +238,10 @@ class Node:
         if ckpt is not None and fresh:
             raise CheckpointError(f"--fresh: {ckpt.path} is a valid checkpoint (step {ckpt.step}); a fresh start "
                                   "would later delete it. Use another --run-dir to start from step 0")
+        if require_steps_left and ckpt is not None and ckpt.step >= cfg.steps:  # before anything is written
+            raise NothingToTrainError(self.run_dir, ckpt.path, ckpt.step, cfg.steps)
+        # status.json (written from here on), status endpoint, stall/memory watchdogs (monitor/)
+        self.monitor = NodeMonitor(self)
         model_cfg = cfg.model
         if ckpt is not None:
             model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.model_path)})
@@ -577,7 +618,7 @@ class Node:
     def evaluate(self, n: int | None = None) -> EvalResult:
         """Exact greedy pass@1 on ``n`` held-out questions (default ``tasks.eval_size``), per task, with the
         ``tasks.probes`` generalization probes (swarmnode/evaluation.py)."""
-        if getattr(self, "_probes", None) is None:
+        if self._probes is None:
             self._probes = TaskMix.probes_from_config(self.cfg.tasks, base_dir=Path.cwd())
         with self.monitor.activity("evaluating"):
             return evaluate_mix(
@@ -680,7 +721,7 @@ class Node:
         step ends and the node checkpoints and exits however long the call hangs (e.g. on a DHT restart).
 
         Returns ``call()``'s value; re-raises its exception. The helper is a daemon thread: a call left behind,
-        or a second SIGINT (``KeyboardInterrupt`` here), does not keep the process alive."""
+        or a signal that forces the stop (``KeyboardInterrupt`` here), does not keep the process alive."""
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -714,13 +755,21 @@ class Node:
         return box["value"]
 
     def install_signal_handlers(self) -> None:
-        """First SIGINT/SIGTERM: finish the current step, checkpoint, exit. Second: stop immediately.
+        """First SIGINT/SIGTERM: finish the current step, checkpoint, exit (a graceful stop).
+
+        While the node is stopping (after a signal or the memory guard), a SIGTERM is logged and ignored:
+        supervisors and users repeat SIGTERM, and the stop they asked for is already under way. A SIGINT
+        (Ctrl-C again), or a third signal, forces the stop: ``KeyboardInterrupt`` is raised where the main thread
+        is, :attr:`forced_by` is set to the signal number, and :meth:`run` leaves without its final checkpoint
+        (the previous one is kept); :meth:`close` records it in the monitor (``exit_code`` 128 + the signal
+        number, as for a process killed by it, and an ``exit_reason`` naming the last checkpoint), so that
+        nothing claims a clean checkpoint.
 
         The handler takes no lock: CPython runs it on the main thread between two bytecodes, possibly while that
         thread holds a non-reentrant lock (the status tracker's, inside any status update). Logging from it went
         through the monitor's warning collector into that same lock and deadlocked the node for good (no step,
         no checkpoint, the monitor's watchdog stuck behind it too). So it only sets :attr:`stop_requested` (and
-        raises ``KeyboardInterrupt`` the second time) and writes the signal number into a pipe; the
+        :attr:`forced_by` before it raises ``KeyboardInterrupt``) and writes the signal number into a pipe; the
         ``swarmnode-signals`` thread logs the announcement. Idempotent."""
         if self._signal_pipe is not None:
             return
@@ -734,8 +783,18 @@ class Node:
                     data = os.read(r, 1)
                     if not data or data[0] == 0:
                         return
-                    log.warning("signal %d received: checkpointing after this step, then exiting (again to force)",
-                                data[0])
+                    flag = data[0] & (_SIGNAL_REPEATED | _SIGNAL_FORCED)
+                    signum = data[0] ^ flag
+                    if flag == _SIGNAL_FORCED:
+                        log.error("signal %d received while stopping: stopping at once, without the final "
+                                  "checkpoint (the previous checkpoint is kept)", signum)
+                    elif flag == _SIGNAL_REPEATED:
+                        log.warning("signal %d received while stopping: ignored, the node is already checkpointing "
+                                    "after this step and exiting (Ctrl-C or one more signal stops it at once, "
+                                    "without that checkpoint)", signum)
+                    else:
+                        log.warning("signal %d received: checkpointing after this step, then exiting (Ctrl-C "
+                                    "again, or a third signal, stops at once without that checkpoint)", signum)
             except OSError:
                 return
             finally:
@@ -744,16 +803,25 @@ class Node:
         self._signal_thread = threading.Thread(target=announce, name="swarmnode-signals", daemon=True)
         self._signal_thread.start()
 
-        def handler(signum, frame):  # noqa: ARG001 - no lock, no logging, no allocation-heavy work here
-            if self.stop_requested:
-                raise KeyboardInterrupt
-            self.stop_requested = True
+        def announce_from_handler(code: int) -> None:
             pipe = self._signal_pipe  # None after close(): nothing to announce to
             if pipe is not None:
                 try:
-                    os.write(pipe[1], bytes([signum]))
+                    os.write(pipe[1], bytes([code]))
                 except OSError:  # pipe full: the stop itself is requested all the same
                     pass
+
+        def handler(signum, frame):  # noqa: ARG001 - no lock, no logging, no allocation-heavy work here
+            if self.stop_requested:  # already stopping (a signal before, or the memory guard)
+                self._signals_while_stopping += 1
+                if signum == signal.SIGINT or self._signals_while_stopping >= 2:
+                    self.forced_by = signum
+                    announce_from_handler(_SIGNAL_FORCED | signum)
+                    raise KeyboardInterrupt
+                announce_from_handler(_SIGNAL_REPEATED | signum)
+                return
+            self.stop_requested = True
+            announce_from_handler(signum)
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
@@ -773,7 +841,9 @@ class Node:
         os.close(w)
 
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
-        """Run until ``cfg.steps`` optimizer steps are done or a stop is requested; checkpoint at the end."""
+        """Run until ``cfg.steps`` optimizer steps are done or a stop is requested; checkpoint at the end (not
+        after a stop forced by a repeated signal, :meth:`install_signal_handlers`: its ``KeyboardInterrupt``
+        propagates at once)."""
         self.monitor.begin_training()
         try:
             while self.step < self.cfg.steps and not self.stop_requested:
@@ -784,15 +854,27 @@ class Node:
                 if on_step is not None:
                     on_step(res)
         finally:
-            if self.step != self.saved_step and self.disk_error is None:
+            if self.step != self.saved_step and self.disk_error is None and self.forced_by is None:
                 self.save()
             self.monitor.end_training()
 
     def close(self) -> None:
         """Shut down in a fixed order (idempotent): the swarm layer (its threads, bundle server and DHT child,
         each bounded by its timeout), then the monitor (the final ``stopped`` status), the metrics file, and last
-        the identity and run-directory locks."""
+        the identity and run-directory locks. After a stop forced by a repeated signal, the monitor's
+        ``exit_code`` becomes 128 + the signal number (unless the memory or stall watchdog set one) and its
+        ``exit_reason`` says which checkpoint is the last one."""
         self._close_signal_pipe()  # pending announcements are logged before the final status
+        if self.forced_by is not None and not self.monitor.exit_code:  # the CLI exits with it (status.json too)
+            name = signal.Signals(self.forced_by).name
+            if self.saved_step == self.step and self.step > 0:
+                why = f"stopped at once by a {name} while already stopping, after the checkpoint of step {self.step}"
+            else:
+                resume = (f"the last checkpoint is step {self.saved_step}: run the same command to resume from it"
+                          if self.saved_step else "there is no checkpoint yet: the same command starts from step 0")
+                why = (f"stopped at once by a {name} while already stopping, without the final checkpoint: step "
+                       f"{self.step} was not saved; {resume}")
+            self.monitor.exit_code, self.monitor.exit_reason = 128 + self.forced_by, why
         if self.swarm is not None:
             self.swarm.close()
         self.monitor.close()

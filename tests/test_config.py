@@ -111,6 +111,17 @@ def test_source_needs_name(tmp_path):
     assert "tasks.sources.0" in msg and "needs `name`" in msg
 
 
+def test_bool_answer_share_is_not_a_number(tmp_path):
+    """pydantic reads true as 1.0 for a float field; the error must say "not a number", not "not less than 1"."""
+    for section in ("sources", "probes"):
+        msg = _err(tmp_path, f"tasks:\n  {section}:\n    - name: letter_counting\n      max_answer_share: true\n")
+        assert f"tasks.{section}.0.max_answer_share" in msg and "not a boolean" in msg, msg
+        assert "less than 1" not in msg, msg
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("tasks:\n  sources:\n    - name: letter_counting\n      max_answer_share: 0.3\n")
+    assert load_config(ok).tasks.sources[0].max_answer_share == 0.3
+
+
 def test_class_defaults_are_the_packaged_default():
     """One source of defaults: every value in default.yaml restates the Field default of config.py."""
     import yaml

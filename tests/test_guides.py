@@ -13,7 +13,9 @@ preceded by a marker line ``<!-- test: ... -->``:
 * ``exit=N`` -- the expected exit code (default 0).
 
 Test-time rewrites, the only differences from what a reader types: ``--steps N`` becomes ``--steps 2``
-(except in background commands, which run until stopped), port 9100 becomes a free port, and when the
+(except in background commands, which run until stopped), or one more than the step a run directory the block
+names is at already when that is 2 or more (a reader's N is larger; a smaller ``--steps`` than the run's
+checkpoint is refused), port 9100 becomes a free port, and when the
 embedded model is not built yet, ``$SWARMNODE_TEST_MODEL`` replaces it (``--model`` added to ``swarmnode
 run`` / ``swarm up``, ``name_or_path: embedded`` rewritten).
 
@@ -87,10 +89,16 @@ def parse_guide(name: str) -> list[Block]:
     return out
 
 
-def rewrite(code: str, background: bool, port: int, model: str) -> str:
-    """The test-time rewrites of a block (see the module docstring)."""
+def steps_done(code: str, work: Path) -> int:
+    """The largest step that a run directory named in ``code`` (``--run-dir D``, under ``work``) is at; 0: none."""
+    return max(((read_status_file(work / d) or {}).get("step") or 0 for d in re.findall(r"--run-dir (\S+)", code)),
+               default=0)
+
+
+def rewrite(code: str, background: bool, port: int, model: str, done: int = 0) -> str:
+    """The test-time rewrites of a block (see the module docstring); ``done``: :func:`steps_done`."""
     if not background:
-        code = re.sub(r"--steps \d+", "--steps 2", code)
+        code = re.sub(r"--steps \d+", f"--steps {max(2, done + 1)}", code)
     code = code.replace("9100", str(port))
     if model != "embedded":
         code = re.sub(r"\bswarmnode (run|swarm up)\b", lambda m: f"{m.group(0)} --model {shlex.quote(model)}", code)
@@ -171,7 +179,7 @@ def test_guide_commands_run_as_written(guide, tmp_path):
                 continue
             if b.stop_background:
                 _stop(bg)
-            code = rewrite(b.code, b.background, port, model)
+            code = rewrite(b.code, b.background, port, model, steps_done(b.code, work))
             log = tmp_path / f"block-{b.index}.log"
             where = f"docs/{guide} block {b.index}:\n{code}"
             if b.background or b.interrupt is not None:

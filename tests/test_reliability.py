@@ -279,6 +279,47 @@ def test_all_checkpoints_corrupt_is_an_error_until_fresh_and_nothing_is_deleted(
         Node(cfg, fresh=True)
 
 
+def _tree_digest(d: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.slow
+def test_resume_with_steps_at_or_below_the_checkpoint_says_so_and_changes_nothing(tmp_path, monkeypatch):
+    """``--steps`` counts all steps: resuming a run dir at step S with ``--steps N <= S`` used to load the model,
+    train nothing and exit 0 in silence (rewriting config.yaml and status.json on the way). Now N < S is an error
+    and N == S says the run is complete (exit 0, as a supervisor restarting a finished node needs), both before
+    the model loads and with every file of the run dir as it was."""
+    cfg_path = tiny_config(tmp_path / "t.yaml", steps=2, save_steps=1)
+    rd = tmp_path / "run"
+    assert _run_cli("run", "-c", str(cfg_path), "--run-dir", str(rd), "--no-eval").returncode == 0
+    before = _tree_digest(rd)
+    p = _run_cli("run", "-c", str(cfg_path), "--run-dir", str(rd), "--no-eval", "--steps", "1")
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out
+    assert (f"run dir {rd} is already at step 2 ({rd / 'checkpoints' / 'step-00000002'}); --steps 1 would train "
+            "nothing" in out and "Pass --steps > 2" in out and "Traceback" not in out), out
+    assert _tree_digest(rd) == before
+    p = _run_cli("run", "-c", str(cfg_path), "--run-dir", str(rd), "--no-eval")  # steps: 2 of the file
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert f"already at step 2 = steps: 2 (of {cfg_path}): the run is complete, nothing to train" in out, out
+    assert "summary" not in out and _tree_digest(rd) == before
+    # the library refuses it before the model loads (only when asked: a caller may resume a finished run to
+    # evaluate it)
+    import swarmnode.node as node_mod
+    from swarmnode.config import load_config
+    from swarmnode.node import Node, NothingToTrainError
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(node_mod, "load_policy", no_model)
+    with pytest.raises(NothingToTrainError, match="already at step 2") as ei:
+        Node(load_config(cfg_path, {"run_dir": str(rd)}), require_steps_left=True)
+    assert (ei.value.step, ei.value.steps) == (2, 2)
+    assert _tree_digest(rd) == before
+
+
 @pytest.mark.slow
 def test_save_seconds_checkpoints_by_time_beside_save_steps(tmp_path):
     from swarmnode.config import load_config

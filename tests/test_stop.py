@@ -22,6 +22,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,114 @@ def test_sigterm_inside_a_status_update_still_checkpoints_and_exits(tmp_path):
     assert st["state"] == "stopped" and st["exit"]["reason"] == "stopped by a signal after checkpointing"
     # the announcement is still logged (from the swarmnode-signals thread, not from the handler)
     assert any("signal 15 received: checkpointing after this step" in w["message"] for w in st["warnings"]), st
+
+
+# ------------------------------------------------------------------------------------------ repeated signals
+_REPEATED_SIGNALS = r'''
+import os, signal, sys
+from swarmnode.config import load_config
+from swarmnode.node import Node
+
+sigs = [getattr(signal, s) for s in sys.argv[3].split(",")]
+node = Node(load_config(sys.argv[1], {"run_dir": sys.argv[2], "steps": 50}))
+node.install_signal_handlers()
+write = node._save
+
+def saving():  # the later signals land while the stop's checkpoint is being written
+    for s in sigs[1:]:
+        os.kill(os.getpid(), s)
+        for _ in range(10_000):  # bytecodes: CPython runs the Python-level handler in here
+            pass
+    return write()
+
+node._save = saving
+
+def on_step(res):
+    if res.step == 1:
+        os.kill(os.getpid(), sigs[0])
+        for _ in range(10_000):
+            pass
+
+try:
+    node.run(on_step)
+    print("returned at step", node.step, flush=True)
+except KeyboardInterrupt:
+    print("forced at step", node.step, flush=True)
+node.close()
+print("exit code", node.monitor.exit_code, flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signals, forced", [
+    ("SIGTERM,SIGTERM", None),  # a supervisor (or a user) repeats SIGTERM: logged, the clean stop goes on
+    ("SIGTERM,SIGTERM,SIGTERM", "SIGTERM"),  # a third signal forces
+    ("SIGINT,SIGINT", "SIGINT"),  # Ctrl-C twice forces
+    ("SIGTERM,SIGINT", "SIGINT"),  # so does Ctrl-C during a SIGTERM's stop
+])
+def test_a_signal_while_stopping_is_ignored_or_forces_and_nothing_claims_a_checkpoint_it_lacks(
+        tmp_path, signals, forced):
+    """The second SIGTERM used to raise KeyboardInterrupt wherever the main thread was -- here inside the stop's
+    checkpoint, which was then never written -- while the node still reported a clean stop after checkpointing."""
+    import signal as _signal
+
+    cfg = tiny_config(tmp_path / "tiny.yaml", steps=50, save_steps=100)
+    rd = tmp_path / "r"
+    p = subprocess.run([sys.executable, "-c", _REPEATED_SIGNALS, str(cfg), str(rd), signals],
+                       capture_output=True, text=True, timeout=300, env=child_env())
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    st = read_status_file(rd)
+    ck = load_latest_checkpoint(rd)
+    assert st["state"] == "stopped", st
+    if forced is None:
+        assert "returned at step 1" in p.stdout and "exit code 0" in p.stdout, out
+        assert ck is not None and ck.step == 1  # save_steps is 100: this is the stop's checkpoint
+        assert st["exit"] == {"code": 0, "reason": "stopped by a signal after checkpointing"}, st
+        assert any("signal 15 received while stopping: ignored" in w["message"] for w in st["warnings"]), st
+    else:
+        code = 128 + getattr(_signal, forced)
+        assert "forced at step 1" in p.stdout and f"exit code {code}" in p.stdout, out
+        assert ck is None  # stopped at once: the stop's checkpoint was not written (and none before it)
+        assert st["exit"]["code"] == code, st
+        assert st["exit"]["reason"].startswith(f"stopped at once by a {forced} while already stopping, without "
+                                               "the final checkpoint: step 1 was not saved; there is no checkpoint"), st
+        assert any("stopping at once, without the final checkpoint" in w["message"] for w in st["warnings"]), st
+
+
+@pytest.mark.slow
+def test_cli_exit_status_agrees_with_its_summary_when_sigterm_is_repeated_after_the_stop(tmp_path):
+    """The summary says the node checkpointed; a SIGTERM repeated while the process exits (torch's finalizers
+    take about a second after it) used to kill it with status 143 (or print a KeyboardInterrupt traceback)."""
+    import signal as _signal
+
+    cfg = tiny_config(tmp_path / "tiny.yaml", steps=200, save_steps=100)
+    rd = tmp_path / "r"
+    p = subprocess.Popen([sys.executable, "-m", "swarmnode.cli", "run", "-c", str(cfg), "--run-dir", str(rd),
+                          "--no-eval"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=child_env(COLUMNS="300"))
+    try:
+        deadline = time.monotonic() + 300
+        while not ((read_status_file(rd) or {}).get("step") or 0) >= 1:
+            assert p.poll() is None and time.monotonic() < deadline, p.stdout.read()
+            time.sleep(0.2)
+        p.send_signal(_signal.SIGTERM)
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if "stopped by signal after checkpointing" in line:
+                p.send_signal(_signal.SIGTERM)  # the summary is out; the interpreter is still exiting
+                p.send_signal(_signal.SIGTERM)
+                break
+        out = "".join(lines) + p.stdout.read()
+        rc = p.wait(120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 0, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    ck = load_latest_checkpoint(rd)
+    assert ck is not None and ck.step == read_status_file(rd)["step"]
 
 
 # ------------------------------------------------------------------------------------------ a hung swarm call

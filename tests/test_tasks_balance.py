@@ -287,6 +287,25 @@ def test_other_invalid_uses_raise_clear_errors(tmp_path):
     for bad in (0.0, 1.0, True, "0.3"):
         with pytest.raises(ValueError, match=r"max_answer_share must be None or a number in \(0, 1\)"):
             ReasoningGymSource("letter_counting", LC, max_answer_share=bad)
-    # ~10 distinct counts: no rule can keep each under 5%
-    with pytest.raises(ValueError, match=r"tasks.sources\[0\]: max_answer_share for 'letter_counting'.*below 1/"):
+    # ~10 distinct counts: no rule can keep each under 5%; the message names the key and what can be met
+    with pytest.raises(ValueError, match=r"tasks.sources\[0\]\.max_answer_share: for 'letter_counting', 0\.05 is "
+                       r"below 1/(\d+):.*expected a number in \[0\.\d+, 1\)"):
         TaskMix.from_config(_cfg(0.05))
+
+
+def test_cli_refuses_an_unmeetable_share_before_touching_the_run_dir(tmp_path):
+    """The feasibility of ``max_answer_share`` is only known once the source's answers are estimated; the CLI
+    builds the task sources before it creates the run directory or opens ``node.log``, and names the file."""
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("tasks:\n  sources:\n    - name: letter_counting\n"
+                   f"      config: {json.dumps(LC)}\n      max_answer_share: 1.0e-9\n", encoding="utf-8")
+    rd = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "swarmnode.cli", "run", "-c", str(cfg), "--run-dir", str(rd),
+                        "--no-eval"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "400"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out
+    assert f"invalid configuration in {cfg}:" in out, out
+    assert re.search(r"tasks\.sources\[0\]\.max_answer_share: for 'letter_counting', 1e-09 is below 1/\d+: .*"
+                     r"expected a number in \[0\.\d+, 1\)", out), out
+    assert "Traceback" not in out and not rd.exists(), out  # not even an empty node.log

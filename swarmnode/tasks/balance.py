@@ -57,6 +57,13 @@ ESTIMATE_SEED = 0
 DIGEST_KEY = "swarmnode.max_answer_share"
 
 
+class BalanceError(ValueError):
+    """A ``max_answer_share`` that is out of range or that no acceptance rule can meet for the source's answers.
+
+    The message says what was expected; its caller adds the config key (``tasks.sources[i].max_answer_share``,
+    :func:`~swarmnode.tasks.mix.build_sources`)."""
+
+
 def normalize_answer(answer: Any) -> str:
     """The answer as the balance rule compares it: ``str(answer)`` normalized like a question
     (NFKC, lower case, whitespace runs collapsed, stripped; :func:`~swarmnode.tasks.partition.normalize_question`)."""
@@ -88,20 +95,22 @@ def water_fill(counts: Mapping[str, int], max_share: float) -> dict[str, float]:
         answer -> acceptance probability in (0, 1], only for the capped answers (every other answer: 1).
 
     Raises:
-        ValueError: ``max_share`` not in (0, 1), no positive count, or ``max_share`` below ``1 / K`` for the
-            ``K`` distinct answers (no rule can cap them all).
+        BalanceError: ``max_share`` not in (0, 1), or ``max_share`` below ``1 / K`` for the ``K`` distinct
+            answers (no rule can cap them all; the message gives the range that can be met).
+        ValueError: no positive count.
     """
     x = float(max_share)
     if isinstance(max_share, bool) or not 0.0 < x < 1.0:
-        raise ValueError(f"max_answer_share must be in (0, 1), got {max_share!r}")
+        raise BalanceError(f"max_answer_share must be in (0, 1), got {max_share!r}")
     items = sorted(((a, int(c)) for a, c in counts.items() if int(c) > 0), key=lambda ac: (-ac[1], ac[0]))
     total = sum(c for _, c in items)
     if total == 0:
         raise ValueError("no answers to balance (empty histogram)")
-    if len(items) * x < 1.0:
-        raise ValueError(
-            f"max_answer_share {x} is below 1/{len(items)}: the estimate saw only {len(items)} distinct answers, "
-            f"so some answer keeps a share of at least 1/{len(items)}"
+    k_answers = len(items)
+    if k_answers * x < 1.0:
+        raise BalanceError(
+            f"{x:g} is below 1/{k_answers}: the answer histogram has only {k_answers} distinct answers, so one of "
+            f"them keeps a share of at least 1/{k_answers}; expected a number in [{1 / k_answers:.4g}, 1)"
         )
     uncapped = 1.0  # probability of the answers not capped yet
     k = 0
@@ -145,7 +154,7 @@ class AnswerBalance:
         accept_rate: expected share of the source's draws that are accepted (``Σ p(a)·acc(a)`` over the estimate).
 
     Raises:
-        ValueError: as :func:`water_fill`.
+        BalanceError / ValueError: as :func:`water_fill`.
     """
 
     def __init__(self, max_share: float, counts: Mapping[str, int]) -> None:

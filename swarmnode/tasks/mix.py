@@ -66,6 +66,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from swarmnode.config import TasksConfig
+from swarmnode.tasks.balance import BalanceError
 from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.jsonl_source import JsonlSource
 from swarmnode.tasks.partition import DEFAULT_EVAL_FRACTION, is_heldout_question, normalize_question
@@ -102,7 +103,8 @@ def build_sources(configs: Sequence[Any], base_dir: str | Path | None = None, *,
 
     Raises:
         ValueError: ``"<what>[i]: …"`` for an unknown dataset, a bad config, an unreadable or malformed
-            JSONL file, or a ``config`` given to a JSONL source.
+            JSONL file, or a ``config`` given to a JSONL source; ``"<what>[i].max_answer_share: …"`` (with the
+            range that can be met) for an answer balance the source's answers cannot meet.
     """
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     sources: list[Source] = []
@@ -120,6 +122,8 @@ def build_sources(configs: Sequence[Any], base_dir: str | Path | None = None, *,
                 if not p.is_absolute():
                     p = base / p
                 sources.append(JsonlSource(p, name=sc.name))
+        except BalanceError as e:
+            raise ValueError(f"{what}[{i}].max_answer_share: {e}") from e
         except ValueError as e:
             raise ValueError(f"{what}[{i}]: {e}") from e
     return sources

@@ -24,7 +24,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from swarmnode.tasks.balance import DIGEST_KEY, AnswerBalance, estimate_counts
+from swarmnode.tasks.balance import DIGEST_KEY, AnswerBalance, BalanceError, estimate_counts
 from swarmnode.tasks.base import Task, TaskRef, config_digest
 from swarmnode.tasks.verifiers import VerifierTimeout, clamp01, extract_answer, time_limit
 
@@ -81,8 +81,9 @@ class ReasoningGymSource:
 
     Raises:
         ValueError: unknown dataset name, ``config`` not a dict, containing ``seed``/``size``, rejected by
-            the dataset's config validation, ``size < 1``, ``max_answer_share`` not in (0, 1), or
-            ``max_answer_share`` below ``1/K`` for the ``K`` distinct answers of the estimate.
+            the dataset's config validation, ``size < 1``, or ``max_answer_share`` not in (0, 1).
+        swarmnode.tasks.balance.BalanceError: (a ``ValueError``) ``max_answer_share`` below ``1/K`` for the ``K``
+            distinct answers of the estimate (the message names the dataset and the range that can be met).
     """
 
     def __init__(
@@ -152,8 +153,8 @@ class ReasoningGymSource:
             counts = estimate_counts(lambda seed, i: self.dataset(seed)[i]["answer"], size)
             try:
                 self.balance = AnswerBalance(self.max_answer_share, counts)
-            except ValueError as e:
-                raise ValueError(f"max_answer_share for {name!r}: {e}") from e
+            except BalanceError as e:
+                raise BalanceError(f"for {name!r}, {e}") from e
             logger.info("answer balance of %s (max_answer_share %s): %r", self.source_id, self.max_answer_share,
                         self.balance)
 
