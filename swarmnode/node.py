@@ -46,6 +46,7 @@ from swarmnode.policy.backends import generate_rollouts, make_generation_backend
 from swarmnode.policy.loading import Policy, load_policy
 from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
+from swarmnode.rollout.step_credit import apply_step_credit, step_reports, step_reward_bonus
 from swarmnode.rollout.expansion import Expansion, expand_forks, select_forks
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
@@ -504,8 +505,13 @@ class Node:
 
         # 6. process: local advantages from the local trees; each external group normalized within its own
         #    source (peer, task), bounded in tokens and length, screened by likelihood, capped in share
+        #    (with step checks on: a process reward for the right steps, and no credit against a line's verdict)
+        reports = step_reports(trees, tasks) if cfg.train.step_credit != "none" or cfg.train.step_reward_weight else None
+        bonus = step_reward_bonus(reports, cfg.train.step_reward_weight) if cfg.train.step_reward_weight else None
         adv = compute_advantages(trees, cfg.train.advantage_estimator, cfg.train.scale_rewards,
-                                 std_floor=cfg.train.advantage_std_floor)
+                                 std_floor=cfg.train.advantage_std_floor, reward_bonus=bonus)
+        if cfg.train.step_credit == "mask":
+            m.update(apply_step_credit(trees, reports, adv, self.policy.tokenizer))
         local = samples_from_trees(
             trees,
             adv,

@@ -225,7 +225,8 @@ class _Group:
 
 
 def _collect(
-    trees: Sequence[RolloutTree], group_key: Callable[[RolloutTree], str]
+    trees: Sequence[RolloutTree], group_key: Callable[[RolloutTree], str],
+    reward_bonus: Sequence[Mapping[int, float]] | None = None,
 ) -> tuple[list[_Group], list[str]]:
     groups: dict[str, _Group] = {}
     keys: list[str] = []
@@ -245,7 +246,7 @@ def _collect(
                     f"leaf {lid} of trees[{ti}] (task {tree.task.key()}) has no reward; "
                     "score every leaf with the task verifier before computing advantages"
                 )
-            r = float(r)
+            r = float(r) + (float(reward_bonus[ti].get(lid, 0.0)) if reward_bonus is not None else 0.0)
             if not math.isfinite(r):
                 raise ValueError(f"leaf {lid} of trees[{ti}] (task {tree.task.key()}) has a non-finite reward {r}")
             g.leaves.append(_Leaf(ti, lid, r, len(tree.completion_ids(lid))))
@@ -328,6 +329,7 @@ def _leaf_level(
 
     if estimator == "treepo":
         raw: dict[tuple[int, int], float] = {}
+        reward_of = {(lf.tree, lf.leaf): lf.reward for g in groups for lf in g.leaves}
         for g in groups:
             m0 = _mean(g.rewards)
             for lf in g.leaves:
@@ -336,7 +338,7 @@ def _leaf_level(
                 for nid in tree.path(lf.leaf)[:-1]:  # j = 1 .. k-1 (the leaf itself is a singleton)
                     sub = tree.leaves_under(nid)
                     if len(sub) > 1:
-                        terms.append(lf.reward - _mean([float(tree.nodes[s].reward) for s in sub]))
+                        terms.append(lf.reward - _mean([reward_of[(lf.tree, s)] for s in sub]))
                 raw[(lf.tree, lf.leaf)] = 0.0 if g.key in zero else _mean(terms)
         live = [g for g in groups if g.key not in zero]
         if scale_rewards == "none":
@@ -388,6 +390,7 @@ def _treerl_segment_values(
     """TreeRL per-segment values: tree index -> node id -> value."""
     all_rewards = [lf.reward for g in groups for lf in g.leaves]
     batch_std = _std(all_rewards)
+    leaf_reward = {(lf.tree, lf.leaf): lf.reward for g in groups for lf in g.leaves}
     values: dict[int, dict[int, float]] = {}
     for g in groups:
         rs = g.rewards
@@ -399,7 +402,7 @@ def _treerl_segment_values(
             rsum = [0.0] * len(tree.nodes)
             cnt = [0] * len(tree.nodes)
             for lid in tree.leaves():
-                r = float(tree.nodes[lid].reward)
+                r = leaf_reward[(ti, lid)]
                 cur: int | None = lid
                 while cur is not None:
                     rsum[cur] += r
@@ -425,6 +428,7 @@ def compute_advantages(
     scale_rewards: str = "group",
     group_key: Callable[[RolloutTree], str] | None = None,
     std_floor: float = STD_FLOOR,
+    reward_bonus: Sequence[Mapping[int, float]] | None = None,
 ) -> AdvantageResult:
     """Turn scored rollout trees into per-token advantages.
 
@@ -437,6 +441,10 @@ def compute_advantages(
         group_key: maps a tree to its group key; default ``tree.task.key()``.
         std_floor: the smallest reward spread (std or MAD) an advantage is divided by (config
             ``train.advantage_std_floor``; :data:`STD_FLOOR`; 0 = TRL's formula exactly). See :func:`scale_divisor`.
+        reward_bonus: optional, one mapping per tree (same order): leaf id -> a number added to that leaf's
+            reward for this computation only (a process reward, ``train.step_reward_weight``); the leaves'
+            stored rewards are not changed. Missing leaves add 0. Groups, zero variance and the reward
+            statistics all use the sum.
 
     Returns:
         :class:`AdvantageResult` with per-tree ``{leaf id: [advantage per completion token]}``, the dropped
@@ -453,7 +461,9 @@ def compute_advantages(
         raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected one of {', '.join(SCALE_REWARDS)}")
     scale_divisor(0.0, 0.0, std_floor)  # validates the floor
     keyf = group_key or (lambda t: t.task.key())
-    groups, keys = _collect(trees, keyf)
+    if reward_bonus is not None and len(reward_bonus) != len(trees):
+        raise ValueError(f"reward_bonus has {len(reward_bonus)} entries for {len(trees)} trees")
+    groups, keys = _collect(trees, keyf, reward_bonus)
     groups = [g for g in groups if g.leaves]
     zero = {g.key for g in groups if _is_zero_variance(g.rewards)}
     dropped: list[set[int]] = [set() for _ in trees]

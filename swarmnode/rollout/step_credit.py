@@ -1,0 +1,192 @@
+"""Step-checked credit: outcome advantages that do not blame a correct line (``train.step_credit: mask``).
+
+An outcome advantage gives every token of a completion the same sign. In a wrong completion of a multi-step task
+(``3+5=8\\n8-2=7\\n7+4=11\\n...``) that pushes down the correct lines along with the one wrong line; in a right
+completion that took a wrong step and was lucky, it pushes the wrong step up. When a program can check every
+reasoning line (:func:`swarmnode.tasks.steps.check_steps`), the credit can follow the lines instead:
+
+* a token of a **valid** line keeps a positive advantage and loses a negative one (``A_t = max(A_t, 0)``);
+* a token of an **invalid** line keeps a negative advantage and loses a positive one (``A_t = min(A_t, 0)``);
+* the answer block, text outside the checked lines, and completions of tasks without a checker keep their
+  outcome advantage unchanged.
+
+So the outcome still decides the sign of the answer, and the line checks only remove credit whose sign
+contradicts the program's verdict on that line: a correct step is never pushed down and a wrong one never up.
+This is a process-supervision mask in the spirit of step-level verification (Lightman et al., "Let's Verify
+Step by Step", 2023), with a program in place of a learned process reward model; the rewards, the groups and
+the advantage estimator are unchanged (docs/step_credit.md).
+
+Tokens are mapped to lines by the character where each token's text starts in the completion (a token that
+spans a line end belongs to the line it starts in).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from swarmnode.rollout.advantages import AdvantageResult
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.tasks.base import Task
+from swarmnode.tasks.steps import StepCheck, StepReport, check_steps
+
+__all__ = ["STEP_CREDIT_MODES", "token_char_starts", "mask_advantages", "step_reports", "step_reward_bonus",
+           "apply_step_credit"]
+
+STEP_CREDIT_MODES = ("none", "mask")
+
+
+def token_char_starts(tokenizer: Any, ids: Sequence[int]) -> list[int]:
+    """Offset (characters) in ``tokenizer.decode(ids, skip_special_tokens=True)`` where each token's text starts.
+
+    Uses per-token pieces when they concatenate to the whole decode (byte-level BPE without merges across
+    pieces), else prefix decodes (quadratic in ``len(ids)``, exact for any tokenizer).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (``decode``).
+        ids: completion token ids (list[int]).
+
+    Returns:
+        ``len(ids)`` non-decreasing offsets; a special token (decoded to nothing) starts where the next text does.
+    """
+    ids = [int(t) for t in ids]
+    whole = tokenizer.decode(ids, skip_special_tokens=True)
+    pieces = [tokenizer.decode([t], skip_special_tokens=True) for t in ids]
+    if "".join(pieces) == whole:
+        out, pos = [], 0
+        for p in pieces:
+            out.append(pos)
+            pos += len(p)
+        return out
+    return _prefix_starts(tokenizer, ids)
+
+
+def _prefix_starts(tokenizer: Any, ids: list[int]) -> list[int]:
+    """:func:`token_char_starts` by prefix decodes: token k starts where the decode of ``ids[:k]`` ends."""
+    whole = len(tokenizer.decode(ids, skip_special_tokens=True))
+    out, prev = [], 0
+    for k in range(len(ids)):
+        out.append(min(prev, whole))
+        prev = max(prev, len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True).rstrip("\ufffd")))
+    return out
+
+
+def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck]) -> tuple[list[float], int]:
+    """Apply the step-checked mask to one completion's per-token advantages.
+
+    Args:
+        advantages: per-token outcome advantages (floats, one per completion token).
+        starts: per-token character offsets (:func:`token_char_starts`), same length.
+        checks: the completion's checked lines (:func:`~swarmnode.tasks.steps.check_steps`).
+
+    Returns:
+        ``(new advantages, number of tokens whose advantage was set to 0)``.
+
+    Raises:
+        ValueError: ``advantages`` and ``starts`` differ in length.
+    """
+    if len(advantages) != len(starts):
+        raise ValueError(f"{len(advantages)} advantages but {len(starts)} token offsets")
+    out = list(advantages)
+    zeroed, j = 0, 0
+    for t, s in enumerate(starts):
+        while j < len(checks) and checks[j].end <= s:
+            j += 1
+        if j == len(checks) or s < checks[j].start:
+            continue  # answer block or text between lines: outcome credit
+        a = out[t]
+        if (checks[j].valid and a < 0) or (not checks[j].valid and a > 0):
+            out[t] = 0.0
+            zeroed += 1
+    return out, zeroed
+
+
+def step_reports(trees: Sequence[RolloutTree], tasks: Sequence[Task]) -> list[dict[int, StepReport | None]]:
+    """Check the reasoning lines of every leaf of every tree (:func:`~swarmnode.tasks.steps.check_steps`).
+
+    Args:
+        trees: the step's local rollout trees, aligned with ``tasks``.
+        tasks: the regenerated task of each tree (its ``name`` and ``metadata`` feed the checker).
+
+    Returns:
+        One dict per tree: leaf id -> its :class:`~swarmnode.tasks.steps.StepReport`, or ``None`` for a task
+        without a checker.
+
+    Raises:
+        ValueError: ``trees`` and ``tasks`` differ in length.
+    """
+    if len(trees) != len(tasks):
+        raise ValueError(f"{len(trees)} trees but {len(tasks)} tasks")
+    return [{leaf: check_steps(task.name, task.metadata, tree.completion_text(leaf)) for leaf in tree.leaves()}
+            for tree, task in zip(trees, tasks)]
+
+
+def step_reward_bonus(reports: Sequence[Mapping[int, StepReport | None]], weight: float) -> list[dict[int, float]]:
+    """The process reward ``weight * progress`` of every checked leaf (``train.step_reward_weight``).
+
+    ``progress`` is the share of the question's needed steps that the completion did right
+    (:attr:`StepReport.progress`, 0 to 1), so a wrong answer reached through mostly right steps ranks above a
+    wrong answer with no right step, and a group whose answers are all wrong still has a signal. The bonus
+    enters the advantage only (:func:`~swarmnode.rollout.advantages.compute_advantages`'s ``reward_bonus``);
+    the leaves' verified rewards, and every reported reward and accuracy, stay the outcome.
+
+    Args:
+        reports: :func:`step_reports`' output.
+        weight: reward units per fully-right reasoning (>= 0); an exact answer is worth 1.
+
+    Returns:
+        One dict per tree: leaf id -> bonus (float); unchecked leaves are absent (bonus 0).
+
+    Raises:
+        ValueError: a negative or non-finite ``weight``.
+    """
+    if not (weight >= 0 and weight != float("inf")):
+        raise ValueError(f"step reward weight must be a finite number >= 0, got {weight!r}")
+    return [{leaf: weight * r.progress for leaf, r in per_tree.items() if r is not None} for per_tree in reports]
+
+
+def apply_step_credit(trees: Sequence[RolloutTree], reports: Sequence[Mapping[int, StepReport | None]],
+                      adv: AdvantageResult, tokenizer: Any) -> dict[str, float]:
+    """Mask ``adv``'s per-token advantages in place by the program checks of every leaf's reasoning lines.
+
+    Args:
+        trees: the step's local rollout trees (scored), aligned with ``reports`` and with ``adv.advantages``.
+        reports: :func:`step_reports` of ``trees``.
+        adv: the advantages of ``trees`` (:func:`~swarmnode.rollout.advantages.compute_advantages`);
+            zero-variance groups and dropped leaves are left alone (their advantages are 0).
+        tokenizer: the policy's tokenizer (maps tokens to characters).
+
+    Returns:
+        Metrics: ``step_credit/checked_leaves`` (leaves of groups with signal whose task has a checker),
+        ``step_credit/lines``, ``step_credit/valid_lines`` (over those leaves), ``step_credit/zeroed_tokens``
+        and ``step_credit/zeroed_frac`` (of those leaves' tokens).
+
+    Raises:
+        ValueError: ``trees``, ``reports`` and ``adv.advantages`` differ in length.
+    """
+    if not (len(trees) == len(reports) == len(adv.advantages)):
+        raise ValueError(f"{len(trees)} trees, {len(reports)} step reports and {len(adv.advantages)} advantage lists")
+    leaves = lines = valid = zeroed = tokens = 0
+    for i, tree in enumerate(trees):
+        if adv.is_zero_variance(i):
+            continue
+        for leaf, a in adv.advantages[i].items():
+            report = reports[i].get(leaf)
+            if leaf in adv.dropped[i] or report is None:
+                continue
+            checks = report.lines
+            leaves += 1
+            lines += len(checks)
+            valid += sum(c.valid for c in checks)
+            tokens += len(a)
+            if not checks:
+                continue
+            new, z = mask_advantages(a, token_char_starts(tokenizer, tree.completion_ids(leaf)), checks)
+            adv.advantages[i][leaf] = new
+            zeroed += z
+    return {
+        "step_credit/checked_leaves": float(leaves),
+        "step_credit/lines": float(lines),
+        "step_credit/valid_lines": float(valid),
+        "step_credit/zeroed_tokens": float(zeroed),
+        "step_credit/zeroed_frac": zeroed / tokens if tokens else 0.0,
+    }

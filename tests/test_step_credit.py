@@ -1,0 +1,276 @@
+"""Program checks of reasoning lines (swarmnode/tasks/steps.py) and step-checked credit
+(swarmnode/rollout/step_credit.py): real reasoning-gym tasks, the embedded tokenizer, a real Node run."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from swarmnode.rollout.advantages import compute_advantages
+from swarmnode.rollout.step_credit import (
+    _prefix_starts,
+    apply_step_credit,
+    mask_advantages,
+    step_reports,
+    step_reward_bonus,
+    token_char_starts,
+)
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
+from swarmnode.tasks.solutions import DEFAULT_MIX, running_sum_steps, worked_solution
+from swarmnode.tasks.steps import StepCheck, check_steps, reasoning_lines
+
+SPECS = {s["name"]: s for s in DEFAULT_MIX}
+
+
+def tasks_of(name: str, n: int, seed: int = 0):
+    src = ReasoningGymSource(name, SPECS[name]["config"])
+    return [src.get(src.ref(seed + 1_000 * (i // 50), i % 50)) for i in range(n)]
+
+
+def solution(task) -> str:
+    return worked_solution(task.name, {"question": task.question, "answer": task.answer, "metadata": task.metadata})
+
+
+def verdicts(task, completion: str) -> list[bool]:
+    report = check_steps(task.name, task.metadata, completion)
+    assert report is not None
+    return [c.valid for c in report.lines]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from swarmnode.policy.loading import EMBEDDED_DIR
+
+    if not (EMBEDDED_DIR / "tokenizer.json").is_file() and not (EMBEDDED_DIR / "tokenizer_config.json").is_file():
+        pytest.skip(f"the embedded tokenizer is not built ({EMBEDDED_DIR})")
+    return AutoTokenizer.from_pretrained(str(EMBEDDED_DIR))
+
+
+# ------------------------------------------------------------------------------------------ the line checks
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_line_of_every_worked_solution_is_valid(name):
+    for task in tasks_of(name, 400):
+        sol = solution(task)
+        report = check_steps(task.name, task.metadata, sol)
+        assert report is not None and len(report.lines) == report.needed == sol.count("\n") > 0, sol
+        assert report.progress == 1.0
+        checks = report.lines
+        assert all(c.valid for c in checks), (task.question, sol, checks)
+        # the offsets cut out exactly the lines (each with its newline)
+        assert "".join(sol[c.start:c.end] for c in checks) == sol[: sol.index("<answer>")]
+
+
+def test_a_running_sum_error_is_charged_to_the_line_that_makes_it():
+    for task in tasks_of("chain_sum", 60):
+        from swarmnode.tasks.solutions import _parse_expression
+
+        terms, ops = _parse_expression(task.metadata["expression"], "chain_sum")
+        good, _ = running_sum_steps(terms, ops)
+        k = random.Random(task.question).randrange(len(good))
+        # line k writes a wrong result; the lines after it continue correctly from the wrong value
+        x = good[k].split("=")[0]
+        wrong = int(good[k].split("=")[1]) + 1
+        rest, value = running_sum_steps([wrong, *terms[k + 2:]], ops[k + 1:])
+        text = "".join(good[:k]) + f"{x}={wrong}\n" + "".join(rest) + f"<answer>{value}</answer>"
+        assert verdicts(task, text) == [i != k for i in range(len(good))], text
+        assert check_steps(task.name, task.metadata, text).progress == (len(good) - 1) / len(good)
+        # a wrong operand (the question's term misread) is an error too, even with right arithmetic
+        acc = good[k].split(ops[k])[0] if not good[k].startswith("-") else good[k][: good[k].index(ops[k], 1)]
+        y = terms[k + 1] + 1
+        z = int(acc) + y if ops[k] == "+" else int(acc) - y
+        line = f"{acc}{ops[k]}{y}={z}\n"
+        assert verdicts(task, "".join(good[:k]) + line)[k] is False
+
+
+def test_column_addition_lines_follow_the_written_carry_and_digits():
+    src = ReasoningGymSource("basic_arithmetic", SPECS["basic_arithmetic"]["config"])
+    task = src.get(src.ref(0, 0))
+    a, b = (int(x) for x in task.metadata["expression"].split(" + "))
+    sol = solution(task)
+    lines = sol[: sol.index("<answer>")].splitlines(keepends=True)
+    first = lines[0].split("=")[0]
+    s0 = int(lines[0].split("=")[1].split()[0])
+    # column 0 written with a wrong sum; column 1 takes the carry and digits as written
+    bad0 = (s0 + 1) % 19
+    carry = bad0 // 10
+    da, db = (int(str(a)[::-1][1]) if len(str(a)) > 1 else 0), (int(str(b)[::-1][1]) if len(str(b)) > 1 else 0)
+    s1 = da + db + carry
+    n = max(len(str(a)), len(str(b)))
+    d1 = (str(s1) if n == 2 else str(s1 % 10)) + str(bad0 % 10)
+    text = f"{first}={bad0} {bad0 % 10}\n{da}+{db}{'+1' if carry else ''}={s1} {d1}\n"
+    assert verdicts(task, text) == [False, True], (task.metadata["expression"], text)
+    # a missing carry, or digits that do not extend the previous line's, is an error
+    ok = lines[1].strip()
+    assert verdicts(task, lines[0] + ok.replace("+1=", "=") + "\n")[1] is ("+1=" not in ok)
+    assert verdicts(task, lines[0] + ok[:-1] + str((int(ok[-1]) + 1) % 10) + "\n")[1] is False
+
+
+def test_leg_and_letter_lines():
+    legs = tasks_of("leg_counting", 1)[0]
+    sol = solution(legs)
+    lines = sol[: sol.index("<answer>")].splitlines(keepends=True)
+    kinds = list(legs.metadata["animals"])
+    # a wrong product: that line is invalid; the sums that add the written (wrong) product are valid
+    name, rest = lines[0].split(" ", 1)
+    n, tail = rest.split("*")
+    l, p = tail.strip().split("=")
+    wrong = int(p) + 1
+    products = [wrong] + [int(x.split("=")[1]) for x in lines[1:len(kinds)]]
+    sums, total = running_sum_steps(products, ["+"] * (len(products) - 1))
+    text = f"{name} {n}*{l}={wrong}\n" + "".join(lines[1:len(kinds)]) + "".join(sums) + f"<answer>{total}</answer>"
+    assert verdicts(legs, text) == [False] + [True] * (len(lines) - 1), text
+    # the wrong animal is an error even with the right arithmetic
+    assert verdicts(legs, f"horse {n}*4={int(n) * 4}\n")[0] is (kinds[0] == "horse")
+
+    letters = tasks_of("letter_counting", 1)[0]
+    span, letter = letters.metadata["span"], letters.metadata["target_letter"]
+    ok = verdicts(letters, solution(letters))
+    assert all(ok) and len(ok) == len(span)
+    c0 = span[0].lower().count(letter)
+    text = f"{span[0]} +{c0 + 1}={c0 + 1}\n{span[1]} +{span[1].lower().count(letter)}={c0 + 1 + span[1].lower().count(letter)}\n"
+    assert verdicts(letters, text) == [False, True]
+    assert verdicts(letters, f"{span[0]}x +{c0}={c0}\n") == [False]  # a word not in the span
+
+
+def test_extra_lines_garbage_and_unknown_tasks():
+    task = tasks_of("chain_sum", 1)[0]
+    sol = solution(task)
+    body = sol[: sol.index("<answer>")]
+    assert verdicts(task, body + "1+1=2\n<answer>2</answer>")[-1] is False  # a line past the question's steps
+    empty = check_steps("chain_sum", task.metadata, "<answer>3</answer>")
+    assert empty is not None and empty.lines == [] and empty.progress == 0.0
+    assert check_steps("word_sorting", {}, sol) is None  # no checker
+    assert check_steps("chain_sum", {"expression": "2 * 3"}, sol) is None  # a shape the writer does not handle
+    assert check_steps("leg_counting", {"animals": "cats"}, "x\n") is None
+    rng = random.Random(0)
+    alphabet = "0123456789+-=* \n<>/answerxyz"
+    for name in SPECS:
+        md = tasks_of(name, 1)[0].metadata
+        for _ in range(300):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+            report = check_steps(name, md, text)
+            assert report is not None and len(report.lines) == len(reasoning_lines(text))
+            assert all(0 <= c.start < c.end <= len(text) for c in report.lines) and 0 <= report.progress <= 1
+
+
+# ------------------------------------------------------------------------------------------ the credit mask
+def test_mask_rules():
+    checks = [StepCheck(0, 4, True), StepCheck(4, 8, False)]
+    starts = [0, 2, 4, 6, 8, 10]  # two tokens per line, then two answer tokens
+    assert mask_advantages([-1.0] * 6, starts, checks) == ([0.0, 0.0, -1.0, -1.0, -1.0, -1.0], 2)
+    assert mask_advantages([1.0] * 6, starts, checks) == ([1.0, 1.0, 0.0, 0.0, 1.0, 1.0], 2)
+    assert mask_advantages([0.0] * 6, starts, checks) == ([0.0] * 6, 0)
+    assert mask_advantages([-1.0] * 6, starts, []) == ([-1.0] * 6, 0)
+    with pytest.raises(ValueError, match="5 advantages but 6 token offsets"):
+        mask_advantages([1.0] * 5, starts, checks)
+
+
+def test_token_offsets_on_the_embedded_tokenizer(tokenizer):
+    for task in tasks_of("chain_sum", 5) + tasks_of("letter_counting", 5):
+        text = solution(task)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        starts = token_char_starts(tokenizer, ids)
+        whole = tokenizer.decode(ids, skip_special_tokens=True)
+        assert whole == text and len(starts) == len(ids)
+        assert starts == sorted(starts) and starts[0] == 0
+        for k, t in enumerate(ids[:-1]):
+            piece = tokenizer.decode([t], skip_special_tokens=True)
+            assert whole[starts[k]:starts[k] + len(piece)] == piece
+        assert _prefix_starts(tokenizer, ids) == starts  # the general path agrees with the fast one
+
+
+def test_apply_step_credit_on_a_scored_group(tokenizer):
+    task = tasks_of("chain_sum", 1)[0]
+    sol = solution(task)
+    lines = sol[: sol.index("<answer>")].splitlines(keepends=True)
+    x, z = lines[2].strip().split("=")
+    wrong = "".join(lines[:2]) + f"{x}={int(z) + 1}\n<answer>{int(z) + 1}</answer>"
+    texts = [sol, wrong, wrong, "7\n<answer>7</answer>"]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    tree = RolloutTree.from_group(task.ref, [1, 2], ids, texts=texts)
+    for leaf, r in zip(tree.leaves(), [1.0, 0.0, 0.0, 0.0]):
+        tree.nodes[leaf].reward = r
+    adv = compute_advantages([tree], "grpo", "group")
+    before = {leaf: list(a) for leaf, a in adv.advantages[0].items()}
+    m = apply_step_credit([tree], step_reports([tree], [task]), adv, tokenizer)
+    right, w1, _, short = tree.leaves()
+    assert adv.advantages[0][right] == before[right]  # every line valid and a positive advantage: unchanged
+    starts = token_char_starts(tokenizer, ids[1])
+    cut = len(lines[0]) + len(lines[1])
+    for s, a, b in zip(starts, adv.advantages[0][w1], before[w1]):
+        assert b < 0 and a == (0.0 if s < cut else b)  # two valid lines spared, the wrong line and answer not
+    assert adv.advantages[0][short][-1] == before[short][-1] < 0  # its answer keeps the outcome credit
+    assert m["step_credit/checked_leaves"] == 4 and m["step_credit/zeroed_tokens"] == 2 * sum(s < cut for s in starts)
+    assert m["step_credit/lines"] == len(lines) + 3 + 3 + 1
+    # a zero-variance group is left alone
+    for leaf in tree.leaves():
+        tree.nodes[leaf].reward = 0.0
+    flat = compute_advantages([tree], "grpo", "group")
+    assert apply_step_credit([tree], step_reports([tree], [task]), flat, tokenizer)["step_credit/checked_leaves"] == 0
+    with pytest.raises(ValueError, match="1 trees, 0 step reports"):
+        apply_step_credit([tree], [], flat, tokenizer)
+    with pytest.raises(ValueError, match="1 trees but 0 tasks"):
+        step_reports([tree], [])
+
+
+def test_a_node_trains_with_step_credit(tmp_path):
+    from swarmnode.config import RunConfig
+    from swarmnode.node import Node
+
+    from monitor_helpers import test_model
+
+    cfg = RunConfig.model_validate({
+        "steps": 2, "run_dir": str(tmp_path / "run"), "seed": 0,
+        "model": {"name_or_path": test_model(), "device": "cpu", "dtype": "float32"},
+        "sampling": {"prompts_per_step": 8, "num_generations": 4, "max_completion_length": 48},
+        "train": {"micro_batch_size": 32, "step_credit": "mask", "step_reward_weight": 0.5,
+                  "drop_zero_variance_groups": False},
+        "swarm": {"screen": {"enabled": False}},
+        "checkpoint": {"save_steps": 1000},
+    })
+    node = Node(cfg)
+    results = [node.run_step() for _ in range(2)]
+    # leaves of groups with signal are checked (a step whose groups all have zero variance checks none)
+    assert sum(r.metrics["step_credit/checked_leaves"] for r in results) > 0
+    assert sum(r.metrics["step_credit/zeroed_tokens"] for r in results) > 0
+    for r in results:
+        m = r.metrics
+        assert 0 <= m["step_credit/valid_lines"] <= m["step_credit/lines"]
+        assert 0.0 <= m["step_credit/zeroed_frac"] <= 1.0
+    assert node.step == 2
+
+
+def test_step_reward_ranks_an_all_wrong_group_by_its_right_steps(tokenizer):
+    task = tasks_of("chain_sum", 2)[1]
+    sol = solution(task)
+    lines = sol[: sol.index("<answer>")].splitlines(keepends=True)
+    n = len(lines)
+
+    def wrong_at(k: int) -> str:  # right up to line k, then a wrong line k and a wrong answer
+        x, z = lines[k].strip().split("=")
+        return "".join(lines[:k]) + f"{x}={int(z) + 1}\n<answer>{int(z) + 1}</answer>"
+
+    texts = [wrong_at(4), wrong_at(2), wrong_at(0), "<answer>0</answer>"]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    tree = RolloutTree.from_group(task.ref, [1, 2], ids, texts=texts)
+    for leaf in tree.leaves():
+        tree.nodes[leaf].reward = 0.0  # every answer wrong: no outcome signal
+    reports = step_reports([tree], [task])
+    assert [reports[0][leaf].progress for leaf in tree.leaves()] == [4 / n, 2 / n, 0.0, 0.0]
+    bonus = step_reward_bonus(reports, 0.5)
+    assert [bonus[0][leaf] for leaf in tree.leaves()] == [2 / n, 1 / n, 0.0, 0.0]
+    for est in ("grpo", "treepo", "treerl"):
+        plain = compute_advantages([tree], est, "group")
+        shaped = compute_advantages([tree], est, "group", reward_bonus=bonus)
+        assert plain.num_zero_variance_groups == 1 and shaped.num_zero_variance_groups == 0, est
+        firsts = [shaped.advantages[0][leaf][0] for leaf in tree.leaves()]
+        assert firsts[0] > firsts[1] > firsts[2] == firsts[3], (est, firsts)
+    assert [tree.nodes[leaf].reward for leaf in tree.leaves()] == [0.0] * 4  # the verified rewards are untouched
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        step_reward_bonus(reports, -1.0)
+    with pytest.raises(ValueError, match="reward_bonus has 0 entries for 1 trees"):
+        compute_advantages([tree], "grpo", "group", reward_bonus=[])
