@@ -19,7 +19,9 @@ Usage::
 
 ``--tree-config`` adds a third arm, ``swarmnode-tree``: swarmnode with that config (tree rollouts), started
 together with the other two under the same wall-time budget, so tree vs chain is compared at equal wall time
-on the same machine load (the report adds the tree/chain ratio).
+on the same machine load (the report adds the tree/chain ratio). ``--alt-config`` likewise adds an arm
+``swarmnode-alt`` with any other swarmnode config (e.g. the same run without step credit), reported as the
+difference to ``swarmnode``.
 
 Prints a table per seed and the mean, with the swarmnode/TRL ratio of accuracy gained per wall minute and per
 step, and writes ``results.json`` (and each arm's ``arm-<name>-seed<k>.json``) under ``--out``.
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+ARMS = ("swarmnode", "swarmnode-tree", "swarmnode-alt", "trl")  # the swarmnode arms differ only in their config
 
 
 # ----------------------------------------------------------------------------------------------- shared setup
@@ -271,7 +274,7 @@ def table(results: list[dict]) -> str:
                      f"{100 * w['gain']:+.1f} | {w['steps']} | {w['minutes']:.2f} | {100 * w['per_min']:+.2f} | "
                      f"{100 * w['per_step']:+.3f} |")
     mean = {}
-    for arm in ("swarmnode", "swarmnode-tree", "trl"):
+    for arm in ARMS:
         mine = [w for w in rows if w["arm"] == arm]
         if mine:
             mean[arm] = {k: sum(w[k] for w in mine) / len(mine) for k in ("gain", "per_min", "per_step", "steps")}
@@ -289,6 +292,11 @@ def table(results: list[dict]) -> str:
         lines.append(f"tree - chain (swarmnode-tree minus swarmnode), gain: "
                      f"{100 * (mean['swarmnode-tree']['gain'] - mean['swarmnode']['gain']):+.1f} points; "
                      f"steps in the same wall time {_ratio(mean['swarmnode-tree']['steps'], mean['swarmnode']['steps'])}")
+    if "swarmnode" in mean and "swarmnode-alt" in mean:
+        lines.append("")
+        lines.append(f"swarmnode minus swarmnode-alt, gain: "
+                     f"{100 * (mean['swarmnode']['gain'] - mean['swarmnode-alt']['gain']):+.1f} points; "
+                     f"steps in the same wall time {_ratio(mean['swarmnode']['steps'], mean['swarmnode-alt']['steps'])}")
     probe_lines = []
     for w in rows:
         for k, (b, a) in w["probes"].items():
@@ -308,10 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="directory for results.json (default runs/bench_vs_trl/<time>)")
     ap.add_argument("--tree-config", default=None,
                     help="also run a 'swarmnode-tree' arm with this config (e.g. configs/tree.yaml), started together")
-    ap.add_argument("--arm", choices=["swarmnode", "swarmnode-tree", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--alt-config", default=None,
+                    help="also run a 'swarmnode-alt' arm with this swarmnode config, started together (e.g. the "
+                         "default without step credit)")
+    ap.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)
     ap.add_argument("--arms", default=None,
-                    help="comma-separated arms of {swarmnode,swarmnode-tree,trl} (default: swarmnode,trl, plus "
-                         "swarmnode-tree with --tree-config); e.g. 'swarmnode,swarmnode-tree' for tree vs chain only")
+                    help="comma-separated arms of {swarmnode,swarmnode-tree,swarmnode-alt,trl} (default: swarmnode,"
+                         "trl, plus swarmnode-tree with --tree-config and swarmnode-alt with --alt-config); e.g. "
+                         "'swarmnode,swarmnode-tree' for tree vs chain only")
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -325,12 +337,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     arms = (args.arms.split(",") if args.arms
-            else ["swarmnode", "trl"] + (["swarmnode-tree"] if args.tree_config else []))
-    bad = [a for a in arms if a not in ("swarmnode", "swarmnode-tree", "trl")]
+            else ["swarmnode", "trl"] + (["swarmnode-tree"] if args.tree_config else [])
+            + (["swarmnode-alt"] if args.alt_config else []))
+    bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
-        ap.error(f"--arms: unknown arm(s) {bad}; expected a comma-separated subset of swarmnode,swarmnode-tree,trl")
+        ap.error(f"--arms: unknown arm(s) {bad}; expected a comma-separated subset of {','.join(ARMS)}")
     if "swarmnode-tree" in arms and not args.tree_config:
         ap.error("--arms swarmnode-tree needs --tree-config (the tree arm's YAML config)")
+    if "swarmnode-alt" in arms and not args.alt_config:
+        ap.error("--arms swarmnode-alt needs --alt-config (that arm's YAML config)")
     try:
         if "trl" in arms:
             import trl  # noqa: F401
@@ -352,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--arm", arm, "--seed", str(seed),
                        "--minutes", str(args.minutes), "--work", work, "--result", str(res_path),
                        "--arms", ",".join(arms)]
-                config = args.tree_config if arm == "swarmnode-tree" else args.config
+                config = {"swarmnode-tree": args.tree_config, "swarmnode-alt": args.alt_config}.get(arm, args.config)
                 if config:
                     cmd += ["--config", config]
                 if args.eval_size:

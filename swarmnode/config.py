@@ -251,16 +251,17 @@ class TrainConfig(_Strict):
         "filtering); default False"
     )
     step_credit: Literal["none", "mask"] = Field(
-        "none", description="per-line credit for tasks whose reasoning lines a program checks (the default mix; "
-        "swarmnode/rollout/step_credit.py, docs/step_credit.md): mask = a token of a valid line never gets a "
-        "negative advantage and a token of an invalid line never a positive one; the answer keeps its outcome "
-        "advantage. none = outcome advantages only (TRL). Default none",
+        "mask", description="per-line credit for tasks whose reasoning lines a program checks (the default mix, in "
+        "the embedded model's line format; swarmnode/rollout/step_credit.py, docs/step_credit.md): mask = a token "
+        "of a valid line never gets a negative advantage and a token of an invalid line never a positive one; the "
+        "answer keeps its outcome advantage; tasks without a checker keep outcome credit. none = outcome "
+        "advantages only (TRL); use it for a model that reasons in another format. Default mask",
     )
     step_reward_weight: float = Field(
-        0.0, ge=0, allow_inf_nan=False,
+        0.5, ge=0, allow_inf_nan=False,
         description="process reward for tasks whose reasoning lines a program checks: weight x (share of the "
         "question's steps done right) is added to a leaf's reward for its advantage only (reported rewards and "
-        "accuracy stay the outcome), so all-wrong groups still rank their completions. 0 = off. Default 0",
+        "accuracy stay the outcome), so all-wrong groups still rank their completions. 0 = off (TRL). Default 0.5",
     )
     drop_zero_variance_groups: bool = Field(
         True, description="drop groups whose rewards are all equal (no signal) before the loss; default True"
