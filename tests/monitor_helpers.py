@@ -14,6 +14,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def load_script(name: str) -> Any:
+    """``scripts/<name>.py`` imported as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_model() -> str:
     """``--model`` for end-to-end runs: ``$SWARMNODE_TEST_MODEL`` if set, else the embedded default (skip if absent)."""
     env = os.environ.get("SWARMNODE_TEST_MODEL")

@@ -3,20 +3,14 @@ and run in docs/benchmarks.md's commands, not here)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from monitor_helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_vs_trl", ROOT / "scripts" / "bench_vs_trl.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_vs_trl")
 
 
 def result(arm: str, seed: int, before: float, after: float, steps: int, seconds: float = 600.0) -> dict:

@@ -4,7 +4,6 @@ writes loads through swarmnode's real loading code (transformers 5 Auto classes)
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from swarmnode.policy.loading import build_prompt, check_embedded_roundtrip, loa
 from swarmnode.tasks.partition import is_heldout_question
 from swarmnode.tasks.solutions import DEFAULT_MIX, worked_solution
 
+from monitor_helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "3", "--batch-size", "8", "--micro-batch", "4", "--hidden", "32", "--layers", "1", "--warmup", "1",
         "--no-eval", "--threads", "1"]
@@ -22,10 +23,7 @@ TINY = ["--steps", "3", "--batch-size", "8", "--micro-batch", "4", "--hidden", "
 
 @pytest.fixture(scope="module")
 def build():
-    spec = importlib.util.spec_from_file_location("build_tiny_model", REPO / "scripts" / "build_tiny_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("build_tiny_model")
 
 
 def _sha(p: Path) -> str:

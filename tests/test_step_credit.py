@@ -66,9 +66,9 @@ def test_every_line_of_every_worked_solution_is_valid(name):
 
 def test_a_running_sum_error_is_charged_to_the_line_that_makes_it():
     for task in tasks_of("chain_sum", 60):
-        from swarmnode.tasks.solutions import _parse_expression
+        from swarmnode.tasks.solutions import parse_expression
 
-        terms, ops = _parse_expression(task.metadata["expression"], "chain_sum")
+        terms, ops = parse_expression(task.metadata["expression"], "chain_sum")
         good, _ = running_sum_steps(terms, ops)
         k = random.Random(task.question).randrange(len(good))
         # line k writes a wrong result; the lines after it continue correctly from the wrong value

@@ -29,11 +29,8 @@ from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task
 from swarmnode.tasks.steps import StepCheck, StepReport, check_steps
 
-__all__ = ["STEP_CREDIT_MODES", "token_char_starts", "mask_advantages", "step_reports", "step_reward_bonus",
+__all__ = ["token_char_starts", "mask_advantages", "step_reports", "step_reward_bonus",
            "apply_step_credit"]
-
-STEP_CREDIT_MODES = ("none", "mask")
-
 
 def token_char_starts(tokenizer: Any, ids: Sequence[int]) -> list[int]:
     """Offset (characters) in ``tokenizer.decode(ids, skip_special_tokens=True)`` where each token's text starts.

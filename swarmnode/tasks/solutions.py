@@ -59,8 +59,11 @@ def answer_block(answer: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ writers
-def _parse_expression(expr: str, task: str) -> tuple[list[int], list[str]]:
-    """Terms and operators of a space-separated ``"a + b - c"`` expression (reasoning-gym's simple format)."""
+def parse_expression(expr: str, task: str) -> tuple[list[int], list[str]]:
+    """Terms and operators of a space-separated ``"a + b - c"`` expression (reasoning-gym's simple format).
+
+    Raises:
+        UnsupportedTaskError: not of that form, or an operator other than ``+``/``-`` (``task`` names it)."""
     parts = expr.split()
     if len(parts) % 2 == 0 or not parts:
         raise UnsupportedTaskError(f"{task}: cannot parse expression {expr!r}")
@@ -124,7 +127,7 @@ def _arithmetic(task: str, entry: dict[str, Any]) -> str:
     expr = (entry.get("metadata") or {}).get("expression")
     if not isinstance(expr, str):
         raise UnsupportedTaskError(f"{task}: the entry has no metadata.expression")
-    terms, ops = _parse_expression(expr, task)
+    terms, ops = parse_expression(expr, task)
     if len(terms) == 2 and ops == ["+"] and min(terms) >= 0:
         lines, value = column_addition_steps(terms[0], terms[1])
     elif len(terms) >= 2:
@@ -134,7 +137,8 @@ def _arithmetic(task: str, entry: dict[str, Any]) -> str:
     return "".join(lines) + answer_block(str(value))
 
 
-def _legs_table() -> dict[str, int]:
+def legs_table() -> dict[str, int]:
+    """Legs per animal, as reasoning-gym's leg_counting generator counts them (its ``ANIMALS`` table)."""
     from reasoning_gym.arithmetic.leg_counting import ANIMALS
 
     return dict(ANIMALS)
@@ -144,7 +148,7 @@ def _leg_counting(entry: dict[str, Any]) -> str:
     animals = (entry.get("metadata") or {}).get("animals")
     if not isinstance(animals, dict) or not animals:
         raise UnsupportedTaskError("leg_counting: the entry has no metadata.animals")
-    legs = _legs_table()
+    legs = legs_table()
     lines, products = [], []
     for name, count in animals.items():  # the order of the question text
         if name not in legs:
@@ -259,7 +263,7 @@ def question_space_size(task: str, config: dict[str, Any]) -> int:
         return total
     if task == "leg_counting":
         n = c.get("max_instances", 15) - c.get("min_instances", 1) + 1
-        return sum(math.perm(len(_legs_table()), k) * n**k
+        return sum(math.perm(len(legs_table()), k) * n**k
                    for k in range(c.get("min_animals", 3), c.get("max_animals", 10) + 1))
     if task == "letter_counting":
         return letter_counting_space(c.get("min_words", 5), c.get("max_words", 15))

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from swarmnode.tasks.solutions import SUPPORTED_TASKS, UnsupportedTaskError, _legs_table, _parse_expression
+from swarmnode.tasks.solutions import SUPPORTED_TASKS, UnsupportedTaskError, legs_table, parse_expression
 
 __all__ = ["StepCheck", "StepReport", "check_steps", "reasoning_lines", "CHECKED_TASKS"]
 
@@ -123,7 +123,7 @@ def _check_arithmetic(lines: list[str], md: dict[str, Any], task: str) -> tuple[
     expr = md.get("expression")
     if not isinstance(expr, str):
         raise UnsupportedTaskError(f"{task}: the entry has no metadata.expression")
-    terms, ops = _parse_expression(expr, task)
+    terms, ops = parse_expression(expr, task)
     if len(terms) == 2 and ops == ["+"] and min(terms) >= 0:  # the writer's own choice (solutions._arithmetic)
         return _check_column(lines, terms[0], terms[1]), max(len(str(terms[0])), len(str(terms[1])))
     return _check_running(lines, terms[0], ops, terms[1:]), len(ops)
@@ -133,7 +133,7 @@ def _check_legs(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int]:
     animals = md.get("animals")
     if not isinstance(animals, dict) or not animals:
         raise UnsupportedTaskError("leg_counting: the entry has no metadata.animals")
-    legs = _legs_table()
+    legs = legs_table()
     kinds = list(animals.items())  # the order of the question text (and of the writer)
     out, products = [], []
     for k, text in enumerate(lines[: len(kinds)]):
