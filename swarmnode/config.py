@@ -429,6 +429,11 @@ class SwarmConfig(_Strict):
         "none", description="correction for external samples (docs/design.md §5): none = ratio 1 under our policy "
         "(SAPO), luffy = f = p/(p+gamma) shaping, tis = capped importance ratio (same model id only); default none"
     )
+    external_step_credit: bool = Field(
+        True, description="give peers' completions the step-checked credit of our own (train.step_credit and "
+        "train.step_reward_weight, checked by us on the re-verified text; docs/step_credit.md). False: external "
+        "samples get outcome credit only. Default true"
+    )
     luffy_gamma: float = Field(0.1, gt=0, description="gamma of off_policy luffy; default 0.1")
     tis_cap: float = Field(2.0, gt=1, description="cap C of the importance ratio of off_policy tis; default 2.0")
     max_external_completion_length: int | None = Field(

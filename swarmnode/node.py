@@ -46,7 +46,7 @@ from swarmnode.policy.backends import generate_rollouts, make_generation_backend
 from swarmnode.policy.loading import Policy, load_policy
 from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
-from swarmnode.rollout.step_credit import apply_step_credit, step_reports, step_reward_bonus
+from swarmnode.rollout.step_credit import StepCredit, apply_step_credit, step_reports, step_reward_bonus
 from swarmnode.rollout.expansion import Expansion, expand_forks, select_forks
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
@@ -439,6 +439,14 @@ class Node:
                   "expansion/samples": len(samples), "expansion/tokens": tokens})
         return samples
 
+    def _external_step_credit(self) -> StepCredit | None:
+        """Our step checks for peers' completions (``swarm.external_step_credit`` with step credit on), or None."""
+        t = self.cfg.train
+        if not self.cfg.swarm.external_step_credit or (t.step_credit == "none" and not t.step_reward_weight):
+            return None
+        return StepCredit(self.tasks.get, self.policy.tokenizer, mask=t.step_credit == "mask",
+                          weight=t.step_reward_weight)
+
     # ------------------------------------------------------------------ the round
     def run_step(self) -> StepResult:
         """One round: draw -> sample -> score -> publish -> gather -> process -> update (-> checkpoint)."""
@@ -522,6 +530,11 @@ class Node:
         external: list[Sample] = []
         m["external/failed"] = 0
         if candidates:
+            ext_credit = self._external_step_credit()
+            local_rewards = {t.task.key(): t.leaf_rewards() for t in trees}  # the pool of `joint` normalization
+            if ext_credit is not None and bonus:  # ... on the same reward scale as the external leaves
+                local_rewards = {t.task.key(): [r + b.get(leaf, 0.0) for leaf, r in zip(t.leaves(), t.leaf_rewards())]
+                                 for t, b in zip(trees, bonus)}
             try:
                 external, em = process_external(
                     candidates,
@@ -529,12 +542,13 @@ class Node:
                     current_version=step,
                     our_model_id=self.base_model_id,
                     our_tokenizer_id=self.policy.tokenizer_id,
-                    local_rewards_by_task={t.task.key(): t.leaf_rewards() for t in trees},
+                    local_rewards_by_task=local_rewards,
                     scale_rewards=cfg.train.scale_rewards,
                     rng=random.Random(cfg.seed * 7_919 + step),
                     max_completion_length=cfg.sampling.max_completion_length,
                     max_prompt_length=cfg.sampling.max_prompt_length,
                     std_floor=cfg.train.advantage_std_floor,
+                    step_credit=ext_credit,
                 )
                 m.update(em)
             except _EXTERNAL_FAILURES as e:  # peer input never kills the node: drop it, count it, go on

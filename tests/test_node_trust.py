@@ -171,3 +171,33 @@ def test_payload_carriers_are_screened_and_charged_to_their_peer(tmp_path):
     assert all(m["screen/warmup"] == 0 and m["screen/checked"] == 4 for m in ms)
     assert all(m["screen/rejected"] == 4 and m["samples_external"] == 0 for m in ms)
     assert swarm.charges == [("pay", "likelihood_screen", 4)] * 2
+
+
+def worked_tree(node: Node, step: int, peer: str = "steps") -> PeerTree:
+    """Two right worked solutions and two with every line right but a wrong answer, of a task from our mix."""
+    from swarmnode.tasks.solutions import worked_solution
+
+    ref = node.tasks.refs_for_step(step + 3000, 1)[0]
+    task = node.tasks.get(ref)
+    sol = worked_solution(task.name, {"question": task.question, "answer": task.answer, "metadata": task.metadata})
+    wrong = sol[: sol.index("<answer>")] + "<answer>999</answer>"
+    tok = node.policy.tokenizer
+    prompt = tok(node.prompt_for(task), add_special_tokens=False)["input_ids"]
+    tree = RolloutTree.from_group(ref, prompt, [tok(t, add_special_tokens=False)["input_ids"]
+                                                for t in (sol, wrong, sol, wrong)])
+    for lid, text in zip(tree.leaves(), (sol, wrong, sol, wrong)):
+        tree.nodes[lid].reward = float(node.tasks.score_detail(task, text)["correct"])
+    return PeerTree(tree, peer, model_id=node.base_model_id, tokenizer_id=node.policy.tokenizer_id,
+                    policy_version=step, same_tokenizer=True)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_peers_worked_solutions_get_our_step_credit(tmp_path, on):
+    cfg = make_cfg(tmp_path, screen={"enabled": False}, max_external_share=1.0, external_step_credit=on)
+    cfg = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"max_completion_length": 96})})
+    _, (m,) = run_node(cfg, CraftedSwarm(lambda node, step: [worked_tree(node, step)]))
+    assert m["external/failed"] == 0 and m["samples_external"] == 4
+    if on:  # every line of the wrong-answer completions is right: its tokens are not pushed down
+        assert m["external/step_checked"] == 4 and m["external/step_zeroed_tokens"] > 0
+    else:
+        assert m["external/step_checked"] == 0 == m["external/step_zeroed_tokens"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -274,3 +275,82 @@ def test_step_reward_ranks_an_all_wrong_group_by_its_right_steps(tokenizer):
         step_reward_bonus(reports, -1.0)
     with pytest.raises(ValueError, match="reward_bonus has 0 entries for 1 trees"):
         compute_advantages([tree], "grpo", "group", reward_bonus=[])
+
+
+# ------------------------------------------------------------------------------------------ peers' completions
+def _peer_group(task, texts, rewards, tokenizer, peer="P"):
+    from swarmnode.rollout.peer_tree import PeerTree
+
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    tree = RolloutTree.from_group(task.ref, [1, 2], ids, texts=texts)
+    for leaf, r in zip(tree.leaves(), rewards):
+        tree.nodes[leaf].reward = float(r)
+    return PeerTree(tree, peer, model_id="m", tokenizer_id="t", same_tokenizer=True), ids
+
+
+def test_external_samples_get_our_step_credit(tokenizer):
+    from swarmnode.rollout.step_credit import StepCredit
+    from swarmnode.train.batch import external_samples
+
+    src = ReasoningGymSource("chain_sum", SPECS["chain_sum"]["config"])
+    task = src.get(src.ref(7, 3))
+    sol = solution(task)
+    lines = sol[: sol.index("<answer>")].splitlines(keepends=True)
+    x, z = lines[2].strip().split("=")
+    wrong = "".join(lines[:2]) + f"{x}={int(z) + 1}\n<answer>{int(z) + 1}</answer>"
+    texts = [sol, wrong, "7\n<answer>7</answer>", "<answer>0</answer>"]
+    peer, ids = _peer_group(task, texts, [1, 0, 0, 0], tokenizer)
+
+    plain, pm = external_samples([peer])
+    credit = StepCredit(src.get, tokenizer, mask=True, weight=0.5)
+    shaped, sm = external_samples([peer], step_credit=credit)
+    assert [s.reward for s in shaped] == [s.reward for s in plain] == [1.0, 0.0, 0.0, 0.0]  # outcome kept
+    assert pm["external/step_checked"] == 0 and sm["external/step_checked"] == 4
+    # the bonus: the wrong completion with two right lines ranks above the two with none
+    firsts = [s.advantages[-1] for s in shaped]  # the answer's token keeps the (shaped) outcome advantage
+    assert firsts[0] > 0 > firsts[1] > firsts[2] == firsts[3]
+    # the mask: the two right lines of the wrong completion are not pushed down, its wrong line and answer are
+    starts = token_char_starts(tokenizer, ids[1])
+    cut = len(lines[0]) + len(lines[1])
+    assert all((a == 0.0) if s < cut else (a == firsts[1]) for s, a in zip(starts, shaped[1].advantages))
+    assert sm["external/step_zeroed_tokens"] == sum(s < cut for s in starts) + sum(
+        a == 0.0 for a in shaped[2].advantages)  # "7\n" is a wrong line with a negative advantage: kept, not zeroed
+    assert all(a == shaped[0].advantages[0] > 0 for a in shaped[0].advantages)  # all valid, positive: unchanged
+
+    # all answers wrong: no outcome contrast, but the step reward ranks the group (not zero-variance)
+    peer0, _ = _peer_group(task, texts[1:] + [wrong], [0, 0, 0, 0], tokenizer)
+    assert external_samples([peer0])[1]["external/dropped_zero_variance_groups"] == 1
+    s0, m0 = external_samples([peer0], step_credit=credit)
+    assert m0["external/dropped_zero_variance_groups"] == 0 and len(s0) == 4
+    # mask only (no step reward): the same outcome advantages, masked
+    masked, _ = external_samples([peer], step_credit=StepCredit(src.get, tokenizer, mask=True, weight=0.0))
+    assert masked[1].advantages[-1] == plain[1].advantages[-1] and masked[1].advantages[0] == 0.0
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        StepCredit(src.get, tokenizer, weight=-1.0)
+
+
+def test_hostile_peer_completions_get_outcome_credit_and_never_raise(tokenizer):
+    from swarmnode.rollout.step_credit import StepCredit
+    from swarmnode.tasks.base import TaskRef
+    from swarmnode.train.batch import external_samples
+
+    src = ReasoningGymSource("chain_sum", SPECS["chain_sum"]["config"])
+    task = src.get(src.ref(7, 4))
+    credit = StepCredit(src.get, tokenizer, mask=True, weight=0.5)
+    rng = random.Random(0)
+    alphabet = "0123456789+-=*\n <>/answer" + "x" * 3
+    for _ in range(200):
+        texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 120))) + "\n" * rng.randrange(3)
+                 for _ in range(4)]
+        peer, _ = _peer_group(task, [t or "0" for t in texts], [1, 0, 1, 0], tokenizer)
+        samples, m = external_samples([peer], step_credit=credit)
+        assert len(samples) == 4 and all(len(s.advantages) == len(s.completion_ids) for s in samples)
+        assert all(math.isfinite(a) for s in samples for a in s.advantages)
+    # a ref our task set cannot regenerate, ids outside the vocabulary: no report, outcome credit
+    assert credit.report(TaskRef("rg:nope", "0" * 16, 0, 0), [5, 6]) is None
+    unknown = credit.report(task.ref, [10**9])  # the tokenizer decodes an unknown id to nothing
+    assert unknown is None or (unknown.lines == [] and credit.bonus(unknown) == 0.0)
+    bad = StepCredit(lambda ref: (_ for _ in ()).throw(KeyError(ref)), tokenizer, weight=0.5)
+    peer, _ = _peer_group(task, ["1\n<answer>1</answer>", "2"], [1, 0], tokenizer)
+    samples, m = external_samples([peer], step_credit=bad)
+    assert m["external/step_checked"] == 0 and [s.advantages[0] > 0 for s in samples] == [True, False]

@@ -18,19 +18,26 @@ the advantage estimator are unchanged (docs/step_credit.md).
 
 Tokens are mapped to lines by the character where each token's text starts in the completion (a token that
 spans a line end belongs to the line it starts in).
+
+Peers' completions get the same credit on the receiving node (:class:`StepCredit`, used by
+:func:`swarmnode.train.batch.external_samples` with ``swarm.external_step_credit``): the receiver regenerates
+the task from its own task set, checks the lines of the re-verified text itself, and adds the bonus and the mask
+to its own per-source advantages. Nothing a peer claims about its steps is read.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 from swarmnode.rollout.advantages import AdvantageResult
 from swarmnode.rollout.tree import RolloutTree
-from swarmnode.tasks.base import Task
+from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.steps import StepCheck, StepReport, check_steps
 
 __all__ = ["token_char_starts", "mask_advantages", "step_reports", "step_reward_bonus",
-           "apply_step_credit"]
+           "apply_step_credit", "StepCredit"]
+
 
 def token_char_starts(tokenizer: Any, ids: Sequence[int]) -> list[int]:
     """Offset (characters) in ``tokenizer.decode(ids, skip_special_tokens=True)`` where each token's text starts.
@@ -187,3 +194,55 @@ def apply_step_credit(trees: Sequence[RolloutTree], reports: Sequence[Mapping[in
         "step_credit/zeroed_tokens": float(zeroed),
         "step_credit/zeroed_frac": zeroed / tokens if tokens else 0.0,
     }
+
+
+@dataclass(frozen=True)
+class StepCredit:
+    """Step-checked credit for completions the node did not sample: peers' re-verified leaves.
+
+    The receiver's own judgement only: :meth:`report` regenerates the task from ``task_of`` (our task set) and
+    runs :func:`~swarmnode.tasks.steps.check_steps` on the decode of the completion ids in **our** vocabulary,
+    the same decode :func:`token_char_starts` maps tokens into. The ids are hostile input that passed
+    verification; a failure anywhere gives ``None`` (outcome credit), never an exception.
+
+    Attributes:
+        task_of: ``TaskRef -> Task`` (the node's ``TaskMix.get``).
+        tokenizer: our tokenizer (``decode``).
+        mask: apply :func:`mask_advantages` (``train.step_credit == "mask"``).
+        weight: ``train.step_reward_weight`` (reward units per fully right reasoning, >= 0).
+
+    Raises:
+        ValueError: a negative or non-finite ``weight``.
+    """
+
+    task_of: Callable[[TaskRef], Task]
+    tokenizer: Any
+    mask: bool = True
+    weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weight, bool) or not (self.weight >= 0 and self.weight != float("inf")):
+            raise ValueError(f"step reward weight must be a finite number >= 0, got {self.weight!r}")
+
+    def report(self, ref: TaskRef, completion_ids: Sequence[int]) -> StepReport | None:
+        """The line checks of one completion (token ids, list[int]) of task ``ref``; ``None`` when the task has no
+        checker or anything fails (an unknown ref, ids our tokenizer cannot decode)."""
+        try:
+            task = self.task_of(ref)
+            text = self.tokenizer.decode([int(t) for t in completion_ids], skip_special_tokens=True)
+            return check_steps(task.name, task.metadata, text)
+        except Exception:  # noqa: BLE001 - peer input: no step credit, never a crash
+            return None
+
+    def bonus(self, report: StepReport | None) -> float:
+        """``weight * report.progress`` (0.0 without a report): added to the reward for the advantage only."""
+        return self.weight * report.progress if report is not None else 0.0
+
+    def token_advantages(self, advantage: float, completion_ids: Sequence[int],
+                         report: StepReport | None) -> tuple[list[float], int]:
+        """One completion's per-token advantages (list[float], one per id): ``advantage`` on every token, masked
+        by the report's line verdicts when :attr:`mask` is on; returns ``(advantages, tokens zeroed)``."""
+        flat = [float(advantage)] * len(completion_ids)
+        if not self.mask or report is None or not report.lines or advantage == 0:
+            return flat, 0
+        return mask_advantages(flat, token_char_starts(self.tokenizer, completion_ids), report.lines)

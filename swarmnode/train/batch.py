@@ -27,6 +27,8 @@ from swarmnode.rollout.advantages import (
     source_advantages,
 )
 from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.rollout.step_credit import StepCredit
+from swarmnode.tasks.steps import StepReport
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 from swarmnode.train.off_policy import OFF_POLICY_MODES, _check_choice, _ids_match
@@ -164,6 +166,8 @@ class _Leaf:
     completion: list[int]
     logprobs: list[float] | None
     truncated: bool
+    report: StepReport | None = None  # our line checks (step credit on)
+    bonus: float = 0.0  # step reward, for the advantage only
 
 
 def external_samples(
@@ -179,6 +183,7 @@ def external_samples(
     *,
     max_prompt_len: int | None = None,
     std_floor: float = STD_FLOOR,
+    step_credit: StepCredit | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Turn selected external trees into trainer Samples with source-specific advantages.
 
@@ -204,6 +209,13 @@ def external_samples(
     * ``scale_rewards``: ``"group"`` as above; ``"batch"`` divides by the unbiased std of every reward in
       every pool of the call (TRL's batch scaling; mean still per group); ``"none"`` only centres.
 
+    **Step-checked credit** (``step_credit``, :class:`~swarmnode.rollout.step_credit.StepCredit`; docs/step_credit.md):
+    each kept completion's lines are checked by us; ``r`` above becomes ``r + weight * progress`` (for the
+    advantage only: ``Sample.reward`` stays the verified outcome, and a group whose rewards differ only by the
+    bonus is not zero-variance), and with ``mask`` on the broadcast advantage is masked per token by the line
+    verdicts (a checked-right line is never pushed down, a wrong one never up). With ``joint``, pass the local
+    rewards with the local bonus added.
+
     **Ids**: ``behaviour_logprobs`` are kept only when the producer's model id and tokenizer id equal
     ours (both non-empty), ``same_tokenizer`` is true and every segment on the leaf's path has them;
     otherwise ``None``. With ``off_policy="tis"`` each sample without them will fall back to ``none``
@@ -225,7 +237,8 @@ def external_samples(
         ``external/groups_in``, ``external/leaves_in``, ``external/samples``, ``external/dropped_overlong``,
         ``external/truncated``, ``external/dropped_empty``, ``external/dropped_zero_variance_groups``,
         ``external/samples_with_behaviour_logprobs``, ``external/tis_fallback_samples``,
-        ``external/prompts_truncated``.
+        ``external/prompts_truncated``, ``external/step_checked`` (samples whose lines we checked) and
+        ``external/step_zeroed_tokens``.
 
     Raises:
         ValueError / TypeError: bad arguments, or a tree with an unscored leaf.
@@ -251,6 +264,8 @@ def external_samples(
         "external/samples_with_behaviour_logprobs": 0,
         "external/tis_fallback_samples": 0,
         "external/prompts_truncated": 0,
+        "external/step_checked": 0,
+        "external/step_zeroed_tokens": 0,
     }
 
     # 1. collect leaves with length control, grouped by normalization key
@@ -282,10 +297,12 @@ def external_samples(
                 truncated = True
                 m["external/truncated"] += 1
             comp, lp = leaf_prefix(ext.tree, lid, keep, with_logprobs=keep_lp)
-            bucket.append(_Leaf(ext, lid, r, comp, lp, truncated))
+            report = step_credit.report(ext.tree.task, comp) if step_credit is not None else None
+            bucket.append(_Leaf(ext, lid, r, comp, lp, truncated, report,
+                                step_credit.bonus(report) if step_credit is not None else 0.0))
 
     # 2. normalization (rollout/advantages.py: the same floored divisor as the local estimators)
-    live = {g: [lf.reward for lf in leaves] for g, leaves in groups.items() if leaves}
+    live = {g: [lf.reward + lf.bonus for lf in leaves] for g, leaves in groups.items() if leaves}
     if normalization == "per_source":
         zero = {g for g, rs in live.items() if _zero_variance(rs)}
         m["external/dropped_zero_variance_groups"] += len(zero)
@@ -310,11 +327,17 @@ def external_samples(
             if max_prompt_len is not None and len(prompt) > max_prompt_len:
                 prompt = prompt[-max_prompt_len:]  # left-truncated, as our own prompts (node.py)
                 m["external/prompts_truncated"] += 1
+            if step_credit is not None:
+                advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report)
+                m["external/step_checked"] += lf.report is not None
+                m["external/step_zeroed_tokens"] += zeroed
+            else:
+                advantages = [a] * len(lf.completion)
             samples.append(
                 Sample(
                     prompt_ids=prompt,
                     completion_ids=list(lf.completion),
-                    advantages=[a] * len(lf.completion),
+                    advantages=advantages,
                     source=ext.source,
                     behaviour_logprobs=list(lf.logprobs) if lf.logprobs is not None else None,
                     loss_mask=[1] * len(lf.completion),

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from swarmnode.rollout.advantages import STD_FLOOR, _std
 from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.rollout.step_credit import StepCredit
 from swarmnode.train.batch import _zero_variance, external_samples, leaf_completion_length
 from swarmnode.train.off_policy import _check_choice, _ids_match
 from swarmnode.train.samples import Sample
@@ -258,6 +259,7 @@ def process_external(
     max_completion_length: int | None = None,
     max_prompt_length: int | None = None,
     std_floor: float = STD_FLOOR,
+    step_credit: StepCredit | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """:func:`select_external` then :func:`~swarmnode.train.batch.external_samples` with a ``SwarmConfig``.
 
@@ -267,7 +269,8 @@ def process_external(
     ``swarm_cfg.max_external_completion_length`` when set, else ``max_completion_length`` (our own
     ``sampling.max_completion_length``): external samples are never longer than ours unless configured.
     The caller then screens them (:mod:`swarmnode.train.screen`) and runs
-    :func:`~swarmnode.train.batch.compose_batch` with ``swarm_cfg.max_external_share``.
+    :func:`~swarmnode.train.batch.compose_batch` with ``swarm_cfg.max_external_share``. ``step_credit`` (our
+    checks of the selected completions' lines) is passed through to ``external_samples``.
 
     Returns:
         ``(external samples, metrics)`` — the selection and sample metrics merged, plus
@@ -304,6 +307,7 @@ def process_external(
         scale_rewards=scale_rewards,
         max_prompt_len=max_prompt_length,
         std_floor=std_floor,
+        step_credit=step_credit,
     )
     m.update(sm)
     m["external/max_completion_length"] = max_len if max_len is not None else -1
