@@ -238,12 +238,16 @@ def run(
 
     before = None
     if not no_eval and cfg.eval_at_start and node.step == 0:
-        with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (before training)…"):
-            before = node.evaluate()
-        node.log_eval(before, "before")
-        console.print(f"held-out accuracy before: [bold]{_acc_line(before)}[/]")
-        if node.swarm is not None:
-            node.swarm.note_accuracy(before.accuracy)
+        try:
+            with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (before training)…"):
+                before = node.evaluate()
+        except KeyboardInterrupt:  # a stop forced by a repeated signal: no training, the summary says why
+            console.print("[yellow]interrupted during the held-out eval[/]")
+        else:
+            node.log_eval(before, "before")
+            console.print(f"held-out accuracy before: [bold]{_acc_line(before)}[/]")
+            if node.swarm is not None:
+                node.swarm.note_accuracy(before.accuracy)
 
     t0 = time.time()
 
@@ -282,9 +286,13 @@ def run(
     train_s = time.time() - t0
     after = None
     if not no_eval and not node.stop_requested:
-        with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (after training)…"):
-            after = node.evaluate()
-        node.log_eval(after, "after")
+        try:
+            with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (after training)…"):
+                after = node.evaluate()
+        except KeyboardInterrupt:  # a signal during it asks to stop, a repeated one forces it: the run is saved
+            console.print("[yellow]interrupted during the held-out eval[/]")
+        else:
+            node.log_eval(after, "after")
     node.close()
     # The node has stopped and checkpointed (or says why not, below): the rest is the summary and the
     # interpreter's exit (about a second of torch finalizers). A supervisor's repeated SIGTERM must not turn that

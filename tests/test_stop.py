@@ -288,3 +288,33 @@ def test_stop_during_a_hung_publish_leaves_it_behind_checkpoints_and_returns(tmp
     assert ck is not None and ck.step == 2  # save_steps is 100: this is the stop's checkpoint
     st = read_status_file(tmp_path / "r")
     assert st["state"] == "stopped" and st["checkpoint"]["step"] == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_during_the_first_held_out_eval_exits_130_without_a_traceback(tmp_path):
+    """A forced stop (Ctrl-C while already stopping) during the "before" evaluation raised an uncaught
+    KeyboardInterrupt in the CLI: a traceback, no closing status, the locks left to the OS."""
+    import signal as _signal
+
+    cfg = tiny_config(tmp_path / "tiny.yaml", steps=50)
+    rd = tmp_path / "r"
+    p = subprocess.Popen([sys.executable, "-m", "swarmnode.cli", "run", "-c", str(cfg), "--run-dir", str(rd),
+                          "--eval-size", "5000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=child_env(COLUMNS="300"))
+    try:
+        deadline = time.monotonic() + 300
+        while (read_status_file(rd) or {}).get("state") != "evaluating":
+            assert p.poll() is None and time.monotonic() < deadline, p.stdout.read()
+            time.sleep(0.2)
+        p.send_signal(_signal.SIGINT)  # stop ...
+        time.sleep(0.5)
+        p.send_signal(_signal.SIGINT)  # ... now: the 5000-question eval is far from done
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out
+    assert "Traceback" not in out and "interrupted during the held-out eval" in out, out
+    st = read_status_file(rd)
+    assert st["exit"]["code"] == 130 and "there is no checkpoint yet" in st["exit"]["reason"], st
+    assert load_latest_checkpoint(rd) is None
