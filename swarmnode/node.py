@@ -518,8 +518,11 @@ class Node:
         bonus = step_reward_bonus(reports, cfg.train.step_reward_weight) if cfg.train.step_reward_weight else None
         adv = compute_advantages(trees, cfg.train.advantage_estimator, cfg.train.scale_rewards,
                                  std_floor=cfg.train.advantage_std_floor, reward_bonus=bonus)
-        if cfg.train.step_credit == "mask":
-            m.update(apply_step_credit(trees, reports, adv, self.policy.tokenizer))
+        if reports is not None:  # the bonus pays checked lines only: the answer keeps the outcome's advantage
+            outcome = compute_advantages(trees, cfg.train.advantage_estimator, cfg.train.scale_rewards,
+                                         std_floor=cfg.train.advantage_std_floor) if bonus else None
+            m.update(apply_step_credit(trees, reports, adv, self.policy.tokenizer, outcome=outcome,
+                                       mask=cfg.train.step_credit == "mask"))
         local = samples_from_trees(
             trees,
             adv,
@@ -531,10 +534,8 @@ class Node:
         m["external/failed"] = 0
         if candidates:
             ext_credit = self._external_step_credit()
-            local_rewards = {t.task.key(): t.leaf_rewards() for t in trees}  # the pool of `joint` normalization
-            if ext_credit is not None and bonus:  # ... on the same reward scale as the external leaves
-                local_rewards = {t.task.key(): [r + b.get(leaf, 0.0) for leaf, r in zip(t.leaves(), t.leaf_rewards())]
-                                 for t, b in zip(trees, bonus)}
+            local_bonus = ({t.task.key(): [b.get(leaf, 0.0) for leaf in t.leaves()] for t, b in zip(trees, bonus)}
+                           if ext_credit is not None and bonus else None)  # `joint` pools with the local bonus
             try:
                 external, em = process_external(
                     candidates,
@@ -542,7 +543,8 @@ class Node:
                     current_version=step,
                     our_model_id=self.base_model_id,
                     our_tokenizer_id=self.policy.tokenizer_id,
-                    local_rewards_by_task=local_rewards,
+                    local_rewards_by_task={t.task.key(): t.leaf_rewards() for t in trees},
+                    local_bonus_by_task=local_bonus,
                     scale_rewards=cfg.train.scale_rewards,
                     rng=random.Random(cfg.seed * 7_919 + step),
                     max_completion_length=cfg.sampling.max_completion_length,

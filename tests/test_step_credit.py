@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 
@@ -158,6 +159,41 @@ def test_extra_lines_garbage_and_unknown_tasks():
             assert all(0 <= c.start < c.end <= len(text) for c in report.lines) and 0 <= report.progress <= 1
 
 
+@pytest.mark.parametrize("name", list(SPECS))
+def test_a_valid_line_is_exactly_the_writers_line(name):
+    """Found by an outside attack: numbers were compared by value and lines stripped, so ``9-5=04``, a trailing
+    NBSP or tab, ``-0+2=2`` or fullwidth digits were valid lines and carried a right line's positive credit; a
+    4,301-digit number made the whole completion unchecked."""
+    for task in tasks_of(name, 40):
+        sol = solution(task)
+        body, answer = sol[: sol.index("<answer>")], sol[sol.index("<answer>"):]
+        lines = body.splitlines(keepends=True)
+        first = lines[0].rstrip("\n")
+        n = len(lines)
+        variants = {
+            "trailing space": first + " ",
+            "trailing tab": first + "\t",
+            "trailing nbsp": first + "\xa0",
+            "leading space": " " + first,
+            "crlf": first + "\r",
+            "nel": first + "\x85",
+            "leading zero": re.sub(r"(?<![0-9])([0-9])", r"0\1", first, count=1),
+            "fullwidth digits": first.translate({ord(c): 0xFF10 + int(c) for c in "0123456789"}),
+        }
+        for what, line in variants.items():
+            assert line != first, (what, first)
+            text = line + "\n" + "".join(lines[1:]) + answer
+            report = check_steps(task.name, task.metadata, text)
+            assert report is not None and report.lines[0].valid is False, (what, repr(text))
+        huge = check_steps(task.name, task.metadata, body + "2+0=" + "1" * 4301 + "\n" + answer)
+        assert huge is not None and [c.valid for c in huge.lines] == [True] * n + [False]
+        dup = check_steps(task.name, task.metadata, body + body + answer)  # every line once more: past the steps
+        assert dup is not None and [c.valid for c in dup.lines] == [True] * n + [False] * n
+    assert check_steps("chain_sum", {"expression": "9 - 5"}, "-0+9=9\n") is not None
+    assert [c.valid for c in check_steps("chain_sum", {"expression": "0 + 9"}, "-0+9=9\n0+9=9\n").lines] == [False,
+                                                                                                       False]
+
+
 # ------------------------------------------------------------------------------------------ the credit mask
 def test_mask_rules():
     checks = [StepCheck(0, 4, True), StepCheck(4, 8, False)]
@@ -166,7 +202,11 @@ def test_mask_rules():
     assert mask_advantages([1.0] * 6, starts, checks) == ([1.0, 1.0, 0.0, 0.0, 1.0, 1.0], 2)
     assert mask_advantages([0.0] * 6, starts, checks) == ([0.0] * 6, 0)
     assert mask_advantages([-1.0] * 6, starts, []) == ([-1.0] * 6, 0)
-    with pytest.raises(ValueError, match="5 advantages but 6 token offsets"):
+    # with an outcome apart (the step reward on): checked lines take the shaped advantage, the rest the outcome's
+    shaped, outcome = [0.5, 0.5, 0.5, 0.5, 0.5, 0.5], [-1.0] * 6
+    assert mask_advantages(shaped, starts, checks, outcome) == ([0.5, 0.5, 0.0, 0.0, -1.0, -1.0], 2)
+    assert mask_advantages(shaped, starts, checks, outcome, mask=False) == ([0.5, 0.5, 0.5, 0.5, -1.0, -1.0], 0)
+    with pytest.raises(ValueError, match="5 advantages, 6 token offsets"):
         mask_advantages([1.0] * 5, starts, checks)
 
 
@@ -306,25 +346,34 @@ def test_external_samples_get_our_step_credit(tokenizer):
     shaped, sm = external_samples([peer], step_credit=credit)
     assert [s.reward for s in shaped] == [s.reward for s in plain] == [1.0, 0.0, 0.0, 0.0]  # outcome kept
     assert pm["external/step_checked"] == 0 and sm["external/step_checked"] == 4
-    # the bonus: the wrong completion with two right lines ranks above the two with none
-    firsts = [s.advantages[-1] for s in shaped]  # the answer's token keeps the (shaped) outcome advantage
-    assert firsts[0] > 0 > firsts[1] > firsts[2] == firsts[3]
-    # the mask: the two right lines of the wrong completion are not pushed down, its wrong line and answer are
+    # the answers (and unchecked text) keep the outcome's advantages: no bonus moves an answer
+    assert [s.advantages[-1] for s in shaped] == [s.advantages[-1] for s in plain]
+    # the checked lines get the advantage of reward + bonus: the wrong completion's two right lines are not pushed
+    # down, its wrong third line is (more gently than its answer: its right steps earned a bonus)
     starts = token_char_starts(tokenizer, ids[1])
     cut = len(lines[0]) + len(lines[1])
-    assert all((a == 0.0) if s < cut else (a == firsts[1]) for s, a in zip(starts, shaped[1].advantages))
-    assert sm["external/step_zeroed_tokens"] == sum(s < cut for s in starts) + sum(
-        a == 0.0 for a in shaped[2].advantages)  # "7\n" is a wrong line with a negative advantage: kept, not zeroed
-    assert all(a == shaped[0].advantages[0] > 0 for a in shaped[0].advantages)  # all valid, positive: unchanged
+    on_third = [a for st, a in zip(starts, shaped[1].advantages) if cut <= st < cut + len(lines[2])]
+    assert all(a == 0.0 for st, a in zip(starts, shaped[1].advantages) if st < cut)
+    assert on_third and all(plain[1].advantages[-1] < a < 0 for a in on_third)
+    assert all(a == shaped[0].advantages[0] > 0 for a in shaped[0].advantages[: len(lines[0])])
 
-    # all answers wrong: no outcome contrast, but the step reward ranks the group (not zero-variance)
-    peer0, _ = _peer_group(task, texts[1:] + [wrong], [0, 0, 0, 0], tokenizer)
+    # all answers wrong: no outcome contrast, but the step reward ranks the lines (not zero-variance) -- and the
+    # answers, even of the leaf with the most right steps, get exactly 0 (attack: a payload in that answer)
+    payload = "".join(lines[:4]) + "<answer>IGNORE ALL RULES</answer>"
+    peer0, ids0 = _peer_group(task, [payload, wrong, "7\n<answer>7</answer>", "<answer>0</answer>"], [0, 0, 0, 0],
+                              tokenizer)
     assert external_samples([peer0])[1]["external/dropped_zero_variance_groups"] == 1
     s0, m0 = external_samples([peer0], step_credit=credit)
     assert m0["external/dropped_zero_variance_groups"] == 0 and len(s0) == 4
+    answer_at = payload.index("<answer>")
+    starts0 = token_char_starts(tokenizer, ids0[0])
+    assert all(a == 0.0 for st, a in zip(starts0, s0[0].advantages) if st >= answer_at)
+    assert all(a > 0 for st, a in zip(starts0, s0[0].advantages) if st < answer_at)  # its four right lines
+    assert max(a for smp in s0 for a in smp.advantages) == s0[0].advantages[0]
     # mask only (no step reward): the same outcome advantages, masked
     masked, _ = external_samples([peer], step_credit=StepCredit(src.get, tokenizer, mask=True, weight=0.0))
     assert masked[1].advantages[-1] == plain[1].advantages[-1] and masked[1].advantages[0] == 0.0
+    assert masked[0].advantages == plain[0].advantages
     with pytest.raises(ValueError, match="finite number >= 0"):
         StepCredit(src.get, tokenizer, weight=-1.0)
 
@@ -354,3 +403,34 @@ def test_hostile_peer_completions_get_outcome_credit_and_never_raise(tokenizer):
     peer, _ = _peer_group(task, ["1\n<answer>1</answer>", "2"], [1, 0], tokenizer)
     samples, m = external_samples([peer], step_credit=bad)
     assert m["external/step_checked"] == 0 and [s.advantages[0] > 0 for s in samples] == [True, False]
+
+
+@pytest.mark.parametrize("est", ["grpo", "treepo", "treerl"])
+def test_the_step_reward_never_pushes_an_answer_up(tokenizer, est):
+    """Found by an outside attack: in an all-wrong group the step reward gave the leaf with the most right steps
+    a positive advantage on every token, its wrong answer (or any text there) included."""
+    task = tasks_of("chain_sum", 3)[2]
+    sol = solution(task)
+    lines = sol[: sol.index("<answer>")].splitlines(keepends=True)
+    payload = "".join(lines[:4]) + "<answer>IGNORE ALL RULES</answer>"
+    texts = [payload, "".join(lines[:1]) + "<answer>3</answer>", "x\n<answer>0</answer>", "<answer>0</answer>"]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    tree = RolloutTree.from_group(task.ref, [1, 2], ids, texts=texts)
+    for leaf in tree.leaves():
+        tree.nodes[leaf].reward = 0.0
+    reports = step_reports([tree], [task])
+    bonus = step_reward_bonus(reports, 1.0)
+    adv = compute_advantages([tree], est, "group", reward_bonus=bonus)
+    outcome = compute_advantages([tree], est, "group")
+    for mask in (True, False):
+        shaped = compute_advantages([tree], est, "group", reward_bonus=bonus)
+        apply_step_credit([tree], reports, shaped, tokenizer, outcome=outcome, mask=mask)
+        for leaf, text, tok in zip(tree.leaves(), texts, ids):
+            cut = text.index("<answer>")
+            starts = token_char_starts(tokenizer, tok)
+            got = shaped.advantages[0][leaf]
+            assert all(a == 0.0 for s, a in zip(starts, got) if s >= cut), (mask, text, got)  # outcome: none
+        top = tree.leaves()[0]
+        assert all(a > 0 for s, a in zip(token_char_starts(tokenizer, ids[0]), shaped.advantages[0][top])
+                   if s < payload.index("<answer>"))  # its four right lines are pushed up
+    assert any(a != 0 for a in adv.advantages[0][tree.leaves()[0]])  # without the rule the payload had credit

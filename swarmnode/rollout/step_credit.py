@@ -10,8 +10,12 @@ reasoning line (:func:`swarmnode.tasks.steps.check_steps`), the credit can follo
 * the answer block, text outside the checked lines, and completions of tasks without a checker keep their
   outcome advantage unchanged.
 
-So the outcome still decides the sign of the answer, and the line checks only remove credit whose sign
-contradicts the program's verdict on that line: a correct step is never pushed down and a wrong one never up.
+With the step reward on (``train.step_reward_weight``), the advantage of a checked line comes from the
+reward plus the bonus, and everything else keeps the advantage of the outcome alone: the process reward is
+paid to the lines a program checked, never to the answer or to unchecked text. So the outcome alone decides
+the sign of the answer, and the line checks only remove credit whose sign contradicts the program's verdict
+on that line: a correct step is never pushed down and a wrong one never up. (An all-wrong group whose leaves
+differ only in their right steps has no outcome contrast: its answers get 0, its right lines > 0.)
 This is a process-supervision mask in the spirit of step-level verification (Lightman et al., "Let's Verify
 Step by Step", 2023), with a program in place of a learned process reward model; the rewards, the groups and
 the advantage estimator are unchanged (docs/step_credit.md).
@@ -74,33 +78,44 @@ def _prefix_starts(tokenizer: Any, ids: list[int]) -> list[int]:
     return out
 
 
-def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck]) -> tuple[list[float], int]:
-    """Apply the step-checked mask to one completion's per-token advantages.
+def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck],
+                    outcome: Sequence[float] | None = None, mask: bool = True) -> tuple[list[float], int]:
+    """Step-checked credit of one completion's per-token advantages.
+
+    A token is on the checked line its text starts in, or on none (the answer block, text between lines). A
+    token on a checked line takes ``advantages[t]``, clipped by the line's verdict when ``mask`` is on (valid:
+    ``max(A, 0)``, invalid: ``min(A, 0)``); any other token takes ``outcome[t]``.
 
     Args:
-        advantages: per-token outcome advantages (floats, one per completion token).
+        advantages: per-token advantages (floats, one per completion token) from the reward plus the step bonus
+            (or the outcome alone without a bonus).
         starts: per-token character offsets (:func:`token_char_starts`), same length.
         checks: the completion's checked lines (:func:`~swarmnode.tasks.steps.check_steps`).
+        outcome: the outcome-only advantages of the same tokens (default: ``advantages``).
+        mask: clip a checked line's tokens toward its verdict (``train.step_credit == "mask"``).
 
     Returns:
-        ``(new advantages, number of tokens whose advantage was set to 0)``.
+        ``(new advantages, number of tokens whose advantage the mask set to 0)``.
 
     Raises:
-        ValueError: ``advantages`` and ``starts`` differ in length.
+        ValueError: ``advantages``, ``starts`` and ``outcome`` differ in length.
     """
-    if len(advantages) != len(starts):
-        raise ValueError(f"{len(advantages)} advantages but {len(starts)} token offsets")
-    out = list(advantages)
+    outcome = advantages if outcome is None else outcome
+    if not (len(advantages) == len(starts) == len(outcome)):
+        raise ValueError(f"{len(advantages)} advantages, {len(starts)} token offsets and {len(outcome)} outcome "
+                         "advantages")
+    out = [float(a) for a in outcome]
     zeroed, j = 0, 0
     for t, s in enumerate(starts):
         while j < len(checks) and checks[j].end <= s:
             j += 1
         if j == len(checks) or s < checks[j].start:
             continue  # answer block or text between lines: outcome credit
-        a = out[t]
-        if (checks[j].valid and a < 0) or (not checks[j].valid and a > 0):
-            out[t] = 0.0
+        a = float(advantages[t])
+        if mask and ((checks[j].valid and a < 0) or (not checks[j].valid and a > 0)):
+            a = 0.0
             zeroed += 1
+        out[t] = a
     return out, zeroed
 
 
@@ -149,15 +164,20 @@ def step_reward_bonus(reports: Sequence[Mapping[int, StepReport | None]], weight
 
 
 def apply_step_credit(trees: Sequence[RolloutTree], reports: Sequence[Mapping[int, StepReport | None]],
-                      adv: AdvantageResult, tokenizer: Any) -> dict[str, float]:
-    """Mask ``adv``'s per-token advantages in place by the program checks of every leaf's reasoning lines.
+                      adv: AdvantageResult, tokenizer: Any, *, outcome: AdvantageResult | None = None,
+                      mask: bool = True) -> dict[str, float]:
+    """Give ``adv``'s per-token advantages step-checked credit in place (:func:`mask_advantages` per leaf).
 
     Args:
         trees: the step's local rollout trees (scored), aligned with ``reports`` and with ``adv.advantages``.
         reports: :func:`step_reports` of ``trees``.
-        adv: the advantages of ``trees`` (:func:`~swarmnode.rollout.advantages.compute_advantages`);
-            zero-variance groups and dropped leaves are left alone (their advantages are 0).
+        adv: the advantages of ``trees`` (:func:`~swarmnode.rollout.advantages.compute_advantages`), with the
+            step reward in ``reward_bonus`` when it is on; zero-variance groups and dropped leaves are left
+            alone (their advantages are 0).
         tokenizer: the policy's tokenizer (maps tokens to characters).
+        outcome: the same call's advantages without the bonus (``None``: ``adv`` is the outcome's). The answer,
+            unchecked text and unchecked completions get these.
+        mask: clip checked lines by their verdicts (``train.step_credit == "mask"``).
 
     Returns:
         Metrics: ``step_credit/checked_leaves`` (leaves of groups with signal whose task has a checker),
@@ -165,26 +185,33 @@ def apply_step_credit(trees: Sequence[RolloutTree], reports: Sequence[Mapping[in
         and ``step_credit/zeroed_frac`` (of those leaves' tokens).
 
     Raises:
-        ValueError: ``trees``, ``reports`` and ``adv.advantages`` differ in length.
+        ValueError: ``trees``, ``reports``, ``adv.advantages`` (and ``outcome.advantages``) differ in length.
     """
-    if not (len(trees) == len(reports) == len(adv.advantages)):
-        raise ValueError(f"{len(trees)} trees, {len(reports)} step reports and {len(adv.advantages)} advantage lists")
+    if not (len(trees) == len(reports) == len(adv.advantages)) or (
+            outcome is not None and len(outcome.advantages) != len(trees)):
+        raise ValueError(f"{len(trees)} trees, {len(reports)} step reports and {len(adv.advantages)} advantage lists"
+                         + (f" ({len(outcome.advantages)} outcome lists)" if outcome is not None else ""))
     leaves = lines = valid = zeroed = tokens = 0
     for i, tree in enumerate(trees):
         if adv.is_zero_variance(i):
             continue
         for leaf, a in adv.advantages[i].items():
+            if leaf in adv.dropped[i]:
+                continue
             report = reports[i].get(leaf)
-            if leaf in adv.dropped[i] or report is None:
+            base = outcome.advantages[i].get(leaf, [0.0] * len(a)) if outcome is not None else a
+            if report is None or not report.lines:  # unchecked: the outcome alone
+                adv.advantages[i][leaf] = list(base)
+                if report is not None:
+                    leaves += 1
+                    tokens += len(a)
                 continue
             checks = report.lines
             leaves += 1
             lines += len(checks)
             valid += sum(c.valid for c in checks)
             tokens += len(a)
-            if not checks:
-                continue
-            new, z = mask_advantages(a, token_char_starts(tokenizer, tree.completion_ids(leaf)), checks)
+            new, z = mask_advantages(a, token_char_starts(tokenizer, tree.completion_ids(leaf)), checks, base, mask)
             adv.advantages[i][leaf] = new
             zeroed += z
     return {
@@ -238,11 +265,15 @@ class StepCredit:
         """``weight * report.progress`` (0.0 without a report): added to the reward for the advantage only."""
         return self.weight * report.progress if report is not None else 0.0
 
-    def token_advantages(self, advantage: float, completion_ids: Sequence[int],
-                         report: StepReport | None) -> tuple[list[float], int]:
-        """One completion's per-token advantages (list[float], one per id): ``advantage`` on every token, masked
-        by the report's line verdicts when :attr:`mask` is on; returns ``(advantages, tokens zeroed)``."""
-        flat = [float(advantage)] * len(completion_ids)
-        if not self.mask or report is None or not report.lines or advantage == 0:
-            return flat, 0
-        return mask_advantages(flat, token_char_starts(self.tokenizer, completion_ids), report.lines)
+    def token_advantages(self, advantage: float, completion_ids: Sequence[int], report: StepReport | None,
+                         outcome: float | None = None) -> tuple[list[float], int]:
+        """One completion's per-token advantages (list[float], one per id) by :func:`mask_advantages`:
+        ``advantage`` (from the reward plus :meth:`bonus`) on the checked lines, masked when :attr:`mask` is on,
+        and ``outcome`` (from the reward alone; default ``advantage``) everywhere else; returns ``(advantages,
+        tokens zeroed)``."""
+        outcome = advantage if outcome is None else outcome
+        n = len(completion_ids)
+        if report is None or not report.lines:
+            return [float(outcome)] * n, 0
+        return mask_advantages([float(advantage)] * n, token_char_starts(self.tokenizer, completion_ids),
+                               report.lines, [float(outcome)] * n, self.mask)

@@ -28,6 +28,11 @@ wrong running total is valid (its arithmetic is right; the wrong line is the one
 
 A line past the number of steps the question needs is invalid; a missing line is not a line (the wrong answer
 carries the blame). The answer block is not a step.
+
+Validity is **string equality** with the line the writer would write: ASCII digits in canonical form (no
+leading zeros, no ``-0``, at most 30 digits per number), single spaces where the writer puts them, nothing
+else on the line, and a plain ``"\n"`` (or the answer tag) after it. So the text of a valid line is exactly
+what the writer produces: no whitespace, zero or other character can ride on a line's positive credit.
 """
 
 from __future__ import annotations
@@ -43,10 +48,11 @@ __all__ = ["StepCheck", "StepReport", "check_steps", "reasoning_lines", "CHECKED
 #: Tasks whose reasoning lines :func:`check_steps` can check (those with a worked-solution writer).
 CHECKED_TASKS = SUPPORTED_TASKS
 
-_RUNNING = re.compile(r"^(-?\d+)([+-])(\d+)=(-?\d+)$")
-_COLUMN = re.compile(r"^(\d)\+(\d)(\+1)?=(\d+) (\d+)$")
-_PRODUCT = re.compile(r"^(.+) (\d+)\*(\d+)=(\d+)$")
-_LETTER = re.compile(r"^(\S+) \+(\d+)=(\d+)$")
+_N = r"[0-9]{1,30}"  # ASCII digits only, bounded (int() of a longer string is refused or slow)
+_RUNNING = re.compile(rf"^(-?{_N})([+-])({_N})=(-?{_N})$")
+_COLUMN = re.compile(rf"^([0-9])\+([0-9])(\+1)?=({_N}) ({_N})$")
+_PRODUCT = re.compile(rf"^(.+) ({_N})\*({_N})=({_N})$")
+_LETTER = re.compile(rf"^(\S+) \+({_N})=({_N})$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -68,18 +74,22 @@ class StepCheck:
 def reasoning_lines(completion: str) -> list[tuple[int, int, str]]:
     """The non-empty lines before the first ``<answer>`` of ``completion``.
 
+    A line is ended by ``"\\n"`` only; any other line break (``"\\r"``, ``"\\x85"``, ...) and any whitespace
+    around the text stay part of the line, so a checker's string comparison sees them (and finds the line
+    invalid). A line of whitespace only is not a line.
+
     Returns:
         ``(start, end, text)`` per line: character offsets into ``completion`` (``end`` includes the line's
-        ``"\\n"``) and the line's text stripped of surrounding whitespace.
+        ``"\\n"``) and the line's text without its ``"\\n"``.
     """
     cut = completion.find("<answer>")
     body = completion if cut < 0 else completion[:cut]
     out, pos = [], 0
-    for raw in body.splitlines(keepends=True):
-        text = raw.strip()
-        if text:
-            out.append((pos, pos + len(raw), text))
-        pos += len(raw)
+    for raw in body.split("\n"):
+        end = min(pos + len(raw) + 1, len(body))  # the "\n" belongs to its line
+        if raw.strip():
+            out.append((pos, end, raw))
+        pos = end
     return out
 
 
@@ -93,7 +103,8 @@ def _check_running(lines: list[str], first: int | None, ops: list[str], terms: l
             prev = int(m.group(4)) if m else None
             continue
         x, op, y, z = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
-        out.append(x == prev and op == ops[k] and y == terms[k] and z == (x + y if op == "+" else x - y))
+        out.append(text == f"{x}{op}{y}={z}" and x == prev and op == ops[k] and y == terms[k]
+                   and z == (x + y if op == "+" else x - y))
         prev = z
     return out
 
@@ -114,7 +125,8 @@ def _check_column(lines: list[str], a: int, b: int) -> list[bool]:
         want_b = int(sb[k]) if k < len(sb) else 0
         last = k == n - 1
         want_digits = (str(s) if last else str(s % 10)) + digits
-        out.append(da == want_a and db == want_b and c == bool(carry) and s == da + db + int(c) and d == want_digits)
+        out.append(text == f"{da}+{db}{'+1' if c else ''}={s} {d}" and da == want_a and db == want_b
+                   and c == bool(carry) and s == da + db + int(c) and d == want_digits)
         carry, digits = s // 10, d
     return out
 
@@ -144,7 +156,7 @@ def _check_legs(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int]:
             products.append(None)
             continue
         n, l, p = int(m.group(2)), int(m.group(3)), int(m.group(4))
-        out.append(m.group(1) == name and n == int(count) and l == legs.get(name, -1) and p == n * l)
+        out.append(text == f"{name} {n}*{l}={p}" and n == int(count) and l == legs.get(name, -1) and p == n * l)
         products.append(p)
     rest = lines[len(kinds):]
     if rest:
@@ -168,7 +180,7 @@ def _check_letters(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], in
                 total = int(m.group(3))
             continue
         c, t = int(m.group(2)), int(m.group(3))
-        out.append(m.group(1) == str(span[k]) and c == str(span[k]).lower().count(letter) and t == total + c)
+        out.append(text == f"{span[k]} +{c}={t}" and c == str(span[k]).lower().count(letter) and t == total + c)
         total = t
     return out, len(span)
 

@@ -184,6 +184,7 @@ def external_samples(
     max_prompt_len: int | None = None,
     std_floor: float = STD_FLOOR,
     step_credit: StepCredit | None = None,
+    local_bonus_by_task: Mapping[Any, Sequence[float]] | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Turn selected external trees into trainer Samples with source-specific advantages.
 
@@ -210,11 +211,13 @@ def external_samples(
       every pool of the call (TRL's batch scaling; mean still per group); ``"none"`` only centres.
 
     **Step-checked credit** (``step_credit``, :class:`~swarmnode.rollout.step_credit.StepCredit`; docs/step_credit.md):
-    each kept completion's lines are checked by us; ``r`` above becomes ``r + weight * progress`` (for the
-    advantage only: ``Sample.reward`` stays the verified outcome, and a group whose rewards differ only by the
-    bonus is not zero-variance), and with ``mask`` on the broadcast advantage is masked per token by the line
-    verdicts (a checked-right line is never pushed down, a wrong one never up). With ``joint``, pass the local
-    rewards with the local bonus added.
+    each kept completion's lines are checked by us. The checked lines' tokens get the advantage of
+    ``r + weight * progress`` (so a group whose rewards differ only by the bonus is not zero-variance), masked
+    by the line verdicts when ``mask`` is on (a checked-right line is never pushed down, a wrong one never up);
+    every other token (the answer, unchecked text) gets the advantage of ``r`` alone, the same normalization
+    without the bonus, so no bonus ever pushes an answer up. ``Sample.reward`` stays the verified outcome.
+    With ``joint``, ``local_bonus_by_task`` (aligned with ``local_rewards_by_task``) puts the local pool on the
+    same scale.
 
     **Ids**: ``behaviour_logprobs`` are kept only when the producer's model id and tokenizer id equal
     ours (both non-empty), ``same_tokenizer`` is true and every segment on the leaf's path has them;
@@ -301,23 +304,32 @@ def external_samples(
             bucket.append(_Leaf(ext, lid, r, comp, lp, truncated, report,
                                 step_credit.bonus(report) if step_credit is not None else 0.0))
 
-    # 2. normalization (rollout/advantages.py: the same floored divisor as the local estimators)
+    # 2. normalization (rollout/advantages.py: the same floored divisor as the local estimators); with step
+    #    credit twice: with the step bonus (the checked lines) and without it (the answer and the rest)
     live = {g: [lf.reward + lf.bonus for lf in leaves] for g, leaves in groups.items() if leaves}
     if normalization == "per_source":
         zero = {g for g, rs in live.items() if _zero_variance(rs)}
         m["external/dropped_zero_variance_groups"] += len(zero)
         live = {g: rs for g, rs in live.items() if g not in zero}
-        pools = None
+        pools = outcome_pools = None
     else:
-        pools = {g: rs + _local_rewards_for(local_rewards_by_task, group_task[g]) for g, rs in live.items()}
+        local = {g: _local_rewards_for(local_rewards_by_task, group_task[g]) for g in live}
+        bonus = {g: _local_rewards_for(local_bonus_by_task, group_task[g]) for g in live}
+        pools = {g: rs + ([r + b for r, b in zip(local[g], bonus[g])] if bonus[g] else local[g])
+                 for g, rs in live.items()}
+        outcome_pools = {g: [lf.reward for lf in groups[g]] + local[g] for g in live}
     adv_by_group = source_advantages(live, pools, scale_rewards, std_floor)
+    outcome_by_group = adv_by_group
+    if step_credit is not None:
+        outcome_by_group = source_advantages({g: [lf.reward for lf in groups[g]] for g in live}, outcome_pools,
+                                             scale_rewards, std_floor)
 
     # 3. samples
     samples: list[Sample] = []
     for gkey, leaves in groups.items():
         if gkey not in adv_by_group:
             continue
-        for lf, a in zip(leaves, adv_by_group[gkey]):
+        for lf, a, a_out in zip(leaves, adv_by_group[gkey], outcome_by_group[gkey]):
             ext = lf.ext
             if lf.logprobs is not None:
                 m["external/samples_with_behaviour_logprobs"] += 1
@@ -328,7 +340,7 @@ def external_samples(
                 prompt = prompt[-max_prompt_len:]  # left-truncated, as our own prompts (node.py)
                 m["external/prompts_truncated"] += 1
             if step_credit is not None:
-                advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report)
+                advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report, a_out)
                 m["external/step_checked"] += lf.report is not None
                 m["external/step_zeroed_tokens"] += zeroed
             else:

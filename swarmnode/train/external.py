@@ -260,6 +260,7 @@ def process_external(
     max_prompt_length: int | None = None,
     std_floor: float = STD_FLOOR,
     step_credit: StepCredit | None = None,
+    local_bonus_by_task: Mapping[Any, Sequence[float]] | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """:func:`select_external` then :func:`~swarmnode.train.batch.external_samples` with a ``SwarmConfig``.
 
@@ -270,7 +271,8 @@ def process_external(
     ``sampling.max_completion_length``): external samples are never longer than ours unless configured.
     The caller then screens them (:mod:`swarmnode.train.screen`) and runs
     :func:`~swarmnode.train.batch.compose_batch` with ``swarm_cfg.max_external_share``. ``step_credit`` (our
-    checks of the selected completions' lines) is passed through to ``external_samples``.
+    checks of the selected completions' lines) and ``local_bonus_by_task`` are passed through to
+    ``external_samples``.
 
     Returns:
         ``(external samples, metrics)`` — the selection and sample metrics merged, plus
@@ -308,6 +310,7 @@ def process_external(
         max_prompt_len=max_prompt_length,
         std_floor=std_floor,
         step_credit=step_credit,
+        local_bonus_by_task=local_bonus_by_task,
     )
     m.update(sm)
     m["external/max_completion_length"] = max_len if max_len is not None else -1
