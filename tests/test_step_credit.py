@@ -434,3 +434,25 @@ def test_the_step_reward_never_pushes_an_answer_up(tokenizer, est):
         assert all(a > 0 for s, a in zip(token_char_starts(tokenizer, ids[0]), shaped.advantages[0][top])
                    if s < payload.index("<answer>"))  # its four right lines are pushed up
     assert any(a != 0 for a in adv.advantages[0][tree.leaves()[0]])  # without the rule the payload had credit
+
+
+def test_joint_normalization_pools_the_local_bonus_for_the_lines_only(tokenizer):
+    from swarmnode.rollout.step_credit import StepCredit
+    from swarmnode.train.batch import external_samples
+
+    src = ReasoningGymSource("chain_sum", SPECS["chain_sum"]["config"])
+    task = src.get(src.ref(7, 5))
+    sol = solution(task)
+    lines = sol[: sol.index("<answer>")].splitlines(keepends=True)
+    wrong = "".join(lines[:3]) + "<answer>1</answer>"
+    peer, ids = _peer_group(task, [sol, wrong], [1, 0], tokenizer)
+    local = {task.ref.key(): [1.0, 0.0, 0.0, 0.0]}
+    credit = StepCredit(src.get, tokenizer, mask=True, weight=0.5)
+    plain, _ = external_samples([peer], normalization="joint", local_rewards_by_task=local)
+    flat, _ = external_samples([peer], normalization="joint", local_rewards_by_task=local, step_credit=credit)
+    pooled, _ = external_samples([peer], normalization="joint", local_rewards_by_task=local, step_credit=credit,
+                                 local_bonus_by_task={task.ref.key(): [0.5, 0.5, 0.25, 0.0]})
+    for got in (flat, pooled):  # the answers: the outcome pool's advantages, whatever the local bonus
+        assert [s.advantages[-1] for s in got] == [s.advantages[-1] for s in plain]
+    # the right lines of the right completion: a higher local pool (its bonus) lowers their advantage
+    assert 0 < pooled[0].advantages[0] < flat[0].advantages[0]
