@@ -346,15 +346,17 @@ def test_external_samples_get_our_step_credit(tokenizer):
     shaped, sm = external_samples([peer], step_credit=credit)
     assert [s.reward for s in shaped] == [s.reward for s in plain] == [1.0, 0.0, 0.0, 0.0]  # outcome kept
     assert pm["external/step_checked"] == 0 and sm["external/step_checked"] == 4
-    # the answers (and unchecked text) keep the outcome's advantages: no bonus moves an answer
-    assert [s.advantages[-1] for s in shaped] == [s.advantages[-1] for s in plain]
+    # an answer that copies its own last line's result gets the step-shaped advantage; one that does not (no
+    # line, or a line without a result) keeps the outcome's
+    assert [s.advantages[-1] for s in shaped][2:] == [s.advantages[-1] for s in plain][2:]
+    assert shaped[0].advantages[-1] == shaped[0].advantages[0] > 0
     # the checked lines get the advantage of reward + bonus: the wrong completion's two right lines are not pushed
     # down, its wrong third line is (more gently than its answer: its right steps earned a bonus)
     starts = token_char_starts(tokenizer, ids[1])
     cut = len(lines[0]) + len(lines[1])
     on_third = [a for st, a in zip(starts, shaped[1].advantages) if cut <= st < cut + len(lines[2])]
     assert all(a == 0.0 for st, a in zip(starts, shaped[1].advantages) if st < cut)
-    assert on_third and all(plain[1].advantages[-1] < a < 0 for a in on_third)
+    assert on_third and all(plain[1].advantages[-1] < a == shaped[1].advantages[-1] < 0 for a in on_third)
     assert all(a == shaped[0].advantages[0] > 0 for a in shaped[0].advantages[: len(lines[0])])
 
     # all answers wrong: no outcome contrast, but the step reward ranks the lines (not zero-variance) -- and the
@@ -452,7 +454,25 @@ def test_joint_normalization_pools_the_local_bonus_for_the_lines_only(tokenizer)
     flat, _ = external_samples([peer], normalization="joint", local_rewards_by_task=local, step_credit=credit)
     pooled, _ = external_samples([peer], normalization="joint", local_rewards_by_task=local, step_credit=credit,
                                  local_bonus_by_task={task.ref.key(): [0.5, 0.5, 0.25, 0.0]})
-    for got in (flat, pooled):  # the answers: the outcome pool's advantages, whatever the local bonus
-        assert [s.advantages[-1] for s in got] == [s.advantages[-1] for s in plain]
+    for got in (flat, pooled):  # an answer that does not follow from its lines: the outcome pool's advantage
+        assert got[1].advantages[-1] == plain[1].advantages[-1]
+    assert 0 < pooled[0].advantages[-1] < flat[0].advantages[-1]  # one that follows: shaped, as its lines
     # the right lines of the right completion: a higher local pool (its bonus) lowers their advantage
     assert 0 < pooled[0].advantages[0] < flat[0].advantages[0]
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_an_answer_follows_only_when_it_copies_the_last_lines_result(name):
+    for task in tasks_of(name, 30):
+        sol = solution(task)
+        body = sol[: sol.index("<answer>")]
+        assert check_steps(task.name, task.metadata, sol).answer_follows, sol  # the writer's answer
+        last = body.splitlines()[-1]
+        result = last.rsplit("=", 1)[-1].rsplit(" ", 1)[-1]
+        bumped = body[: -len(result) - 1] + str(int(result) + 1) + "\n"  # a wrong last line, copied: follows
+        r = check_steps(task.name, task.metadata, bumped + f"<answer>{int(result) + 1}</answer>")
+        assert r.answer_follows and r.lines[-1].valid is False and r.answer_start == len(bumped)
+        for tail in (f"<answer>{result}</answer>x", f"<answer>{result} </answer>", f"<answer>0{result}</answer>",
+                     "<answer>None</answer>", f"<answer>{int(result) + 1}</answer>", ""):
+            assert not check_steps(task.name, task.metadata, body + tail).answer_follows, tail
+    assert not check_steps("chain_sum", tasks_of("chain_sum", 1)[0].metadata, "<answer>3</answer>").answer_follows

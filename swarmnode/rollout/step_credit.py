@@ -11,11 +11,14 @@ reasoning line (:func:`swarmnode.tasks.steps.check_steps`), the credit can follo
   outcome advantage unchanged.
 
 With the step reward on (``train.step_reward_weight``), the advantage of a checked line comes from the
-reward plus the bonus, and everything else keeps the advantage of the outcome alone: the process reward is
-paid to the lines a program checked, never to the answer or to unchecked text. So the outcome alone decides
-the sign of the answer, and the line checks only remove credit whose sign contradicts the program's verdict
-on that line: a correct step is never pushed down and a wrong one never up. (An all-wrong group whose leaves
-differ only in their right steps has no outcome contrast: its answers get 0, its right lines > 0.)
+reward plus the bonus, and so does the answer block when it is exactly the answer the completion's own last
+line implies (``<answer>{its result}</answer>``, :attr:`StepReport.answer_follows`: copying the last total is
+a right step even when the total is wrong); everything else keeps the advantage of the outcome alone. The
+process reward is paid to what a program checked, never to unchecked text or to an answer that does not
+follow from the lines (a payload there gets outcome credit, at most 0 for a wrong answer). The line checks
+only remove credit whose sign contradicts the program's verdict on that line: a correct step is never pushed
+down and a wrong one never up.
+
 This is a process-supervision mask in the spirit of step-level verification (Lightman et al., "Let's Verify
 Step by Step", 2023), with a program in place of a learned process reward model; the rewards, the groups and
 the advantage estimator are unchanged (docs/step_credit.md).
@@ -79,12 +82,15 @@ def _prefix_starts(tokenizer: Any, ids: list[int]) -> list[int]:
 
 
 def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck],
-                    outcome: Sequence[float] | None = None, mask: bool = True) -> tuple[list[float], int]:
+                    outcome: Sequence[float] | None = None, mask: bool = True,
+                    answer_from: int | None = None) -> tuple[list[float], int]:
     """Step-checked credit of one completion's per-token advantages.
 
     A token is on the checked line its text starts in, or on none (the answer block, text between lines). A
     token on a checked line takes ``advantages[t]``, clipped by the line's verdict when ``mask`` is on (valid:
-    ``max(A, 0)``, invalid: ``min(A, 0)``); any other token takes ``outcome[t]``.
+    ``max(A, 0)``, invalid: ``min(A, 0)``); a token from character ``answer_from`` on (an answer that follows
+    from the completion's own last line, :attr:`StepReport.answer_follows`) takes ``advantages[t]`` unclipped;
+    any other token takes ``outcome[t]``.
 
     Args:
         advantages: per-token advantages (floats, one per completion token) from the reward plus the step bonus
@@ -93,6 +99,7 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
         checks: the completion's checked lines (:func:`~swarmnode.tasks.steps.check_steps`).
         outcome: the outcome-only advantages of the same tokens (default: ``advantages``).
         mask: clip a checked line's tokens toward its verdict (``train.step_credit == "mask"``).
+        answer_from: see above (``None``: the answer takes the outcome's advantages).
 
     Returns:
         ``(new advantages, number of tokens whose advantage the mask set to 0)``.
@@ -109,6 +116,9 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
     for t, s in enumerate(starts):
         while j < len(checks) and checks[j].end <= s:
             j += 1
+        if answer_from is not None and s >= answer_from:
+            out[t] = float(advantages[t])  # the answer the lines imply: the step reward reaches it
+            continue
         if j == len(checks) or s < checks[j].start:
             continue  # answer block or text between lines: outcome credit
         a = float(advantages[t])
@@ -117,6 +127,10 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
             zeroed += 1
         out[t] = a
     return out, zeroed
+
+
+def _answer_from(report: StepReport) -> int | None:
+    return report.answer_start if report.answer_follows else None
 
 
 def step_reports(trees: Sequence[RolloutTree], tasks: Sequence[Task]) -> list[dict[int, StepReport | None]]:
@@ -211,7 +225,8 @@ def apply_step_credit(trees: Sequence[RolloutTree], reports: Sequence[Mapping[in
             lines += len(checks)
             valid += sum(c.valid for c in checks)
             tokens += len(a)
-            new, z = mask_advantages(a, token_char_starts(tokenizer, tree.completion_ids(leaf)), checks, base, mask)
+            new, z = mask_advantages(a, token_char_starts(tokenizer, tree.completion_ids(leaf)), checks, base, mask,
+                                     _answer_from(report))
             adv.advantages[i][leaf] = new
             zeroed += z
     return {
@@ -276,4 +291,4 @@ class StepCredit:
         if report is None or not report.lines:
             return [float(outcome)] * n, 0
         return mask_advantages([float(advantage)] * n, token_char_starts(self.tokenizer, completion_ids),
-                               report.lines, [float(outcome)] * n, self.mask)
+                               report.lines, [float(outcome)] * n, self.mask, _answer_from(report))

@@ -200,10 +200,16 @@ class StepReport:
     Attributes:
         lines: one :class:`StepCheck` per non-empty line before ``<answer>``, in order.
         needed: how many steps the question needs (the line count of its worked solution), at least 1.
+        answer_start: offset (characters) of ``<answer>`` in the completion, -1 without one.
+        answer_follows: the completion ends with exactly ``<answer>{r}</answer>`` where ``r`` is the result its
+            last reasoning line wrote (the text after the line's last ``=`` and, for a column line, after its
+            space): the answer is the step the writer takes from the completion's own last line, right or wrong.
     """
 
     lines: list[StepCheck]
     needed: int
+    answer_start: int = -1
+    answer_follows: bool = False
 
     @property
     def progress(self) -> float:
@@ -234,4 +240,18 @@ def check_steps(task: str, metadata: dict[str, Any], completion: str) -> StepRep
         valid, needed = checker([t for _, _, t in lines], dict(metadata or {}))
     except (UnsupportedTaskError, TypeError, ValueError, KeyError):
         return None
-    return StepReport([StepCheck(s, e, v) for (s, e, _), v in zip(lines, valid)], max(int(needed), 1))
+    cut = completion.find("<answer>")
+    result = _written_result(lines[-1][2]) if lines else None
+    follows = result is not None and cut >= 0 and completion[cut:] == f"<answer>{result}</answer>"
+    return StepReport([StepCheck(s, e, v) for (s, e, _), v in zip(lines, valid)], max(int(needed), 1), cut,
+                      follows)
+
+
+_RESULT = re.compile(r"^-?(0|[1-9][0-9]{0,29})$")
+
+
+def _written_result(line: str) -> str | None:
+    """The result a reasoning line wrote (after its last ``=``, after the space of a column line) when it is a
+    canonical ASCII integer, else ``None`` (never equal to an answer then)."""
+    r = line.rsplit("=", 1)[-1].rsplit(" ", 1)[-1]
+    return r if "=" in line and _RESULT.match(r) else None
