@@ -260,8 +260,10 @@ class TrainConfig(_Strict):
     step_reward_weight: float = Field(
         0.5, ge=0, allow_inf_nan=False,
         description="process reward for tasks whose reasoning lines a program checks: weight x (share of the "
-        "question's steps done right) is added to a leaf's reward for its advantage only (reported rewards and "
-        "accuracy stay the outcome), so all-wrong groups still rank their completions. 0 = off (TRL). Default 0.5",
+        "question's steps done right) is added to a leaf's reward for the advantage of its checked lines and of an "
+        "answer that copies its last line's result only (any other answer and unchecked text keep the outcome's "
+        "advantage; reported rewards and accuracy stay the outcome), so all-wrong groups still rank their steps. "
+        "0 = off (TRL). Default 0.5",
     )
     drop_zero_variance_groups: bool = Field(
         True, description="drop groups whose rewards are all equal (no signal) before the loss; default True"
