@@ -153,6 +153,12 @@ def step_reports(trees: Sequence[RolloutTree], tasks: Sequence[Task]) -> list[di
             for tree, task in zip(trees, tasks)]
 
 
+def _check_weight(weight: float) -> None:
+    """Raise ``ValueError`` unless ``weight`` (``train.step_reward_weight``) is a finite number >= 0."""
+    if not (weight >= 0 and weight != float("inf")):
+        raise ValueError(f"step reward weight must be a finite number >= 0, got {weight!r}")
+
+
 def step_reward_bonus(reports: Sequence[Mapping[int, StepReport | None]], weight: float) -> list[dict[int, float]]:
     """The process reward ``weight * progress`` of every checked leaf (``train.step_reward_weight``).
 
@@ -172,8 +178,7 @@ def step_reward_bonus(reports: Sequence[Mapping[int, StepReport | None]], weight
     Raises:
         ValueError: a negative or non-finite ``weight``.
     """
-    if not (weight >= 0 and weight != float("inf")):
-        raise ValueError(f"step reward weight must be a finite number >= 0, got {weight!r}")
+    _check_weight(weight)
     return [{leaf: weight * r.progress for leaf, r in per_tree.items() if r is not None} for per_tree in reports]
 
 
@@ -263,8 +268,9 @@ class StepCredit:
     weight: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.weight, bool) or not (self.weight >= 0 and self.weight != float("inf")):
+        if isinstance(self.weight, bool):
             raise ValueError(f"step reward weight must be a finite number >= 0, got {self.weight!r}")
+        _check_weight(self.weight)
 
     def report(self, ref: TaskRef, completion_ids: Sequence[int]) -> StepReport | None:
         """The line checks of one completion (token ids, list[int]) of task ``ref``; ``None`` when the task has no
