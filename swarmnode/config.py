@@ -11,11 +11,12 @@ names the file, the key and what was expected -- before any model is loaded.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "default.yaml"
 
@@ -24,8 +25,27 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the file, the key and what was expected."""
 
 
+def _numeric_only(annotation: Any) -> bool:
+    """True when ``annotation`` takes int or float values and no bool (e.g. ``int``, ``float | None``)."""
+    args = typing.get_args(annotation) or (annotation,)
+    if typing.get_origin(annotation) is Literal:
+        return False
+    kinds = set(args)
+    return bool(kinds & {int, float}) and bool not in kinds
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _number_not_bool(cls, v: Any, info: ValidationInfo) -> Any:
+        """Refuse ``true``/``false`` for a numeric key; pydantic would read them as 1 and 0 (``steps: true``)."""
+        if isinstance(v, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _numeric_only(field.annotation):
+                raise ValueError(f"expected a number, not a boolean ({str(v).lower()})")
+        return v
 
 
 class ModelConfig(_Strict):
@@ -76,13 +96,6 @@ class TaskSourceConfig(_Strict):
         "and peers' refs all follow it, and it changes the source's config_digest (swarmnode/tasks/balance.py). "
         "Default None: off (the generator's own answer distribution)"
     )
-
-    @field_validator("max_answer_share", mode="before")
-    @classmethod
-    def _share_not_bool(cls, v: Any) -> Any:
-        if isinstance(v, bool):  # pydantic would read true as 1.0 and then report "less than 1"
-            raise ValueError("expected a number in (0, 1) such as 0.3 (or null: off), not a boolean")
-        return v
 
     @model_validator(mode="after")
     def _check_kind(self) -> "TaskSourceConfig":

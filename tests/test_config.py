@@ -151,3 +151,26 @@ def test_duplicate_key_is_an_error_naming_file_and_key(tmp_path):
     p.write_text("train:\n  beta: 0.1\n  beta: 0.2\n")
     with pytest.raises(ConfigError, match="duplicate key 'beta'"):
         load_config(p)
+
+
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("steps: true\n", "steps"),
+        ("train:\n  learning_rate: true\n", "train.learning_rate"),
+        ("sampling:\n  num_generations: false\n", "sampling.num_generations"),
+        ("swarm:\n  fetch_timeout: true\n", "swarm.fetch_timeout"),
+        ("train:\n  step_reward_weight: false\n", "train.step_reward_weight"),
+    ],
+)
+def test_a_boolean_is_not_a_number_for_any_numeric_key(tmp_path, text, key):
+    """pydantic alone reads true/false as 1/0 for int and float fields (`steps: true` would run one step)."""
+    msg = _err(tmp_path, text)
+    assert key in msg and "not a boolean" in msg, msg
+
+
+def test_boolean_keys_still_take_booleans(tmp_path):
+    p = tmp_path / "b.yaml"
+    p.write_text("eval_at_start: false\nswarm:\n  external_step_credit: false\n")
+    cfg = load_config(p)
+    assert cfg.eval_at_start is False and cfg.swarm.external_step_credit is False

@@ -205,7 +205,15 @@ def test_mask_rules():
     # with an outcome apart (the step reward on): checked lines take the shaped advantage, the rest the outcome's
     shaped, outcome = [0.5, 0.5, 0.5, 0.5, 0.5, 0.5], [-1.0] * 6
     assert mask_advantages(shaped, starts, checks, outcome) == ([0.5, 0.5, 0.0, 0.0, -1.0, -1.0], 2)
-    assert mask_advantages(shaped, starts, checks, outcome, mask=False) == ([0.5, 0.5, 0.5, 0.5, -1.0, -1.0], 0)
+    # without the mask an invalid line takes the outcome's advantage: the step reward never reaches free text
+    assert mask_advantages(shaped, starts, checks, outcome, mask=False) == ([0.5, 0.5, -1.0, -1.0, -1.0, -1.0], 0)
+    # a token without text of its own (a special token: the next token starts where it does) takes the outcome,
+    # on a line or after a following answer; a single final token (the end-of-sequence token) is exempt
+    hidden = [0, 2, 2, 4, 6, 8]  # token 1 is hidden inside the valid line
+    assert mask_advantages(shaped, hidden, checks, outcome) == ([0.5, -1.0, 0.5, 0.0, 0.0, -1.0], 2)
+    assert mask_advantages(shaped, hidden, checks, outcome, answer_from=8)[0][-1] == 0.5  # the final EOS
+    tail = [0, 2, 4, 6, 8, 8]  # two hidden tokens after a following answer: neither takes its credit
+    assert mask_advantages(shaped, tail, checks, outcome, answer_from=8)[0][-2:] == [-1.0, -1.0]
     with pytest.raises(ValueError, match="5 advantages, 6 token offsets"):
         mask_advantages([1.0] * 5, starts, checks)
 

@@ -87,10 +87,13 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
     """Step-checked credit of one completion's per-token advantages.
 
     A token is on the checked line its text starts in, or on none (the answer block, text between lines). A
-    token on a checked line takes ``advantages[t]``, clipped by the line's verdict when ``mask`` is on (valid:
-    ``max(A, 0)``, invalid: ``min(A, 0)``); a token from character ``answer_from`` on (an answer that follows
-    from the completion's own last line, :attr:`StepReport.answer_follows`) takes ``advantages[t]`` unclipped;
-    any other token takes ``outcome[t]``.
+    token on a valid line takes ``advantages[t]``, clipped to ``max(A, 0)`` when ``mask`` is on; a token on an
+    invalid line takes ``min(advantages[t], 0)`` when ``mask`` is on and ``outcome[t]`` when it is off (an
+    invalid line never takes the step reward: it would push free text up); a token from character
+    ``answer_from`` on (an answer that follows from the completion's own last line,
+    :attr:`StepReport.answer_follows`) takes ``advantages[t]`` unclipped; any other token takes ``outcome[t]``.
+    A token without text of its own (a special token: it starts where the next token starts) is on no line
+    and takes ``outcome[t]``; only a single last token (the final end-of-sequence token) is exempt.
 
     Args:
         advantages: per-token advantages (floats, one per completion token) from the reward plus the step bonus
@@ -112,8 +115,10 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
         raise ValueError(f"{len(advantages)} advantages, {len(starts)} token offsets and {len(outcome)} outcome "
                          "advantages")
     out = [float(a) for a in outcome]
-    zeroed, j = 0, 0
+    zeroed, j, last = 0, 0, len(starts) - 1
     for t, s in enumerate(starts):
+        if (t < last and starts[t + 1] == s) or (t == last and t > 0 and starts[t - 1] == s):
+            continue  # no text of its own (a special token that is not the one final token): outcome credit
         while j < len(checks) and checks[j].end <= s:
             j += 1
         if answer_from is not None and s >= answer_from:
@@ -122,6 +127,8 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
         if j == len(checks) or s < checks[j].start:
             continue  # answer block or text between lines: outcome credit
         a = float(advantages[t])
+        if not checks[j].valid and not mask:
+            continue  # an invalid line without the mask: outcome credit, never the step reward
         if mask and ((checks[j].valid and a < 0) or (not checks[j].valid and a > 0)):
             a = 0.0
             zeroed += 1
