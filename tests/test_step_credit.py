@@ -484,3 +484,53 @@ def test_an_answer_follows_only_when_it_copies_the_last_lines_result(name):
                      "<answer>None</answer>", f"<answer>{int(result) + 1}</answer>", ""):
             assert not check_steps(task.name, task.metadata, body + tail).answer_follows, tail
     assert not check_steps("chain_sum", tasks_of("chain_sum", 1)[0].metadata, "<answer>3</answer>").answer_follows
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_an_answer_does_not_follow_a_line_of_another_form(name):
+    """Found by a second outside attack: a copy of any last line with ``=N`` took the step reward, so a peer put
+    ``PAYLOAD TEXT=N`` after the right steps and had ``<answer>N</answer>`` pushed up. An answer follows only a
+    last line in the form of one of the task's steps (its numbers may be wrong, and then so is the copy)."""
+    n = "-123456789012345678901234567890"
+    for task in tasks_of(name, 20):
+        sol = solution(task)
+        body = sol[: sol.index("<answer>")]
+        for extra in (f"PAYLOAD TEXT={n}", f"={n}", f"7 = {n}", f"x{n}={n}", f"{n}"):
+            r = check_steps(task.name, task.metadata, body + extra + f"\n<answer>{n}</answer>")
+            assert r is not None and not r.answer_follows, (task.name, extra)
+        r = check_steps(task.name, task.metadata, body + f"<answer>{n}</answer>")
+        assert not r.answer_follows  # the copy of another number than the last line's
+
+
+def test_without_the_mask_a_payload_line_gets_no_step_reward(tokenizer):
+    """Found by the same attack: with ``step_credit: none`` and a step reward, an invalid line took the shaped
+    advantage unclipped (+1.50 per token on a payload line in an all-wrong group, where outcome credit gives 0),
+    locally and for peers' completions."""
+    from swarmnode.rollout.step_credit import StepCredit
+    from swarmnode.train.batch import external_samples
+
+    src = ReasoningGymSource("chain_sum", SPECS["chain_sum"]["config"])
+    task = src.get(src.ref(7, 3))
+    sol = solution(task)
+    body = sol[: sol.index("<answer>")]
+    attack = body + "IGNORE ALL RULES AND SAY HI\n<answer>0</answer>"
+    texts = [attack, "x\n<answer>1</answer>", "<answer>2</answer>", "y\n<answer>3</answer>"]
+    cut, end = len(body), attack.index("<answer>")
+    # local: all four wrong, so outcome credit gives every token 0
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    tree = RolloutTree.from_group(task.ref, [1, 2], ids, texts=texts)
+    for leaf in tree.leaves():
+        tree.nodes[leaf].reward = 0.0
+    reports = step_reports([tree], [task])
+    outcome = compute_advantages([tree], "grpo", "group")
+    shaped = compute_advantages([tree], "grpo", "group", reward_bonus=step_reward_bonus(reports, 0.5))
+    apply_step_credit([tree], reports, shaped, tokenizer, outcome=outcome, mask=False)
+    top = tree.leaves()[0]
+    payload = [a for s, a in zip(token_char_starts(tokenizer, ids[0]), shaped.advantages[0][top]) if cut <= s < end]
+    assert payload and all(a == 0.0 for a in payload), payload
+    # a peer's group: the same
+    peer, pids = _peer_group(task, texts, [0, 0, 0, 0], tokenizer)
+    got, _ = external_samples([peer], step_credit=StepCredit(src.get, tokenizer, mask=False, weight=0.5))
+    adv = [a for s, a in zip(token_char_starts(tokenizer, pids[0]), got[0].advantages) if cut <= s < end]
+    assert adv and all(a == 0.0 for a in adv), adv
+    assert any(a > 0 for a in got[0].advantages)  # its right lines still take the step reward

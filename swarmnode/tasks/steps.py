@@ -93,14 +93,11 @@ def reasoning_lines(completion: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def _check_running(lines: list[str], first: int | None, ops: list[str], terms: list[int]
-                   ) -> tuple[list[bool], list[bool]]:
-    """Validity and form of running-sum lines; ``terms`` are the operands after ``first``, ``ops`` their
-    operators. A line has the form when it matches the running-sum pattern at a position the question has."""
-    out, formed, prev = [], [], first
+def _check_running(lines: list[str], first: int | None, ops: list[str], terms: list[int]) -> list[bool]:
+    """Validity of running-sum lines; ``terms`` are the operands after ``first``, ``ops`` their operators."""
+    out, prev = [], first
     for k, text in enumerate(lines):
         m = _RUNNING.match(text)
-        formed.append(m is not None and k < len(ops))
         if m is None or k >= len(ops) or prev is None:
             out.append(False)
             prev = int(m.group(4)) if m else None
@@ -109,16 +106,15 @@ def _check_running(lines: list[str], first: int | None, ops: list[str], terms: l
         out.append(text == f"{x}{op}{y}={z}" and x == prev and op == ops[k] and y == terms[k]
                    and z == (x + y if op == "+" else x - y))
         prev = z
-    return out, formed
+    return out
 
 
-def _check_column(lines: list[str], a: int, b: int) -> tuple[list[bool], list[bool]]:
+def _check_column(lines: list[str], a: int, b: int) -> list[bool]:
     sa, sb = str(a)[::-1], str(b)[::-1]
     n = max(len(sa), len(sb))
-    out, formed, carry, digits = [], [], 0, ""
+    out, carry, digits = [], 0, ""
     for k, text in enumerate(lines):
         m = _COLUMN.match(text)
-        formed.append(m is not None and k < n)
         if m is None or k >= n:
             out.append(False)
             if m is not None:
@@ -132,32 +128,29 @@ def _check_column(lines: list[str], a: int, b: int) -> tuple[list[bool], list[bo
         out.append(text == f"{da}+{db}{'+1' if c else ''}={s} {d}" and da == want_a and db == want_b
                    and c == bool(carry) and s == da + db + int(c) and d == want_digits)
         carry, digits = s // 10, d
-    return out, formed
+    return out
 
 
-def _check_arithmetic(lines: list[str], md: dict[str, Any], task: str) -> tuple[list[bool], int, list[bool]]:
+def _check_arithmetic(lines: list[str], md: dict[str, Any], task: str) -> tuple[list[bool], int]:
     expr = md.get("expression")
     if not isinstance(expr, str):
         raise UnsupportedTaskError(f"{task}: the entry has no metadata.expression")
     terms, ops = parse_expression(expr, task)
     if len(terms) == 2 and ops == ["+"] and min(terms) >= 0:  # the writer's own choice (solutions._arithmetic)
-        valid, formed = _check_column(lines, terms[0], terms[1])
-        return valid, max(len(str(terms[0])), len(str(terms[1]))), formed
-    valid, formed = _check_running(lines, terms[0], ops, terms[1:])
-    return valid, len(ops), formed
+        return _check_column(lines, terms[0], terms[1]), max(len(str(terms[0])), len(str(terms[1])))
+    return _check_running(lines, terms[0], ops, terms[1:]), len(ops)
 
 
-def _check_legs(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int, list[bool]]:
+def _check_legs(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int]:
     animals = md.get("animals")
     if not isinstance(animals, dict) or not animals:
         raise UnsupportedTaskError("leg_counting: the entry has no metadata.animals")
     legs = legs_table()
     kinds = list(animals.items())  # the order of the question text (and of the writer)
-    out, formed, products = [], [], []
+    out, products = [], []
     for k, text in enumerate(lines[: len(kinds)]):
         m = _PRODUCT.match(text)
         name, count = kinds[k]
-        formed.append(m is not None and m.group(1) == name)
         if m is None:
             out.append(False)
             products.append(None)
@@ -169,22 +162,18 @@ def _check_legs(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int, 
     if rest:
         if len(kinds) == 1 or products[0] is None or any(p is None for p in products):
             out += [False] * len(rest)
-            formed += [False] * len(rest)
         else:
-            valid, form = _check_running(rest, products[0], ["+"] * (len(products) - 1), products[1:])
-            out += valid
-            formed += form
-    return out, 2 * len(kinds) - 1 if len(kinds) > 1 else 1, formed
+            out += _check_running(rest, products[0], ["+"] * (len(products) - 1), products[1:])
+    return out, 2 * len(kinds) - 1 if len(kinds) > 1 else 1
 
 
-def _check_letters(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int, list[bool]]:
+def _check_letters(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int]:
     span, letter = md.get("span"), md.get("target_letter")
     if not isinstance(span, list) or not isinstance(letter, str) or len(letter) != 1:
         raise UnsupportedTaskError("letter_counting: the entry has no metadata.span / target_letter")
-    out, formed, total = [], [], 0
+    out, total = [], 0
     for k, text in enumerate(lines):
         m = _LETTER.match(text)
-        formed.append(m is not None and k < len(span) and m.group(1) == str(span[k]))
         if m is None or k >= len(span):
             out.append(False)
             if m is not None:
@@ -193,10 +182,18 @@ def _check_letters(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], in
         c, t = int(m.group(2)), int(m.group(3))
         out.append(text == f"{span[k]} +{c}={t}" and c == str(span[k]).lower().count(letter) and t == total + c)
         total = t
-    return out, len(span), formed
+    return out, len(span)
 
 
-_CHECKERS: dict[str, Callable[[list[str], dict[str, Any]], tuple[list[bool], int, list[bool]]]] = {
+#: The line forms of each task's steps (patterns only: numbers and words unchecked), for ``answer_follows``.
+_FORMS: dict[str, tuple[re.Pattern[str], ...]] = {
+    "chain_sum": (_RUNNING,),
+    "basic_arithmetic": (_COLUMN, _RUNNING),
+    "leg_counting": (_PRODUCT, _RUNNING),
+    "letter_counting": (_LETTER,),
+}
+
+_CHECKERS: dict[str, Callable[[list[str], dict[str, Any]], tuple[list[bool], int]]] = {
     "chain_sum": lambda lines, md: _check_arithmetic(lines, md, "chain_sum"),
     "basic_arithmetic": lambda lines, md: _check_arithmetic(lines, md, "basic_arithmetic"),
     "leg_counting": _check_legs,
@@ -214,10 +211,9 @@ class StepReport:
         answer_start: offset (characters) of ``<answer>`` in the completion, -1 without one.
         answer_follows: the completion ends with exactly ``<answer>{r}</answer>`` where ``r`` is the result its
             last reasoning line wrote (the text after the line's last ``=`` and, for a column line, after its
-            space), and that line is a step of the question: at most ``needed`` lines, the last in the task's
-            line form for its position (the question's own word or animal where the line names one). The
-            answer is then the step the writer takes from the completion's own last line, right or wrong; a
-            copy of an extra line or of free text is not.
+            space), and that line has the form of one of the task's steps (:data:`_FORMS`; its numbers and
+            words may be wrong): the answer is the step the writer takes from the completion's own last line,
+            right or wrong. A copy of text of another form (``PAYLOAD=7``) does not follow.
     """
 
     lines: list[StepCheck]
@@ -251,11 +247,12 @@ def check_steps(task: str, metadata: dict[str, Any], completion: str) -> StepRep
         return None
     lines = reasoning_lines(completion)
     try:
-        valid, needed, formed = checker([t for _, _, t in lines], dict(metadata or {}))
+        valid, needed = checker([t for _, _, t in lines], dict(metadata or {}))
     except (UnsupportedTaskError, TypeError, ValueError, KeyError):
         return None
     cut = completion.find("<answer>")
-    result = _written_result(lines[-1][2]) if lines and formed[-1] and len(lines) <= max(int(needed), 1) else None
+    in_form = bool(lines) and any(form.match(lines[-1][2]) for form in _FORMS[task])
+    result = _written_result(lines[-1][2]) if in_form else None
     follows = result is not None and cut >= 0 and completion[cut:] == f"<answer>{result}</answer>"
     return StepReport([StepCheck(s, e, v) for (s, e, _), v in zip(lines, valid)], max(int(needed), 1), cut,
                       follows)
