@@ -15,7 +15,7 @@ Usage::
 
     pip install -e '.[bench]'          # TRL is an optional extra, never a runtime dependency
     python scripts/bench_vs_trl.py --minutes 3.5 --seeds 0 1 [--config my.yaml] [--eval-size 500] [--out DIR]
-    python scripts/bench_vs_trl.py --minutes 6 --seeds 0 1 2 --alt-config configs/chain.yaml   # + a chain arm
+    python scripts/bench_vs_trl.py --minutes 6 --seeds 0 1 2 --tree-config configs/tree.yaml   # + a tree arm
 
 ``--tree-config`` adds a third arm, ``swarmnode-tree``: swarmnode with that config (tree rollouts), started
 together with the other two under the same wall-time budget, so tree vs chain is compared at equal wall time
@@ -315,11 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-size", type=int, default=None, help="held-out questions (default tasks.eval_size)")
     ap.add_argument("--out", default=None, help="directory for results.json (default runs/bench_vs_trl/<time>)")
     ap.add_argument("--tree-config", default=None,
-                    help="also run a 'swarmnode-tree' arm with this config (tree rollouts, for a chain --config), "
-                         "started together")
+                    help="also run a 'swarmnode-tree' arm with this config (e.g. configs/tree.yaml), started together")
     ap.add_argument("--alt-config", default=None,
-                    help="also run a 'swarmnode-alt' arm with this swarmnode config, started together (e.g. "
-                         "configs/chain.yaml, or the default without step credit)")
+                    help="also run a 'swarmnode-alt' arm with this swarmnode config, started together (e.g. the "
+                         "default without step credit)")
     ap.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)
     ap.add_argument("--arms", default=None,
                     help="comma-separated arms of {swarmnode,swarmnode-tree,swarmnode-alt,trl} (default: swarmnode,"

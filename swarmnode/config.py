@@ -175,24 +175,21 @@ class TasksConfig(_Strict):
 
 
 class TreeConfig(_Strict):
-    """Tree-structured sampling (TreePO / TreeRL / LATR). ``mode: chain`` is independent group sampling.
-
-    The default is a tree over reasoning steps: forks right after a line ends (``branching: step``), up to 12
-    segments of 8 tokens; it beat chain sampling at equal wall time in 3 of 3 seeds (docs/benchmarks.md)."""
+    """Tree-structured sampling (TreePO / TreeRL / LATR). ``mode: chain`` is independent group sampling."""
 
     mode: Literal["chain", "tree"] = Field(
-        "tree", description="chain = num_generations independent samples per prompt; tree = segment-wise tree "
-        "(TreePO) grown by the tree.* knobs; default tree"
+        "chain", description="chain = num_generations independent samples per prompt; tree = segment-wise tree "
+        "(TreePO) grown by the tree.* knobs; default chain"
     )
-    segment_length: int = Field(8, ge=1, description="tokens per segment (TreePO l); default 8")
-    max_depth: int = Field(12, ge=1, description="maximum segments per path (TreePO d); default 12")
+    segment_length: int = Field(8, ge=1, description="tokens per segment (TreePO l)")
+    max_depth: int = Field(6, ge=1, description="maximum segments per path (TreePO d)")
     branching_factor: int = Field(2, ge=1, description="forks per active path per step (TreePO b)")
     branching: Literal["uniform", "surprisal", "lookahead", "step"] = Field(
-        "step",
+        "uniform",
         description="where the extra paths of a step fork (tree mode): uniform = copies at the segment boundary "
         "(TreePO); surprisal = at the most surprising tokens (TreeRL); lookahead = at near-tied top-2 tokens "
         "(LATR, backend hf only); step = right after a token whose text ends a reasoning step "
-        "(tree.step_delimiters; TreeRL's segments, 'each step is a node'); default step",
+        "(tree.step_delimiters; TreeRL's segments, 'each step is a node')",
     )
     step_delimiters: list[str] = Field(
         default_factory=lambda: ["\n"],

@@ -116,9 +116,9 @@ def test_question_space_formulas_match_the_generators_on_small_configs():
 
 
 def test_default_configs_use_the_worked_solution_mix():
-    """swarmnode/default.yaml (and configs/default.yaml, chain.yaml) train on exactly DEFAULT_MIX."""
+    """swarmnode/default.yaml (and configs/default.yaml, tree.yaml) train on exactly DEFAULT_MIX."""
     want = [(s["name"], s["config"], s["weight"]) for s in DEFAULT_MIX]
-    for path in (REPO / "swarmnode" / "default.yaml", REPO / "configs" / "default.yaml", REPO / "configs" / "chain.yaml"):
+    for path in (REPO / "swarmnode" / "default.yaml", REPO / "configs" / "default.yaml", REPO / "configs" / "tree.yaml"):
         cfg = yaml.safe_load(path.read_text())
         got = [(s["name"], s.get("config", {}), s.get("weight", 1.0)) for s in cfg["tasks"]["sources"]]
         assert got == want, path
