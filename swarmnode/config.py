@@ -268,7 +268,9 @@ class TrainConfig(_Strict):
         "the embedded model's line format; swarmnode/rollout/step_credit.py, docs/step_credit.md): mask = a token "
         "of a valid line never gets a negative advantage and a token of an invalid line never a positive one; the "
         "answer keeps its outcome advantage; tasks without a checker keep outcome credit. none = outcome "
-        "advantages only (TRL); use it for a model that reasons in another format. Default mask",
+        "advantages only (TRL) with step_reward_weight 0; with a step reward, none leaves valid lines unclipped and "
+        "gives invalid lines the outcome's advantage; use none with weight 0 for a model that reasons in another "
+        "format. Default mask",
     )
     step_reward_weight: float = Field(
         0.5, ge=0, allow_inf_nan=False,
@@ -276,7 +278,8 @@ class TrainConfig(_Strict):
         "question's steps done right) is added to a leaf's reward for the advantage of its checked lines and of an "
         "answer that copies its last line's result only (any other answer and unchecked text keep the outcome's "
         "advantage; reported rewards and accuracy stay the outcome), so all-wrong groups still rank their steps. "
-        "0 = off (TRL). Default 0.5",
+        "0 = off (TRL). A weight >= 1 ties a right answer without right steps with a wrong answer whose steps are "
+        "all right (such a pair then carries no signal). Default 0.5",
     )
     drop_zero_variance_groups: bool = Field(
         True, description="drop groups whose rewards are all equal (no signal) before the loss; default True"
