@@ -481,6 +481,7 @@ def swarm_up(
 
     cfg = _load(config, {"model.name_or_path": model, "steps": steps, "swarm.swarm_id": swarm_id,
                          "swarm.enabled": True})
+    _build_tasks(cfg, config)  # a task source that cannot be built fails here, before N node dirs exist
     from swarmnode.rundir import LockedError
 
     try:

@@ -239,6 +239,20 @@ def test_second_swarm_up_on_a_running_swarms_dir_is_refused(tmp_path):
     LocalSwarm(2, tmp_path / "swarm", no_eval=True).stop()  # free again after stop()
 
 
+def test_swarm_up_with_a_task_source_that_cannot_be_built_creates_no_node_dir(tmp_path):
+    """A dataset reasoning-gym does not have passes the config's schema but fails when its source is built:
+    ``swarm up`` builds the sources first, so it exits 2 naming the file, before any node dir or process."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks:\n  sources:\n    - name: no_such_dataset\n", encoding="utf-8")
+    p = subprocess.run(swarmnode_cmd("swarm", "up", "--nodes", "3", "-c", str(bad), "--run-dir",
+                                     str(tmp_path / "swarm"), "--no-eval"),
+                       capture_output=True, text=True, timeout=120, env=child_env(COLUMNS="300"))
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out
+    assert f"invalid configuration in {bad}:" in out and "no_such_dataset" in out, out
+    assert "Traceback" not in out and not (tmp_path / "swarm").exists(), out
+
+
 def _corrupt(path: Path) -> None:
     blob = bytearray(path.read_bytes())
     blob[len(blob) // 2] ^= 0xFF

@@ -540,8 +540,6 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     (``peer_id``, ``sender_id``, ``libp2p_peer_id``; after stopping also ``delivered``, ``rounds`` and the rest
     of :meth:`HostilePeer.stats`). Returns the exit code (0: ok).
     """
-    import threading
-
     import torch
 
     spec = json.loads(Path(spec_path).read_text())
@@ -562,17 +560,24 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
         pass
     del policy.model
     tasks = TaskMix.from_config(cfg.tasks, base_dir=Path.cwd())
-    stop = threading.Event()
+    # a plain flag: the handler runs on the main thread, which may hold an Event's lock when the signal comes
+    stopping = [False]
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: stopping.__setitem__(0, True))
+
+    def pause(seconds: float) -> None:
+        """Sleep up to ``seconds``, in 0.1-s slices, ending early once a signal asked to stop."""
+        end = time.monotonic() + seconds
+        while not stopping[0] and (left := end - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
 
     def tokenize(text: str) -> list[int]:
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     # node 0 (the bootstrap peer) reached the barrier only after its swarm layer started: join it then, not solo
     deadline = time.monotonic() + float(spec.get("wait_for_nodes", 600))
-    while not (arm_dir / "ready-0").exists() and time.monotonic() < deadline and not stop.is_set():
-        stop.wait(0.5)
+    while not (arm_dir / "ready-0").exists() and time.monotonic() < deadline and not stopping[0]:
+        pause(0.5)
     info = arm_dir / HOSTILE_INFO
     mode = spec.get("mode") or "network"
     poison = mode == "poison"
@@ -598,14 +603,14 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     interval = float(spec.get("interval", 5.0))
     try:
         write()
-        while not stop.is_set() and not (arm_dir / HOSTILE_STOP).exists():
+        while not stopping[0] and not (arm_dir / HOSTILE_STOP).exists():
             t0 = time.monotonic()
             try:
                 one_round()
             except Exception as e:  # noqa: BLE001 - the attack goes on
                 print(f"hostile round failed: {type(e).__name__}: {e}", file=sys.stderr)
             write({"rounds": hp.rounds, "delivered": dict(hp.delivered), "published": dict(hp.published)})
-            stop.wait(max(0.0, interval - (time.monotonic() - t0)))
+            pause(interval - (time.monotonic() - t0))
     finally:
         try:
             write(hp.stats())
