@@ -12,10 +12,13 @@ from swarmnode.benchmarks.swarm import (
     node_config,
     parse_splits,
     plan_arms,
+    SUPPLY_KEYS,
+    report_from_arm_dirs,
     repeats_report,
     rounds_to_reach,
     run_arm,
     summarize_arm,
+    supply_report,
     write_report,
 )
 from swarmnode.config import load_config
@@ -106,6 +109,38 @@ def test_summarize_and_report(tmp_path):
         summarize_arm(tmp_path / "missing")
 
 
+def test_supply_report_and_report_from_arm_dirs(tmp_path):
+    """The supply funnel is a per-step node mean (a step without a key counts 0); the report can be rebuilt from
+    finished arm directories, and a directory that is not one is an error naming it."""
+    sw = tmp_path / "swarm-4x4"
+    for i, checked in enumerate((10, 20)):
+        d = sw / f"node-{i}"
+        d.mkdir(parents=True)
+        with open(d / "metrics.jsonl", "w") as f:
+            f.write(json.dumps({"step": 1, "reward": 0.5, "samples_external": 0, "batch/local": 32}) + "\n")
+            f.write(json.dumps({"step": 2, "reward": 0.5, "samples_external": 6, "batch/local": 24,
+                                "screen/checked": checked, "screen/rejected": 2, "screen/group_dropped": 2}) + "\n")
+    s = summarize_arm(sw)
+    # node 0: checked 10 over 2 steps = 5, node 1: 10; mean 7.5; rejected (2 + 0) / 2 = 1 for both
+    assert s["supply"]["screen/checked"] == pytest.approx(7.5)
+    assert s["supply"]["screen/rejected"] == pytest.approx(1.0)
+    assert s["supply"]["batch/local"] == pytest.approx(28.0)
+    table = supply_report([(Arm(4, 4, True), s)])
+    assert "| local samples trained (`batch/local`) | 28.00 |" in table
+    assert "| screen's loss of honest peers' leaves | 26.7% |" in table  # (1 + 1) / 7.5
+    assert "| trees published (`swarm/published_trees`) | - |" in table  # not logged: no number
+    (sw / "summary.json").write_text(json.dumps({"arm": {"local": 4, "external": 4, "swarm": True},
+                                                 "repeat": 1, "repeat_label": " (r1)"}))
+    md, _ = report_from_arm_dirs([sw], tmp_path / "out", prefix="again", command="again")
+    text = md.read_text()
+    assert "| swarm 4/4 per_source none (r1) |" in text and "## External-sample supply" in text
+    with pytest.raises(FileNotFoundError, match="no summary.json"):
+        report_from_arm_dirs([tmp_path], tmp_path / "out", prefix="x", command="x")
+    (sw / "summary.json").write_text(json.dumps({"arm": {"local": 4, "bogus": 1}}))
+    with pytest.raises(ValueError, match="summary.json.*not an arm"):
+        report_from_arm_dirs([sw], tmp_path / "out", prefix="x", command="x")
+
+
 def test_equal_task_mix_reward_undoes_a_curriculum_shift(tmp_path):
     """Two arms with the same per-task success but different task draws: the plain cumulative reward differs
     (the one drawing more of the easy task looks better), the equal-task-mix one does not."""
@@ -151,6 +186,9 @@ def test_tiny_swarm_arm_runs_and_exchanges(tmp_path):
         cfg = json.loads((arm_dir / f"node-{i}" / "spec.json").read_text())
         assert cfg["stream"] == i and cfg["config"]["seed"] == i
     assert (arm_dir / "joined-1").exists()  # node 1 reached node 0's DHT before training
+    # the supply report reads the node's own metric names: publisher and local keys are logged every step
+    assert {"batch/local", "swarm/prune/trees_in", "swarm/published_trees", "samples_external"} <= set(s["supply"])
+    assert set(s["supply"]) <= {k for k, _ in SUPPLY_KEYS}
     recs = [json.loads(x) for x in (arm_dir / "node-1" / "metrics.jsonl").read_text().splitlines()]
     assert all("bench/buffered_trees" in r and "swarm/peers" in r for r in recs if "reward" in r)
 

@@ -31,12 +31,15 @@ peer's input by reason, what they accepted from it (must be 0), bans, and the tr
 truthful groups whose correct leaves carry a payload string; every node counts the payload in what it screened
 and trained and in its greedy held-out completions (:class:`PayloadCounter`), and the report adds attack
 success and the screen's false-positive rate on honest peers (:func:`poison_report`). ``--repeats`` runs every
-arm several times and adds mean ± standard error (:func:`repeats_report`).
+arm several times and adds mean ± standard error (:func:`repeats_report`). Every report also traces the external
+samples of the swarm arms from publication to training, with the likelihood screen's loss on honest peers
+(:func:`supply_report`); :func:`report_from_arm_dirs` (``scripts/swarm_bench_report.py``) rebuilds a report from
+finished arm directories.
 
 Public API: :func:`parse_splits`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`, :func:`run_arm`,
 :func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`hostile_report`,
-:func:`poison_report`, :func:`repeats_report`, :class:`PayloadCounter`, :func:`run_bench`,
-:func:`worker_main`, :func:`hostile_main`.
+:func:`poison_report`, :func:`repeats_report`, :func:`supply_report`, :func:`report_from_arm_dirs`,
+:class:`PayloadCounter`, :func:`run_bench`, :func:`worker_main`, :func:`hostile_main`.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ __all__ = [
     "hostile_report",
     "poison_report",
     "repeats_report",
+    "supply_report",
+    "SUPPLY_KEYS",
+    "report_from_arm_dirs",
     "PayloadCounter",
     "payload_start_probability",
     "run_bench",
@@ -752,6 +758,26 @@ def rounds_to_reach(curve: Sequence[tuple[int, float]], target: float) -> int | 
     return None
 
 
+SUPPLY_KEYS: tuple[tuple[str, str], ...] = (
+    ("batch/local", "local samples trained"),
+    ("swarm/prune/trees_in", "own trees scored"),
+    ("swarm/prune/zero_variance_trees", "of them without reward variance (not published)"),
+    ("swarm/prune/dropped_duplicate", "duplicate leaves pruned"),
+    ("swarm/published_trees", "trees published"),
+    ("swarm/published_leaves", "leaves published"),
+    ("select/candidates", "peers' trees seen (candidates)"),
+    ("select/dropped_peer_cap", "dropped by the per-peer cap"),
+    ("select/selected", "trees selected"),
+    ("external/leaves_in", "leaves verified and kept"),
+    ("screen/checked", "leaves screened"),
+    ("screen/rejected", "rejected by the likelihood screen"),
+    ("screen/group_dropped", "dropped with a rejected group member"),
+    ("samples_external", "external samples trained"),
+)
+"""Per-step metrics (``metrics.jsonl`` keys written by the node) that trace the external-sample supply of a swarm
+node, publisher side first, with their labels in :func:`supply_report`. All are counts per optimizer step."""
+
+
 def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     """Node-mean curves and totals of one arm directory (``node-*/metrics.jsonl``).
 
@@ -760,7 +786,9 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     cumulative reward), ``cumulative_reward_per_node``, ``accuracy`` (list of ``(step, node-mean accuracy)``
     over the evaluations every node logged; step 0 = before), ``accuracy_before`` / ``accuracy_after``,
     ``external_per_step`` (node-mean external samples used per step), ``seconds_per_step``, and for an arm with
-    a hostile peer (``hostile.json``) ``hostile`` (see :func:`_hostile_summary`).
+    a hostile peer (``hostile.json``) ``hostile`` (see :func:`_hostile_summary`), and ``supply``: for each
+    :data:`SUPPLY_KEYS` key some node logged, its mean per step (each node's total over its training steps, a step
+    without the key counting 0, divided by its steps; then the mean over the nodes that logged it).
 
     When the nodes log per-task leaf counts (``task/<task>/leaves`` and ``task/<task>/correct``, written by
     :class:`~swarmnode.node.Node` every step), also ``task_success`` (``{task: correct / leaves}`` pooled over
@@ -780,7 +808,9 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     times: list[float] = []
     evals: list[dict[int, float]] = []
     task_counts: dict[str, list[float]] = {}  # task -> [leaves, correct], pooled over nodes and steps
+    supply: dict[str, list[float]] = {}  # key -> each node's mean per step
     for f in files:
+        sums: dict[str, float] = {}
         rw: dict[int, float] = {}
         ex: dict[int, int] = {}
         ev: dict[int, float] = {}
@@ -796,7 +826,13 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
                         task, what = k[len("task/"):k.rindex("/")], k[k.rindex("/") + 1:]
                         c = task_counts.setdefault(task, [0.0, 0.0])
                         c[0 if what == "leaves" else 1] += float(v)
+                for k, _ in SUPPLY_KEYS:
+                    v = rec.get(k)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        sums[k] = sums.get(k, 0.0) + float(v)
                 st.append(float(rec.get("step_time", 0.0)))
+        for k, v in sums.items():  # a step without the key (no candidates that step) counts as 0
+            supply.setdefault(k, []).append(v / max(len(rw), 1))
         rewards.append(rw)
         externals.append(ex)
         evals.append(ev)
@@ -827,6 +863,7 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
            if task_success else {}),
         **({"hostile": hostile} if hostile is not None else {}),
         **({"poison": poison} if poison is not None else {}),
+        **({"supply": {k: sum(v) / len(v) for k, v in supply.items()}} if supply else {}),
     }
 
 
@@ -1002,6 +1039,36 @@ def repeats_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def supply_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
+    """Markdown: where a swarm node's external samples come from and where they are lost, per arm (mean over its
+    repeats of the node-mean per step of each :data:`SUPPLY_KEYS` metric; an isolated arm has the local row only),
+    with the likelihood screen's loss on these (honest) peers: ``(rejected + group_dropped) / screened``. Empty
+    when no arm logged them."""
+    groups: dict[Arm, list[dict[str, float]]] = {}
+    for a, s in results:
+        if s.get("supply"):
+            groups.setdefault(a, []).append(s["supply"])
+    if not groups:
+        return ""
+    arms = list(groups)
+    lines = ["| per step (node mean) | " + " | ".join(a.label for a in arms) + " |",
+             "|---|" + "---:|" * len(arms)]
+
+    def mean(a: Arm, k: str) -> float | None:
+        vs = [d[k] for d in groups[a] if k in d]
+        return sum(vs) / len(vs) if vs else None
+
+    for k, label in SUPPLY_KEYS:
+        cells = ["-" if (m := mean(a, k)) is None else f"{m:.2f}" for a in arms]
+        lines.append(f"| {label} (`{k}`) | " + " | ".join(cells) + " |")
+    cells = []
+    for a in arms:
+        c, r, g = (mean(a, k) for k in ("screen/checked", "screen/rejected", "screen/group_dropped"))
+        cells.append("-" if not c or r is None else f"{100 * (r + (g or 0.0)) / c:.1f}%")
+    lines.append("| screen's loss of honest peers' leaves | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def poison_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
     """Markdown: for every arm whose nodes counted a payload (the poison benchmark), attack success, held-out
     accuracy, what the screen did with payload and clean external samples, and its false-positive rate on the
@@ -1083,6 +1150,9 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
     spread = repeats_report(results)
     if spread:
         lines += ["", "## Run-to-run spread (mean ± standard error over repeats)", "", spread]
+    supply = supply_report(results)
+    if supply:
+        lines += ["", "## External-sample supply", "", supply]
     poison = poison_report(results)
     if poison:
         lines += ["", "## Poisoned but correct", "", poison]
@@ -1124,6 +1194,39 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
         plt.close(fig)
         pngs.append(p)
     return md, pngs
+
+
+def report_from_arm_dirs(arm_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, *, prefix: str,
+                         command: str) -> tuple[Path, list[Path]]:
+    """Re-read finished arm directories (each holds the ``summary.json`` :func:`run_bench` wrote after the arm) and
+    write the report again with :func:`write_report`: the summaries are recomputed from ``node-*/metrics.jsonl``,
+    so a report can be made for arms of an interrupted benchmark, or for arms of several benchmark commands.
+
+    Args:
+        arm_dirs: arm directories, in the order of the report's rows (a repeat keeps its ``-r<k>`` suffix).
+        out / prefix / command: as in :func:`write_report`.
+
+    Raises:
+        FileNotFoundError: a directory without ``summary.json`` or without ``node-*/metrics.jsonl``.
+        ValueError: a ``summary.json`` whose ``arm`` is not an :class:`Arm`.
+    """
+    results: list[tuple[Arm, dict[str, Any]]] = []
+    for d in arm_dirs:
+        d = Path(d)
+        f = d / "summary.json"
+        if not f.is_file():
+            raise FileNotFoundError(f"{d}: no summary.json (expected an arm directory of a finished arm)")
+        saved = json.loads(f.read_text())
+        try:
+            arm = Arm(**saved["arm"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{f}: 'arm' is not an arm of this benchmark ({e})") from e
+        s = summarize_arm(d)
+        k = int(saved.get("repeat", 0))
+        s["repeat"] = k
+        s["repeat_label"] = str(saved.get("repeat_label", ""))
+        results.append((arm, s))
+    return write_report(results, out, command=command, prefix=prefix)
 
 
 # ------------------------------------------------------------------------------------------ top level
