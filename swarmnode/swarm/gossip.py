@@ -256,7 +256,7 @@ class _Pending:
 
 @dataclass
 class _MState:
-    state: str  # "inflight" | "done" | "retry"
+    state: str  # "inflight" | "done" | "retry" (admitted: its token is paid) | "limited" (over the rate limit)
     tries: int = 0
     next_try: float = 0.0
 
@@ -852,12 +852,14 @@ class SwarmClient:
                     st = self._mstate.get(mdigest)
                     if st is not None and (st.state in ("done", "inflight") or now < st.next_try):
                         continue
-                if st is None and not self.peers.is_banned(owner_id) and not self.peers.allow(owner_id):
-                    # a new manifest over its publisher's rate limit (swarm.rate_limit_per_minute, the bucket its
-                    # bundles use too): looked at again once a token is back, never verified before that
+                if ((st is None or st.state == "limited") and not self.peers.is_banned(owner_id)
+                        and not self.peers.allow(owner_id)):
+                    # a new manifest over its publisher's rate limit (swarm.rate_limit_per_minute): looked at again
+                    # once a token is back, never verified before that. The token taken here pays for the bundle
+                    # too (gather verifies it prepaid): one token per bundle, whatever retries its fetch needs
                     self._count("manifests_rate_limited")
-                    self._set_state(mdigest, "retry", 0, now + 60.0 / max(float(self.peers.rate_limit_per_minute),
-                                                                          1e-3))
+                    self._set_state(mdigest, "limited", 0, now + 60.0 / max(float(self.peers.rate_limit_per_minute),
+                                                                            1e-3))
                     continue
                 try:
                     with self._vlock:
@@ -1108,7 +1110,7 @@ class SwarmClient:
             try:
                 try:
                     vts = self.verifier.verify_bundle(item.body, item.manifest, item.sender,
-                                                      received_at=item.fetched_at)
+                                                      received_at=item.fetched_at, prepaid=True)
                 finally:
                     self._vlock.release()
             except Rejection as r:

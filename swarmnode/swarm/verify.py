@@ -672,7 +672,8 @@ class Verifier:
 
     # ================================================================== bundles
     def verify_bundle(self, data: bytes, manifest: wire.Manifest | None = None,
-                      sender: str | None = None, *, received_at: float | None = None) -> list[PeerTree]:
+                      sender: str | None = None, *, received_at: float | None = None,
+                      prepaid: bool = False) -> list[PeerTree]:
         """Verify a bundle and return its accepted trees with our own re-scored rewards.
 
         Args:
@@ -684,6 +685,11 @@ class Verifier:
             received_at: our wall clock (unix seconds) when the bytes arrived (default: ``clock()`` now); it
                 becomes :attr:`PeerTree.received_at`, the receiver-measured age of the tree (a signed policy
                 version or creation time is never the measure of staleness).
+            prepaid: the publisher's rate-limit token for this bundle was already taken when its ``manifest``
+                was admitted (the swarm client's poll does that), so step 0 checks bans only. One token per
+                bundle: charging the manifest and then the bundle again would let new manifests of a peer that
+                publishes faster than the limit drain the bucket before any of its fetched bundles is verified,
+                and no bundle of that honest peer would ever be accepted. Requires ``manifest``.
 
         Returns:
             The accepted trees (at least one), in bundle order, minus trees dropped as ``replay``.
@@ -694,10 +700,10 @@ class Verifier:
         hint = sender or (peer_id_from_public_key(manifest.publisher_key)
                           if isinstance(manifest, wire.Manifest) and len(manifest.publisher_key) == 32
                           else UNATTRIBUTED)
-        return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at), hint)
+        return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at, prepaid), hint)
 
     def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None,
-                       received_at: float | None = None) -> list[PeerTree]:
+                       received_at: float | None = None, prepaid: bool = False) -> list[PeerTree]:
         deliverer = sender or UNATTRIBUTED
         publisher_hint = None
         if manifest is not None:
@@ -710,7 +716,7 @@ class Verifier:
             if self.peers.is_banned(p):
                 raise self._reject("banned", "peer is banned", p, False, charge=False)
         gate = publisher_hint or deliverer
-        if not self.peers.allow(gate):
+        if not (prepaid and publisher_hint is not None) and not self.peers.allow(gate):
             reason = "banned" if self.peers.is_banned(gate) else "rate_limited"
             raise self._reject(reason, "dropped before decoding", gate, False, charge=False)
         # ---- step 1: type and size cap, before decoding
