@@ -354,7 +354,8 @@ class CurriculumConfig(_Strict):
     )
     max_voters: int = Field(
         32, ge=0, description="most peers whose rates are counted per task (those with the most earned standing "
-        "first, then by peer id), besides our own vote. Default 32"
+        "first, ties in a salted order), besides our own vote; peers with no earned standing fill at most "
+        "(trusted votes - 1) of the seats, trusted = our own vote and those of peers with standing. Default 32"
     )
     min_factor: float = Field(
         0.5, gt=0, le=1, description="floor of a task's weight as a multiple of its configured weight (success "

@@ -37,10 +37,11 @@ def peers(n, rates, *, age=1.0, standing=0, prefix="sybil"):
 # ------------------------------------------------------------------ the statistic
 def test_median_of_one_vote_per_peer_with_our_own():
     own = {"rg:a#1": (10, 5)}
-    ps = [PeerRates("p1", {"rg:a#1": (10, 1)}), PeerRates("p2", {"rg:a#1": (10, 9)})]
+    ps = [PeerRates("p1", {"rg:a#1": (10, 1)}, standing=1), PeerRates("p2", {"rg:a#1": (10, 9)}, standing=1)]
     assert combine_rates(KEYS, own, ps) == {"rg:a#1": 0.5, "rg:b#2": None, "rg:c#3": None}
     # one peer id repeated 100 times votes once (its freshest entry)
-    dup = [PeerRates("p1", {"rg:a#1": (10, 0)}, age_s=5.0)] * 100 + [PeerRates("p1", {"rg:a#1": (10, 10)}, age_s=1.0)]
+    dup = ([PeerRates("p1", {"rg:a#1": (10, 0)}, age_s=5.0, standing=1)] * 100
+           + [PeerRates("p1", {"rg:a#1": (10, 10)}, age_s=1.0, standing=1)])
     assert combine_rates(["rg:a#1"], {"rg:a#1": (10, 2)}, dup)["rg:a#1"] == pytest.approx(0.6)  # median(0.2, 1.0)
     # our own heartbeat read back from the DHT is not a second vote of ours
     assert combine_rates(["rg:a#1"], own, [PeerRates("me", {"rg:a#1": (10, 0)})], own_peer_id="me")["rg:a#1"] == 0.5
@@ -66,17 +67,48 @@ def test_stale_small_and_hostile_entries_are_no_votes():
     assert vote_rate((10, 10**30), 8) == 1.0
     assert vote_rate((10**30, 10**29), 8) == pytest.approx(min(10**29, MAX_RATE_COUNT) / MAX_RATE_COUNT)
     assert vote_rate((1e308, 0), 8) == 0.0
-    for rate in combine_rates(KEYS, {}, [PeerRates("x", {k: (1e300, 1e301) for k in KEYS})]).values():
+    for rate in combine_rates(KEYS, {}, [PeerRates("x", {k: (1e300, 1e301) for k in KEYS}, standing=1)]).values():
         assert rate is not None and 0.0 <= rate <= 1.0
 
 
 def test_voters_are_capped_and_ranked_by_earned_standing():
     honest = peers(3, {"rg:a#1": (16, 8)}, standing=20, prefix="honest")
     sybils = peers(1000, {"rg:a#1": (16, 0)})
-    # 32 seats: the three established peers sit first; the Sybils fill the rest and win the median ...
-    assert combine_rates(["rg:a#1"], {}, honest + sybils, max_voters=32)["rg:a#1"] == 0.0
-    # ... but with few seats the established peers hold them
+    # 32 seats: the three established peers sit first; keys without standing get at most 2 seats (a strict
+    # trusted majority), so 1,000 Sybils cannot move the median off the honest 0.5
+    assert combine_rates(["rg:a#1"], {}, honest + sybils, max_voters=32)["rg:a#1"] == 0.5
     assert combine_rates(["rg:a#1"], {}, sybils + honest, max_voters=3)["rg:a#1"] == 0.5
+    # the seats they get are real: 2 trusted votes (0.5, 1.0) leave 1 seat; the Sybil's 0.0 makes it 0.5
+    pair = [PeerRates("h0", {"rg:a#1": (16, 8)}, standing=5), PeerRates("h9", {"rg:a#1": (16, 16)}, standing=5)]
+    assert combine_rates(["rg:a#1"], {}, pair)["rg:a#1"] == 0.75
+    assert combine_rates(["rg:a#1"], {}, pair + sybils)["rg:a#1"] == 0.5
+
+
+def test_ties_in_standing_are_not_broken_by_the_peer_id():
+    """A key ground to sort first by peer id has no edge for the last seat: over 24 pairs of equal standing, the
+    key that sorts first by id does not win every seat (it would with id order; by chance: 2^-24)."""
+    wins = 0
+    for i in range(24):
+        pair = [PeerRates(f"zzzz{i}", {"rg:a#1": (16, 16)}, standing=1),
+                PeerRates(f"0000{i}", {"rg:a#1": (16, 0)}, standing=1)]
+        wins += combine_rates(["rg:a#1"], {}, pair, max_voters=1)["rg:a#1"] == 0.0
+    assert 0 < wins < 24, wins
+
+
+@pytest.mark.parametrize("n_sybils", [1, 2, 5, 1000])
+def test_keys_without_standing_never_decide_the_median(n_sybils):
+    """Issue 16 attack finding 2: in a small swarm, fresh keys outvoted the honest ones, and with an even count one
+    liar swung the averaged median (0 -> 0.5). Now the median stays between the lowest and highest trusted vote
+    (our own and peers with earned standing), whatever the fresh keys claim."""
+    for own, honest in [({"rg:a#1": (16, 0)}, []), ({"rg:a#1": (16, 0)}, [(16, 0)]),
+                        ({"rg:a#1": (16, 16)}, [(16, 8), (16, 12)]), ({}, [(16, 4)])]:
+        trusted = [k / n for n, k in ([own["rg:a#1"]] if own else []) + honest]
+        hp = [PeerRates(f"h{i}", {"rg:a#1": c}, standing=3) for i, c in enumerate(honest)]
+        for lie in (0, 8, 16):
+            got = combine_rates(["rg:a#1"], own, hp + peers(n_sybils, {"rg:a#1": (16, lie)}))["rg:a#1"]
+            assert min(trusted) <= got <= max(trusted), (own, honest, lie, got)
+    # no trusted vote at all: no rate (the configured weight), however many keys vote
+    assert combine_rates(["rg:a#1"], {}, peers(n_sybils, {"rg:a#1": (16, 8)}))["rg:a#1"] is None
 
 
 # ------------------------------------------------------------------ the weights
@@ -241,6 +273,12 @@ def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
         by_peer = {p.peer_id: p for p in seen}
         assert set(by_peer) == {a.peer_id}  # not our own heartbeat, not the future-dated one
         assert by_peer[a.peer_id].rates == {key_a: (16, 8)} and 0 <= by_peer[a.peer_id].age_s < 90
+        # a has earned no standing at b yet: with b's own vote the only trusted one, a's vote takes no seat
+        assert by_peer[a.peer_id].standing == 0
+        assert combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id)[key_a] == pytest.approx(1 / 16)
+        b.peers.record_earned(a.peer_id, 3)  # what accepted useful trees of a do
+        seen = b.peer_task_rates()
+        assert {p.peer_id: p.standing for p in seen} == {a.peer_id: 3}
         rates = combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id)
         assert rates[key_a] == pytest.approx((1 / 16 + 0.5) / 2)
     finally:
@@ -293,7 +331,8 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
     node = Node(cfg)
     keys = [node.tasks.source_key(i) for i in range(len(node.tasks.sources))]
     crowd = {k: (16, 0) for k in keys} | {keys[-1]: (16, 8)}  # starve every task but the last one
-    node.swarm = sw = RatesSwarm(peers(3000, crowd))
+    # peers with earned standing (keys without it never outvote our own rates): still bounded whatever they claim
+    node.swarm = sw = RatesSwarm(peers(3000, crowd, standing=1))
     try:
         ms = [node.run_step().metrics for _ in range(2)]
         weights, _ = node.task_weights()

@@ -371,6 +371,43 @@ def _offline_client(mix, **swarm) -> SwarmClient:
     return SwarmClient(cfg, ident, mix, 256, "m", BYTE_TOKENIZER_ID, byte_tokenize, None, start=False)
 
 
+def _heartbeat_entry(ident: Identity, rates: dict, created_at: float) -> tuple[bytes, bytes]:
+    beat = wire.Heartbeat(swarm_id=SWARM, peer_id=ident.peer_id, model_id="m", step=1, reward_mean=None,
+                          accuracy=None, samples_published=0, samples_accepted=0, samples_rejected=0,
+                          created_at=created_at, task_rates=rates)
+    return ident.public_key_bytes, wire.encode_heartbeat(beat, ident)
+
+
+def test_a_heartbeat_flood_of_fresh_keys_does_not_evict_a_peer_with_standing():
+    """Issue 16 attack finding 1: ~1,100 fresh keys' heartbeats (real Ed25519 signatures) pushed an honest peer
+    with earned standing out of the 1,024 curriculum rates the node keeps (oldest first), and a heartbeat read
+    again after its eviction counted as fresh (age from our new first read). Now fresh keys evict fresh keys
+    (at most 64 kept) and a rate's age is never below its signed age less max_clock_skew."""
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, curriculum={"enabled": True})
+    key = mix.source_key(0)
+    honest = Identity.from_private_bytes(hashlib.sha256(b"test_gossip rates honest").digest())
+    old = Identity.from_private_bytes(hashlib.sha256(b"test_gossip rates old").digest())
+    flood = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip flood {i}".encode()).digest())
+             for i in range(1100)]
+    c.peers.record_earned(honest.peer_id, 5)
+    c.peers.record_earned(old.peer_id, 5)
+    now = time.time()
+    c.note_peer_rates([_heartbeat_entry(honest, {key: (16, 8)}, now - 1),
+                       _heartbeat_entry(old, {key: (16, 8)}, now - 100)])
+    for r in range(3):  # the flood goes on: newer heartbeats every read
+        c.note_peer_rates([_heartbeat_entry(k, {key: (16, 0)}, now + r) for k in flood])
+    got = {p.peer_id: p for p in c.peer_task_rates()}
+    assert honest.peer_id in got and old.peer_id in got
+    assert sum(1 for p in got.values() if p.standing == 0) <= 64 and len(got) <= 66
+    # the signed time can only age a rate: 100 s old, skew 30 s -> at least 70 s, though we read it just now
+    assert got[old.peer_id].age_s >= 100 - c.scfg.max_clock_skew - 1 and got[honest.peer_id].age_s < 5
+    # malformed entries are skipped, never raised on
+    c.note_peer_rates([(b"x", b"y"), ("not", "bytes"), (honest.public_key_bytes, b"\x00" * 10)])
+    c.note_peer_rates([None, 3, (1, 2, 3)])  # type: ignore[list-item]
+    assert honest.peer_id in {p.peer_id for p in c.peer_task_rates()}
+
+
 def _peer_trees(mix, key: str, n: int, contrast: bool = True):
     from swarmnode.rollout.peer_tree import PeerTree
 

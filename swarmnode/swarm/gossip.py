@@ -142,6 +142,9 @@ P2P_KEY_FILE = "p2p.key"
 """libp2p identity file in the run directory (used when ``swarm.host_maddrs`` has an explicit port)."""
 
 _MSTATE_CAPACITY = 8192
+#: Most peers whose curriculum rates are kept, and of them the most without earned standing (fresh keys).
+_MAX_RATE_PEERS = 1024
+_MAX_UNEARNED_RATE_PEERS = 64
 _MAX_CARRY_TREES = 64  # verified trees over a per-step cap, carried to the next steps
 
 
@@ -586,21 +589,50 @@ class SwarmClient:
         curriculum (``combine_rates``) does the rest; nothing here is trusted. Never raises."""
         from swarmnode.tasks.curriculum import PeerRates
 
-        now = time.monotonic()
+        now, now_wall = time.monotonic(), time.time()
+        skew = float(self.scfg.max_clock_skew)
         with self._lock:
             items = list(self._peer_rates.items())
         out = []
-        for pid, (_t, seen, rates) in items:
+        for pid, (t, seen, rates) in items:
             if self.peers.is_banned(pid):
                 continue
-            out.append(PeerRates(peer_id=pid, rates=dict(rates), age_s=now - seen, standing=self.peers.earned(pid)))
+            # our clock decides; the signed time can only make a rate older (a heartbeat read again after an
+            # eviction is no fresher than it is), never younger
+            age = max(now - seen, now_wall - t - skew)
+            out.append(PeerRates(peer_id=pid, rates=dict(rates), age_s=age, standing=self.peers.earned(pid)))
         return out
 
     def _read_peer_rates(self) -> None:
         """Read the swarm's heartbeats and keep each peer's newest valid rates (publisher thread)."""
-        entries = self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.dht_timeout)
+        self.note_peer_rates(self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.dht_timeout))
+
+    def note_peer_rates(self, entries: Sequence[tuple[bytes, bytes]]) -> None:
+        """Keep each peer's newest valid curriculum rates from heartbeat records (untrusted).
+
+        Args:
+            entries: ``[(publisher public key, heartbeat envelope bytes)]`` as
+                :meth:`swarmnode.swarm.dht.SwarmDHT.read_heartbeats` returns them; anything that does not decode,
+                verify, match its owner key and this swarm, or pass the time checks is skipped.
+
+        Peers with earned standing are read first and kept first: at most :data:`_MAX_RATE_PEERS` peers are
+        kept, of which at most :data:`_MAX_UNEARNED_RATE_PEERS` without standing (the least recently updated
+        go first), so a flood of fresh keys evicts fresh keys, never a peer with standing. Never raises."""
         now_wall, now = time.time(), time.monotonic()
-        for owner, value in entries[:4096]:
+        salt = os.urandom(8)
+
+        def read_order(entry: tuple[bytes, bytes]) -> tuple[bool, bytes]:
+            try:
+                pid = peer_id_from_public_key(bytes(entry[0]))
+            except Exception:  # noqa: BLE001 - a malformed owner key sorts last
+                return (True, b"")
+            return (self.peers.earned(pid) <= 0, hashlib.blake2b(pid.encode(), key=salt).digest())
+
+        try:
+            entries = sorted((e for e in entries if isinstance(e, tuple) and len(e) == 2), key=read_order)[:4096]
+        except TypeError:
+            return
+        for owner, value in entries:
             try:
                 env, hb = wire.decode(value, expected_kind=wire.KIND_HEARTBEAT)
             except wire.WireError:
@@ -618,8 +650,14 @@ class SwarmClient:
                     continue
                 self._peer_rates[hb.peer_id] = (hb.created_at, now, dict(hb.task_rates))
                 self._peer_rates.move_to_end(hb.peer_id)
-                while len(self._peer_rates) > 1024:
-                    self._peer_rates.popitem(last=False)
+        with self._lock:
+            held = list(self._peer_rates)
+        unearned = [p for p in held if self.peers.earned(p) <= 0]  # least recently updated first
+        with self._lock:
+            for p in unearned[: max(0, len(unearned) - _MAX_UNEARNED_RATE_PEERS)]:
+                self._peer_rates.pop(p, None)
+            while len(self._peer_rates) > _MAX_RATE_PEERS:
+                self._peer_rates.popitem(last=False)
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:

@@ -11,8 +11,12 @@ Peers are untrusted, so the statistic is bounded by construction:
 * **one vote per peer id** (the newest heartbeat of a peer), plus our own; banned peers, rates older than
   ``max_age_seconds`` (measured from when *we* first read the heartbeat, never from its signed time) and
   rates with fewer than ``min_samples`` leaves are no votes; at most ``max_voters`` peers vote per task, those
-  with the most earned standing first (:meth:`swarmnode.swarm.peers.PeerBook.earned`), so fresh Sybil keys
-  fill the remaining seats last;
+  with the most earned standing first (:meth:`swarmnode.swarm.peers.PeerBook.earned`), ties in an order
+  salted per process (a key cannot be ground to sort first);
+* **trusted votes hold a strict majority**: our own vote and those of peers with earned standing are trusted;
+  keys with no standing (fresh, possibly Sybil) fill at most ``trusted - 1`` seats, so the median always lies
+  between the lowest and the highest trusted vote, however many keys vote (with no trusted vote the task has
+  no rate and keeps its configured weight);
 * every rate is ``k / n`` clamped to [0, 1]; a NaN, an infinity, a negative or non-numeric count is no vote;
   counts are capped at :data:`MAX_RATE_COUNT` and only decide whether a rate is a vote (they weigh nothing);
 * the swarm's rate of a task is the **median** of its votes, so half of the voters must agree to move it;
@@ -26,7 +30,9 @@ partition out of training and stays a pure function of ``(tasks.seed, step, n, s
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -51,6 +57,8 @@ MAX_RATE_TASKS = 16
 MAX_TASK_KEY_BYTES = 128
 #: Largest leaf count a rate may claim; larger counts are capped (they only decide whether a rate is a vote).
 MAX_RATE_COUNT = 1 << 20
+#: Salts the order of voters with equal standing (per process: a peer id cannot be ground to sort first).
+_TIE_SALT = os.urandom(16)
 
 
 @dataclass(frozen=True)
@@ -72,8 +80,8 @@ class PeerRates:
 
 def clean_count(v: Any) -> int | None:
     """A claimed leaf count as an int in ``[0, MAX_RATE_COUNT]``, or ``None`` when it is not a finite number >= 0
-    (NaN, inf, negative, bool, str, ...)."""
-    if isinstance(v, bool):
+    (NaN, inf, negative, bool, str, bytes, ...): only an ``int`` or a ``float`` is a count."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     try:
         f = float(v)
@@ -126,11 +134,13 @@ def combine_rates(
             back from the DHT) is skipped.
         min_samples: leaves a rate needs to be a vote (int >= 1).
         max_age_s: seconds; entries with a larger (or non-finite) ``age_s`` are ignored.
-        max_voters: most peers counted per task, ranked by ``standing`` (highest first), then peer id.
+        max_voters: most peers counted per task, ranked by ``standing`` (highest first), ties in a per-process
+            salted order of the peer id. Peers with ``standing`` 0 fill at most ``trusted - 1`` of the seats,
+            ``trusted`` = our own vote plus the votes of peers with standing > 0 (a strict trusted majority).
 
     Returns:
-        task key -> median rate in [0, 1], or ``None`` when no vote exists for that task. Never raises on
-        hostile peer values.
+        task key -> median rate in [0, 1], or ``None`` when no trusted vote exists for that task. The median
+        lies between the lowest and the highest trusted vote. Never raises on hostile peer values.
     """
     best: dict[str, PeerRates] = {}
     for pr in peers:
@@ -148,29 +158,44 @@ def combine_rates(
         if prev is None or age < float(prev.age_s):
             best[pr.peer_id] = pr
 
-    def rank(pr: PeerRates) -> tuple[int, str]:
-        st = clean_count(pr.standing)
-        return (-(st or 0), pr.peer_id)
+    def standing(pr: PeerRates) -> int:
+        return clean_count(pr.standing) or 0
+
+    def rank(pr: PeerRates) -> tuple[int, bytes]:
+        return (-standing(pr), hashlib.blake2b(pr.peer_id.encode("utf-8", "replace"), key=_TIE_SALT).digest())
+
+    def vote(pr: PeerRates, key: str) -> float | None:
+        try:
+            return vote_rate(pr.rates.get(key), min_samples)
+        except Exception:  # noqa: BLE001 - a hostile mapping is no vote
+            return None
 
     ranked = sorted(best.values(), key=rank)
+    earned = [pr for pr in ranked if standing(pr) > 0]
+    unearned = [pr for pr in ranked if standing(pr) <= 0]
     out: dict[str, float | None] = {}
     for key in keys:
-        votes: list[float] = []
+        trusted: list[float] = []
         mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
         if mine is not None:
-            votes.append(mine)
+            trusted.append(mine)
         n_peer = 0
-        for pr in ranked:
+        for pr in earned:
             if n_peer >= max_voters:
                 break
-            try:
-                r = vote_rate(pr.rates.get(key), min_samples)
-            except Exception:  # noqa: BLE001 - a hostile mapping is no vote
-                r = None
+            r = vote(pr, key)
             if r is not None:
-                votes.append(r)
+                trusted.append(r)
                 n_peer += 1
-        out[key] = _median(votes) if votes else None
+        seats = min(max_voters - n_peer, len(trusted) - 1)  # keys without standing: a strict minority
+        others: list[float] = []
+        for pr in unearned:
+            if len(others) >= seats:
+                break
+            r = vote(pr, key)
+            if r is not None:
+                others.append(r)
+        out[key] = _median(trusted + others) if trusted else None
     return out
 
 
