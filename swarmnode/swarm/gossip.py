@@ -628,10 +628,7 @@ class SwarmClient:
                 return (True, b"")
             return (self.peers.earned(pid) <= 0, hashlib.blake2b(pid.encode(), key=salt).digest())
 
-        try:
-            entries = sorted((e for e in entries if isinstance(e, tuple) and len(e) == 2), key=read_order)[:4096]
-        except TypeError:
-            return
+        entries = sorted((e for e in entries if isinstance(e, tuple) and len(e) == 2), key=read_order)[:4096]
         for owner, value in entries:
             try:
                 env, hb = wire.decode(value, expected_kind=wire.KIND_HEARTBEAT)

@@ -164,38 +164,31 @@ def combine_rates(
     def rank(pr: PeerRates) -> tuple[int, bytes]:
         return (-standing(pr), hashlib.blake2b(pr.peer_id.encode("utf-8", "replace"), key=_TIE_SALT).digest())
 
-    def vote(pr: PeerRates, key: str) -> float | None:
-        try:
-            return vote_rate(pr.rates.get(key), min_samples)
-        except Exception:  # noqa: BLE001 - a hostile mapping is no vote
-            return None
+    def votes(prs: list[PeerRates], key: str, limit: int) -> list[float]:
+        """The first ``limit`` votes for ``key`` among ``prs`` (in rank order)."""
+        got: list[float] = []
+        for pr in prs:
+            if len(got) >= limit:
+                break
+            try:
+                r = vote_rate(pr.rates.get(key), min_samples)
+            except Exception:  # noqa: BLE001 - a hostile mapping is no vote
+                r = None
+            if r is not None:
+                got.append(r)
+        return got
 
     ranked = sorted(best.values(), key=rank)
     earned = [pr for pr in ranked if standing(pr) > 0]
     unearned = [pr for pr in ranked if standing(pr) <= 0]
     out: dict[str, float | None] = {}
     for key in keys:
-        trusted: list[float] = []
         mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
-        if mine is not None:
-            trusted.append(mine)
-        n_peer = 0
-        for pr in earned:
-            if n_peer >= max_voters:
-                break
-            r = vote(pr, key)
-            if r is not None:
-                trusted.append(r)
-                n_peer += 1
-        seats = min(max_voters - n_peer, len(trusted) - 1)  # keys without standing: a strict minority
-        others: list[float] = []
-        for pr in unearned:
-            if len(others) >= seats:
-                break
-            r = vote(pr, key)
-            if r is not None:
-                others.append(r)
-        out[key] = _median(trusted + others) if trusted else None
+        peer_votes = votes(earned, key, max_voters)
+        trusted = ([mine] if mine is not None else []) + peer_votes
+        # keys without standing: a strict minority of the seats left
+        seats = min(max_voters - len(peer_votes), len(trusted) - 1)
+        out[key] = _median(trusted + votes(unearned, key, seats)) if trusted else None
     return out
 
 
