@@ -520,3 +520,32 @@ def test_every_client_knob_comes_from_the_swarm_config():
         assert (d.max_pending, d.poll_interval, d.publisher_budget_s) == (9, 0.25, 2 * d.scfg.fetch_timeout)
     finally:
         d.close()
+
+
+def test_a_copy_in_flight_does_not_make_the_node_give_up_the_original():
+    """A key that re-announces an honest bundle's digest under its own manifest (its body hangs, or lies) gets
+    that digest in flight first. The honest publisher's manifest for the same digest used to be marked done for
+    good while that fetch ran, so the honest bundle was never fetched. Now it waits and is started once the
+    copy's fetch is over (one rate-limit token already paid for it)."""
+    from dataclasses import replace as dc_replace
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    try:
+        digest = hashlib.sha256(b"the honest bundle").digest()
+        honest = wire.Manifest(swarm_id=SWARM, publisher_key=b"\x01" * 32, bundle_digest=digest, bundle_size=10,
+                               tasks=[REF], created_at=time.time(), policy_version=0, num_trees=1, num_leaves=2)
+        copy = dc_replace(honest, publisher_key=b"\x02" * 32)
+        m_honest = b"m-honest" * 4
+        with c._lock:  # the copy's fetch is in flight (what _start records for it)
+            c._wanted.add(copy.bundle_digest.hex())
+        # the honest manifest, read while the copy is in flight: waits, never given up
+        assert c._start(honest, m_honest, "honest", extra=False) == "skip"
+        st = c._mstate[m_honest]
+        assert st.state == "retry" and st.next_try <= time.monotonic() + 1.0
+        # the copy's fetch is over (it hung until its timeout, or its body was refused): the original starts
+        with c._lock:
+            c._wanted.discard(copy.bundle_digest.hex())
+        assert c._start(honest, m_honest, "honest", extra=False) == "started"
+    finally:
+        c.close()

@@ -906,7 +906,9 @@ class SwarmClient:
                 bdigest = manifest.bundle_digest.hex()
                 with self._lock:
                     if bdigest in self._wanted:
-                        self._mstate[mdigest] = _MState("done")
+                        # the same digest is on its way under another manifest (maybe a copy by a key whose
+                        # body hangs or lies): look again once that fetch is over, never give this one up
+                        self._mstate[mdigest] = _MState("retry", 0, now + 1.0)
                         continue
                 candidates.append((manifest, mdigest, owner_id))
         self._new_step(force=False)
@@ -940,7 +942,8 @@ class SwarmClient:
             prev = self._mstate.get(mdigest)
             tries = prev.tries if prev else 0
             bdigest = manifest.bundle_digest.hex()
-            if bdigest in self._wanted:
+            if bdigest in self._wanted:  # admitted (its token is paid): looked at again once that fetch is over
+                self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 1.0)
                 return "skip"
             if self._inflight >= 2 * self.max_concurrent_fetches:  # the rest waits for the next poll
                 self._mstate[mdigest] = _MState("retry", tries, 0.0)
