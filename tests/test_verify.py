@@ -253,6 +253,38 @@ def test_rate_limit_before_decoding(peer_mix, clock):
     assert ei.value.reason == "duplicate"
 
 
+def test_a_prepaid_bundle_costs_its_publisher_one_token_not_two(peer_mix, clock):
+    """The token accounting alone (the swarm client's poll takes one token when it admits a manifest; the fetched
+    bundle is then verified ``prepaid``): a publisher at its limit of 5 bundles a minute gets all 5 accepted. When
+    the bundle was charged a second token, the 5 admissions drained the bucket and every bundle was refused."""
+    f = make_factory(peer_mix, clock, HONEST)
+    fetched = []
+    for _ in range(5):
+        b, env = f.bundle(f.honest_trees(1, 2))
+        fetched.append((env, f.manifest(env, b)[1]))
+    for prepaid, expected in ((True, [1] * 5), (False, ["rate_limited"] * 5)):
+        v = make_verifier(peer_mix, clock, rate=5.0)  # burst 5, one more every 12 s
+        admitted = []
+        for env, m_env in fetched:  # the poll: a token per new manifest, then the manifest's checks
+            assert v.peers.allow(HONEST.peer_id)
+            admitted.append((env, v.verify_manifest(m_env, HONEST.public_key_bytes)))
+        assert not v.peers.allow(HONEST.peer_id)  # the bucket is empty now (the 6th manifest would wait)
+        verdicts = []
+        for env, m in admitted:  # gather: the fetched bodies
+            try:
+                verdicts.append(len(v.verify_bundle(env, m, "transport:publisher", prepaid=prepaid)))
+            except Rejection as r:
+                verdicts.append(r.reason)
+        assert verdicts == expected, (prepaid, verdicts)
+    # prepaid needs the manifest that paid: a bare bundle still takes a token of its own
+    v = make_verifier(peer_mix, clock, rate=5.0)
+    for _ in range(5):
+        assert v.peers.allow(HONEST.peer_id)
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(fetched[0][0], None, HONEST.peer_id, prepaid=True)
+    assert ei.value.reason == "rate_limited"
+
+
 def test_allowlist(peer_mix, clock):
     v = make_verifier(peer_mix, clock, allowlist=[HONEST.public_key_bytes.hex()])
     assert feed(v, make_factory(peer_mix, clock, ATTACKER).honest()).reason == "not_allowed"
