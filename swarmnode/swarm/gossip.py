@@ -908,7 +908,7 @@ class SwarmClient:
                     if bdigest in self._wanted:
                         # the same digest is on its way under another manifest (maybe a copy by a key whose
                         # body hangs or lies): look again once that fetch is over, never give this one up
-                        self._mstate[mdigest] = _MState("retry", 0, now + 1.0)
+                        self._mstate[mdigest] = _MState("retry", st.tries if st is not None else 0, now + 1.0)
                         continue
                 candidates.append((manifest, mdigest, owner_id))
         self._new_step(force=False)
