@@ -549,3 +549,66 @@ def test_a_copy_in_flight_does_not_make_the_node_give_up_the_original():
         assert c._start(honest, m_honest, "honest", extra=False) == "started"
     finally:
         c.close()
+
+
+def test_a_flood_of_small_bundles_drops_its_own_bodies_not_an_honest_one():
+    """Outside attack (2026-12-03, F2): a fetched honest body waiting for verification was pushed out of the full
+    queue by eight keys' floods of small valid bundles, and its manifest stayed done (never fetched again). Now
+    the publisher holding the most places loses its oldest body, and that body's manifest goes back to retry."""
+    from swarmnode.swarm.gossip import _Pending
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    c.max_pending = 8
+    try:
+        def item(pub: str, k: int) -> _Pending:
+            m = wire.Manifest(swarm_id=SWARM, publisher_key=b"\x01" * 32, bundle_digest=bytes([k]) * 32,
+                              bundle_size=10, tasks=[REF], created_at=time.time(), policy_version=0, num_trees=1,
+                              num_leaves=2)
+            return _Pending(b"x" * 10, m, f"p2p:{pub}", time.time(), bytes([k]) * 32, pub)
+
+        with c._lock:
+            c._pending.append(item("honest", 1))
+            for k in range(2, 40):  # the flood arrives after the honest body
+                if len(c._pending) >= c.max_pending:
+                    c._drop_pending()
+                c._pending.append(item(f"flood{k % 3}", k))
+        assert any(p.publisher == "honest" for p in c._pending)
+        assert c._counts["dropped_queue_full"] == 31
+        st = c._mstate[bytes([2]) * 32]  # a dropped flood body: fetched again later, not given up
+        assert st.state == "retry" and st.next_try > 0
+        # with one publisher only, its own oldest body goes
+        c._pending.clear()
+        with c._lock:
+            for k in range(50, 60):
+                if len(c._pending) >= c.max_pending:
+                    c._drop_pending()
+                c._pending.append(item("solo", k))
+        assert [p.mdigest[0] for p in c._pending] == list(range(52, 60))
+    finally:
+        c.close()
+
+
+def test_a_manifest_is_paid_for_once_whatever_evicts_its_state():
+    """Outside attack (2026-12-03, F3): junk keys' records pushed an honest publisher's handled manifests out of
+    the bounded manifest-state table; read again, each looked new and took another of its rate-limit tokens,
+    until its new bundles waited as rate-limited. Payments are remembered per owner, apart from that table,
+    owners without earned standing forgotten first; a banned key's records make no state at all."""
+    import swarmnode.swarm.gossip as g
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    try:
+        c.peers.record_earned("honest", 3)
+        c._note_paid("honest", b"m1")
+        assert c._paid_for("honest", b"m1") and not c._paid_for("honest", b"m2")
+        assert not c._paid_for("junk0", b"m1")
+        for i in range(g._MAX_PAID_OWNERS + 50):  # a flood of fresh keys, each paying for manifests
+            c._note_paid(f"junk{i}", b"m")
+        assert len(c._paid) == g._MAX_PAID_OWNERS
+        assert c._paid_for("honest", b"m1")  # the key with standing is kept
+        for i in range(g._PAID_PER_OWNER + 5):
+            c._note_paid("honest", i.to_bytes(4, "big"))
+        assert len(c._paid["honest"]) == g._PAID_PER_OWNER and not c._paid_for("honest", b"m1")
+    finally:
+        c.close()

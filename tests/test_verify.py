@@ -285,6 +285,34 @@ def test_a_prepaid_bundle_costs_its_publisher_one_token_not_two(peer_mix, clock)
     assert ei.value.reason == "rate_limited"
 
 
+def test_a_copy_that_lies_about_the_size_is_charged_to_its_signer_not_to_the_relay(peer_mix, clock):
+    """Outside attack (2026-12-03, F1): a key re-announced honest bundles in its own manifests with the real digest
+    and ``bundle_size + 1``; the honest peer, asked as a relay, served the genuine bytes, and the size mismatch was
+    charged (hard) to that relay's transport id until it was banned and its own bundles were refused. Bytes that
+    hash to the announced digest are what was asked for: the lie is the manifest signer's."""
+    from dataclasses import replace as dc_replace
+
+    f = make_factory(peer_mix, clock, HONEST)
+    v = make_verifier(peer_mix, clock, ban_after=3)
+    relay = "p2p:honest-relay"
+    for _ in range(3):  # ban_after = 3
+        b, env = f.bundle(f.honest_trees(1, 2))
+        m, _ = f.manifest(env, b)
+        copy = dc_replace(m, publisher_key=ATTACKER.public_key_bytes, bundle_size=m.bundle_size + 1)
+        with pytest.raises(Rejection) as ei:
+            v.verify_bundle(env, copy, relay)
+        assert ei.value.reason == "manifest_mismatch" and ei.value.hard and ei.value.peer == ATTACKER.peer_id
+        assert not v.seen(m.bundle_digest)  # not a verdict on the genuine bytes
+    assert not v.peers.is_banned(relay) and v.peers.is_banned(ATTACKER.peer_id)
+    # the honest manifest's fetch of the same bytes, through the same relay, is still accepted
+    assert len(v.verify_bundle(env, m, relay)) == 1
+    # bytes that do not hash to the digest are still the deliverer's fault
+    _, other = f.bundle(f.honest_trees(1, 2))
+    with pytest.raises(Rejection) as ei:
+        v.verify_bundle(other, m, "p2p:liar")
+    assert ei.value.peer == "p2p:liar" and ei.value.hard
+
+
 def test_allowlist(peer_mix, clock):
     v = make_verifier(peer_mix, clock, allowlist=[HONEST.public_key_bytes.hex()])
     assert feed(v, make_factory(peer_mix, clock, ATTACKER).honest()).reason == "not_allowed"

@@ -35,7 +35,9 @@ Fetcher thread (every ``poll_interval`` seconds)
     use too) -- and fetches announced bodies from the publisher, then from up to ``swarm.fetch_relays`` other
     live peers that may have cached it (re-serving is the gossip), each try bounded by ``swarm.fetch_timeout``
     and capped at the announced size. Bodies are **not** cached for re-serving before they are verified.
-    Fetched bodies wait in a bounded queue (``swarm.max_pending_bundles``; the oldest is dropped when full).
+    Fetched bodies wait in a bounded queue (``swarm.max_pending_bundles``; when full, the oldest body of the
+    publisher holding the most places -- ties: the least earned standing -- is dropped and its manifest fetched
+    again later).
 
 Fair fetching (issue 12, finding 5: future-dated manifests won a newest-first order, hanging bodies held every
 fetch worker, and three such keys cut a victim's accepted honest bundles from 28/28 to 0/27)
@@ -144,6 +146,10 @@ P2P_KEY_FILE = "p2p.key"
 _MSTATE_CAPACITY = 8192
 #: Most peers whose curriculum rates are kept, and of them the most without earned standing (fresh keys).
 _MAX_RATE_PEERS = 1024
+#: Manifests remembered as paid (one rate-limit token each) per owner: more than one owner's records can hold
+#: (``read_buckets`` x ``wire.MAX_RECORD_MANIFESTS``); and owners remembered (keys with earned standing kept first).
+_PAID_PER_OWNER = 256
+_MAX_PAID_OWNERS = 1024
 _MAX_UNEARNED_RATE_PEERS = 64
 _MAX_CARRY_TREES = 64  # verified trees over a per-step cap, carried to the next steps
 
@@ -255,6 +261,8 @@ class _Pending:
     manifest: wire.Manifest
     sender: str
     fetched_at: float
+    mdigest: bytes = b""  # the manifest it was fetched for (its state goes back to retry if the body is dropped)
+    publisher: str = ""  # the manifest's owner (peer id)
 
 
 @dataclass
@@ -438,6 +446,7 @@ class SwarmClient:
         self._outbox: dict[int, list[bytes]] = {}
         self._dirty: set[int] = set()
         self._contacts: OrderedDict[str, tuple[str, float]] = OrderedDict()  # owner -> (libp2p PeerID, seen)
+        self._paid: OrderedDict[str, OrderedDict[bytes, None]] = OrderedDict()  # owner -> manifests it paid for
         self._inflight_by_pub: Counter[str] = Counter()  # fetches running or queued, per publisher
         self._spent: Counter[str] = Counter()  # fetch seconds per publisher this step
         self._carry: list[tuple[float, PeerTree]] = []  # (first seen, tree) over a per-step cap (gather thread)
@@ -871,6 +880,8 @@ class SwarmClient:
             if owner == self.public_key:
                 continue
             owner_id = peer_id_from_public_key(owner)
+            if self.peers.is_banned(owner_id):  # no work and no state for a banned key's records
+                continue
             try:
                 rec = wire.decode_manifest_record(value)
             except wire.WireError as e:
@@ -887,7 +898,8 @@ class SwarmClient:
                     st = self._mstate.get(mdigest)
                     if st is not None and (st.state in ("done", "inflight") or now < st.next_try):
                         continue
-                if ((st is None or st.state == "limited") and not self.peers.is_banned(owner_id)
+                paid = self._paid_for(owner_id, mdigest)
+                if ((st is None or st.state == "limited") and not paid and not self.peers.is_banned(owner_id)
                         and not self.peers.allow(owner_id)):
                     # a new manifest over its publisher's rate limit (swarm.rate_limit_per_minute): looked at again
                     # once a token is back, never verified before that. The token taken here pays for the bundle
@@ -896,6 +908,8 @@ class SwarmClient:
                     self._set_state(mdigest, "limited", 0, now + 60.0 / max(float(self.peers.rate_limit_per_minute),
                                                                             1e-3))
                     continue
+                if not paid:
+                    self._note_paid(owner_id, mdigest)
                 try:
                     with self._vlock:
                         manifest = self.verifier.verify_manifest(menv, owner)
@@ -988,6 +1002,29 @@ class SwarmClient:
             out.extend(by_pub[p][i] for p in pubs if i < len(by_pub[p]))
         return out
 
+    def _paid_for(self, owner_id: str, mdigest: bytes) -> bool:
+        """True when ``owner_id`` already paid a rate-limit token for this manifest. Kept apart from the manifest
+        states, which other keys' floods can push out: a publisher is never charged twice for one manifest."""
+        with self._lock:
+            return mdigest in self._paid.get(owner_id, ())
+
+    def _note_paid(self, owner_id: str, mdigest: bytes) -> None:
+        """Remember a paid manifest: at most :data:`_PAID_PER_OWNER` per owner (more than it can have live) and
+        :data:`_MAX_PAID_OWNERS` owners, those without earned standing forgotten first, least recent first."""
+        with self._lock:
+            mine = self._paid.setdefault(owner_id, OrderedDict())
+            mine[mdigest] = None
+            while len(mine) > _PAID_PER_OWNER:
+                mine.popitem(last=False)
+            self._paid.move_to_end(owner_id)
+            if len(self._paid) <= _MAX_PAID_OWNERS:
+                return
+            owners = list(self._paid)
+        unearned = [p for p in owners if self.peers.earned(p) <= 0]
+        with self._lock:
+            for p in (unearned + owners)[: max(0, len(self._paid) - _MAX_PAID_OWNERS)]:
+                self._paid.pop(p, None)
+
     def _mark(self, digest: bytes, now: float) -> bool:
         """Mark a record/manifest digest as judged; True the first time."""
         with self._lock:
@@ -1074,14 +1111,14 @@ class SwarmClient:
                         self._spent[publisher] += time.monotonic() - t0
                 self._count(f"fetch/{res.reason}")
                 if res.ok and res.body is not None:
-                    item = _Pending(res.body, manifest, f"p2p:{libp2p_id}", time.time())
+                    item = _Pending(res.body, manifest, f"p2p:{libp2p_id}", time.time(), mdigest, publisher)
                     with self._lock:
                         if len(self._pending) >= self.max_pending:
-                            dropped = self._pending.popleft()
-                            self._wanted.discard(dropped.manifest.bundle_digest.hex())
-                            self._counts["dropped_queue_full"] += 1
+                            self._drop_pending()
                         self._pending.append(item)
                         self._counts["bytes_fetched"] += len(res.body)
+                        prev = self._mstate.get(mdigest)
+                        self._mstate[mdigest] = _MState("done", (prev.tries if prev else 0) + 1)
                     ok = True
                     break
         except Exception:  # noqa: BLE001
@@ -1095,7 +1132,7 @@ class SwarmClient:
                 prev = self._mstate.get(mdigest)
                 tries = (prev.tries if prev else 0) + (1 if attempts else 0)
                 if ok:
-                    self._mstate[mdigest] = _MState("done", tries)
+                    pass  # "done" was set with the queued body (and "retry" again if it has been dropped since)
                 elif not attempts:  # never tried (over budget / closing): not the publisher's failure
                     self._wanted.discard(bdigest)
                     self._mstate[mdigest] = _MState("retry", tries, 0.0)
@@ -1106,6 +1143,20 @@ class SwarmClient:
                         self._counts["fetch_gave_up"] += 1
                     else:
                         self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 2.0 ** tries)
+
+    def _drop_pending(self) -> None:
+        """Make room in the full queue of fetched bodies (caller holds ``_lock``): the oldest body of the publisher
+        holding the most places goes (ties: the least earned standing), so a flood of many small bundles drops its
+        own bodies, not an honest publisher's one; its manifest goes back to ``retry`` (its rate-limit token is paid), never given up."""
+        held = Counter(p.publisher for p in self._pending)
+        worst = max(held, key=lambda pub: (held[pub], -self.peers.earned(pub)))  # ties: the least standing
+        victim = next(p for p in self._pending if p.publisher == worst)
+        self._pending.remove(victim)
+        self._wanted.discard(victim.manifest.bundle_digest.hex())
+        self._counts["dropped_queue_full"] += 1
+        if victim.mdigest:
+            prev = self._mstate.get(victim.mdigest)
+            self._mstate[victim.mdigest] = _MState("retry", prev.tries if prev else 0, time.monotonic() + 2.0)
 
     # ------------------------------------------------------------------ gather (main thread)
     def gather(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:

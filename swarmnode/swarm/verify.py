@@ -731,7 +731,10 @@ class Verifier:
             try:
                 wire.check_manifest(manifest, data)
             except wire.WireError as e:
-                raise self._reject(e.reason, e.detail, deliverer, True)
+                # the deliverer served exactly the bytes the digest names: any other mismatch (their size) is a
+                # lie of the manifest's signer, never of the peer that relayed them
+                liar = publisher_hint if digest == bytes(manifest.bundle_digest) else deliverer
+                raise self._reject(e.reason, e.detail, liar, True) from None
         if digest in self._seen_bundles:
             raise self._reject("duplicate", f"bundle {digest.hex()[:16]}… was seen before", deliverer, False,
                                charge=manifest is None)
