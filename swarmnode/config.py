@@ -511,7 +511,8 @@ class SwarmConfig(_Strict):
         "the network; 0 = do not wait. Default 10"
     )
     max_pending_bundles: int = Field(
-        32, ge=1, description="fetched bundle bodies waiting for verification (bounded queue; the oldest is dropped)"
+        32, ge=1, description="fetched bundle bodies waiting for verification (bounded queue; when full, the oldest body of the "
+        "publisher holding the most places is dropped and fetched again later)"
     )
     max_concurrent_fetches: int = Field(4, ge=1, description="bundle fetches running at once (fetch worker threads)")
     store_bytes: int = Field(
