@@ -146,11 +146,11 @@ P2P_KEY_FILE = "p2p.key"
 _MSTATE_CAPACITY = 8192
 #: Most peers whose curriculum rates are kept, and of them the most without earned standing (fresh keys).
 _MAX_RATE_PEERS = 1024
+_MAX_UNEARNED_RATE_PEERS = 64
 #: Manifests remembered as paid (one rate-limit token each) per owner: more than one owner's records can hold
 #: (``read_buckets`` x ``wire.MAX_RECORD_MANIFESTS``); and owners remembered (keys with earned standing kept first).
 _PAID_PER_OWNER = 256
 _MAX_PAID_OWNERS = 1024
-_MAX_UNEARNED_RATE_PEERS = 64
 _MAX_CARRY_TREES = 64  # verified trees over a per-step cap, carried to the next steps
 
 
@@ -917,13 +917,6 @@ class SwarmClient:
                     self._reject(r)
                     self._set_state(mdigest, "done")
                     continue
-                bdigest = manifest.bundle_digest.hex()
-                with self._lock:
-                    if bdigest in self._wanted:
-                        # the same digest is on its way under another manifest (maybe a copy by a key whose
-                        # body hangs or lies): look again once that fetch is over, never give this one up
-                        self._mstate[mdigest] = _MState("retry", st.tries if st is not None else 0, now + 1.0)
-                        continue
                 candidates.append((manifest, mdigest, owner_id))
         self._new_step(force=False)
         started = 0
@@ -956,7 +949,9 @@ class SwarmClient:
             prev = self._mstate.get(mdigest)
             tries = prev.tries if prev else 0
             bdigest = manifest.bundle_digest.hex()
-            if bdigest in self._wanted:  # admitted (its token is paid): looked at again once that fetch is over
+            if bdigest in self._wanted:
+                # the same digest is on its way under another manifest (maybe a copy by a key whose body hangs or
+                # lies): this one (its token is paid) is looked at again once that fetch is over, never given up
                 self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 1.0)
                 return "skip"
             if self._inflight >= 2 * self.max_concurrent_fetches:  # the rest waits for the next poll
@@ -1129,16 +1124,14 @@ class SwarmClient:
                 self._inflight_by_pub[publisher] -= 1
                 if self._inflight_by_pub[publisher] <= 0:
                     del self._inflight_by_pub[publisher]
-                prev = self._mstate.get(mdigest)
-                tries = (prev.tries if prev else 0) + (1 if attempts else 0)
-                if ok:
-                    pass  # "done" was set with the queued body (and "retry" again if it has been dropped since)
-                elif not attempts:  # never tried (over budget / closing): not the publisher's failure
+                # on success "done" was set with the queued body (and "retry" again if it has been dropped since)
+                if not ok:
                     self._wanted.discard(bdigest)
-                    self._mstate[mdigest] = _MState("retry", tries, 0.0)
-                else:
-                    self._wanted.discard(bdigest)
-                    if tries >= self.fetch_retries:
+                    prev = self._mstate.get(mdigest)
+                    tries = (prev.tries if prev else 0) + (1 if attempts else 0)
+                    if not attempts:  # never tried (over budget / closing): not the publisher's failure
+                        self._mstate[mdigest] = _MState("retry", tries, 0.0)
+                    elif tries >= self.fetch_retries:
                         self._mstate[mdigest] = _MState("done", tries)
                         self._counts["fetch_gave_up"] += 1
                     else:
@@ -1147,7 +1140,8 @@ class SwarmClient:
     def _drop_pending(self) -> None:
         """Make room in the full queue of fetched bodies (caller holds ``_lock``): the oldest body of the publisher
         holding the most places goes (ties: the least earned standing), so a flood of many small bundles drops its
-        own bodies, not an honest publisher's one; its manifest goes back to ``retry`` (its rate-limit token is paid), never given up."""
+        own bodies, not an honest publisher's one; its manifest goes back to ``retry`` (its rate-limit token is
+        paid), never given up."""
         held = Counter(p.publisher for p in self._pending)
         worst = max(held, key=lambda pub: (held[pub], -self.peers.earned(pub)))  # ties: the least standing
         victim = next(p for p in self._pending if p.publisher == worst)
