@@ -551,6 +551,53 @@ def test_a_copy_in_flight_does_not_make_the_node_give_up_the_original():
         c.close()
 
 
+def test_copies_waiting_on_a_digest_in_flight_are_not_verified_again_every_poll():
+    """Outside attack (2026-12-03, F4): manifests that wait because their bundle digest is in flight under another
+    manifest were verified again (signature, decoding, every task ref) on every poll, about 1-2 ms each; 2,720
+    copies cost seconds of CPU per poll. Now a waiting manifest keeps its bundle digest and is verified again only
+    once that digest is no longer in flight."""
+    from types import SimpleNamespace
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    held = hashlib.sha256(b"a digest held in flight").digest()
+    keys = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip waiter {i}".encode()).digest())
+            for i in range(6)]
+    refs = mix.refs_for_step(0, 4)
+    records = []
+    for i, k in enumerate(keys):
+        envs = [wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=held,
+                                          bundle_size=100, tasks=refs, created_at=time.time() - j, policy_version=0,
+                                          num_trees=4, num_leaves=8), k) for j in range(3)]
+        records.append((k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord(envs, f"p{i}"))))
+    # the DHT's answer to every read: these records (the DHT itself is tested on loopback elsewhere)
+    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
+                            shutdown=lambda: None)
+    calls = []
+    verify = c.verifier.verify_manifest
+    c.verifier.verify_manifest = lambda data, owner=None: calls.append(owner) or verify(data, owner)
+    try:
+        with c._lock:
+            c._wanted.add(held.hex())  # another manifest's fetch of this digest is in flight (it may hang)
+        assert c.poll() == 0 and len(calls) == 18  # each verified once, each waits
+        waiting = [st for st in c._mstate.values() if st.state == "retry"]
+        assert len(waiting) == 18
+        for st in waiting:  # their next look is due (no wall-clock wait in tests)
+            st.next_try = 0.0
+        calls.clear()
+        assert c.poll() == 0 and calls == []  # still in flight: they wait without any verification
+        assert all(st.state == "retry" and st.next_try > 0 for st in waiting)
+        for st in waiting:
+            st.next_try = 0.0
+        with c._lock:
+            c._wanted.discard(held.hex())  # that fetch is over (it failed): the waiters are looked at again
+        c.poll()
+        assert len(calls) == 18
+        assert sum(st.state == "inflight" for st in c._mstate.values()) == 1  # one fetch of the digest, not 18
+    finally:
+        c.close()
+
+
 def test_a_flood_of_small_bundles_drops_its_own_bodies_not_an_honest_one():
     """Outside attack (2026-12-03, F2): a fetched honest body waiting for verification was pushed out of the full
     queue by eight keys' floods of small valid bundles, and its manifest stayed done (never fetched again). Now

@@ -270,6 +270,9 @@ class _MState:
     state: str  # "inflight" | "done" | "retry" (admitted: its token is paid) | "limited" (over the rate limit)
     tries: int = 0
     next_try: float = 0.0
+    bundle_digest: bytes = b""  # of a verified manifest in retry: while that digest is in flight under another
+    # manifest, poll lets it wait without verifying it again (outside attack F4: thousands of copies waiting on
+    # one held digest cost ~1 ms of signature and task checks each, every poll)
 
 
 class SwarmClient:
@@ -898,6 +901,9 @@ class SwarmClient:
                     st = self._mstate.get(mdigest)
                     if st is not None and (st.state in ("done", "inflight") or now < st.next_try):
                         continue
+                    if st is not None and st.state == "retry" and st.bundle_digest.hex() in self._wanted:
+                        st.next_try = now + 1.0  # its digest is still on its way under another manifest
+                        continue
                 paid = self._paid_for(owner_id, mdigest)
                 if ((st is None or st.state == "limited") and not paid and not self.peers.is_banned(owner_id)
                         and not self.peers.allow(owner_id)):
@@ -952,14 +958,14 @@ class SwarmClient:
             if bdigest in self._wanted:
                 # the same digest is on its way under another manifest (maybe a copy by a key whose body hangs or
                 # lies): this one (its token is paid) is looked at again once that fetch is over, never given up
-                self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 1.0)
+                self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 1.0, manifest.bundle_digest)
                 return "skip"
             if self._inflight >= 2 * self.max_concurrent_fetches:  # the rest waits for the next poll
-                self._mstate[mdigest] = _MState("retry", tries, 0.0)
+                self._mstate[mdigest] = _MState("retry", tries, 0.0, manifest.bundle_digest)
                 return "skip"
             if not extra and (self._inflight_by_pub[owner_id] >= self.max_fetches_per_publisher
                               or self._spent[owner_id] >= self.publisher_budget_s):
-                self._mstate[mdigest] = _MState("retry", tries, 0.0)
+                self._mstate[mdigest] = _MState("retry", tries, 0.0, manifest.bundle_digest)
                 return "wait"
             self._wanted.add(bdigest)
             self._mstate[mdigest] = _MState("inflight", tries)
@@ -972,7 +978,7 @@ class SwarmClient:
                 self._inflight -= 1
                 self._inflight_by_pub[owner_id] -= 1
                 self._wanted.discard(bdigest)
-                self._mstate[mdigest] = _MState("retry", tries, 0.0)
+                self._mstate[mdigest] = _MState("retry", tries, 0.0, manifest.bundle_digest)
             return None
         return "started"
 
@@ -1130,12 +1136,13 @@ class SwarmClient:
                     prev = self._mstate.get(mdigest)
                     tries = (prev.tries if prev else 0) + (1 if attempts else 0)
                     if not attempts:  # never tried (over budget / closing): not the publisher's failure
-                        self._mstate[mdigest] = _MState("retry", tries, 0.0)
+                        self._mstate[mdigest] = _MState("retry", tries, 0.0, manifest.bundle_digest)
                     elif tries >= self.fetch_retries:
                         self._mstate[mdigest] = _MState("done", tries)
                         self._counts["fetch_gave_up"] += 1
                     else:
-                        self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 2.0 ** tries)
+                        self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 2.0 ** tries,
+                                                         manifest.bundle_digest)
 
     def _drop_pending(self) -> None:
         """Make room in the full queue of fetched bodies (caller holds ``_lock``): the oldest body of the publisher
@@ -1150,7 +1157,8 @@ class SwarmClient:
         self._counts["dropped_queue_full"] += 1
         if victim.mdigest:
             prev = self._mstate.get(victim.mdigest)
-            self._mstate[victim.mdigest] = _MState("retry", prev.tries if prev else 0, time.monotonic() + 2.0)
+            self._mstate[victim.mdigest] = _MState("retry", prev.tries if prev else 0, time.monotonic() + 2.0,
+                                                   victim.manifest.bundle_digest)
 
     # ------------------------------------------------------------------ gather (main thread)
     def gather(self, step: int, policy_version: int) -> tuple[list[PeerTree], dict[str, Any]]:
