@@ -591,9 +591,46 @@ def test_copies_waiting_on_a_digest_in_flight_are_not_verified_again_every_poll(
             st.next_try = 0.0
         with c._lock:
             c._wanted.discard(held.hex())  # that fetch is over (it failed): the waiters are looked at again
-        c.poll()
-        assert len(calls) == 18
-        assert sum(st.state == "inflight" for st in c._mstate.values()) == 1  # one fetch of the digest, not 18
+        assert c.poll() == 1 and len(calls) == 18  # verified again; one fetch of the digest starts, not 18
+    finally:
+        c.close()
+
+
+def test_a_copy_by_a_fresh_key_does_not_take_a_digest_from_its_established_publisher():
+    """Outside attack (2026-12-03, F5): fresh keys re-announced an established publisher's bundle digest. Having
+    used no fetch time this step, they came first in the fair order, took the digest and held it for a fetch
+    timeout each, so the publisher's own manifest waited: its bundles arrived a step late. Now one manifest per
+    digest goes forward in a poll, the one whose publisher has the most earned standing; the copies wait."""
+    from types import SimpleNamespace
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    digest = hashlib.sha256(b"the publisher's second bundle of the step").digest()
+    owner = Identity.from_private_bytes(hashlib.sha256(b"test_gossip established").digest())
+    copiers = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip copier {i}".encode()).digest())
+               for i in range(5)]
+    refs = mix.refs_for_step(0, 2)
+    records, copy_digests = [], []
+    for i, k in enumerate([*copiers, owner]):
+        env = wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=digest,
+                                        bundle_size=100, tasks=refs, created_at=time.time(), policy_version=0,
+                                        num_trees=2, num_leaves=4), k)
+        records.append((k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord([env], f"p{i}"))))
+        if k is not owner:
+            copy_digests.append(hashlib.sha256(env).digest())
+    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
+                            shutdown=lambda: None)
+    c.peers.record_earned(owner.peer_id, 20)
+    started = []
+    start = c._start
+    c._start = lambda m, md, pub, extra: (started.append(pub) if md else None) or start(m, md, pub, extra)
+    try:
+        with c._lock:  # the publisher's first fetch of this step took 3 s (the copiers' keys used none)
+            c._spent[owner.peer_id] = 3.0
+        assert c.poll() == 1
+        assert started == [owner.peer_id]  # the copies were not even tried: no copier holds the digest
+        copies = [c._mstate[md] for md in copy_digests]  # they wait (tokens paid), never given up
+        assert all(st.state == "retry" and st.bundle_digest == digest and st.next_try > 0 for st in copies)
     finally:
         c.close()
 

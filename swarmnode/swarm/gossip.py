@@ -924,6 +924,7 @@ class SwarmClient:
                     self._set_state(mdigest, "done")
                     continue
                 candidates.append((manifest, mdigest, owner_id))
+        candidates = self._one_per_digest(candidates, now)
         self._new_step(force=False)
         started = 0
         waiting: list[tuple[wire.Manifest, bytes, str]] = []
@@ -946,6 +947,30 @@ class SwarmClient:
                 break
             started += res == "started"
         return started
+
+    def _one_per_digest(self, candidates: list[tuple[wire.Manifest, bytes, str]],
+                        now: float) -> list[tuple[wire.Manifest, bytes, str]]:
+        """Keep one manifest per bundle digest: the one whose publisher has the most earned standing (ties at
+        random). The others (copies of a bundle re-announced under other keys, their tokens paid) wait in
+        ``retry`` and are looked at again later. Without this, fresh copier keys, first in the fair order because
+        they have used no fetch time this step, took an established publisher's digest first and held it for a
+        fetch timeout each (outside attack F5: its bundles a step late)."""
+        best: dict[bytes, tuple[tuple[int, float], tuple[wire.Manifest, bytes, str]]] = {}
+        deferred: list[tuple[wire.Manifest, bytes, str]] = []
+        for c in candidates:
+            rank = (self.peers.earned(c[2]), random.random())
+            held = best.get(c[0].bundle_digest)
+            if held is None or rank > held[0]:
+                if held is not None:
+                    deferred.append(held[1])
+                best[c[0].bundle_digest] = (rank, c)
+            else:
+                deferred.append(c)
+        with self._lock:
+            for m, mdigest, _ in deferred:
+                prev = self._mstate.get(mdigest)
+                self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, now + 2.0, m.bundle_digest)
+        return [c for _, c in best.values()]
 
     def _start(self, manifest: wire.Manifest, mdigest: bytes, owner_id: str, extra: bool) -> str | None:
         """Start one fetch: ``"started"``, ``"skip"`` (already wanted, or the queue is full), ``"wait"`` (the
