@@ -635,6 +635,40 @@ def test_a_copy_by_a_fresh_key_does_not_take_a_digest_from_its_established_publi
         c.close()
 
 
+def test_a_copier_with_more_standing_that_cannot_start_does_not_veto_the_publisher():
+    """Second outside attack (2026-12-03, HIGH): a key with more earned standing than the publisher copied its
+    digests while keeping itself over its own fetch budget. Its copy won every digest and was never started, and
+    the publisher's manifest was deferred until stale: 0 of 8 bundles accepted. Now a publisher that can start a
+    fetch goes before one that cannot, whatever their standing."""
+    from types import SimpleNamespace
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    digest = hashlib.sha256(b"the publisher's bundle").digest()
+    owner = Identity.from_private_bytes(hashlib.sha256(b"test_gossip veto owner").digest())
+    rival = Identity.from_private_bytes(hashlib.sha256(b"test_gossip veto rival").digest())
+    refs = mix.refs_for_step(0, 2)
+    records = []
+    for i, k in enumerate([rival, owner]):
+        env = wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=digest,
+                                        bundle_size=100, tasks=refs, created_at=time.time(), policy_version=0,
+                                        num_trees=2, num_leaves=4), k)
+        records.append((k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord([env], f"p{i}"))))
+    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
+                            shutdown=lambda: None)
+    c.peers.record_earned(owner.peer_id, 20)
+    c.peers.record_earned(rival.peer_id, 21)
+    started = []
+    start = c._start
+    c._start = lambda m, md, pub, extra: (started.append(pub) if md else None) or start(m, md, pub, extra)
+    try:
+        with c._lock:  # the rival spent its whole fetch budget this step (on hanging fetches of its own)
+            c._spent[rival.peer_id] = c.publisher_budget_s
+        assert c.poll() == 1 and started == [owner.peer_id]
+    finally:
+        c.close()
+
+
 def test_a_flood_of_small_bundles_drops_its_own_bodies_not_an_honest_one():
     """Outside attack (2026-12-03, F2): a fetched honest body waiting for verification was pushed out of the full
     queue by eight keys' floods of small valid bundles, and its manifest stayed done (never fetched again). Now

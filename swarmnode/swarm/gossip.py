@@ -950,15 +950,23 @@ class SwarmClient:
 
     def _one_per_digest(self, candidates: list[tuple[wire.Manifest, bytes, str]],
                         now: float) -> list[tuple[wire.Manifest, bytes, str]]:
-        """Keep one manifest per bundle digest: the one whose publisher has the most earned standing (ties at
-        random). The others (copies of a bundle re-announced under other keys, their tokens paid) wait in
-        ``retry`` and are looked at again later. Without this, fresh copier keys, first in the fair order because
-        they have used no fetch time this step, took an established publisher's digest first and held it for a
-        fetch timeout each (outside attack F5: its bundles a step late)."""
-        best: dict[bytes, tuple[tuple[int, float], tuple[wire.Manifest, bytes, str]]] = {}
+        """Keep one manifest per bundle digest: among those whose publisher can start a fetch now (under its
+        concurrency limit and fetch budget), the one with the most earned standing (ties at random); if none can,
+        the one with the most standing. The others (copies of a bundle re-announced under other keys, their tokens
+        paid) wait in ``retry`` and are looked at again later.
+
+        Without this, fresh copier keys, first in the fair order because they had used no fetch time this step,
+        took an established publisher's digest first and held it for a fetch timeout each (outside attack F5: its
+        bundles a step late). Standing alone is not enough: a key with more standing that keeps itself over its
+        own fetch budget would win every digest it copies and never start the fetch, so the publisher's manifest
+        was deferred until it went stale (second attack, HIGH); hence a publisher that can start goes first."""
+        with self._lock:
+            busy = {pub for pub, n in self._inflight_by_pub.items() if n >= self.max_fetches_per_publisher}
+            busy |= {pub for pub, t in self._spent.items() if t >= self.publisher_budget_s}
+        best: dict[bytes, tuple[tuple[bool, int, float], tuple[wire.Manifest, bytes, str]]] = {}
         deferred: list[tuple[wire.Manifest, bytes, str]] = []
         for c in candidates:
-            rank = (self.peers.earned(c[2]), random.random())
+            rank = (c[2] not in busy, self.peers.earned(c[2]), random.random())
             held = best.get(c[0].bundle_digest)
             if held is None or rank > held[0]:
                 if held is not None:
@@ -970,6 +978,8 @@ class SwarmClient:
             for m, mdigest, _ in deferred:
                 prev = self._mstate.get(mdigest)
                 self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, now + 2.0, m.bundle_digest)
+                self._mstate.move_to_end(mdigest)
+            self._trim_states()
         return [c for _, c in best.values()]
 
     def _start(self, manifest: wire.Manifest, mdigest: bytes, owner_id: str, extra: bool) -> str | None:
@@ -994,6 +1004,8 @@ class SwarmClient:
                 return "wait"
             self._wanted.add(bdigest)
             self._mstate[mdigest] = _MState("inflight", tries)
+            self._mstate.move_to_end(mdigest)
+            self._trim_states()
             self._inflight += 1
             self._inflight_by_pub[owner_id] += 1
         try:
