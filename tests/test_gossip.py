@@ -669,6 +669,45 @@ def test_a_copier_with_more_standing_that_cannot_start_does_not_veto_the_publish
         c.close()
 
 
+def test_among_new_keys_the_manifest_read_first_is_fetched_not_a_later_copy():
+    """Second outside attack (2026-12-03, MEDIUM): among keys without standing the choice of a digest's manifest was
+    a lottery, so 160 free copier keys delayed a new publisher's first bundle by up to 8 steps. A copy can only be
+    announced after the manifest it copies, so the manifest read first now goes first."""
+    from types import SimpleNamespace
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    digest = hashlib.sha256(b"a new publisher's first bundle").digest()
+    owner = Identity.from_private_bytes(hashlib.sha256(b"test_gossip first owner").digest())
+    copiers = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip late copier {i}".encode()).digest())
+               for i in range(8)]
+    refs = mix.refs_for_step(0, 2)
+
+    def record(k: Identity, i: int) -> tuple[bytes, bytes]:
+        env = wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=digest,
+                                        bundle_size=100, tasks=refs, created_at=time.time(), policy_version=0,
+                                        num_trees=2, num_leaves=4), k)
+        return k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord([env], f"p{i}"))
+
+    records = [record(owner, 0)]
+    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
+                            shutdown=lambda: None)
+    started = []
+    start = c._start
+    c._start = lambda m, md, pub, extra: (started.append(pub) if md else None) or start(m, md, pub, extra)
+    try:
+        with c._lock:  # the first read finds every fetch slot busy: the publisher's manifest waits
+            c._inflight = 2 * c.max_concurrent_fetches
+        assert c.poll() == 0
+        with c._lock:
+            c._inflight = 0
+        records.extend(record(k, i + 1) for i, k in enumerate(copiers))  # the copies appear at the next read
+        started.clear()
+        assert c.poll() == 1 and started == [owner.peer_id]
+    finally:
+        c.close()
+
+
 def test_a_flood_of_small_bundles_drops_its_own_bodies_not_an_honest_one():
     """Outside attack (2026-12-03, F2): a fetched honest body waiting for verification was pushed out of the full
     queue by eight keys' floods of small valid bundles, and its manifest stayed done (never fetched again). Now

@@ -455,6 +455,9 @@ class SwarmClient:
         self._carry: list[tuple[float, PeerTree]] = []  # (first seen, tree) over a per-step cap (gather thread)
         self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
+        # when we first read each manifest (monotonic s; bounded like _mstate): a copy of a bundle can only be
+        # announced after its publisher's manifest, so among keys of equal standing the earlier one is fetched
+        self._first_seen: OrderedDict[bytes, float] = OrderedDict()
         self._wanted: set[str] = set()  # bundle digests in flight or queued
         self._counts: Counter[str] = Counter()
         self._reported: Counter[str] = Counter()
@@ -952,8 +955,9 @@ class SwarmClient:
                         now: float) -> list[tuple[wire.Manifest, bytes, str]]:
         """Keep one manifest per bundle digest: among those whose publisher can start a fetch now (under its
         concurrency limit and fetch budget), the one with the most earned standing (ties at random); if none can,
-        the one with the most standing. The others (copies of a bundle re-announced under other keys, their tokens
-        paid) wait in ``retry`` and are looked at again later.
+        the one with the most standing; among equal standing, the manifest we read first (a copy can only be
+        announced after the manifest it copies), then at random. The others (copies of a bundle re-announced under
+        other keys, their tokens paid) wait in ``retry`` and are looked at again later.
 
         Without this, fresh copier keys, first in the fair order because they had used no fetch time this step,
         took an established publisher's digest first and held it for a fetch timeout each (outside attack F5: its
@@ -963,10 +967,17 @@ class SwarmClient:
         with self._lock:
             busy = {pub for pub, n in self._inflight_by_pub.items() if n >= self.max_fetches_per_publisher}
             busy |= {pub for pub, t in self._spent.items() if t >= self.publisher_budget_s}
-        best: dict[bytes, tuple[tuple[bool, int, float], tuple[wire.Manifest, bytes, str]]] = {}
+        best: dict[bytes, tuple[tuple[bool, int, float, float], tuple[wire.Manifest, bytes, str]]] = {}
         deferred: list[tuple[wire.Manifest, bytes, str]] = []
+        with self._lock:
+            for _, mdigest, _ in candidates:
+                if mdigest not in self._first_seen:
+                    self._first_seen[mdigest] = now
+            while len(self._first_seen) > _MSTATE_CAPACITY:
+                self._first_seen.popitem(last=False)
+            seen = {md: self._first_seen[md] for _, md, _ in candidates}
         for c in candidates:
-            rank = (c[2] not in busy, self.peers.earned(c[2]), random.random())
+            rank = (c[2] not in busy, self.peers.earned(c[2]), -seen[c[1]], random.random())
             held = best.get(c[0].bundle_digest)
             if held is None or rank > held[0]:
                 if held is not None:
