@@ -94,6 +94,9 @@ def arm_swarmnode(args) -> dict:
     cfg = _load_cfg(args.config, args.seed, args.eval_size)
     cfg.steps = 10**9
     cfg.checkpoint.save_steps = 10**9
+    # a wall-time budget has no step horizon for a learning-rate decay to end at: both arms run at the constant
+    # peak rate (the TRL arm's lr_scheduler_type below), whatever the config's schedule
+    cfg.train.lr_scheduler_type = "constant"
     cfg.run_dir = str(Path(args.work) / f"{args.arm or 'swarmnode'}-seed{args.seed}")
     node = Node(cfg)
     if not hasattr(node.tasks, "rescore"):  # verifiers without exact scoring: train on the exact reward too

@@ -240,7 +240,9 @@ class TrainConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping by global L2 norm; default 1.0")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear LR warm-up from 0; default 0")
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="LR schedule after warm-up, over RunConfig.steps (TRL names); default constant"
+        "cosine", description="LR schedule after warm-up, over RunConfig.steps (TRL names): constant, linear or "
+        "cosine (to 0 at the last step); default cosine (+3.5 +- 1.3 points held-out over constant at 300 steps, 3 "
+        "seeds, docs/results.md)"
     )
     beta: float = Field(0.0, ge=0, description="k3 KL weight to the frozen reference; 0 loads no reference")
     epsilon: float = Field(0.2, gt=0, lt=1, description="lower clip")
