@@ -551,28 +551,40 @@ def test_a_copy_in_flight_does_not_make_the_node_give_up_the_original():
         c.close()
 
 
+def _key(name: str) -> Identity:
+    return Identity.from_private_bytes(hashlib.sha256(f"test_gossip {name}".encode()).digest())
+
+
+def _announce(mix, digest: bytes, key: Identity, i: int, copies: int = 1) -> tuple[bytes, bytes]:
+    """A DHT manifest record of ``key``: ``copies`` signed manifests announcing ``digest`` (2 tasks each)."""
+    envs = [wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=key.public_key_bytes, bundle_digest=digest,
+                                      bundle_size=100, tasks=mix.refs_for_step(0, 2), created_at=time.time() - j,
+                                      policy_version=0, num_trees=2, num_leaves=4), key) for j in range(copies)]
+    return key.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord(envs, f"p{i}"))
+
+
+def _reading(c: SwarmClient, records: list) -> list:
+    """Make every DHT read of ``c`` return ``records`` (the DHT itself is tested on loopback elsewhere) and record
+    the publishers whose manifests ``_start`` is asked to fetch; returns that list."""
+    from types import SimpleNamespace
+
+    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
+                            shutdown=lambda: None)
+    started: list = []
+    start = c._start
+    c._start = lambda m, md, pub, extra: started.append(pub) or start(m, md, pub, extra)
+    return started
+
+
 def test_copies_waiting_on_a_digest_in_flight_are_not_verified_again_every_poll():
     """Outside attack (2026-12-03, F4): manifests that wait because their bundle digest is in flight under another
     manifest were verified again (signature, decoding, every task ref) on every poll, about 1-2 ms each; 2,720
     copies cost seconds of CPU per poll. Now a waiting manifest keeps its bundle digest and is verified again only
     once that digest is no longer in flight."""
-    from types import SimpleNamespace
-
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
     c = _offline_client(mix)
     held = hashlib.sha256(b"a digest held in flight").digest()
-    keys = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip waiter {i}".encode()).digest())
-            for i in range(6)]
-    refs = mix.refs_for_step(0, 4)
-    records = []
-    for i, k in enumerate(keys):
-        envs = [wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=held,
-                                          bundle_size=100, tasks=refs, created_at=time.time() - j, policy_version=0,
-                                          num_trees=4, num_leaves=8), k) for j in range(3)]
-        records.append((k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord(envs, f"p{i}"))))
-    # the DHT's answer to every read: these records (the DHT itself is tested on loopback elsewhere)
-    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
-                            shutdown=lambda: None)
+    _reading(c, [_announce(mix, held, _key(f"waiter {i}"), i, copies=3) for i in range(6)])
     calls = []
     verify = c.verifier.verify_manifest
     c.verifier.verify_manifest = lambda data, owner=None: calls.append(owner) or verify(data, owner)
@@ -601,29 +613,14 @@ def test_a_copy_by_a_fresh_key_does_not_take_a_digest_from_its_established_publi
     used no fetch time this step, they came first in the fair order, took the digest and held it for a fetch
     timeout each, so the publisher's own manifest waited: its bundles arrived a step late. Now one manifest per
     digest goes forward in a poll, the one whose publisher has the most earned standing; the copies wait."""
-    from types import SimpleNamespace
-
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
     c = _offline_client(mix)
     digest = hashlib.sha256(b"the publisher's second bundle of the step").digest()
-    owner = Identity.from_private_bytes(hashlib.sha256(b"test_gossip established").digest())
-    copiers = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip copier {i}".encode()).digest())
-               for i in range(5)]
-    refs = mix.refs_for_step(0, 2)
-    records, copy_digests = [], []
-    for i, k in enumerate([*copiers, owner]):
-        env = wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=digest,
-                                        bundle_size=100, tasks=refs, created_at=time.time(), policy_version=0,
-                                        num_trees=2, num_leaves=4), k)
-        records.append((k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord([env], f"p{i}"))))
-        if k is not owner:
-            copy_digests.append(hashlib.sha256(env).digest())
-    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
-                            shutdown=lambda: None)
+    owner, copiers = _key("established"), [_key(f"copier {i}") for i in range(5)]
+    records = [_announce(mix, digest, k, i) for i, k in enumerate([*copiers, owner])]
+    copy_digests = [hashlib.sha256(wire.decode_manifest_record(v).manifests[0]).digest() for _, v in records[:-1]]
+    started = _reading(c, records)
     c.peers.record_earned(owner.peer_id, 20)
-    started = []
-    start = c._start
-    c._start = lambda m, md, pub, extra: (started.append(pub) if md else None) or start(m, md, pub, extra)
     try:
         with c._lock:  # the publisher's first fetch of this step took 3 s (the copiers' keys used none)
             c._spent[owner.peer_id] = 3.0
@@ -640,27 +637,13 @@ def test_a_copier_with_more_standing_that_cannot_start_does_not_veto_the_publish
     digests while keeping itself over its own fetch budget. Its copy won every digest and was never started, and
     the publisher's manifest was deferred until stale: 0 of 8 bundles accepted. Now a publisher that can start a
     fetch goes before one that cannot, whatever their standing."""
-    from types import SimpleNamespace
-
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
     c = _offline_client(mix)
     digest = hashlib.sha256(b"the publisher's bundle").digest()
-    owner = Identity.from_private_bytes(hashlib.sha256(b"test_gossip veto owner").digest())
-    rival = Identity.from_private_bytes(hashlib.sha256(b"test_gossip veto rival").digest())
-    refs = mix.refs_for_step(0, 2)
-    records = []
-    for i, k in enumerate([rival, owner]):
-        env = wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=digest,
-                                        bundle_size=100, tasks=refs, created_at=time.time(), policy_version=0,
-                                        num_trees=2, num_leaves=4), k)
-        records.append((k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord([env], f"p{i}"))))
-    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
-                            shutdown=lambda: None)
+    owner, rival = _key("veto owner"), _key("veto rival")
+    started = _reading(c, [_announce(mix, digest, k, i) for i, k in enumerate([rival, owner])])
     c.peers.record_earned(owner.peer_id, 20)
     c.peers.record_earned(rival.peer_id, 21)
-    started = []
-    start = c._start
-    c._start = lambda m, md, pub, extra: (started.append(pub) if md else None) or start(m, md, pub, extra)
     try:
         with c._lock:  # the rival spent its whole fetch budget this step (on hanging fetches of its own)
             c._spent[rival.peer_id] = c.publisher_budget_s
@@ -673,35 +656,19 @@ def test_among_new_keys_the_manifest_read_first_is_fetched_not_a_later_copy():
     """Second outside attack (2026-12-03, MEDIUM): among keys without standing the choice of a digest's manifest was
     a lottery, so 160 free copier keys delayed a new publisher's first bundle by up to 8 steps. A copy can only be
     announced after the manifest it copies, so the manifest read first now goes first."""
-    from types import SimpleNamespace
-
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
     c = _offline_client(mix)
     digest = hashlib.sha256(b"a new publisher's first bundle").digest()
-    owner = Identity.from_private_bytes(hashlib.sha256(b"test_gossip first owner").digest())
-    copiers = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip late copier {i}".encode()).digest())
-               for i in range(8)]
-    refs = mix.refs_for_step(0, 2)
-
-    def record(k: Identity, i: int) -> tuple[bytes, bytes]:
-        env = wire.encode(wire.Manifest(swarm_id=SWARM, publisher_key=k.public_key_bytes, bundle_digest=digest,
-                                        bundle_size=100, tasks=refs, created_at=time.time(), policy_version=0,
-                                        num_trees=2, num_leaves=4), k)
-        return k.public_key_bytes, wire.encode_manifest_record(wire.ManifestRecord([env], f"p{i}"))
-
-    records = [record(owner, 0)]
-    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
-                            shutdown=lambda: None)
-    started = []
-    start = c._start
-    c._start = lambda m, md, pub, extra: (started.append(pub) if md else None) or start(m, md, pub, extra)
+    owner = _key("first owner")
+    records = [_announce(mix, digest, owner, 0)]
+    started = _reading(c, records)
     try:
         with c._lock:  # the first read finds every fetch slot busy: the publisher's manifest waits
             c._inflight = 2 * c.max_concurrent_fetches
         assert c.poll() == 0
         with c._lock:
             c._inflight = 0
-        records.extend(record(k, i + 1) for i, k in enumerate(copiers))  # the copies appear at the next read
+        records.extend(_announce(mix, digest, _key(f"late copier {i}"), i + 1) for i in range(8))  # at the next read
         started.clear()
         assert c.poll() == 1 and started == [owner.peer_id]
     finally:
