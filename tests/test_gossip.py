@@ -632,6 +632,28 @@ def test_a_copy_by_a_fresh_key_does_not_take_a_digest_from_its_established_publi
         c.close()
 
 
+def test_a_copy_that_keeps_losing_its_digest_is_looked_at_less_and_less_often():
+    """Second outside attack (2026-12-03): every look at a waiting copy verifies it again (~1 ms), and 40 keys x 16
+    copies cost 10 verifications per paid token in 20 polls. A copy that loses its digest to another manifest
+    again and again now waits 2, 4, 8, ... 64 s between looks."""
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix)
+    digest = hashlib.sha256(b"a bundle and its copy").digest()
+    m = wire.Manifest(swarm_id=SWARM, publisher_key=b"\x01" * 32, bundle_digest=digest, bundle_size=10,
+                      tasks=[REF], created_at=time.time(), policy_version=0, num_trees=1, num_leaves=2)
+    c.peers.record_earned("publisher", 5)
+    try:
+        waits = []
+        for _ in range(8):
+            now = time.monotonic()
+            kept = c._one_per_digest([(m, b"copy", "copier"), (m, b"original", "publisher")], now)
+            assert [x[1] for x in kept] == [b"original"]
+            waits.append(round(c._mstate[b"copy"].next_try - now))
+        assert waits == [2, 4, 8, 16, 32, 64, 64, 64]
+    finally:
+        c.close()
+
+
 def test_a_copier_with_more_standing_that_cannot_start_does_not_veto_the_publisher():
     """Second outside attack (2026-12-03, HIGH): a key with more earned standing than the publisher copied its
     digests while keeping itself over its own fetch budget. Its copy won every digest and was never started, and

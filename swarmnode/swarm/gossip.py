@@ -273,6 +273,7 @@ class _MState:
     bundle_digest: bytes = b""  # of a verified manifest in retry: while that digest is in flight under another
     # manifest, poll lets it wait without verifying it again (outside attack F4: thousands of copies waiting on
     # one held digest cost ~1 ms of signature and task checks each, every poll)
+    deferrals: int = 0  # polls in a row in which another manifest of the same digest was preferred to this one
 
 
 class SwarmClient:
@@ -957,7 +958,8 @@ class SwarmClient:
         concurrency limit and fetch budget), the one with the most earned standing (ties at random); if none can,
         the one with the most standing; among equal standing, the manifest we read first (a copy can only be
         announced after the manifest it copies), then at random. The others (copies of a bundle re-announced under
-        other keys, their tokens paid) wait in ``retry`` and are looked at again later.
+        other keys, their tokens paid) wait in ``retry`` and are looked at again after 2 s, twice as long each
+        time they lose again (at most 64 s), so copies cost few verifications while their digest waits.
 
         Without this, fresh copier keys, first in the fair order because they had used no fetch time this step,
         took an established publisher's digest first and held it for a fetch timeout each (outside attack F5: its
@@ -987,8 +989,12 @@ class SwarmClient:
                 deferred.append(c)
         with self._lock:
             for m, mdigest, _ in deferred:
+                # looked at again after 2, 4, 8, ... 64 s: each look verifies it again, and keys may announce
+                # thousands of copies of one digest
                 prev = self._mstate.get(mdigest)
-                self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, now + 2.0, m.bundle_digest)
+                n = (prev.deferrals if prev else 0) + 1
+                self._mstate[mdigest] = _MState("retry", prev.tries if prev else 0, now + 2.0 ** min(n, 6),
+                                                m.bundle_digest, n)
                 self._mstate.move_to_end(mdigest)
             self._trim_states()
         return [c for _, c in best.values()]
