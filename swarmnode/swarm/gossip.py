@@ -954,12 +954,12 @@ class SwarmClient:
 
     def _one_per_digest(self, candidates: list[tuple[wire.Manifest, bytes, str]],
                         now: float) -> list[tuple[wire.Manifest, bytes, str]]:
-        """Keep one manifest per bundle digest: among those whose publisher can start a fetch now (under its
-        concurrency limit and fetch budget), the one with the most earned standing (ties at random); if none can,
-        the one with the most standing; among equal standing, the manifest we read first (a copy can only be
-        announced after the manifest it copies), then at random. The others (copies of a bundle re-announced under
-        other keys, their tokens paid) wait in ``retry`` and are looked at again after 2 s, twice as long each
-        time they lose again (at most 64 s), so copies cost few verifications while their digest waits.
+        """Keep one manifest per bundle digest, ranked by: its publisher can start a fetch now (under its
+        concurrency limit and fetch budget), then the most earned standing, then the manifest we read first (a copy
+        can only be announced after the manifest it copies), then at random. The others (copies of a bundle
+        re-announced under other keys, their tokens paid) wait in ``retry`` and are looked at again after 2 s,
+        twice as long each time they lose again (at most 64 s), so copies cost few verifications while their
+        digest waits.
 
         Without this, fresh copier keys, first in the fair order because they had used no fetch time this step,
         took an established publisher's digest first and held it for a fetch timeout each (outside attack F5: its
