@@ -133,6 +133,24 @@ def _print_eval(title: str, res: EvalResult) -> None:
         console.print(g)
 
 
+def _print_diagnosis(res: EvalResult) -> None:
+    """Per step-checked task: wrong completions filed under their first invalid reasoning line, and the share
+    of valid lines (``EvalResult.first_wrong_step`` / ``step_validity``)."""
+    if not res.first_wrong_step:
+        console.print("no task of this mix has a step checker: nothing to diagnose", highlight=False)
+        return
+    t = Table(title="where wrong completions first go wrong (program-checked reasoning lines)")
+    t.add_column("task")
+    t.add_column("wrong", justify="right")
+    t.add_column("valid lines", justify="right")
+    t.add_column("first wrong step: wrong completions")
+    for k, cats in res.first_wrong_step.items():
+        validity = res.step_validity.get(k)  # absent: no completion wrote a reasoning line
+        t.add_row(k, f"{sum(cats.values())} / {res.counts[k]}", "-" if validity is None else f"{100 * validity:.1f}%",
+                  ", ".join(f"{c}: {n}" for c, n in cats.items()) or "-")
+    console.print(t)
+
+
 def _acc_line(res) -> str:
     """``41.2% exact (n=500)``."""
     return f"{100 * res.accuracy:.1f}% exact (n={res.n})"
@@ -358,9 +376,12 @@ def eval_cmd(
     n: Optional[int] = typer.Option(None, "--n", help="held-out tasks (default tasks.eval_size)"),
     device: Optional[str] = typer.Option(None, "--device"),
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    diagnose: bool = typer.Option(False, "--diagnose",
+                                  help="also show, per task, the reasoning line where wrong completions first go wrong"),
 ) -> None:
     """Exact greedy pass@1 of a checkpoint (or the embedded default) on held-out questions, per task and overall,
-    with partial credit apart and the tasks.probes generalization probes.
+    with partial credit apart and the tasks.probes generalization probes. With --diagnose, each wrong completion
+    of a step-checked task is filed under its first invalid reasoning line (always in --json).
 
     A run dir or checkpoint dir is evaluated on the tasks, ``eval_size`` and completion length of the config it
     was trained with (its checkpoint's ``config.yaml``) unless --config is given."""
@@ -397,6 +418,8 @@ def eval_cmd(
         print(json.dumps({"model": path, **res.to_dict(), "seconds": res.seconds}))
     else:
         _print_eval(f"held-out accuracy of {path}", res)
+        if diagnose:
+            _print_diagnosis(res)
         console.print(f"{res.n} held-out questions + {sum(v.n for v in res.generalization.values())} probe questions "
                       f"in {res.seconds:.1f} s", highlight=False)
 

@@ -11,6 +11,10 @@
 * **Per task.** Both numbers per task family, with the count of questions behind each.
 * **Generalization.** ``tasks.probes`` are nearby-distribution task sources (one more term, one more digit)
   evaluated the same way on their own held-out questions and reported under ``generalization``.
+* **Where it goes wrong.** For tasks whose reasoning lines a program can check
+  (:data:`~swarmnode.tasks.steps.CHECKED_TASKS`), every wrong completion is filed under its first invalid line
+  (``first_wrong_step``), and the share of valid reasoning lines is reported (``step_validity``): which step a
+  policy fails at, not only that it fails (``swarmnode eval --diagnose``).
 
 Decoding is batched greedy ``model.generate`` with left padding; prompts are sorted by length so that a
 batch pads little, and results are put back in question order.
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 
 from swarmnode.tasks.base import Scorer, Task
+from swarmnode.tasks.steps import check_steps
 
 if TYPE_CHECKING:
     from swarmnode.tasks.mix import TaskMix
@@ -48,6 +53,11 @@ class EvalResult:
         generalization: probe name -> the probe's own :class:`EvalResult` (nearby-distribution questions).
         examples: a few ``(question, completion, answer, exact score)`` tuples for inspection.
         seconds: wall time of the evaluation (decoding and scoring, probes included), in seconds.
+        first_wrong_step: task family -> :func:`diagnose` category -> number of *wrong* completions (step-checked
+            families only; right ones are not counted). Categories: ``"line K"`` (1-based: the first invalid
+            reasoning line), ``"no reasoning lines"``, ``"lines right, answer wrong"``.
+        step_validity: task family -> valid reasoning lines / all reasoning lines of its completions, in [0, 1]
+            (step-checked families with at least one line).
     """
 
     accuracy: float
@@ -59,10 +69,13 @@ class EvalResult:
     generalization: dict[str, "EvalResult"] = field(default_factory=dict)
     examples: list[tuple[str, str, str, float]] = field(default_factory=list)
     seconds: float = 0.0
+    first_wrong_step: dict[str, dict[str, int]] = field(default_factory=dict)
+    step_validity: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-ready summary: ``accuracy`` (exact), ``n``, ``per_task``, ``counts``, ``partial_credit``,
-        ``per_task_partial_credit`` and ``generalization`` (probe name -> the same keys, without nesting)."""
+        ``per_task_partial_credit``, ``first_wrong_step`` and ``step_validity`` (when any task is step-checked) and
+        ``generalization`` (probe name -> the same keys but the step diagnosis, without nesting)."""
         d = {
             "accuracy": self.accuracy,
             "metric": "exact greedy pass@1",
@@ -72,6 +85,9 @@ class EvalResult:
             "partial_credit": self.partial_credit,
             "per_task_partial_credit": self.per_task_partial,
         }
+        if self.first_wrong_step:
+            d["first_wrong_step"] = self.first_wrong_step
+            d["step_validity"] = self.step_validity
         if self.generalization:
             d["generalization"] = {k: _flat(v) for k, v in self.generalization.items()}
         return d
@@ -145,6 +161,36 @@ def _exact_and_partial(value: Any) -> tuple[float, float]:
     return (1.0 if exact >= EXACT_THRESHOLD else 0.0), min(1.0, max(0.0, partial))
 
 
+#: :func:`diagnose`'s categories besides ``"line K"``.
+NO_LINES = "no reasoning lines"
+LINES_RIGHT = "lines right, answer wrong"
+
+
+def diagnose(task: Task, completion: str) -> tuple[str, int, int] | None:
+    """Where a completion first goes wrong, by the program checks of :func:`~swarmnode.tasks.steps.check_steps`.
+
+    Args:
+        task: the regenerated task (its ``name`` picks the checker, its ``metadata`` is the ground truth).
+        completion: the completion text.
+
+    Returns:
+        ``(category, valid_lines, lines)``: ``category`` is ``"line K"`` for the first invalid reasoning line
+        (1-based), :data:`NO_LINES` when there is no reasoning line, else :data:`LINES_RIGHT`; ``valid_lines`` /
+        ``lines`` count the reasoning lines. ``None`` when the task family has no step checker (or its metadata
+        has a shape the checker does not handle). Never raises on any completion text. The caller decides
+        whether the completion was wrong: a right completion with all lines valid is also :data:`LINES_RIGHT`.
+    """
+    report = check_steps(task.name, task.metadata, completion)
+    if report is None:
+        return None
+    valid = [c.valid for c in report.lines]
+    if not valid:
+        return NO_LINES, 0, 0
+    first = next((k for k, v in enumerate(valid) if not v), None)
+    category = LINES_RIGHT if first is None else f"line {first + 1}"
+    return category, sum(valid), len(valid)
+
+
 def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str], Any],
               keep_examples: int) -> EvalResult:
     """Score ``comps[i]`` against ``tasks[i]`` and fold the scores into an :class:`EvalResult`.
@@ -156,14 +202,17 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
         keep_examples: how many ``(question, completion, answer, exact)`` examples to keep (>= 0).
 
     Returns:
-        Per task family (``task.name``, else the source id) the exact and partial means and counts; an empty
-        result (accuracy 0, ``n = 0``) for no tasks.
+        Per task family (``task.name``, else the source id) the exact and partial means and counts, and for
+        step-checked families the first wrong step of each wrong completion and the share of valid lines
+        (:func:`diagnose`); an empty result (accuracy 0, ``n = 0``) for no tasks.
     """
     if not tasks:
         return EvalResult(0.0, {}, {}, 0)
     ex_sum: dict[str, float] = {}
     pa_sum: dict[str, float] = {}
     counts: dict[str, int] = {}
+    first_wrong: dict[str, dict[str, int]] = {}
+    lines_valid: dict[str, list[int]] = {}
     examples = []
     for t, c in zip(tasks, comps):
         exact, partial = _exact_and_partial(score_fn(t, c))
@@ -171,6 +220,15 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
         ex_sum[name] = ex_sum.get(name, 0.0) + exact
         pa_sum[name] = pa_sum.get(name, 0.0) + partial
         counts[name] = counts.get(name, 0) + 1
+        diag = diagnose(t, c)
+        if diag is not None:
+            category, valid, total = diag
+            first_wrong.setdefault(name, {})
+            if exact < 1.0:
+                first_wrong[name][category] = first_wrong[name].get(category, 0) + 1
+            vt = lines_valid.setdefault(name, [0, 0])
+            vt[0] += valid
+            vt[1] += total
         if len(examples) < keep_examples:
             examples.append((t.question, c, t.answer, exact))
     n = len(tasks)
@@ -183,7 +241,19 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
         partial_credit=sum(pa_sum.values()) / n,
         per_task_partial={k: pa_sum[k] / counts[k] for k in names},
         examples=examples,
+        first_wrong_step={k: dict(sorted(first_wrong[k].items(), key=_category_order)) for k in sorted(first_wrong)},
+        step_validity={k: v / t for k, (v, t) in sorted(lines_valid.items()) if t > 0},
     )
+
+
+def _category_order(item: tuple[str, int]) -> tuple[int, int]:
+    """Sort key of :func:`diagnose` categories: no lines, line 1, line 2, ..., lines right."""
+    key = item[0]
+    if key == NO_LINES:
+        return (0, 0)
+    if key == LINES_RIGHT:
+        return (2, 0)
+    return (1, int(key.split()[1]))
 
 
 def evaluate(

@@ -13,8 +13,11 @@ import yaml
 
 from swarmnode.config import ModelConfig, TasksConfig
 from swarmnode.evaluation import (
+    LINES_RIGHT,
+    NO_LINES,
     EvalResult,
     aggregate,
+    diagnose,
     evaluate,
     evaluate_mix,
     format_accuracy,
@@ -73,6 +76,57 @@ def test_partial_credit_is_never_accuracy(mix):
     # a bare float score is read as the raw verifier score: 0.75 is not correct
     half = aggregate(tasks[:2], ["", ""], lambda t, c: 0.75, keep_examples=0)
     assert half.accuracy == 0.0 and half.partial_credit == pytest.approx(0.75)
+
+
+def test_wrong_completions_are_filed_under_their_first_invalid_line():
+    """The worked solution is right (not filed); a wrong line k is filed as "line k" even when the later lines
+    continue correctly from it; a bare answer has no lines; right lines with a wrong answer are their own category.
+    The checks are the program's (tasks/steps.py), from the task's own regenerated metadata."""
+    from swarmnode.tasks.solutions import DEFAULT_MIX, worked_solution
+
+    mix = TaskMix.from_config(TasksConfig(sources=[{"name": s["name"], "config": s["config"]} for s in DEFAULT_MIX]))
+    tasks = [t for t in (mix.get(r) for r in mix.eval_refs(40)) if t.name == "chain_sum"][:4]
+    assert len(tasks) == 4
+    comps = []
+    for k, t in enumerate(tasks):
+        good = worked_solution("chain_sum", {"question": t.question, "answer": t.answer, "metadata": t.metadata})
+        lines = good.split("\n")
+        if k == 0:
+            comps.append(good)  # right
+        elif k == 1:  # line 2's result off by one; every later line recomputed from the wrong value
+            x, rest = lines[1].split("=")
+            wrong = int(rest) + 1
+            new = lines[:1] + [f"{x}={wrong}"]
+            for line in lines[2:-1]:
+                lhs = line.split("=")[0]
+                op = "+" if "+" in lhs[1:] else "-"
+                y = int(lhs[1:].split(op, 1)[1])
+                z = wrong + y if op == "+" else wrong - y
+                new.append(f"{wrong}{op}{y}={z}")
+                wrong = z
+            comps.append("\n".join(new) + f"\n<answer>{wrong}</answer>")
+        elif k == 2:
+            comps.append(f"<answer>{int(t.answer) + 1}</answer>")  # no reasoning lines
+        else:
+            comps.append("\n".join(lines[:-1]) + f"\n<answer>{int(t.answer) + 1}</answer>")  # lines right
+    assert diagnose(tasks[0], comps[0]) == (LINES_RIGHT, 6, 6)
+    assert diagnose(tasks[1], comps[1]) == ("line 2", 5, 6)
+    assert diagnose(tasks[2], comps[2]) == (NO_LINES, 0, 0)
+    assert diagnose(tasks[3], comps[3]) == (LINES_RIGHT, 6, 6)
+    res = aggregate(tasks, comps, mix_scorer(mix), keep_examples=0)
+    assert res.accuracy == 0.25
+    assert res.first_wrong_step == {"chain_sum": {NO_LINES: 1, "line 2": 1, LINES_RIGHT: 1}}
+    assert res.step_validity == {"chain_sum": 17 / 18}
+    assert res.to_dict()["first_wrong_step"] == res.first_wrong_step
+
+
+def test_a_task_without_a_step_checker_is_not_diagnosed(mix):
+    """chain_sum's question is checked; a task family the checker does not know gets no diagnosis at all."""
+    t = mix.get(mix.eval_refs(1)[0])
+    other = type(t)(t.ref, t.question, t.answer, t.metadata, name="gsm8k")
+    assert diagnose(other, "1+1=2\n<answer>2</answer>") is None
+    res = aggregate([other], ["<answer>x</answer>"], lambda task, c: 0.0, keep_examples=0)
+    assert res.first_wrong_step == {} and "first_wrong_step" not in res.to_dict()
 
 
 def test_length_sorted_batches_keep_question_order(policy, mix):
@@ -138,6 +192,11 @@ def test_cli_eval_json_and_table(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = " ".join(r.stdout.split())  # rich wraps long titles
     assert "exact greedy pass@1" in out and "partial credit" in out and "three_terms" in out
+    assert "first go wrong" not in out
+    r = subprocess.run([sys.executable, "-m", "swarmnode.cli", "eval", "--config", str(cfg), "--diagnose"],
+                       capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "first go wrong" in " ".join(r.stdout.split())
 
 
 def test_run_before_after_lines_and_metrics_rows(tmp_path):
@@ -155,3 +214,7 @@ def test_run_before_after_lines_and_metrics_rows(tmp_path):
     for x in evals:
         assert x["metric"] == "exact greedy pass@1" and "partial_credit" in x and "per_task" in x
         assert x["generalization"]["three_terms"]["n"] == 12
+        # chain_sum is step-checked: each eval row says where its wrong completions first go wrong
+        assert sum(x["first_wrong_step"]["chain_sum"].values()) == round((1 - x["per_task"]["chain_sum"]) *
+                                                                         x["counts"]["chain_sum"])
+        assert 0.0 <= x["step_validity"].get("chain_sum", 0.0) <= 1.0
