@@ -142,7 +142,7 @@ def _print_diagnosis(res: EvalResult) -> None:
     t = Table(title="where wrong completions first go wrong (program-checked reasoning lines)")
     t.add_column("task")
     t.add_column("wrong", justify="right")
-    t.add_column("valid lines", justify="right")
+    t.add_column("valid lines (all completions)", justify="right")
     t.add_column("first wrong step: wrong completions")
     for k, cats in res.first_wrong_step.items():
         validity = res.step_validity.get(k)  # absent: no completion wrote a reasoning line

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 
 from swarmnode.tasks.base import Scorer, Task
-from swarmnode.tasks.steps import check_steps
+from swarmnode.tasks.steps import CHECKED_TASKS, check_steps
 
 if TYPE_CHECKING:
     from swarmnode.tasks.mix import TaskMix
@@ -55,9 +55,10 @@ class EvalResult:
         seconds: wall time of the evaluation (decoding and scoring, probes included), in seconds.
         first_wrong_step: task family -> :func:`diagnose` category -> number of *wrong* completions (step-checked
             families only; right ones are not counted). Categories: ``"line K"`` (1-based: the first invalid
-            reasoning line), ``"no reasoning lines"``, ``"lines right, answer wrong"``.
-        step_validity: task family -> valid reasoning lines / all reasoning lines of its completions, in [0, 1]
-            (step-checked families with at least one line).
+            reasoning line), ``"no reasoning lines"``, ``"lines right, steps missing"``, ``"lines right, answer
+            wrong"``, ``"not checkable"`` (:func:`diagnose`).
+        step_validity: task family -> valid reasoning lines / all reasoning lines of its completions, right and
+            wrong, in [0, 1] (step-checked families with at least one line).
     """
 
     accuracy: float
@@ -163,7 +164,9 @@ def _exact_and_partial(value: Any) -> tuple[float, float]:
 
 #: :func:`diagnose`'s categories besides ``"line K"``.
 NO_LINES = "no reasoning lines"
+STOPPED_EARLY = "lines right, steps missing"
 LINES_RIGHT = "lines right, answer wrong"
+NOT_CHECKED = "not checkable"
 
 
 def diagnose(task: Task, completion: str) -> tuple[str, int, int] | None:
@@ -175,19 +178,25 @@ def diagnose(task: Task, completion: str) -> tuple[str, int, int] | None:
 
     Returns:
         ``(category, valid_lines, lines)``: ``category`` is ``"line K"`` for the first invalid reasoning line
-        (1-based), :data:`NO_LINES` when there is no reasoning line, else :data:`LINES_RIGHT`; ``valid_lines`` /
-        ``lines`` count the reasoning lines. ``None`` when the task family has no step checker (or its metadata
-        has a shape the checker does not handle). Never raises on any completion text. The caller decides
-        whether the completion was wrong: a right completion with all lines valid is also :data:`LINES_RIGHT`.
+        (1-based); :data:`NO_LINES` when there is no reasoning line; :data:`STOPPED_EARLY` when every line is
+        valid but there are fewer than the question needs (stopped, or cut off at the completion length, before
+        the last step); else :data:`LINES_RIGHT`. ``valid_lines`` / ``lines`` count the reasoning lines.
+        :data:`NOT_CHECKED` (``0, 0``) when the family has a checker but this task's metadata has a shape it does
+        not handle; ``None`` when the family has no step checker. Never raises on any completion text. The caller
+        decides whether the completion was wrong: a right completion with all lines valid is also
+        :data:`LINES_RIGHT`.
     """
     report = check_steps(task.name, task.metadata, completion)
     if report is None:
-        return None
+        return (NOT_CHECKED, 0, 0) if task.name in CHECKED_TASKS else None
     valid = [c.valid for c in report.lines]
     if not valid:
         return NO_LINES, 0, 0
     first = next((k for k, v in enumerate(valid) if not v), None)
-    category = LINES_RIGHT if first is None else f"line {first + 1}"
+    if first is not None:
+        category = f"line {first + 1}"
+    else:
+        category = STOPPED_EARLY if len(valid) < report.needed else LINES_RIGHT
     return category, sum(valid), len(valid)
 
 
@@ -249,10 +258,9 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
 def _category_order(item: tuple[str, int]) -> tuple[int, int]:
     """Sort key of :func:`diagnose` categories: no lines, line 1, line 2, ..., lines right."""
     key = item[0]
-    if key == NO_LINES:
-        return (0, 0)
-    if key == LINES_RIGHT:
-        return (2, 0)
+    last = {NO_LINES: (0, 0), STOPPED_EARLY: (2, 0), LINES_RIGHT: (3, 0), NOT_CHECKED: (4, 0)}
+    if key in last:
+        return last[key]
     return (1, int(key.split()[1]))
 
 

@@ -15,6 +15,8 @@ from swarmnode.config import ModelConfig, TasksConfig
 from swarmnode.evaluation import (
     LINES_RIGHT,
     NO_LINES,
+    NOT_CHECKED,
+    STOPPED_EARLY,
     EvalResult,
     aggregate,
     diagnose,
@@ -118,6 +120,12 @@ def test_wrong_completions_are_filed_under_their_first_invalid_line():
     assert res.first_wrong_step == {"chain_sum": {NO_LINES: 1, "line 2": 1, LINES_RIGHT: 1}}
     assert res.step_validity == {"chain_sum": 17 / 18}
     assert res.to_dict()["first_wrong_step"] == res.first_wrong_step
+    # every line written is right but the last steps are missing (stopped or cut off): not "answer wrong"
+    short = "\n".join(comps[0].split("\n")[:3]) + f"\n<answer>{int(tasks[0].answer) + 1}</answer>"
+    assert diagnose(tasks[0], short) == (STOPPED_EARLY, 3, 3)
+    # a checked family whose metadata the checker cannot read is filed apart, never dropped from the count
+    broken = type(tasks[0])(tasks[0].ref, tasks[0].question, tasks[0].answer, {}, name="chain_sum")
+    assert diagnose(broken, comps[0]) == (NOT_CHECKED, 0, 0)
 
 
 def test_a_task_without_a_step_checker_is_not_diagnosed(mix):
