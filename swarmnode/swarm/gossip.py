@@ -966,12 +966,11 @@ class SwarmClient:
         bundles a step late). Standing alone is not enough: a key with more standing that keeps itself over its
         own fetch budget would win every digest it copies and never start the fetch, so the publisher's manifest
         was deferred until it went stale (second attack, HIGH); hence a publisher that can start goes first."""
-        with self._lock:
-            busy = {pub for pub, n in self._inflight_by_pub.items() if n >= self.max_fetches_per_publisher}
-            busy |= {pub for pub, t in self._spent.items() if t >= self.publisher_budget_s}
         best: dict[bytes, tuple[tuple[bool, int, float, float], tuple[wire.Manifest, bytes, str]]] = {}
         deferred: list[tuple[wire.Manifest, bytes, str]] = []
         with self._lock:
+            busy = {pub for pub, n in self._inflight_by_pub.items() if n >= self.max_fetches_per_publisher}
+            busy |= {pub for pub, t in self._spent.items() if t >= self.publisher_budget_s}
             for _, mdigest, _ in candidates:
                 if mdigest not in self._first_seen:
                     self._first_seen[mdigest] = now
