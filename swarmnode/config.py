@@ -122,18 +122,19 @@ class TasksConfig(_Strict):
 
     sources: list[TaskSourceConfig] = Field(
         default_factory=lambda: [
-            TaskSourceConfig(name="chain_sum", config={"min_terms": 7, "max_terms": 7, "min_digits": 1,
+            TaskSourceConfig(name="chain_sum", config={"min_terms": 10, "max_terms": 14, "min_digits": 1,
                                                         "max_digits": 1}),
             TaskSourceConfig(name="basic_arithmetic", config={
-                "min_terms": 2, "max_terms": 2, "min_digits": 5, "max_digits": 5, "operators": ["+"],
+                "min_terms": 2, "max_terms": 2, "min_digits": 7, "max_digits": 8, "operators": ["+"],
                 "allow_parentheses": False, "allow_negation": False}),
-            TaskSourceConfig(name="leg_counting", config={"min_animals": 2, "max_animals": 3, "min_instances": 1,
-                                                           "max_instances": 10}),
-            TaskSourceConfig(name="letter_counting", config={"min_words": 4, "max_words": 6}),
+            TaskSourceConfig(name="leg_counting", config={"min_animals": 3, "max_animals": 4, "min_instances": 1,
+                                                           "max_instances": 12}),
+            TaskSourceConfig(name="letter_counting", config={"min_words": 5, "max_words": 7}),
         ],
         min_length=1,
         description="the task sources of the mix (at least one); default: the embedded model's worked-solution mix "
-        "(7-term one-digit chain_sum, 5-digit addition, leg_counting with 2-3 kinds, letter_counting with 4-6 words; "
+        "(chain_sum of 10-14 one-digit terms, 7-8-digit addition, leg_counting with 3-4 kinds, letter_counting with 5-7 "
+        "words; "
         "docs/embedded_model.md)",
     )
     seed: int = Field(0, ge=0, description="seed of the training task stream")
@@ -156,14 +157,14 @@ class TasksConfig(_Strict):
     probes: list[ProbeConfig] = Field(
         default_factory=lambda: [
             ProbeConfig(name="chain_sum", label="one_more_term",
-                        config={"min_terms": 8, "max_terms": 8, "min_digits": 1, "max_digits": 1}),
+                        config={"min_terms": 15, "max_terms": 15, "min_digits": 1, "max_digits": 1}),
             ProbeConfig(name="basic_arithmetic", label="one_more_digit", config={
-                "min_terms": 2, "max_terms": 2, "min_digits": 6, "max_digits": 6, "operators": ["+"],
+                "min_terms": 2, "max_terms": 2, "min_digits": 9, "max_digits": 9, "operators": ["+"],
                 "allow_parentheses": False, "allow_negation": False}),
         ],
         description="nearby-distribution task sources (e.g. one more term, one more digit) "
         "evaluated on their held-out questions and reported separately as generalization; never trained on. "
-        "Default: 8-term chain_sum (one more term) and 6-digit addition (one more digit)"
+        "Default: 15-term chain_sum (one more term) and 9-digit addition (one more digit)"
     )
     format_reward: float = Field(
         0.0, ge=0, le=1, description="extra reward for a well-formed <answer>…</answer> (0 disables)"
@@ -221,7 +222,7 @@ class SamplingConfig(_Strict):
 
     prompts_per_step: int = Field(8, ge=1, description="prompts drawn per step")
     num_generations: int = Field(8, ge=2, description="leaves (completions) per prompt, G")
-    max_completion_length: int = Field(96, ge=1, description="max new tokens per completion (TRL name); default 96 (the embedded model's worked solutions: <= 88 reasoning tokens + the answer tag)")
+    max_completion_length: int = Field(160, ge=1, description="max new tokens per completion (TRL name); default 160 (the embedded model's worked solutions, probes included, are at most about 150 tokens with eos)")
     max_prompt_length: int = Field(512, ge=8, description="longer prompts are left-truncated")
     temperature: float = Field(1.0, gt=0, description="softmax temperature of sampling; behaviour log-probs are "
                                "taken under it (TRL convention); default 1.0")
@@ -592,7 +593,7 @@ class MonitorConfig(_Strict):
 class RunConfig(_Strict):
     """The whole node configuration."""
 
-    steps: int = Field(600, ge=0, description="optimizer steps to run (total, counting resumed ones)")
+    steps: int = Field(300, ge=0, description="optimizer steps to run (total, counting resumed ones); default 300")
     seed: int = Field(0, ge=0, description="seed of the node's RNGs (sampling, selection, init); default 0")
     run_dir: str = Field("runs/default", description="run directory: checkpoints, metrics.jsonl, logs")
     eval_every: int = Field(0, ge=0, description="held-out eval every N steps (0: only before and after)")

@@ -84,9 +84,11 @@ def test_wrong_completions_are_filed_under_their_first_invalid_line():
     """The worked solution is right (not filed); a wrong line k is filed as "line k" even when the later lines
     continue correctly from it; a bare answer has no lines; right lines with a wrong answer are their own category.
     The checks are the program's (tasks/steps.py), from the task's own regenerated metadata."""
-    from swarmnode.tasks.solutions import DEFAULT_MIX, worked_solution
+    from swarmnode.tasks.solutions import worked_solution
 
-    mix = TaskMix.from_config(TasksConfig(sources=[{"name": s["name"], "config": s["config"]} for s in DEFAULT_MIX]))
+    # 7 one-digit terms: 6 reasoning lines (the counts below depend on it, not on the default mix)
+    seven = {"min_terms": 7, "max_terms": 7, "min_digits": 1, "max_digits": 1}
+    mix = TaskMix.from_config(TasksConfig(sources=[{"name": "chain_sum", "config": seven}], probes=[]))
     tasks = [t for t in (mix.get(r) for r in mix.eval_refs(40)) if t.name == "chain_sum"][:4]
     assert len(tasks) == 4
     comps = []

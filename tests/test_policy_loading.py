@@ -117,13 +117,13 @@ def test_embedded_reasons_in_lines_then_answers(embedded):
     from swarmnode.tasks.verifiers import extract_answer
 
     tok, model = embedded.tokenizer, embedded.model
-    prompt = embedded.prompt("Calculate 347 + 586.")
+    prompt = embedded.prompt("Calculate 4279348 + 1978347.")  # the default mix's 7-8-digit addition
     enc = tok([prompt] * 16, return_tensors="pt", add_special_tokens=False)
     torch.manual_seed(0)
     with torch.no_grad():
-        greedy = model.generate(**{k: v[:1] for k, v in enc.items()}, max_new_tokens=96,
+        greedy = model.generate(**{k: v[:1] for k, v in enc.items()}, max_new_tokens=160,
                                 do_sample=False, pad_token_id=tok.pad_token_id)
-        sampled = model.generate(**enc, max_new_tokens=96, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+        sampled = model.generate(**enc, max_new_tokens=160, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                  pad_token_id=tok.pad_token_id)
     n = enc["input_ids"].shape[1]
     g = tok.decode(greedy[0, n:], skip_special_tokens=True)

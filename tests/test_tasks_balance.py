@@ -21,7 +21,7 @@ from swarmnode.tasks import ReasoningGymSource, TaskMix, TaskRef, config_digest
 from swarmnode.tasks.balance import DIGEST_KEY, ESTIMATE_ITEMS, AnswerBalance, balance_uniform, water_fill
 from swarmnode.tasks.partition import is_heldout_question, normalize_question
 
-LC = {"min_words": 4, "max_words": 6}  # the default mix's letter_counting
+LC = {"min_words": 4, "max_words": 6}  # the default mix's letter_counting until 2026-12-03
 CAP = 0.3
 STEPS, PER_STEP = 100, 64  # 6,400 training draws
 

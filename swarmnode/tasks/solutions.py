@@ -9,14 +9,14 @@ solution with the task's own ``score_answer`` checks the steps' arithmetic too.
 
 The default mix (:data:`DEFAULT_MIX`), one writer per task:
 
-* ``chain_sum`` (7 one-digit terms, ``+``/``-``): running partial sums, one operation per line:
+* ``chain_sum`` (10-14 one-digit terms, ``+``/``-``): running partial sums, one operation per line:
   ``"3+5=8\\n8-2=6\\n6+7=13\\n13-4=9\\n"``.
-* ``basic_arithmetic`` (2 terms of up to 5 digits, ``+`` only): column addition from the units up; each line
+* ``basic_arithmetic`` (2 terms of 7-8 digits, ``+`` only): column addition from the units up; each line
   is one column (digit + digit + carry = column sum) and the answer digits written so far:
   ``"7+6=13 3\\n4+8+1=13 33\\n3+5+1=9 933\\n"``.
-* ``leg_counting`` (2-3 kinds of animals, 1-10 of each): legs per kind, then running sums:
+* ``leg_counting`` (3-4 kinds of animals, 1-12 of each): legs per kind, then running sums:
   ``"duck 7*2=14\\ncat 3*4=12\\n14+12=26\\n"``.
-* ``letter_counting`` (spans of 4-6 words): every word with the letter's count in it and the running total:
+* ``letter_counting`` (spans of 5-7 words): every word with the letter's count in it and the running total:
   ``"hundred +1=1\\nthousand +1=2\\nnames +0=2\\n"``.
 
 Question-space sizes (:func:`question_space_size`, from the generators' parameters in reasoning-gym 0.1.19):
@@ -32,15 +32,15 @@ from typing import Any
 #: The embedded model's task mix: reasoning-gym dataset name, config (keyword arguments of the dataset's
 #: config dataclass) and sampling weight. swarmnode/default.yaml lists the same sources.
 DEFAULT_MIX: list[dict[str, Any]] = [
-    {"name": "chain_sum", "config": {"min_terms": 7, "max_terms": 7, "min_digits": 1, "max_digits": 1},
+    {"name": "chain_sum", "config": {"min_terms": 10, "max_terms": 14, "min_digits": 1, "max_digits": 1},
      "weight": 1.0},
     {"name": "basic_arithmetic",
-     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 5, "max_digits": 5, "operators": ["+"],
+     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 7, "max_digits": 8, "operators": ["+"],
                 "allow_parentheses": False, "allow_negation": False},
      "weight": 1.0},
-    {"name": "leg_counting", "config": {"min_animals": 2, "max_animals": 3, "min_instances": 1, "max_instances": 10},
+    {"name": "leg_counting", "config": {"min_animals": 3, "max_animals": 4, "min_instances": 1, "max_instances": 12},
      "weight": 1.0},
-    {"name": "letter_counting", "config": {"min_words": 4, "max_words": 6}, "weight": 1.0},
+    {"name": "letter_counting", "config": {"min_words": 5, "max_words": 7}, "weight": 1.0},
 ]
 
 #: Tasks :func:`worked_solution` can write.
