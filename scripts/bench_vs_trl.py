@@ -16,6 +16,13 @@ Usage::
     pip install -e '.[bench]'          # TRL is an optional extra, never a runtime dependency
     python scripts/bench_vs_trl.py --minutes 3.5 --seeds 0 1 [--config my.yaml] [--eval-size 500] [--out DIR]
     python scripts/bench_vs_trl.py --minutes 6 --seeds 0 1 2 --tree-config configs/tree.yaml   # + a tree arm
+    python scripts/bench_vs_trl.py --schedule config --steps 600 --trl-steps 350 --minutes 30 --seeds 0
+
+``--schedule config`` compares the two defaults as a user would run them: each arm decays its learning rate
+(the config's ``lr_scheduler_type``, cosine by default) over its own step horizon and stops there (or at
+``--minutes``); since TRL's steps are slower, a ``--trl-steps`` that takes about as long as swarmnode's
+``--steps`` gives equal wall time, and the table's ``train min`` column shows how equal it was. The default
+``--schedule constant`` trains every arm at the peak rate until the wall-time budget is spent.
 
 ``--tree-config`` adds a third arm, ``swarmnode-tree``: swarmnode with that config (tree rollouts), started
 together with the other two under the same wall-time budget, so tree vs chain is compared at equal wall time
@@ -92,11 +99,14 @@ def arm_swarmnode(args) -> dict:
     from swarmnode.tasks.mix import TaskMix
 
     cfg = _load_cfg(args.config, args.seed, args.eval_size)
-    cfg.steps = 10**9
     cfg.checkpoint.save_steps = 10**9
-    # a wall-time budget has no step horizon for a learning-rate decay to end at: both arms run at the constant
-    # peak rate (the TRL arm's lr_scheduler_type below), whatever the config's schedule
-    cfg.train.lr_scheduler_type = "constant"
+    if args.schedule == "constant":
+        # a wall-time budget has no step horizon for a learning-rate decay to end at: both arms run at the
+        # constant peak rate (the TRL arm's lr_scheduler_type below), whatever the config's schedule
+        cfg.steps = 10**9
+        cfg.train.lr_scheduler_type = "constant"
+    else:  # the config's schedule over a fixed horizon (--steps, default the config's steps)
+        cfg.steps = args.steps or cfg.steps
     cfg.run_dir = str(Path(args.work) / f"{args.arm or 'swarmnode'}-seed{args.seed}")
     node = Node(cfg)
     if not hasattr(node.tasks, "rescore"):  # verifiers without exact scoring: train on the exact reward too
@@ -115,7 +125,7 @@ def arm_swarmnode(args) -> dict:
     t0 = time.perf_counter()
     budget = 60.0 * args.minutes
     rewards, phases = [], {}
-    while time.perf_counter() - t0 < budget:
+    while time.perf_counter() - t0 < budget and node.step < cfg.steps:
         res = node.run_step()
         rewards.append(float(res.metrics["reward"]))
         for k, v in res.metrics.get("time", {}).items():
@@ -157,7 +167,10 @@ def arm_trl(args) -> dict:
     s, t = cfg.sampling, cfg.train
     # The same training questions, in swarmnode's order: step k's prompts are refs_for_step(k, P). Enough
     # steps for the wall-time budget at 4 steps/s (TRL stops at the budget long before on CPU).
-    n_steps = int(60 * args.minutes * 4) + 100
+    if args.schedule == "constant":
+        n_steps = int(60 * args.minutes * 4) + 100
+    else:  # the config's schedule, decaying over TRL's own horizon (--trl-steps, default --steps / the config's)
+        n_steps = args.trl_steps or args.steps or cfg.steps
     refs = [r for k in range(n_steps) for r in mix.refs_for_step(k, s.prompts_per_step, stream=cfg.tasks.stream or 0)]
     ds = Dataset.from_dict({
         "prompt": [pol.prompt(mix.get(r).question) for r in refs],
@@ -175,7 +188,7 @@ def arm_trl(args) -> dict:
         bf16=False,
         seed=args.seed,
         learning_rate=t.learning_rate,
-        lr_scheduler_type="constant",
+        lr_scheduler_type="constant" if args.schedule == "constant" else t.lr_scheduler_type,
         warmup_steps=0,
         weight_decay=t.weight_decay,
         adam_beta1=t.adam_beta1,
@@ -327,12 +340,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated arms of {swarmnode,swarmnode-tree,swarmnode-alt,trl} (default: swarmnode,"
                          "trl, plus swarmnode-tree with --tree-config and swarmnode-alt with --alt-config); e.g. "
                          "'swarmnode,swarmnode-tree' for tree vs chain only")
+    ap.add_argument("--schedule", choices=["constant", "config"], default="constant",
+                    help="constant (default): every arm trains at the peak learning rate until --minutes; config: "
+                         "each arm uses the config's schedule (the default's cosine decay) over its own step horizon "
+                         "(--steps for swarmnode, --trl-steps for TRL) and stops at that horizon or at --minutes, "
+                         "whichever comes first; pick --trl-steps so that TRL's horizon takes about the same time")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="with --schedule config: the swarmnode arms' step horizon (default the config's steps)")
+    ap.add_argument("--trl-steps", type=int, default=None,
+                    help="with --schedule config: TRL's step horizon (default the same as --steps)")
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.minutes <= 0:
         ap.error("--minutes must be > 0")
+    for name in ("steps", "trl_steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
 
     if args.arm:  # one arm in this process
         out = arm_trl(args) if args.arm == "trl" else arm_swarmnode(args)
@@ -369,12 +394,16 @@ def main(argv: list[str] | None = None) -> int:
                 res_path = out_dir / f"arm-{arm}-seed{seed}.json"
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--arm", arm, "--seed", str(seed),
                        "--minutes", str(args.minutes), "--work", work, "--result", str(res_path),
+                       "--schedule", args.schedule,
                        "--arms", ",".join(arms)]
                 config = {"swarmnode-tree": args.tree_config, "swarmnode-alt": args.alt_config}.get(arm, args.config)
                 if config:
                     cmd += ["--config", config]
                 if args.eval_size:
                     cmd += ["--eval-size", str(args.eval_size)]
+                for flag, value in (("--steps", args.steps), ("--trl-steps", args.trl_steps)):
+                    if value is not None:
+                        cmd += [flag, str(value)]
                 log = open(out_dir / f"arm-{arm}-seed{seed}.log", "w")
                 procs[arm] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), res_path, log)
             for arm, (p, res_path, log) in procs.items():
@@ -387,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(json.loads(res_path.read_text()))
         print(f"seed {seed} done ({(time.time() - t_all) / 60:.1f} min so far)", flush=True)
     summary = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
-               "minutes_per_arm": args.minutes, "seeds": args.seeds, "results": results,
+               "minutes_per_arm": args.minutes, "schedule": args.schedule, "seeds": args.seeds, "results": results,
                "table": table(results), "wall_minutes_total": (time.time() - t_all) / 60}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=1, default=float))
     print(summary["table"])

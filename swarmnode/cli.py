@@ -109,17 +109,21 @@ def _setup_logging(run_dir: Path | None, verbose: bool, swarm: bool = False) -> 
 
 
 def _print_eval(title: str, res: EvalResult) -> None:
-    """Per-task table of exact greedy pass@1 (n, exact, partial credit apart), then one per probe."""
-    t = Table(title=f"{title} (exact greedy pass@1)")
+    """Per-task table of exact greedy pass@1 (n, exact, partial credit apart, and what always writing the
+    task's commonest answer would score), then one per probe."""
+    t = Table(title=f"{title} (exact greedy pass@1)",
+              caption="constant answer: what always writing the task's commonest answer scores")
     t.add_column("task")
     t.add_column("n", justify="right")
     t.add_column("exact", justify="right")
     t.add_column("partial credit", justify="right", style="dim")
-    partial = res.per_task_partial
+    t.add_column("constant answer", justify="right", style="dim")
+    partial, const = res.per_task_partial, res.per_task_constant
     for k, v in res.per_task.items():
-        t.add_row(k, str(res.counts[k]), f"{100 * v:.1f}%", f"{100 * partial.get(k, v):.1f}%")
+        t.add_row(k, str(res.counts[k]), f"{100 * v:.1f}%", f"{100 * partial.get(k, v):.1f}%",
+                  f"{100 * const[k]:.1f}%" if k in const else "-")
     t.add_row("[bold]overall", str(res.n), f"[bold]{100 * res.accuracy:.1f}%",
-              f"{100 * res.partial_credit:.1f}%")
+              f"{100 * res.partial_credit:.1f}%", f"{100 * res.constant_answer:.1f}%")
     console.print(t)
     gen = res.generalization
     if gen:

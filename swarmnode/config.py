@@ -593,7 +593,7 @@ class MonitorConfig(_Strict):
 class RunConfig(_Strict):
     """The whole node configuration."""
 
-    steps: int = Field(300, ge=0, description="optimizer steps to run (total, counting resumed ones); default 300")
+    steps: int = Field(600, ge=0, description="optimizer steps to run (total, counting resumed ones); default 600 (about 11 minutes of training on 2 idle cores with the embedded model, docs/results.md)")
     seed: int = Field(0, ge=0, description="seed of the node's RNGs (sampling, selection, init); default 0")
     run_dir: str = Field("runs/default", description="run directory: checkpoints, metrics.jsonl, logs")
     eval_every: int = Field(0, ge=0, description="held-out eval every N steps (0: only before and after)")

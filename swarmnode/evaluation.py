@@ -11,6 +11,10 @@
 * **Per task.** Both numbers per task family, with the count of questions behind each.
 * **Generalization.** ``tasks.probes`` are nearby-distribution task sources (one more term, one more digit)
   evaluated the same way on their own held-out questions and reported under ``generalization``.
+* **What a constant answer would score.** Per task, the share of the held-out questions whose answer is that
+  task's commonest answer (``constant_answer``): a policy that always writes that one answer scores exactly this,
+  with no reasoning at all. Where a task's accuracy sits at this number, RL may have found the constant answer
+  instead of the skill (letter counting, whose answer is mostly ``1``: docs/results.md).
 * **Where it goes wrong.** For tasks whose reasoning lines a program can check
   (:data:`~swarmnode.tasks.steps.CHECKED_TASKS`), every wrong completion is filed under its first invalid line
   (``first_wrong_step``), and the share of valid reasoning lines is reported (``step_validity``): which step a
@@ -23,6 +27,7 @@ batch pads little, and results are put back in question order.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -59,6 +64,10 @@ class EvalResult:
             wrong"``, ``"not checkable"`` (:func:`diagnose`).
         step_validity: task family -> valid reasoning lines / all reasoning lines of its completions, right and
             wrong, in [0, 1] (step-checked families with at least one line).
+        constant_answer: the exact accuracy of the best constant policy: per task family the count of its
+            commonest oracle answer (``task.answer``, stripped), summed and divided by ``n``, in [0, 1].
+        per_task_constant: task family -> share of its questions whose oracle answer is the family's commonest
+            one, in [0, 1] (what always writing that answer scores; ties count once).
     """
 
     accuracy: float
@@ -72,10 +81,12 @@ class EvalResult:
     seconds: float = 0.0
     first_wrong_step: dict[str, dict[str, int]] = field(default_factory=dict)
     step_validity: dict[str, float] = field(default_factory=dict)
+    constant_answer: float = 0.0
+    per_task_constant: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-ready summary: ``accuracy`` (exact), ``n``, ``per_task``, ``counts``, ``partial_credit``,
-        ``per_task_partial_credit``, ``first_wrong_step`` and ``step_validity`` (when any task is step-checked) and
+        ``per_task_partial_credit``, ``constant_answer``, ``per_task_constant_answer``, ``first_wrong_step`` and ``step_validity`` (when any task is step-checked) and
         ``generalization`` (probe name -> the same keys but the step diagnosis, without nesting)."""
         d = {
             "accuracy": self.accuracy,
@@ -85,6 +96,8 @@ class EvalResult:
             "counts": self.counts,
             "partial_credit": self.partial_credit,
             "per_task_partial_credit": self.per_task_partial,
+            "constant_answer": self.constant_answer,
+            "per_task_constant_answer": self.per_task_constant,
         }
         if self.first_wrong_step:
             d["first_wrong_step"] = self.first_wrong_step
@@ -96,7 +109,7 @@ class EvalResult:
 
 def _flat(r: EvalResult) -> dict:
     return {"accuracy": r.accuracy, "n": r.n, "per_task": r.per_task, "counts": r.counts,
-            "partial_credit": r.partial_credit}
+            "partial_credit": r.partial_credit, "constant_answer": r.constant_answer}
 
 
 @torch.no_grad()
@@ -211,8 +224,8 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
         keep_examples: how many ``(question, completion, answer, exact)`` examples to keep (>= 0).
 
     Returns:
-        Per task family (``task.name``, else the source id) the exact and partial means and counts, and for
-        step-checked families the first wrong step of each wrong completion and the share of valid lines
+        Per task family (``task.name``, else the source id) the exact and partial means and counts, the share
+        of its commonest oracle answer (what a constant answer scores), and for step-checked families the first wrong step of each wrong completion and the share of valid lines
         (:func:`diagnose`); an empty result (accuracy 0, ``n = 0``) for no tasks.
     """
     if not tasks:
@@ -222,10 +235,12 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
     counts: dict[str, int] = {}
     first_wrong: dict[str, dict[str, int]] = {}
     lines_valid: dict[str, list[int]] = {}
+    answers: dict[str, Counter[str]] = {}
     examples = []
     for t, c in zip(tasks, comps):
         exact, partial = _exact_and_partial(score_fn(t, c))
         name = t.name or t.ref.source
+        answers.setdefault(name, Counter())[str(t.answer).strip()] += 1
         ex_sum[name] = ex_sum.get(name, 0.0) + exact
         pa_sum[name] = pa_sum.get(name, 0.0) + partial
         counts[name] = counts.get(name, 0) + 1
@@ -242,6 +257,7 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
             examples.append((t.question, c, t.answer, exact))
     n = len(tasks)
     names = sorted(counts)
+    commonest = {k: answers[k].most_common(1)[0][1] for k in names}
     return EvalResult(
         accuracy=sum(ex_sum.values()) / n,
         per_task={k: ex_sum[k] / counts[k] for k in names},
@@ -252,6 +268,8 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
         examples=examples,
         first_wrong_step={k: dict(sorted(first_wrong[k].items(), key=_category_order)) for k in sorted(first_wrong)},
         step_validity={k: v / t for k, (v, t) in sorted(lines_valid.items()) if t > 0},
+        constant_answer=sum(commonest.values()) / n,
+        per_task_constant={k: commonest[k] / counts[k] for k in names},
     )
 
 

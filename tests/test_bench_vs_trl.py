@@ -38,9 +38,30 @@ def test_table_reports_every_arm_and_the_alt_difference(bench):
     (["--arms", "swarmnode-tree"], "--arms swarmnode-tree needs --tree-config"),
     (["--arms", "swarmnode,bogus"], "unknown arm(s) ['bogus']"),
     (["--minutes", "0"], "--minutes must be > 0"),
+    (["--schedule", "config", "--trl-steps", "0"], "--trl-steps must be >= 1"),
+    (["--schedule", "config", "--steps", "-3"], "--steps must be >= 1"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(bench, argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         bench.main(argv + ["--out", str(tmp_path / "out")])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_schedule_config_stops_the_swarmnode_arm_at_its_step_horizon(bench, tmp_path):
+    """--schedule config: the swarmnode arm trains the config's schedule over --steps and stops there, long before
+    the wall-time budget (a real node, the embedded model, 2 steps)."""
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text("sampling:\n  prompts_per_step: 2\n  num_generations: 2\n  max_completion_length: 16\n"
+                   "tasks:\n  probes: []\n")
+    out = tmp_path / "out"
+    rc = bench.main(["--arms", "swarmnode", "--schedule", "config", "--steps", "2", "--minutes", "5",
+                     "--seeds", "0", "--eval-size", "4", "--config", str(cfg), "--out", str(out)])
+    assert rc == 0
+    import json
+
+    summary = json.loads((out / "results.json").read_text())
+    (arm,) = summary["results"]
+    assert summary["schedule"] == "config"
+    assert arm["arm"] == "swarmnode" and arm["steps"] == 2
+    assert arm["train_seconds"] < 5 * 60

@@ -27,6 +27,9 @@ def test_tree_config_is_the_default_with_only_the_sampler_changed():
     # the branching rule follows the embedded model's completions (reasoning lines since issue 14), so only
     # the mode is pinned here
     assert tree["sampling"]["tree"]["mode"] == "tree"
+    # a tree path may run as long as a chain completion: segments x depth cover max_completion_length
+    t = tree["sampling"]["tree"]
+    assert t["segment_length"] * t["max_depth"] >= tree["sampling"]["max_completion_length"]
     for d in (default, tree):
         d["sampling"].pop("tree")
         d.pop("run_dir")

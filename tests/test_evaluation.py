@@ -80,6 +80,33 @@ def test_partial_credit_is_never_accuracy(mix):
     assert half.accuracy == 0.0 and half.partial_credit == pytest.approx(0.75)
 
 
+def test_constant_answer_baseline_is_what_a_constant_policy_scores():
+    """The reported constant-answer baseline is exactly the exact accuracy of always writing each task's commonest
+    answer, scored by the real verifiers on the default mix's held-out questions (where letter counting's
+    commonest answer, 1, is worth far more than 1/n of the questions)."""
+    from collections import Counter
+
+    from swarmnode.config import RunConfig
+
+    dmix = TaskMix.from_config(RunConfig().tasks)
+    tasks = [dmix.get(r) for r in dmix.eval_refs(200)]
+    score = mix_scorer(dmix)
+    common = {}
+    for t in tasks:
+        common.setdefault(t.name, Counter())[t.answer.strip()] += 1
+    const_answer = {k: c.most_common(1)[0][0] for k, c in common.items()}
+    res = aggregate(tasks, [f"<answer>{const_answer[t.name]}</answer>" for t in tasks], score, keep_examples=0)
+    assert res.per_task == pytest.approx(res.per_task_constant)
+    assert res.accuracy == pytest.approx(res.constant_answer)
+    assert res.per_task_constant["letter_counting"] > 0.3  # the shortcut the baseline exists to expose
+    assert res.per_task_constant["basic_arithmetic"] < 0.05
+    # right answers are not the baseline: a perfect policy scores 1.0 while the baseline stays put
+    perfect = aggregate(tasks, [f"<answer>{t.answer}</answer>" for t in tasks], score, keep_examples=0)
+    assert perfect.accuracy == 1.0 and perfect.constant_answer == res.constant_answer
+    d = perfect.to_dict()
+    assert d["constant_answer"] == res.constant_answer and d["per_task_constant_answer"] == res.per_task_constant
+
+
 def test_wrong_completions_are_filed_under_their_first_invalid_line():
     """The worked solution is right (not filed); a wrong line k is filed as "line k" even when the later lines
     continue correctly from it; a bare answer has no lines; right lines with a wrong answer are their own category.
@@ -202,6 +229,7 @@ def test_cli_eval_json_and_table(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = " ".join(r.stdout.split())  # rich wraps long titles
     assert "exact greedy pass@1" in out and "partial credit" in out and "three_terms" in out
+    assert "constant answer" in out
     assert "first go wrong" not in out
     r = subprocess.run([sys.executable, "-m", "swarmnode.cli", "eval", "--config", str(cfg), "--diagnose"],
                        capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)
