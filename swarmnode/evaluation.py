@@ -86,8 +86,8 @@ class EvalResult:
 
     def to_dict(self) -> dict:
         """JSON-ready summary: ``accuracy`` (exact), ``n``, ``per_task``, ``counts``, ``partial_credit``,
-        ``per_task_partial_credit``, ``constant_answer``, ``per_task_constant_answer``, ``first_wrong_step`` and ``step_validity`` (when any task is step-checked) and
-        ``generalization`` (probe name -> the same keys but the step diagnosis, without nesting)."""
+        ``per_task_partial_credit``, ``constant_answer``, ``per_task_constant_answer``, ``first_wrong_step`` and
+        ``step_validity`` (when any task is step-checked) and ``generalization`` (probe name -> the same keys but the step diagnosis, without nesting)."""
         d = {
             "accuracy": self.accuracy,
             "metric": "exact greedy pass@1",
@@ -225,8 +225,8 @@ def aggregate(tasks: list[Task], comps: list[str], score_fn: Callable[[Task, str
 
     Returns:
         Per task family (``task.name``, else the source id) the exact and partial means and counts, the share
-        of its commonest oracle answer (what a constant answer scores), and for step-checked families the first wrong step of each wrong completion and the share of valid lines
-        (:func:`diagnose`); an empty result (accuracy 0, ``n = 0``) for no tasks.
+        of its commonest oracle answer (what a constant answer scores), and for step-checked families the first
+        wrong step of each wrong completion and the share of valid lines (:func:`diagnose`); an empty result (accuracy 0, ``n = 0``) for no tasks.
     """
     if not tasks:
         return EvalResult(0.0, {}, {}, 0)
