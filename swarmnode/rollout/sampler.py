@@ -241,7 +241,10 @@ def split_copies(total: int, n_paths: int, generator: torch.Generator | None = N
     base, rem = divmod(total, n_paths)
     out = [base] * n_paths
     if rem:
-        order = torch.randperm(n_paths, generator=generator).tolist() if generator is not None else list(range(n_paths))
+        # the permutation is drawn on the generator's own device: a CUDA generator (the sampler's RNG on a GPU
+        # node, see ``policy.backends.device_generator``) cannot drive a CPU randperm
+        order = (torch.randperm(n_paths, generator=generator, device=generator.device).tolist()
+                 if generator is not None else list(range(n_paths)))
         for i in order[:rem]:
             out[i] += 1
     return out
