@@ -10,10 +10,11 @@ Usage (on a GPU machine; ``--tiny --device cpu`` is a CPU smoke run whose timing
 
     python scripts/gpu_profile_decode.py [--rows 16] [--ctx 256] [--steps 5] [--top 20]
 
-Order matters: the engine path runs first and meets every KV length (``ctx + 1`` ... ``ctx + 2 + 2·steps``)
-for the first time; the plain path runs the same lengths again. Kernels that build a plan per new shape (cuDNN
-attention did, about 3 ms of host time per layer call on an H200 on 2026-12-04: docs/benchmarks.md) are
-paid by the first path only, so the difference between the two paths is first-sight cost, not engine cost.
+Order matters: the engine path runs first and meets every KV length (``ctx + 1`` ... ``ctx + 2 + 2·steps``,
+after a ``ctx``-token prefill) for the first time; the plain path runs the same lengths again. On an H200 on
+2026-12-04 the first path spent 2.3–3.0 ms of host time per cuDNN attention call and the second 0.1 ms
+(docs/benchmarks.md); whether that is per-shape setup paid on first sight (the hypothesis) or something about
+the path is not settled, since no run swapped the order.
 
 Prints, for each of the two paths: wall ms per step (after warm-up, synchronized), the profiler's
 per-step CPU total and device (CUDA) total, and the top operators by self CPU time and by device time.
