@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--payload", default="pwned!")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--levers", default="none", help="none,curriculum,expansion,both")
+    ap.add_argument("--arm-timeout", type=float, default=1800.0,
+                    help="seconds an arm's nodes may run before they are killed (0: no limit)")
     a = ap.parse_args(argv)
     argv_list = sys.argv[1:] if argv is None else argv
     res = run_bench(nodes=a.nodes, steps=a.steps, model=a.model, config=a.config, splits=a.splits,
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                     eval_every=a.eval_every, out=a.out, work_dir=a.work_dir, prefix=a.prefix,
                     hostile="" if a.hostile == "none" else a.hostile, isolated=not a.no_isolated,
                     screen_off=a.screen_off_arm, payload=a.payload, repeats=a.repeats, levers=a.levers,
+                    arm_timeout=a.arm_timeout,
                     command=" ".join(shlex.quote(x) for x in ["python", "scripts/bench_swarm.py", *argv_list]))
     print(res.markdown.read_text())
     print("plots:", ", ".join(str(p) for p in res.plots))

@@ -739,6 +739,8 @@ def bench_swarm(
                                 "(the report adds mean ± standard error)"),
     levers: str = typer.Option("none", "--levers", help="swarm arms with the issue-16 levers: a comma-separated "
                                "subset of none,curriculum,expansion,both (swarm.curriculum / swarm.expansion)"),
+    arm_timeout: float = typer.Option(1800.0, "--arm-timeout", help="seconds an arm's nodes may run before they "
+                                      "are killed and the benchmark stops (0: no limit); a loaded machine needs more"),
 ) -> None:
     """Swarm vs isolated learning at equal generation compute per node (cumulative reward, held-out accuracy)."""
     from swarmnode.bench import run_bench
@@ -748,7 +750,7 @@ def bench_swarm(
                         normalization=normalization, off_policy=off_policy, eval_size=eval_size,
                         eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
                         hostile="" if hostile == "none" else hostile, isolated=isolated, screen_off=screen_off,
-                        payload=payload, repeats=repeats, levers=levers,
+                        payload=payload, repeats=repeats, levers=levers, arm_timeout=arm_timeout,
                         log=lambda s: console.print(s, highlight=False, markup=False))
     except (ValueError, RuntimeError) as e:
         _fail(str(e))

@@ -211,7 +211,23 @@ def test_cli_bench_rejects_bad_input_before_running(tmp_path):
     assert r.exit_code == 2 and "save_pretrained" in r.output and "no-model" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--config", str(tmp_path), *work])
     assert r.exit_code == 2 and "directory" in r.output and "YAML" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--arm-timeout", "-5", *work])
+    assert r.exit_code == 2 and "--arm-timeout must be >= 0" in r.output
     assert not any(tmp_path.iterdir())
+
+
+def test_an_arm_past_its_timeout_is_killed_with_an_error_naming_the_limit(tmp_path):
+    """A real isolated arm given 1 s: its node processes are killed and the error says which limit, and how to
+    raise it, instead of a bare exit code (a loaded machine once lost an hour-long benchmark that way)."""
+    base = load_config(None, {"sampling.max_completion_length": 8})
+    with pytest.raises(RuntimeError, match=r"arm timeout of 1 s and was killed.*--arm-timeout"):
+        run_arm(Arm(2, 0, False), base, tmp_path, nodes=2, steps=50, eval_every=0, eval_size=4, timeout=1, nice=0)
+    import psutil
+
+    specs = [str(tmp_path / "isolated-2" / f"node-{i}" / "spec.json") for i in range(2)]
+    assert all(Path(sp).exists() for sp in specs)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(sp in (p.info["cmdline"] or []) for sp in specs)]
+    assert left == []  # both node processes were killed, none left running
 
 
 def test_levers_add_curriculum_and_expansion_arms(tmp_path):

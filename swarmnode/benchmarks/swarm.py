@@ -637,7 +637,7 @@ def _spawn(role: str, spec: Path, log_path: Path, *, nice: int, env: dict[str, s
 
 
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
-            eval_size: int, timeout: float = 1800.0, nice: int = 10, threads: int = 1,
+            eval_size: int, timeout: float | None = 1800.0, nice: int = 10, threads: int = 1,
             hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0) -> Path:
     """Run ``nodes`` processes of ``arm`` concurrently under ``out_root/<arm.name>/node-<i>``; return the arm dir.
 
@@ -650,12 +650,13 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     ``hostile_interval`` seconds) until the honest nodes are done; its failure never fails the arm. With
     ``payload`` (the poison benchmark) every node also counts that string in the external samples it screened
     and trained and in its greedy held-out completions (``result.json`` key ``poison``). Processes
-    still running after ``timeout`` seconds are killed (their process groups). A previous run in the same
-    directory is removed first.
+    still running after ``timeout`` seconds (``None``: no limit) are killed (their process groups). A previous
+    run in the same directory is removed first.
 
     Raises:
-        RuntimeError: a node exited with a non-zero code or did not write ``result.json`` (the message names
-            the node and its log file).
+        RuntimeError: a node was killed at ``timeout`` (the message names the limit and ``--arm-timeout``), or
+            exited with a non-zero code or did not write ``result.json`` (the message names the node and its
+            log file).
     """
     import shutil
 
@@ -699,16 +700,18 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
                                   "interval": hostile_interval, "seed": nodes, "mode": arm.hostile,
                                   "payload": payload or DEFAULT_PAYLOAD}))
         hostile = _spawn("hostile", sp, hd / "stdout.log", nice=nice, env=env)
-    deadline = time.monotonic() + timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
+    killed: set[int] = set()
     try:
         for i, p, rd in procs:
             try:
-                p.wait(max(1.0, deadline - time.monotonic()))
+                p.wait(None if deadline is None else max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
     finally:
         for i, p, rd in procs:
             if p.poll() is None:
+                killed.add(i)
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -717,6 +720,10 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
         if hostile is not None:
             _stop_hostile(hostile, arm_dir)
     for i, p, rd in procs:
+        if i in killed:
+            raise RuntimeError(
+                f"{arm.name} node {i} was still running after the arm timeout of {timeout:.0f} s and was killed "
+                f"(a loaded machine runs slower: raise --arm-timeout, or 0 for no limit); run dirs in {arm_dir}")
         if p.returncode != 0 or not (rd / "result.json").exists():
             tail = (rd / "stdout.log").read_text(errors="replace")[-1500:]
             raise RuntimeError(f"{arm.name} node {i} failed (exit {p.returncode}); log {rd / 'stdout.log'}:\n{tail}")
@@ -1260,7 +1267,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             after only).
         out: directory of the markdown table and the PNG plots.
         work_dir: run directories of the nodes (``<work_dir>/<arm>/node-<i>``).
-        arm_timeout: seconds before an arm's processes are killed.
+        arm_timeout: seconds before an arm's processes are killed (``0``: no limit). Each arm gets its own
+            limit; a killed arm stops the benchmark with an error naming the limit.
         nice: niceness of the node processes (0: not niced).
         command: the command line to record in the report (default: ``sys.argv``).
         hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile network|poison``;
@@ -1289,6 +1297,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         raise ValueError(f"--eval-size must be >= 1 and --eval-every >= 0; got {eval_size} and {eval_every}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {repeats}")
+    if arm_timeout < 0:
+        raise ValueError(f"--arm-timeout must be >= 0 seconds (0: no limit); got {arm_timeout}")
     arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile,
                      levers=levers.split(","), isolated=isolated, screen_off=screen_off)
     counting = any(a.hostile == "poison" for a in arms)
@@ -1302,7 +1312,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         log(f"[{k + 1}/{len(runs)}] {arm.label}{f' (repeat {rep_k})' if repeats > 1 else ''}: "
             f"{nodes} nodes x {steps} steps …")
         arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
-                          timeout=arm_timeout, nice=nice, repeat=rep_k,
+                          timeout=arm_timeout or None, nice=nice, repeat=rep_k,
                           payload=payload if counting and arm.swarm else None)
         s = summarize_arm(arm_dir)
         s["repeat"] = rep_k
