@@ -35,14 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_bench import build_model  # noqa: E402
+from gpu_bench import _sync, build_model  # noqa: E402
 
 from swarmnode.policy.backends import HFDecodeEngine  # noqa: E402
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def profile_path(name: str, step_fn, state, steps: int, device: torch.device, top: int) -> None:
