@@ -13,7 +13,8 @@
 #                                         # $GPU_CHECK_RUN_STEPS steps (0, the default, skips it)
 #
 # Time limits (seconds, environment): GPU_CHECK_PYTEST_S (200), GPU_CHECK_BENCH_S (290),
-# GPU_CHECK_RUN_S (240); GPU_CHECK_RUN_DIR (/tmp/gpu_check_run) is where the run's metrics.jsonl lands;
+# GPU_CHECK_RUN_S (240); GPU_CHECK_RUN_DIR (/tmp/gpu_check_run) is where the run's metrics.jsonl lands
+# (replaced on every check; a non-empty directory that an earlier check did not make is refused);
 # GPU_CHECK_RUN_ARGS: more `swarmnode run` options (for example "--eval-size 200").
 #
 # Through the session's device tool (the GPU machine has torch/transformers/pytest but not pydantic, and
@@ -76,7 +77,12 @@ echo "gpu_bench exit code: $BENCH_RC; $(( $(date +%s) - T0 )) s so far"
 RUN_RC=0
 if (( RUN_STEPS > 0 )); then
   echo "=== swarmnode run --steps $RUN_STEPS (embedded default, device auto) in $RUN_DIR"
-  rm -rf "$RUN_DIR"
+  # the run dir is ours to replace only if it is empty or an earlier gpu_check made it (marker file)
+  if [[ -d "$RUN_DIR" && -n "$(ls -A "$RUN_DIR")" && ! -e "$RUN_DIR/.gpu_check_run" ]]; then
+    echo "GPU_CHECK_RUN_DIR=$RUN_DIR is not empty and was not made by gpu_check.sh: not deleting it; pick another"
+    exit 2
+  fi
+  rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR" && touch "$RUN_DIR/.gpu_check_run"
   HF_HUB_OFFLINE=1 timeout "$RUN_S" python3 -m swarmnode.cli run --steps "$RUN_STEPS" --run-dir "$RUN_DIR" ${GPU_CHECK_RUN_ARGS:-}
   RUN_RC=$?
   echo "swarmnode run exit code: $RUN_RC"

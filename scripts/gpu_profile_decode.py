@@ -74,11 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen2 model (CPU smoke run)")
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--ctx", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--rows", type=int, default=16, help="sequences decoded together (>= 1)")
+    ap.add_argument("--ctx", type=int, default=256, help="prompt tokens per sequence before decoding (>= 1)")
+    ap.add_argument("--steps", type=int, default=5, help="decode steps timed, and again profiled (>= 1)")
+    ap.add_argument("--top", type=int, default=20, help="operators listed per table")
     a = ap.parse_args(argv)
+    for name in ("rows", "ctx", "steps"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(a, name)}")
+    if a.device not in ("auto", "cpu") and not a.device.startswith("cuda"):
+        ap.error(f"--device must be auto, cpu, cuda or cuda:N, got {a.device!r}")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: CUDA is not available (torch {torch.__version__}); use --device cpu")
     device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if a.device == "auto" else a.device))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -462,3 +462,8 @@ def test_gpu_profile_decode_cpu_smoke(capsys):
     assert [h.split(":")[0] for h in heads] == ["=== HFDecodeEngine._run (model forward + KV append)",
                                                 "=== plain HF forward with DynamicCache"]
     assert all("ms/step" in h for h in heads)
+    for bad, msg in ((["--steps", "0"], "--steps must be >= 1"), (["--rows", "-1"], "--rows must be >= 1"),
+                     (["--device", "gpu"], "--device must be auto, cpu, cuda")):
+        with pytest.raises(SystemExit) as e:
+            gp.main(["--device", "cpu", "--tiny", *bad] if "--device" not in bad else ["--tiny", *bad])
+        assert e.value.code == 2 and msg in capsys.readouterr().err

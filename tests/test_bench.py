@@ -213,6 +213,8 @@ def test_cli_bench_rejects_bad_input_before_running(tmp_path):
     assert r.exit_code == 2 and "directory" in r.output and "YAML" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--arm-timeout", "-5", *work])
     assert r.exit_code == 2 and "--arm-timeout must be >= 0" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--arm-timeout", "nan", *work])
+    assert r.exit_code == 2 and "--arm-timeout must be >= 0" in r.output
     assert not any(tmp_path.iterdir())
 
 

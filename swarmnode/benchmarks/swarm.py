@@ -722,7 +722,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     for i, p, rd in procs:
         if i in killed:
             raise RuntimeError(
-                f"{arm.name} node {i} was still running after the arm timeout of {timeout:.0f} s and was killed "
+                f"{arm.name} node {i} was still running after the arm timeout of {timeout:g} s and was killed "
                 f"(a loaded machine runs slower: raise --arm-timeout, or 0 for no limit); run dirs in {arm_dir}")
         if p.returncode != 0 or not (rd / "result.json").exists():
             tail = (rd / "stdout.log").read_text(errors="replace")[-1500:]
@@ -1297,7 +1297,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         raise ValueError(f"--eval-size must be >= 1 and --eval-every >= 0; got {eval_size} and {eval_every}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {repeats}")
-    if arm_timeout < 0:
+    if not arm_timeout >= 0:  # also rejects NaN, which would kill every arm at once
         raise ValueError(f"--arm-timeout must be >= 0 seconds (0: no limit); got {arm_timeout}")
     arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile,
                      levers=levers.split(","), isolated=isolated, screen_off=screen_off)
