@@ -42,18 +42,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-isolated", action="store_true", help="swarm arms only")
     ap.add_argument("--payload", default="pwned!")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--first-repeat", type=int, default=0,
+                    help="index of the first repeat (add repeats to an earlier benchmark in the same --work-dir)")
     ap.add_argument("--levers", default="none", help="none,curriculum,expansion,both")
     ap.add_argument("--arm-timeout", type=float, default=1800.0,
                     help="seconds an arm's nodes may run before they are killed (0: no limit)")
     a = ap.parse_args(argv)
     argv_list = sys.argv[1:] if argv is None else argv
-    res = run_bench(nodes=a.nodes, steps=a.steps, model=a.model, config=a.config, splits=a.splits,
-                    normalization=a.normalization, off_policy=a.off_policy, eval_size=a.eval_size,
-                    eval_every=a.eval_every, out=a.out, work_dir=a.work_dir, prefix=a.prefix,
-                    hostile="" if a.hostile == "none" else a.hostile, isolated=not a.no_isolated,
-                    screen_off=a.screen_off_arm, payload=a.payload, repeats=a.repeats, levers=a.levers,
-                    arm_timeout=a.arm_timeout,
-                    command=" ".join(shlex.quote(x) for x in ["python", "scripts/bench_swarm.py", *argv_list]))
+    try:
+        res = run_bench(nodes=a.nodes, steps=a.steps, model=a.model, config=a.config, splits=a.splits,
+                        normalization=a.normalization, off_policy=a.off_policy, eval_size=a.eval_size,
+                        eval_every=a.eval_every, out=a.out, work_dir=a.work_dir, prefix=a.prefix,
+                        hostile="" if a.hostile == "none" else a.hostile, isolated=not a.no_isolated,
+                        screen_off=a.screen_off_arm, payload=a.payload, repeats=a.repeats, levers=a.levers,
+                        arm_timeout=a.arm_timeout, first_repeat=a.first_repeat,
+                        command=" ".join(shlex.quote(x) for x in ["python", "scripts/bench_swarm.py", *argv_list]))
+    except (ValueError, RuntimeError) as e:  # the same one-line errors as `swarmnode bench swarm`
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(res.markdown.read_text())
     print("plots:", ", ".join(str(p) for p in res.plots))
     return 0

@@ -737,6 +737,9 @@ def bench_swarm(
     payload: str = typer.Option("pwned!", "--payload", help="the string the poison peer plants"),
     repeats: int = typer.Option(1, "--repeats", help="runs of every arm with other seeds and question streams "
                                 "(the report adds mean ± standard error)"),
+    first_repeat: int = typer.Option(0, "--first-repeat", help="index of the first repeat: with --repeats R runs "
+                                     "repeats K..K+R-1, to add repeats to an earlier benchmark in the same --work-dir "
+                                     "(scripts/swarm_bench_report.py reports them together)"),
     levers: str = typer.Option("none", "--levers", help="swarm arms with the issue-16 levers: a comma-separated "
                                "subset of none,curriculum,expansion,both (swarm.curriculum / swarm.expansion)"),
     arm_timeout: float = typer.Option(1800.0, "--arm-timeout", help="seconds an arm's nodes may run before they "
@@ -751,6 +754,7 @@ def bench_swarm(
                         eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
                         hostile="" if hostile == "none" else hostile, isolated=isolated, screen_off=screen_off,
                         payload=payload, repeats=repeats, levers=levers, arm_timeout=arm_timeout,
+                        first_repeat=first_repeat,
                         log=lambda s: console.print(s, highlight=False, markup=False))
     except (ValueError, RuntimeError) as e:
         _fail(str(e))

@@ -213,6 +213,10 @@ def test_cli_bench_rejects_bad_input_before_running(tmp_path):
     assert r.exit_code == 2 and "directory" in r.output and "YAML" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--arm-timeout", "-5", *work])
     assert r.exit_code == 2 and "--arm-timeout must be >= 0" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--hostile", "--no-isolated", *work])  # a flag taken as the value
+    assert r.exit_code == 2 and "--hostile takes a value" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--first-repeat", "-1", *work])
+    assert r.exit_code == 2 and "--first-repeat must be >= 0" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--arm-timeout", "nan", *work])
     assert r.exit_code == 2 and "--arm-timeout must be >= 0" in r.output
     assert not any(tmp_path.iterdir())
@@ -222,7 +226,8 @@ def test_an_arm_past_its_timeout_is_killed_with_an_error_naming_the_limit(tmp_pa
     """A real isolated arm given 1 s: its node processes are killed and the error says which limit, and how to
     raise it, instead of a bare exit code (a loaded machine once lost an hour-long benchmark that way)."""
     base = load_config(None, {"sampling.max_completion_length": 8})
-    with pytest.raises(RuntimeError, match=r"arm timeout of 1 s and was killed.*--arm-timeout"):
+    killed = r"node\(s\) 0, 1 of 2 still running after the arm timeout of 1 s were killed.*--arm-timeout"
+    with pytest.raises(RuntimeError, match=killed):
         run_arm(Arm(2, 0, False), base, tmp_path, nodes=2, steps=50, eval_every=0, eval_size=4, timeout=1, nice=0)
     import psutil
 
@@ -265,3 +270,81 @@ def test_tiny_swarm_arm_with_both_levers_runs(tmp_path):
             shares = [v for k, v in r.items() if k.startswith("curriculum/share/")]
             assert shares and sum(shares) == pytest.approx(1.0)
             assert r.get("expansion/failed", 0) == 0 and r["external/failed"] == 0
+
+
+@pytest.mark.slow
+def test_first_repeat_adds_repeats_and_a_failed_arm_keeps_the_finished_arms_report(tmp_path, monkeypatch):
+    """``--first-repeat 2`` runs repeat 2 (its seeds and question streams, ``-r2`` directory); when a later arm
+    fails, the arms finished before it are still reported and the error says where (a real first arm; the second
+    arm's failure is injected, as a loaded machine's kill would end it)."""
+    import swarmnode.benchmarks.swarm as sb
+
+    real = sb.run_arm
+    calls: list[str] = []
+
+    def second_fails(arm, *a, **kw):
+        calls.append(arm.name)
+        if len(calls) == 2:
+            raise RuntimeError("isolated-3 node 0 was killed (injected)")
+        return real(arm, *a, **kw)
+
+    monkeypatch.setattr(sb, "run_arm", second_fails)
+    logs: list[str] = []
+    with pytest.raises(RuntimeError, match=r"injected[\s\S]*1 arm run\(s\) finished before it are reported in"):
+        sb.run_bench(nodes=2, steps=1, splits="2/0,3/0", normalization="per_source", eval_size=2, eval_every=0,
+                     out=tmp_path / "out", work_dir=tmp_path / "w", prefix="p", repeats=1, first_repeat=2,
+                     arm_timeout=600, nice=0, log=logs.append)
+    assert calls == ["isolated-2", "isolated-3"]
+    arm_dir = tmp_path / "w" / "isolated-2-r2"
+    for i in range(2):
+        spec = json.loads((arm_dir / f"node-{i}" / "spec.json").read_text())
+        assert spec["config"]["seed"] == i + 2000 and spec["stream"] == i + 2 * 2
+    md = (tmp_path / "out" / "p.md").read_text()
+    assert "isolated 2/0 (r2)" in md and "3/0" not in md.split("## Run-to-run")[0]
+    assert "(repeat 2)" in logs[0]
+    with pytest.raises(ValueError, match="--first-repeat must be >= 0"):
+        sb.run_bench(nodes=2, first_repeat=-1, out=tmp_path / "o2", work_dir=tmp_path / "w2")
+
+
+def test_sigterm_to_the_benchmark_kills_its_node_workers(tmp_path):
+    """``kill <pid of swarmnode bench swarm>`` (a job scheduler's stop) used to leave the arm's node workers
+    running in their own sessions; now the benchmark kills their process groups and exits 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "swarmnode.cli", "bench", "swarm", "--nodes", "2", "--steps", "500", "--splits", "2/0",
+           "--eval-size", "2", "--eval-every", "0", "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "w"),
+           "--arm-timeout", "0"]
+    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    specs = [str(tmp_path / "w" / "isolated-2" / f"node-{i}" / "spec.json") for i in range(2)]
+
+    def workers() -> list[int]:
+        return [p.pid for p in psutil.process_iter(["cmdline"]) if any(sp in (p.info["cmdline"] or []) for sp in specs)]
+
+    deadline = time.monotonic() + 300
+    while len(workers()) < 2 and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.2)
+    assert len(workers()) == 2, bench.communicate()[0].decode(errors="replace")[-2000:]
+    os.kill(bench.pid, signal.SIGTERM)
+    out = bench.communicate(timeout=120)[0].decode(errors="replace")
+    assert bench.returncode == 143, out[-2000:]
+    assert workers() == []
+
+
+def test_bench_swarm_script_gives_the_cli_one_line_errors(tmp_path):
+    """scripts/bench_swarm.py reports bad input as the CLI does: one line on stderr, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_swarm.py"
+    for args, says in ((["--nodes", "1"], "--nodes must be >= 2"), (["--first-repeat", "-2"], "--first-repeat")):
+        r = subprocess.run([sys.executable, str(script), *args, "--out", str(tmp_path / "o"), "--work-dir",
+                            str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and r.stderr.startswith("error: ") and says in r.stderr
+        assert "Traceback" not in r.stderr
+    assert not any(tmp_path.iterdir())

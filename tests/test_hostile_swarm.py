@@ -584,7 +584,7 @@ def test_bench_plans_poison_twins_and_screen_off_arms():
                                       "swarm-4x4-per_source-none-poison-noscreen"]
     assert [a.screen for a in arms] == [True, True, False] and arms[2].label.endswith("+poison screen off")
     assert Arm(4, 4, True, hostile=True).hostile == "network"  # the old boolean still means the network attack
-    with pytest.raises(ValueError, match="hostile must be one of"):
+    with pytest.raises(ValueError, match="--hostile must be none, network or poison"):
         Arm(4, 4, True, hostile="spam")
 
 

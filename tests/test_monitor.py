@@ -142,6 +142,16 @@ def test_verdicts_live_stalled_stopped_dead():
     node = dict(_doc()["node"], pid_started_at=_doc()["node"]["pid_started_at"] - 100)
     v = assess_status(_doc(node=node), now=1010.0)
     assert (v.kind, v.exit_code) == ("dead", EXIT_UNREACHABLE) and "checkpoint step 6" in v.reason
+    assert "see node.log in the run directory" in v.reason  # the run dir of _doc() does not exist here
+
+
+def test_dead_verdict_names_the_log_the_node_left(tmp_path):
+    """A bench node writes stdout.log, a `swarmnode run` node node.log: the dead verdict names the one that exists."""
+    node = dict(_doc()["node"], pid_started_at=_doc()["node"]["pid_started_at"] - 100, run_dir=str(tmp_path))
+    (tmp_path / "stdout.log").write_text("Traceback ...")
+    assert f"see {tmp_path / 'stdout.log'};" in assess_status(_doc(node=node), now=1010.0).reason
+    (tmp_path / "node.log").write_text("{}")
+    assert f"see {tmp_path / 'node.log'};" in assess_status(_doc(node=node), now=1010.0).reason
 
 
 # ------------------------------------------------------------------------------------------ HTTP + Prometheus

@@ -44,16 +44,18 @@ Public API: :func:`parse_splits`, :func:`plan_arms`, :class:`Arm`, :func:`node_c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from swarmnode.monitor.metrics import read_metrics
 from swarmnode.monitor.report import moving_average
@@ -168,7 +170,8 @@ class Arm:
     def __post_init__(self) -> None:
         h = {True: "network", False: "", None: ""}.get(self.hostile, self.hostile)  # type: ignore[arg-type]
         if h not in HOSTILE_MODES:
-            raise ValueError(f"hostile must be one of {HOSTILE_MODES}, got {self.hostile!r}")
+            hint = " (--hostile takes a value, e.g. --hostile network)" if str(self.hostile).startswith("-") else ""
+            raise ValueError(f"--hostile must be none, network or poison; got {self.hostile!r}{hint}")
         object.__setattr__(self, "hostile", h)
 
     @property
@@ -636,6 +639,26 @@ def _spawn(role: str, spec: Path, log_path: Path, *, nice: int, env: dict[str, s
                                 start_new_session=True)
 
 
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While the block runs in the main thread, the first SIGTERM raises ``SystemExit(143)`` (later ones are
+    ignored until the block ends), so ``finally`` clauses run: an arm's node workers live in their own sessions and
+    would otherwise outlive a terminated benchmark. Outside the main thread (no signal handlers there) a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup itself is not interrupted again
+        raise SystemExit(128 + signum)
+
+    prev = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+
+
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
             eval_size: int, timeout: float | None = 1800.0, nice: int = 10, threads: int = 1,
             hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0) -> Path:
@@ -650,8 +673,9 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     ``hostile_interval`` seconds) until the honest nodes are done; its failure never fails the arm. With
     ``payload`` (the poison benchmark) every node also counts that string in the external samples it screened
     and trained and in its greedy held-out completions (``result.json`` key ``poison``). Processes
-    still running after ``timeout`` seconds (``None``: no limit) are killed (their process groups). A previous
-    run in the same directory is removed first.
+    still running after ``timeout`` seconds (``None``: no limit) are killed (their process groups), as they are
+    when the benchmark itself gets SIGTERM (it then exits with ``SystemExit(143)``) or SIGINT. A previous run in
+    the same directory is removed first.
 
     Raises:
         RuntimeError: a node was killed at ``timeout`` (the message names the limit and ``--arm-timeout``), or
@@ -678,52 +702,54 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     procs: list[tuple[int, subprocess.Popen, Path]] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false"}
-    for i in range(nodes):
-        rd = arm_dir / f"node-{i}"
-        rd.mkdir(parents=True, exist_ok=True)
-        cfg = node_config(base, arm, i, steps=steps, eval_every=eval_every, eval_size=eval_size, run_dir=rd,
-                          swarm_id=swarm_id, host_maddrs=host_maddrs if i == 0 else (),
-                          initial_peers=boot if i > 0 else (), repeat=repeat)
-        spec = {"config": cfg.model_dump(mode="json"), "index": i, "nodes": nodes, "stream": i + repeat * nodes,
-                "arm_dir": str(arm_dir), "threads": threads, "payload": payload}
-        sp = rd / "spec.json"
-        sp.write_text(json.dumps(spec))
-        procs.append((i, _spawn("worker", sp, rd / "stdout.log", nice=nice, env=env), rd))
     hostile = None
-    if arm.swarm and arm.hostile:
-        hd = arm_dir / "hostile"
-        hd.mkdir(parents=True, exist_ok=True)
-        hcfg = node_config(base, arm, nodes, steps=steps, eval_every=eval_every, eval_size=eval_size, run_dir=hd,
-                           swarm_id=swarm_id, initial_peers=boot, repeat=repeat)
-        sp = hd / "spec.json"
-        sp.write_text(json.dumps({"config": hcfg.model_dump(mode="json"), "arm_dir": str(arm_dir),
-                                  "interval": hostile_interval, "seed": nodes, "mode": arm.hostile,
-                                  "payload": payload or DEFAULT_PAYLOAD}))
-        hostile = _spawn("hostile", sp, hd / "stdout.log", nice=nice, env=env)
-    deadline = None if timeout is None else time.monotonic() + timeout
     killed: set[int] = set()
-    try:
-        for i, p, rd in procs:
-            try:
-                p.wait(None if deadline is None else max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        for i, p, rd in procs:
-            if p.poll() is None:
-                killed.add(i)
+    with _sigterm_raises():  # SIGTERM to the benchmark: the finally below still kills the arm's process groups
+        try:
+            for i in range(nodes):
+                rd = arm_dir / f"node-{i}"
+                rd.mkdir(parents=True, exist_ok=True)
+                cfg = node_config(base, arm, i, steps=steps, eval_every=eval_every, eval_size=eval_size,
+                                  run_dir=rd, swarm_id=swarm_id, host_maddrs=host_maddrs if i == 0 else (),
+                                  initial_peers=boot if i > 0 else (), repeat=repeat)
+                spec = {"config": cfg.model_dump(mode="json"), "index": i, "nodes": nodes,
+                        "stream": i + repeat * nodes, "arm_dir": str(arm_dir), "threads": threads, "payload": payload}
+                sp = rd / "spec.json"
+                sp.write_text(json.dumps(spec))
+                procs.append((i, _spawn("worker", sp, rd / "stdout.log", nice=nice, env=env), rd))
+            if arm.swarm and arm.hostile:
+                hd = arm_dir / "hostile"
+                hd.mkdir(parents=True, exist_ok=True)
+                hcfg = node_config(base, arm, nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
+                                   run_dir=hd, swarm_id=swarm_id, initial_peers=boot, repeat=repeat)
+                sp = hd / "spec.json"
+                sp.write_text(json.dumps({"config": hcfg.model_dump(mode="json"), "arm_dir": str(arm_dir),
+                                          "interval": hostile_interval, "seed": nodes, "mode": arm.hostile,
+                                          "payload": payload or DEFAULT_PAYLOAD}))
+                hostile = _spawn("hostile", sp, hd / "stdout.log", nice=nice, env=env)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for i, p, rd in procs:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    p.kill()
-                p.wait(10)
-        if hostile is not None:
-            _stop_hostile(hostile, arm_dir)
+                    p.wait(None if deadline is None else max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            for i, p, rd in procs:
+                if p.poll() is None:
+                    killed.add(i)
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        p.kill()
+                    p.wait(10)
+            if hostile is not None:
+                _stop_hostile(hostile, arm_dir)
+    if killed:
+        which = ", ".join(str(i) for i in sorted(killed))
+        raise RuntimeError(
+            f"{arm.name}: node(s) {which} of {nodes} still running after the arm timeout of {timeout:g} s were killed "
+            f"(a loaded machine runs slower: raise --arm-timeout, or 0 for no limit); run dirs in {arm_dir}")
     for i, p, rd in procs:
-        if i in killed:
-            raise RuntimeError(
-                f"{arm.name} node {i} was still running after the arm timeout of {timeout:g} s and was killed "
-                f"(a loaded machine runs slower: raise --arm-timeout, or 0 for no limit); run dirs in {arm_dir}")
         if p.returncode != 0 or not (rd / "result.json").exists():
             tail = (rd / "stdout.log").read_text(errors="replace")[-1500:]
             raise RuntimeError(f"{arm.name} node {i} failed (exit {p.returncode}); log {rd / 'stdout.log'}:\n{tail}")
@@ -1253,7 +1279,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               work_dir: str | os.PathLike = "runs/bench_swarm", prefix: str = "swarm_bench",
               arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
               hostile: bool | str = False, isolated: bool = True, screen_off: bool = False,
-              payload: str = DEFAULT_PAYLOAD, repeats: int = 1, levers: str = "none",
+              payload: str = DEFAULT_PAYLOAD, repeats: int = 1, levers: str = "none", first_repeat: int = 0,
               log: Any = print) -> BenchResult:
     """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
 
@@ -1278,13 +1304,17 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         payload: the poison arms' planted string (every swarm arm then counts it, the clean ones too).
         repeats: runs of every arm (other seeds and question streams, :func:`run_arm`); the report adds mean ±
             standard error over them.
+        first_repeat: index of the first repeat (``--first-repeat``): repeats ``first_repeat ..
+            first_repeat + repeats - 1`` run, so a later command adds repeats to an earlier benchmark (same
+            ``--work-dir``; ``scripts/swarm_bench_report.py`` then reports all arm directories together).
         levers: comma-separated subset of :data:`LEVERS` (``--levers``): the swarm curriculum and cross-node
             expansion arms (see :func:`plan_arms`).
         log: a ``print``-like callable for progress lines.
 
     Raises:
         ValueError: bad splits / modes / ``nodes < 2`` / ``steps < 1``. ConfigError: a bad config.
-        RuntimeError: a node process failed (see :func:`run_arm`).
+        RuntimeError: a node process failed (see :func:`run_arm`). The arms finished before it are reported
+            first (``<out>/<prefix>.md`` covers them only; the message says so).
     """
     from swarmnode.config import load_config
     from swarmnode.policy.loading import check_model_source
@@ -1297,6 +1327,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         raise ValueError(f"--eval-size must be >= 1 and --eval-every >= 0; got {eval_size} and {eval_every}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {repeats}")
+    if first_repeat < 0:
+        raise ValueError(f"--first-repeat must be >= 0; got {first_repeat}")
     if not arm_timeout >= 0:  # also rejects NaN, which would kill every arm at once
         raise ValueError(f"--arm-timeout must be >= 0 seconds (0: no limit); got {arm_timeout}")
     arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile,
@@ -1306,17 +1338,25 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
     check_model_source(base.model.name_or_path)  # a bad local path fails here, not in N worker processes
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
     res = BenchResult(command=cmd)
-    runs = [(r, arm) for r in range(repeats) for arm in arms]
+    labelled = repeats > 1 or first_repeat > 0
+    runs = [(r, arm) for r in range(first_repeat, first_repeat + repeats) for arm in arms]
     for k, (rep_k, arm) in enumerate(runs):
         t0 = time.time()
-        log(f"[{k + 1}/{len(runs)}] {arm.label}{f' (repeat {rep_k})' if repeats > 1 else ''}: "
+        log(f"[{k + 1}/{len(runs)}] {arm.label}{f' (repeat {rep_k})' if labelled else ''}: "
             f"{nodes} nodes x {steps} steps …")
-        arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
-                          timeout=arm_timeout or None, nice=nice, repeat=rep_k,
-                          payload=payload if counting and arm.swarm else None)
+        try:
+            arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
+                              timeout=arm_timeout or None, nice=nice, repeat=rep_k,
+                              payload=payload if counting and arm.swarm else None)
+        except RuntimeError as e:
+            if not res.results:
+                raise
+            res.markdown, res.plots = write_report(res.results, out, command=cmd, prefix=prefix)
+            raise RuntimeError(f"{e}\n(the {len(res.results)} arm run(s) finished before it are reported in "
+                               f"{res.markdown}; their directories are under {work_dir})") from e
         s = summarize_arm(arm_dir)
         s["repeat"] = rep_k
-        s["repeat_label"] = f" (r{rep_k})" if repeats > 1 else ""
+        s["repeat_label"] = f" (r{rep_k})" if labelled else ""
         (arm_dir / "summary.json").write_text(json.dumps({"arm": asdict(arm), **s}))
         res.results.append((arm, s))
         log(f"    cumulative reward {s['cumulative_reward']:.2f}  accuracy {s['accuracy_before']} -> "

@@ -670,6 +670,17 @@ def process_alive(pid: Any, started_at: Any = None) -> bool | None:
         return False
 
 
+def _log_of(node: dict) -> str:
+    """The log a dead node left: ``node.log`` in its run dir, else ``stdout.log`` there (a ``swarmnode bench swarm``
+    node writes only that one), else a generic hint when neither exists or the run dir is unknown."""
+    rd = node.get("run_dir")
+    if isinstance(rd, str) and rd:
+        for name in ("node.log", "stdout.log"):
+            if (Path(rd) / name).is_file():
+                return str(Path(rd) / name)
+    return "node.log in the run directory"
+
+
 def assess_status(status: dict[str, Any], stall_seconds: float | None = None, now: float | None = None,
                   check_pid: bool = True) -> Verdict:
     """Tell a live node from a stalled, stopped or dead one, from its status document.
@@ -701,7 +712,7 @@ def assess_status(status: dict[str, Any], stall_seconds: float | None = None, no
         alive = process_alive(node.get("pid"), node.get("pid_started_at"))
         if alive is False:
             return Verdict("dead", f"not running: process {node.get('pid')} is gone (killed or crashed) while "
-                                   f"{state} at step {step}; see node.log in the run directory; {resume}",
+                                   f"{state} at step {step}; see {_log_of(node)}; {resume}",
                            EXIT_UNREACHABLE)
     stall = status.get("stall") or {}
     threshold = stall_seconds if stall_seconds is not None else (_num(stall.get("threshold_s")) or 600.0)
