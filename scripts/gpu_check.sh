@@ -7,7 +7,9 @@
 #                                         # and its pure-Python needs; ~13 MB, git-ignored). The three that
 #                                         # PyPI has only as sources (cellpylib, zss, pycosat) are built as
 #                                         # wheels with $PY312 (default python3.12; the GPU image is 3.12).
-#   bash scripts/gpu_check.sh [BENCH ARGS] # on the GPU machine: nvidia-smi, pytest tests/test_gpu.py
+#   bash scripts/gpu_check.sh --help      # this text
+#   bash scripts/gpu_check.sh [BENCH ARGS] # on the GPU machine (exits 4 at once where torch sees no CUDA
+#                                         # device, unless GPU_CHECK_ALLOW_CPU=1): nvidia-smi, pytest tests/test_gpu.py
 #                                         # tests/test_decode.py, then scripts/gpu_bench.py (args passed on),
 #                                         # then `swarmnode run` on the embedded default for
 #                                         # $GPU_CHECK_RUN_STEPS steps (0, the default, skips it)
@@ -36,6 +38,11 @@ RUN_S=${GPU_CHECK_RUN_S:-240}
 RUN_STEPS=${GPU_CHECK_RUN_STEPS:-0}
 RUN_DIR=${GPU_CHECK_RUN_DIR:-/tmp/gpu_check_run}
 
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+
 if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p .whl
   # shellcheck disable=SC2086
@@ -52,6 +59,11 @@ fi
 T0=$(date +%s)
 echo "=== gpu_check $(date -u +%FT%TZ) in $ROOT"
 nvidia-smi || echo "nvidia-smi: not available"
+if [[ "${GPU_CHECK_ALLOW_CPU:-0}" != "1" ]] && ! python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  echo "no CUDA device here (or no torch): this check is for a GPU machine, and the 0.5B benchmark would run on the"
+  echo "CPU until its time limit. The CPU suite is 'python -m pytest -q'; GPU_CHECK_ALLOW_CPU=1 runs the check anyway."
+  exit 4
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"

@@ -11,6 +11,7 @@ against one plain forward). Tests that need vLLM itself live in ``tests/test_gpu
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -467,3 +468,19 @@ def test_gpu_profile_decode_cpu_smoke(capsys):
         with pytest.raises(SystemExit) as e:
             gp.main(["--device", "cpu", "--tiny", *bad] if "--device" not in bad else ["--tiny", *bad])
         assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_gpu_check_script_has_help_and_stops_at_once_without_a_gpu():
+    """scripts/gpu_check.sh --help prints its usage; on a machine without CUDA it exits 4 at once with a clear
+    message instead of running the 0.5B benchmark on the CPU until its time limit."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    r = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--prepare" in r.stdout and "GPU_CHECK_ALLOW_CPU" in r.stdout
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the check would run")
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k != "GPU_CHECK_ALLOW_CPU"})
+    assert r.returncode == 4 and "no CUDA device here" in r.stdout
+    assert "=== pytest" not in r.stdout and "gpu_bench" not in r.stdout.split("no CUDA device")[1]
