@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from swarmnode.config import ConfigError, RunConfig, load_config
 
@@ -586,7 +587,9 @@ def peers(
                 "samples rejected", "last seen"):
         t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
     for r in rows:
-        t.add_row(r["peer_id"], r["model_id"], str(r["step"]),
+        # a peer's heartbeat is hostile input: no rich markup, no terminal control characters
+        model = Text("".join(c for c in str(r["model_id"]) if c.isprintable()))
+        t.add_row(r["peer_id"], model, str(r["step"]),
                   "-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
                   "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
                   str(r["samples_published"]), str(r["samples_accepted"]), str(r["samples_rejected"]),
