@@ -544,6 +544,27 @@ def swarm_up(
         raise typer.Exit(1)
 
 
+def peers_table(sid: str, rows: list[dict]) -> Table:
+    """The ``swarmnode peers`` table for ``rows`` from ``list_peers``.
+
+    Every cell comes from a peer's signed heartbeat, which is hostile input: the model string is shown as plain
+    text (no rich markup, links or styles) with non-printable characters (terminal escapes) removed.
+    """
+    t = Table(title=f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat")
+    for col in ("peer id", "model", "step", "reward", "accuracy", "samples published", "samples accepted",
+                "samples rejected", "last seen"):
+        t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
+    for r in rows:
+        # a peer's heartbeat is hostile input: no rich markup, no terminal control characters
+        model = Text("".join(c for c in str(r["model_id"]) if c.isprintable()))
+        t.add_row(r["peer_id"], model, str(r["step"]),
+                  "-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
+                  "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
+                  str(r["samples_published"]), str(r["samples_accepted"]), str(r["samples_rejected"]),
+                  f"{r['last_seen_s']:.0f}s ago")
+    return t
+
+
 @app.command()
 def peers(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (swarm id, initial peers)"),
@@ -582,19 +603,7 @@ def peers(
     if json_out:
         print(json.dumps({"swarm_id": sid, "peers": rows}))
         return
-    t = Table(title=f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat")
-    for col in ("peer id", "model", "step", "reward", "accuracy", "samples published", "samples accepted",
-                "samples rejected", "last seen"):
-        t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
-    for r in rows:
-        # a peer's heartbeat is hostile input: no rich markup, no terminal control characters
-        model = Text("".join(c for c in str(r["model_id"]) if c.isprintable()))
-        t.add_row(r["peer_id"], model, str(r["step"]),
-                  "-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
-                  "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
-                  str(r["samples_published"]), str(r["samples_accepted"]), str(r["samples_rejected"]),
-                  f"{r['last_seen_s']:.0f}s ago")
-    console.print(t)
+    console.print(peers_table(sid, rows))
 
 
 # ------------------------------------------------------------------ watching nodes (swarmnode/monitor/)

@@ -449,3 +449,21 @@ def test_monitor_states_and_healthz_of_a_node_lifecycle(tmp_path):
         mon.close()
     st = read_status_file(tmp_path)
     assert st["state"] == "stopped" and st["exit"] == {"code": 0, "reason": "stopped by a signal after checkpointing"}
+
+
+def test_peers_table_prints_a_hostile_model_string_as_plain_text():
+    """A heartbeat's model string is peer input: rich markup in it must neither crash the table nor style it,
+    and terminal escapes are dropped (found by an outside attack: ``[/]`` made ``swarmnode peers`` exit 1)."""
+    from rich.console import Console
+
+    from swarmnode.cli import peers_table
+
+    row = {"peer_id": "12D3KooWtest", "step": 3, "reward_mean": 0.5, "accuracy": None, "samples_published": 1,
+           "samples_accepted": 2, "samples_rejected": 0, "last_seen_s": 4.0}
+    hostile = ["[/]", "[link=http://evil.example]click[/link]", "a\x1b[31mred\x07b", "[bold]x"]
+    console = Console(record=True, width=400, color_system=None)
+    for model in hostile:
+        console.print(peers_table("s", [dict(row, model_id=model)]))
+    out = console.export_text()
+    assert "[/]" in out and "[link=http://evil.example]click[/link]" in out and "[bold]x" in out
+    assert "a[31mredb" in out and "\x1b" not in out and "\x07" not in out
