@@ -357,8 +357,9 @@ class CurriculumConfig(_Strict):
     )
     max_voters: int = Field(
         32, ge=0, description="most peers whose rates are counted per task (those with the most earned standing "
-        "first, ties in a salted order), besides our own vote; peers with no earned standing fill at most "
-        "(trusted votes - 1) of the seats, trusted = our own vote and those of peers with standing. Default 32"
+        "first, ties in a salted order), besides our own vote; young peers (fewer than swarm.established_after "
+        "useful admitted trees) fill at most (trusted votes - 1) of the seats, trusted = our own vote and those "
+        "of established peers. Default 32"
     )
     min_factor: float = Field(
         0.5, gt=0, le=1, description="floor of a task's weight as a multiple of its configured weight (success "
@@ -556,8 +557,9 @@ class SwarmConfig(_Strict):
     )
     max_trees_per_peer: int = Field(8, ge=1, description="most external trees admitted from one key per step")
     established_after: int = Field(
-        16, ge=0, description="useful admitted trees after which a key is no longer young (0: every key is "
-        "established, which turns the young-key pool off)"
+        16, ge=0, description="useful admitted trees after which a key is no longer young: an established key's "
+        "curriculum votes are trusted and its trees may be expanded (0: every key is established, which turns "
+        "the young-key pool off; curriculum votes then need 1 useful tree)"
     )
     max_young_trees: int | None = Field(
         None, ge=0, description="external trees per step admitted from all young keys together, shared round-robin; "

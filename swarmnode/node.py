@@ -47,7 +47,7 @@ from swarmnode.policy.loading import Policy, load_policy
 from swarmnode.policy.memory import plan_for_model
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.step_credit import StepCredit, apply_step_credit, step_reports, step_reward_bonus
-from swarmnode.rollout.expansion import Expansion, expand_forks, select_forks
+from swarmnode.rollout.expansion import Expansion, Fork, expand_forks, select_forks
 from swarmnode.rollout.sampler import PromptSpec
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.rundir import (
@@ -63,7 +63,7 @@ from swarmnode.rundir import (
     lock_run_dir,
 )
 from swarmnode.tasks.base import Task
-from swarmnode.tasks.curriculum import LocalRates, PeerRates, combine_rates, curriculum_weights
+from swarmnode.tasks.curriculum import LocalRates, PeerRates, curriculum_weights, tally_votes
 from swarmnode.tasks.mix import TaskMix, stream_for_peer
 from swarmnode.train.batch import compose_batch, samples_from_trees
 from swarmnode.rollout.peer_tree import PeerTree
@@ -113,7 +113,7 @@ class SwarmHook(SwarmProbe, Protocol):
 
     def peer_task_rates(self) -> list[PeerRates]:
         """Peers' per-task success counts from their heartbeats, one entry per peer id, ages measured by us
-        (swarm curriculum only; untrusted, :func:`~swarmnode.tasks.curriculum.combine_rates` bounds them)."""
+        (swarm curriculum only; untrusted, :func:`~swarmnode.tasks.curriculum.tally_votes` bounds them)."""
 
     def recover(self, reason: str) -> None:
         """Restart the network side (DHT) after the round stalled in the swarm layer; the node's round loop calls
@@ -335,9 +335,11 @@ class Node:
         """This step's per-source sampling weights under the swarm curriculum, and their metrics.
 
         ``None`` (the configured weights) when ``swarm.curriculum.enabled`` is off. Otherwise each source's rate
-        is the median of our own recent rate and one vote per peer (:func:`combine_rates`), and its weight is its
-        configured weight times a factor within ``[min_factor, max_factor]`` (:func:`curriculum_weights`).
-        Metrics: ``curriculum/rate/<task>`` (NaN = no votes) and ``curriculum/share/<task>`` (share of the draws).
+        is the median of our own recent rate and one vote per peer (:func:`tally_votes`; young peers never
+        outvote the trusted ones), and its weight is its configured weight times a factor within
+        ``[min_factor, max_factor]`` (:func:`curriculum_weights`).
+        Metrics: ``curriculum/rate/<task>`` (NaN = no votes), ``curriculum/share/<task>`` (share of the draws) and
+        ``curriculum/voters`` (peers whose votes were used for at least one task).
         """
         cc = self.cfg.swarm.curriculum
         if not cc.enabled:
@@ -346,13 +348,16 @@ class Node:
         peers: list[PeerRates] = []
         if self.swarm is not None:
             peers = self.swarm.peer_task_rates()
-        rates = combine_rates(keys, self.local_rates.counts(), peers, min_samples=cc.min_samples,
+        tallies = tally_votes(keys, self.local_rates.counts(), peers, min_samples=cc.min_samples,
                               max_age_s=cc.max_age_seconds, max_voters=cc.max_voters,
+                              established_after=self.cfg.swarm.established_after,
                               own_peer_id=None if self.swarm is None else self.swarm.peer_id)
+        rates = {k: t.rate for k, t in tallies.items()}
         weights = curriculum_weights(self.tasks.weights, [rates[k] for k in keys], min_factor=cc.min_factor,
                                      max_factor=cc.max_factor)
         total = sum(weights)
-        m: dict[str, Any] = {"curriculum/voters": len(peers)}
+        # peers whose votes were used for at least one task (not every heartbeat read)
+        m: dict[str, Any] = {"curriculum/voters": len({p for t in tallies.values() for p in t.peers})}
         for i, k in enumerate(keys):
             name = self._task_label(i)
             m[f"curriculum/rate/{name}"] = float("nan") if rates[k] is None else rates[k]
@@ -377,18 +382,26 @@ class Node:
         if self.swarm is not None:
             self.swarm.share_task_rates(self.local_rates.counts())
 
-    def expand(self, candidates: list[PeerTree], step: int, exclude_peers: set[str]) -> list[Expansion]:
+    def expand(self, candidates: list[PeerTree], step: int, exclude_peers: set[str],
+               metrics: dict[str, Any] | None = None) -> list[Expansion]:
         """Cross-node tree expansion (``swarm.expansion``): continue the most promising prefixes of this step's
         re-verified peer trees with our own policy, under our own prompt, scored by our verifier
-        (:func:`~swarmnode.rollout.expansion.expand_forks`). Peers in ``exclude_peers`` (rejected by the
-        likelihood screen this step) are not expanded. Returns the new trees (never published)."""
+        (:func:`~swarmnode.rollout.expansion.expand_forks`). Only trees of established keys are expanded, one
+        fork per peer (:func:`~swarmnode.rollout.expansion.select_forks`); peers in ``exclude_peers`` (rejected by
+        the likelihood screen this step) are not, and with the screen on a fork whose prefix our policy finds
+        unlikely is skipped (:meth:`screen_prefixes`; their count goes to ``metrics["expansion/prefix_rejected"]``).
+        Returns the new trees (never published)."""
         xc = self.cfg.swarm.expansion
         max_comp = self.cfg.sampling.max_completion_length
         tok = self.policy.tokenizer
-        forks = select_forks(candidates, xc.max_forks, max_prefix_tokens=max_comp - xc.min_continuation_tokens,
+        forks = select_forks(candidates, len(candidates), max_prefix_tokens=max_comp - xc.min_continuation_tokens,
                              accept_task=self.tasks.contains, exclude_peers=exclude_peers,
                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                              step_delimiters=self.cfg.sampling.tree.step_delimiters)
+        forks, n_rejected = self.screen_prefixes(forks)
+        forks = forks[: xc.max_forks]
+        if metrics is not None:
+            metrics["expansion/prefix_rejected"] = n_rejected
         if not forks:
             return []
         gen = torch.Generator(device="cpu").manual_seed((self.cfg.seed * 1_000_003 + step) % (2**63) ^ 0x5E1F)
@@ -407,15 +420,33 @@ class Node:
             e.tree.model_id, e.tree.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
         return out
 
+    def screen_prefixes(self, forks: list[Fork]) -> tuple[list[Fork], int]:
+        """The forks whose prefix passes the likelihood screen (``swarm.screen``), in order, and how many did not.
+
+        A fork's prefix becomes the context our policy continues from, so it meets the rule peers' completions
+        meet (:class:`~swarmnode.train.screen.LikelihoodScreen`): its per-token log-probs under our current policy,
+        after our own prompt for the task, must not fall below the reference's mean and window thresholds. A
+        prefix of text our policy would not write (an injected instruction, a payload) is skipped; the peer is not
+        charged (honest prefixes fail too now and then). With the screen off, or still in warm-up, every fork
+        passes. Raises what the forward raises (the caller drops the expansion)."""
+        th = self.screen.thresholds() if self.cfg.swarm.screen.enabled else None
+        if th is None or not forks:
+            return forks, 0
+        rows = [Sample(prompt_ids=list(self._prompt_spec(self.tasks.get(f.task)).prompt_ids),
+                       completion_ids=list(f.prefix_ids), advantages=[0.0] * len(f.prefix_ids)) for f in forks]
+        stats = self.screen.score(self.policy.model, rows)
+        kept = [f for f, (mean, win) in zip(forks, stats) if mean >= th[0] and win >= th[1]]
+        return kept, len(forks) - len(kept)
+
     def _expansion_samples(self, candidates: list[PeerTree], step: int, exclude: set[str],
                            m: dict[str, Any]) -> list[Sample]:
         """The local samples of this step's expansions (:meth:`expand`), with their metrics put into ``m``:
         ``expansion/forks``, ``expansion/leaves``, ``expansion/correct`` (mean), ``expansion/zero_variance``,
-        ``expansion/samples``, ``expansion/tokens``, ``expansion/failed``. A failure is dropped, never fatal."""
+        ``expansion/samples``, ``expansion/tokens``, ``expansion/prefix_rejected``, ``expansion/failed``. A failure is dropped, never fatal."""
         cfg = self.cfg
         try:
             with self.timer.phase("expand"):
-                exps = self.expand(candidates, step, exclude)
+                exps = self.expand(candidates, step, exclude, m)
             trees_x = [e.tree for e in exps]
             if not trees_x:
                 m.update({"expansion/forks": 0, "expansion/samples": 0})

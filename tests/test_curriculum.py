@@ -22,6 +22,7 @@ from swarmnode.tasks.curriculum import (
     curriculum_factor,
     curriculum_weights,
     learnability,
+    tally_votes,
     vote_rate,
 )
 
@@ -37,11 +38,11 @@ def peers(n, rates, *, age=1.0, standing=0, prefix="sybil"):
 # ------------------------------------------------------------------ the statistic
 def test_median_of_one_vote_per_peer_with_our_own():
     own = {"rg:a#1": (10, 5)}
-    ps = [PeerRates("p1", {"rg:a#1": (10, 1)}, standing=1), PeerRates("p2", {"rg:a#1": (10, 9)}, standing=1)]
+    ps = [PeerRates("p1", {"rg:a#1": (10, 1)}, standing=16), PeerRates("p2", {"rg:a#1": (10, 9)}, standing=16)]
     assert combine_rates(KEYS, own, ps) == {"rg:a#1": 0.5, "rg:b#2": None, "rg:c#3": None}
     # one peer id repeated 100 times votes once (its freshest entry)
-    dup = ([PeerRates("p1", {"rg:a#1": (10, 0)}, age_s=5.0, standing=1)] * 100
-           + [PeerRates("p1", {"rg:a#1": (10, 10)}, age_s=1.0, standing=1)])
+    dup = ([PeerRates("p1", {"rg:a#1": (10, 0)}, age_s=5.0, standing=16)] * 100
+           + [PeerRates("p1", {"rg:a#1": (10, 10)}, age_s=1.0, standing=16)])
     assert combine_rates(["rg:a#1"], {"rg:a#1": (10, 2)}, dup)["rg:a#1"] == pytest.approx(0.6)  # median(0.2, 1.0)
     # our own heartbeat read back from the DHT is not a second vote of ours
     assert combine_rates(["rg:a#1"], own, [PeerRates("me", {"rg:a#1": (10, 0)})], own_peer_id="me")["rg:a#1"] == 0.5
@@ -67,7 +68,7 @@ def test_stale_small_and_hostile_entries_are_no_votes():
     assert vote_rate((10, 10**30), 8) == 1.0
     assert vote_rate((10**30, 10**29), 8) == pytest.approx(min(10**29, MAX_RATE_COUNT) / MAX_RATE_COUNT)
     assert vote_rate((1e308, 0), 8) == 0.0
-    for rate in combine_rates(KEYS, {}, [PeerRates("x", {k: (1e300, 1e301) for k in KEYS}, standing=1)]).values():
+    for rate in combine_rates(KEYS, {}, [PeerRates("x", {k: (1e300, 1e301) for k in KEYS}, standing=16)]).values():
         assert rate is not None and 0.0 <= rate <= 1.0
 
 
@@ -79,7 +80,7 @@ def test_voters_are_capped_and_ranked_by_earned_standing():
     assert combine_rates(["rg:a#1"], {}, honest + sybils, max_voters=32)["rg:a#1"] == 0.5
     assert combine_rates(["rg:a#1"], {}, sybils + honest, max_voters=3)["rg:a#1"] == 0.5
     # the seats they get are real: 2 trusted votes (0.5, 1.0) leave 1 seat; the Sybil's 0.0 makes it 0.5
-    pair = [PeerRates("h0", {"rg:a#1": (16, 8)}, standing=5), PeerRates("h9", {"rg:a#1": (16, 16)}, standing=5)]
+    pair = [PeerRates("h0", {"rg:a#1": (16, 8)}, standing=16), PeerRates("h9", {"rg:a#1": (16, 16)}, standing=16)]
     assert combine_rates(["rg:a#1"], {}, pair)["rg:a#1"] == 0.75
     assert combine_rates(["rg:a#1"], {}, pair + sybils)["rg:a#1"] == 0.5
 
@@ -89,8 +90,8 @@ def test_ties_in_standing_are_not_broken_by_the_peer_id():
     key that sorts first by id does not win every seat (it would with id order; by chance: 2^-24)."""
     wins = 0
     for i in range(24):
-        pair = [PeerRates(f"zzzz{i}", {"rg:a#1": (16, 16)}, standing=1),
-                PeerRates(f"0000{i}", {"rg:a#1": (16, 0)}, standing=1)]
+        pair = [PeerRates(f"zzzz{i}", {"rg:a#1": (16, 16)}, standing=16),
+                PeerRates(f"0000{i}", {"rg:a#1": (16, 0)}, standing=16)]
         wins += combine_rates(["rg:a#1"], {}, pair, max_voters=1)["rg:a#1"] == 0.0
     assert 0 < wins < 24, wins
 
@@ -103,12 +104,44 @@ def test_keys_without_standing_never_decide_the_median(n_sybils):
     for own, honest in [({"rg:a#1": (16, 0)}, []), ({"rg:a#1": (16, 0)}, [(16, 0)]),
                         ({"rg:a#1": (16, 16)}, [(16, 8), (16, 12)]), ({}, [(16, 4)])]:
         trusted = [k / n for n, k in ([own["rg:a#1"]] if own else []) + honest]
-        hp = [PeerRates(f"h{i}", {"rg:a#1": c}, standing=3) for i, c in enumerate(honest)]
+        hp = [PeerRates(f"h{i}", {"rg:a#1": c}, standing=16) for i, c in enumerate(honest)]
         for lie in (0, 8, 16):
             got = combine_rates(["rg:a#1"], own, hp + peers(n_sybils, {"rg:a#1": (16, lie)}))["rg:a#1"]
             assert min(trusted) <= got <= max(trusted), (own, honest, lie, got)
     # no trusted vote at all: no rate (the configured weight), however many keys vote
     assert combine_rates(["rg:a#1"], {}, peers(n_sybils, {"rg:a#1": (16, 8)}))["rg:a#1"] is None
+
+
+@pytest.mark.parametrize("standing", [1, 3, 15])
+def test_keys_with_a_little_standing_are_still_young(standing):
+    """Outside attack (session 19): two fresh keys with one cheap mixed tree each (standing 1) counted as trusted
+    and took the median from our own vote (task share 25% -> 57%). Below ``established_after`` useful trees a key
+    is young: with our own vote the only trusted one, the young keys get no seat at all."""
+    own = {"rg:a#1": (16, 0)}
+    sybils = peers(2, {"rg:a#1": (16, 8)}, standing=standing)
+    t = tally_votes(["rg:a#1"], own, sybils, established_after=16)["rg:a#1"]
+    assert (t.rate, t.peers, t.trusted) == (0.0, (), 1)
+    # at the threshold the same keys are established: their votes are trusted and counted
+    t = tally_votes(["rg:a#1"], own, peers(2, {"rg:a#1": (16, 8)}, standing=16), established_after=16)["rg:a#1"]
+    assert (t.rate, len(t.peers), t.trusted) == (0.5, 2, 3)
+    # established_after 0 (every key established for the tree caps) still asks for one useful tree
+    assert combine_rates(["rg:a#1"], own, peers(2, {"rg:a#1": (16, 8)}), established_after=0)["rg:a#1"] == 0.0
+    assert combine_rates(["rg:a#1"], own, sybils, established_after=0)["rg:a#1"] == 0.5
+
+
+def test_the_tally_names_the_votes_it_used():
+    """``curriculum/voters`` counts the peers whose votes were used, not every heartbeat read."""
+    own = {"rg:a#1": (16, 8), "rg:b#2": (16, 8)}
+    est = peers(3, {"rg:a#1": (16, 4)}, standing=20, prefix="est")
+    young = peers(50, {"rg:a#1": (16, 0), "rg:b#2": (16, 0)})
+    stale = peers(10, {"rg:a#1": (16, 0)}, standing=20, age=500.0, prefix="stale")
+    tallies = tally_votes(KEYS, own, est + young + stale)
+    a, b = tallies["rg:a#1"], tallies["rg:b#2"]
+    assert a.trusted == 4 and len(a.peers) == 3 + 3 and set(p for p in a.peers if p.startswith("est")) == {
+        "est0", "est1", "est2"}
+    assert b.trusted == 1 and b.peers == ()  # our own vote alone: no young key sits
+    assert tallies["rg:c#3"].rate is None
+    assert len({p for t in tallies.values() for p in t.peers}) == 6
 
 
 # ------------------------------------------------------------------ the weights
@@ -235,8 +268,9 @@ def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
 
     from swarmnode.config import RunConfig, SwarmConfig
     from swarmnode.swarm.dht import SwarmDHT
+    from swarmnode.rollout.peer_tree import PeerTree
     from swarmnode.swarm.gossip import SwarmClient
-    from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, byte_tokenize
+    from swarmnode.testing.adversary import BYTE_TOKENIZER_ID, HostileFactory, byte_tokenize
 
     swarm_id = "curriculum-test"
     mix = TaskMix([ReasoningGymSource("chain_sum", {"min_terms": 2, "max_terms": 2})], [1.0])
@@ -275,12 +309,28 @@ def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
         assert by_peer[a.peer_id].rates == {key_a: (16, 8)} and 0 <= by_peer[a.peer_id].age_s < 90
         # a has earned no standing at b yet: with b's own vote the only trusted one, a's vote takes no seat
         assert by_peer[a.peer_id].standing == 0
-        assert combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id)[key_a] == pytest.approx(1 / 16)
-        b.peers.record_earned(a.peer_id, 3)  # what accepted useful trees of a do
+        est = b.scfg.established_after
+        assert combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id,
+                             established_after=est)[key_a] == pytest.approx(1 / 16)
+        # b's admission of one useful (mixed) tree of a: standing 1, still a young key whose vote takes no seat
+        useful = HostileFactory(Identity.from_private_bytes(hashlib.sha256(b"test_curriculum a").digest()), mix,
+                                swarm_id=swarm_id).contrast_trees(est)
+        out, n_young, _ = b._admit([PeerTree(useful[0], a.peer_id)])
+        assert n_young == 1 and not out[0].established
         seen = b.peer_task_rates()
-        assert {p.peer_id: p.standing for p in seen} == {a.peer_id: 3}
-        rates = combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id)
+        assert {p.peer_id: p.standing for p in seen} == {a.peer_id: 1}
+        assert combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id,
+                             established_after=est)[key_a] == pytest.approx(1 / 16)
+        # useful trees admitted step after step until a is established: now its vote is trusted
+        for t in useful[1:]:
+            b._admit([PeerTree(t, a.peer_id)])
+        while b._carry:
+            b._admit([])
+        seen = b.peer_task_rates()
+        assert {p.peer_id: p.standing for p in seen} == {a.peer_id: est}
+        rates = combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id, established_after=est)
         assert rates[key_a] == pytest.approx((1 / 16 + 0.5) / 2)
+        assert b._admit([PeerTree(useful[0], a.peer_id)])[0][0].established
     finally:
         dht.shutdown()
         b.close()
@@ -332,7 +382,7 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
     keys = [node.tasks.source_key(i) for i in range(len(node.tasks.sources))]
     crowd = {k: (16, 0) for k in keys} | {keys[-1]: (16, 8)}  # starve every task but the last one
     # peers with earned standing (keys without it never outvote our own rates): still bounded whatever they claim
-    node.swarm = sw = RatesSwarm(peers(3000, crowd, standing=1))
+    node.swarm = sw = RatesSwarm(peers(3000, crowd, standing=cfg.swarm.established_after))
     try:
         ms = [node.run_step().metrics for _ in range(2)]
         weights, _ = node.task_weights()
@@ -340,7 +390,7 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
         node.close()
     ctotal = sum(node.tasks.weights)
     for m in ms:
-        assert m["curriculum/voters"] == 3000
+        assert m["curriculum/voters"] == cfg.swarm.curriculum.max_voters  # the votes used, not the 3,000 read
         shares = [m[f"curriculum/share/{node._task_label(i)}"] for i in range(len(keys))]
         assert sum(shares) == pytest.approx(1.0)
         for share, w in zip(shares, node.tasks.weights):

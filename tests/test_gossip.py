@@ -403,6 +403,7 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
         out, young, dropped = c._admit(trees)
         # 3 young keys, 3 trees each: the pool admits 2 trees (one per key per turn), the rest waits
         assert (len(out), young, dropped) == (2, 2, 0) and len({t.peer_id for t in out}) == 2
+        assert not any(t.established for t in out)  # young keys' trees: cross-node expansion skips them
         assert len(c._carry) == 7
         assert sum(c.peers.earned(p) for p, _ in keys) == 2  # each admitted [1, 0] tree is useful
         # next step, nothing new arrives: the carried trees are admitted two at a time, older first
@@ -413,6 +414,7 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
         c.peers.record_earned(est, 4)
         out3, young3, _ = c._admit(est_trees)
         assert sum(1 for t in out3 if t.peer_id == est) == 3 and young3 == 2
+        assert all(t.established == (t.peer_id == est) for t in out3)
         # trees without reward variance are admitted but earn nothing
         lazy, lazy_trees = _peer_trees(mix, "lazy", 1, contrast=False)
         c.peers.record_earned(lazy, 10)

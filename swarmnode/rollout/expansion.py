@@ -16,8 +16,9 @@ What is trained (the simplest sound choice, docs/swarm.md "Cross-node tree expan
 * every new leaf is scored by our verifier on the whole completion the model produced for the task -- the
   prefix's text followed by our continuation, decoded from the ids;
 * only trees that passed the verification pipeline (``PeerTree.verified``, every check of docs/design.md §6,
-  leaves re-scored by us) are expanded, only for tasks our training stream can produce, and expanded trees
-  are never published (their prompt carries another node's tokens).
+  leaves re-scored by us) and came from an established key (``PeerTree.established``) are expanded, at most
+  one fork per peer per step, ties in a salted random order (:func:`select_forks`), only for tasks our training
+  stream can produce; expanded trees are never published (their prompt carries another node's tokens).
 
 Entry points: :func:`find_forks` (one tree), :func:`select_forks` (this step's candidates),
 :func:`fork_prompt` and :func:`expand_forks` (sample and score through callables the node hands in, so this
@@ -26,7 +27,9 @@ module stays free of ``policy/``).
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -212,8 +215,17 @@ def select_forks(
     exclude_peers: Iterable[str] = (),
     decode: Callable[[list[int]], str] | None = None,
     step_delimiters: Sequence[str] = ("\n",),
+    established_only: bool = True,
+    salt: bytes | None = None,
 ) -> list[Fork]:
-    """This step's forks: at most one per peer tree, the best ones across trees, at most ``max_forks``.
+    """This step's forks: at most one per peer, the best ones across peers, at most ``max_forks``.
+
+    A peer chooses its own trees' rewards and prefixes, so nothing it controls may win a tie: a tree with one
+    right and one wrong leaf already has the largest reward variance of binary rewards, and a longest-prefix
+    tie-break let one key take every expansion slot with a prefix text of its choosing (outside-attack
+    finding). So forks are spread over peers (one per peer id, however many trees it sent), ranked by reward
+    variance, ties in a salted random order; and by default only trees admitted from established keys
+    (``PeerTree.established``) are continued.
 
     Args:
         candidates: this step's peer trees (``SwarmHook.gather``); unverified ones are skipped.
@@ -222,23 +234,33 @@ def select_forks(
         accept_task: a predicate on the TaskRef (the node passes ``TaskMix.contains``: a task our training
             stream can produce, never a held-out one); ``None`` accepts all.
         exclude_peers: peer ids whose trees are not expanded (e.g. those the likelihood screen rejected).
+        established_only: skip trees whose ``established`` flag is False (young keys; the swarm layer sets the
+            flag at admission, ``swarm.established_after``).
+        salt: bytes salting the tie order (``None``: fresh random bytes per call; tests pass a fixed salt).
 
     Returns:
-        Forks ordered by reward variance, prefix length, then peer id, digest and prefix ids (deterministic for
-        the same candidates).
+        Forks, highest reward variance first, ties in the salted order; deterministic for the same candidates
+        and salt.
     """
     skip = set(exclude_peers)
-    best: list[Fork] = []
+    key = os.urandom(16) if salt is None else bytes(salt)[:64]
+
+    def rank(f: Fork) -> tuple[float, bytes]:
+        tag = f"{f.peer.peer_id}\x00{f.peer.digest}\x00{','.join(map(str, f.prefix_ids))}".encode("utf-8", "replace")
+        return (-f.reward_var, hashlib.blake2b(tag, key=key, digest_size=16).digest())
+
+    per_peer: dict[str, Fork] = {}
     for pt in candidates:
         if not isinstance(pt, PeerTree) or not pt.verified or pt.peer_id in skip:
+            continue
+        if established_only and not pt.established:
             continue
         if accept_task is not None and not accept_task(pt.tree.task):
             continue
         forks = find_forks(pt, max_prefix_tokens=max_prefix_tokens, decode=decode, step_delimiters=step_delimiters)
-        if forks:
-            best.append(forks[0])
-    best.sort(key=lambda f: (-f.reward_var, -len(f.prefix_ids), f.peer.peer_id, f.peer.digest, f.prefix_ids))
-    return best[: max(0, int(max_forks))]
+        if forks and (pt.peer_id not in per_peer or rank(forks[0]) < rank(per_peer[pt.peer_id])):
+            per_peer[pt.peer_id] = forks[0]
+    return sorted(per_peer.values(), key=rank)[: max(0, int(max_forks))]
 
 
 def fork_prompt(fork: Fork, our_prompt: PromptSpec) -> PromptSpec:

@@ -34,6 +34,9 @@ class PeerTree:
         received_at: the receiver's wall clock (unix seconds) when the bundle body arrived (0.0 = unknown).
         verified: ``True`` only when the verification pipeline (``swarm/verify.py``) built it after every check
             of docs/design.md §6 passed; cross-node expansion (``rollout/expansion.py``) continues only such trees.
+        established: ``True`` when the swarm layer admitted it from an established key (at least
+            ``swarm.established_after`` useful trees admitted before this step, ``swarm/gossip.py``); by default
+            cross-node expansion continues only such trees (a fresh key's prefix steers none of our groups).
 
     Raises:
         TypeError / ValueError: a field has the wrong type, ``peer_id`` is empty or ``policy_version < 0``.
@@ -49,6 +52,7 @@ class PeerTree:
     digest: str = ""
     received_at: float = 0.0
     verified: bool = False
+    established: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.tree, RolloutTree):

@@ -1324,7 +1324,8 @@ class SwarmClient:
         An established key (``PeerBook.earned >= swarm.established_after``) gets up to ``swarm.max_trees_per_peer``
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
-        one tree per key per turn, keys in random order. Admitted useful trees earn their key standing.
+        one tree per key per turn, keys in random order. Admitted useful trees earn their key standing; the trees
+        of an established key are marked ``PeerTree.established`` (what cross-node expansion requires).
 
         Trees over a cap are not lost at once: they are carried to the next steps (older first), at most
         ``max_trees_per_peer`` per key and ``_MAX_CARRY_TREES`` in all, for at most the read window
@@ -1352,6 +1353,8 @@ class SwarmClient:
                 young[peer] = idx[:cap]
             else:
                 keep.update(idx[:self.max_trees_per_peer])
+                for i in idx:
+                    items[i][1].established = True
         pool = self.max_young_trees
         order = list(young)
         random.shuffle(order)
@@ -1381,10 +1384,6 @@ class SwarmClient:
         for peer, n in earned.items():
             self.peers.record_earned(peer, n)
         return out, n_young, dropped
-
-    def _reprompt(self, vt: PeerTree) -> None:
-        """Kept for callers of the old API: the verifier now gives every accepted tree our own prompt."""
-        return None
 
     # ------------------------------------------------------------------ reporting
     def snapshot(self) -> dict[str, Any]:

@@ -13,10 +13,11 @@ Peers are untrusted, so the statistic is bounded by construction:
   rates with fewer than ``min_samples`` leaves are no votes; at most ``max_voters`` peers vote per task, those
   with the most earned standing first (:meth:`swarmnode.swarm.peers.PeerBook.earned`), ties in an order
   salted per process (a key cannot be ground to sort first);
-* **trusted votes hold a strict majority**: our own vote and those of peers with earned standing are trusted;
-  keys with no standing (fresh, possibly Sybil) fill at most ``trusted - 1`` seats, so the median always lies
-  between the lowest and the highest trusted vote, however many keys vote (with no trusted vote the task has
-  no rate and keeps its configured weight);
+* **trusted votes hold a strict majority**: our own vote and those of *established* peers (at least
+  ``established_after`` useful trees admitted, ``swarm.established_after``; at least 1) are trusted; young keys
+  (fresh or with a few useful trees, possibly Sybils: one cheap mixed tree per key used to be enough) fill at
+  most ``trusted - 1`` seats, so the median always lies between the lowest and the highest trusted vote,
+  however many keys vote (with no trusted vote the task has no rate and keeps its configured weight);
 * every rate is ``k / n`` clamped to [0, 1]; a NaN, an infinity, a negative or non-numeric count is no vote;
   counts are capped at :data:`MAX_RATE_COUNT` and only decide whether a rate is a vote (they weigh nothing);
 * the swarm's rate of a task is the **median** of its votes, so half of the voters must agree to move it;
@@ -45,6 +46,8 @@ __all__ = [
     "LocalRates",
     "clean_count",
     "vote_rate",
+    "VoteTally",
+    "tally_votes",
     "combine_rates",
     "learnability",
     "curriculum_factor",
@@ -114,7 +117,22 @@ def _median(xs: Sequence[float]) -> float:
     return s[m] if len(s) % 2 else 0.5 * (s[m - 1] + s[m])
 
 
-def combine_rates(
+@dataclass(frozen=True)
+class VoteTally:
+    """How one task's swarm rate came about (:func:`tally_votes`).
+
+    Attributes:
+        rate: the median of the votes used, in [0, 1]; ``None`` when no trusted vote exists.
+        peers: peer ids whose votes were used (established first, then young keys in the seats left).
+        trusted: trusted votes used (our own, if any, plus established peers').
+    """
+
+    rate: float | None
+    peers: tuple[str, ...] = ()
+    trusted: int = 0
+
+
+def tally_votes(
     keys: Sequence[str],
     own: Mapping[str, Any],
     peers: Iterable[PeerRates],
@@ -122,9 +140,11 @@ def combine_rates(
     min_samples: int = 8,
     max_age_s: float = 120.0,
     max_voters: int = 32,
+    established_after: int = 16,
     own_peer_id: str | None = None,
-) -> dict[str, float | None]:
-    """The swarm's success rate of each task: the median over one vote per peer id plus our own.
+) -> dict[str, VoteTally]:
+    """The swarm's success rate of each task, with the votes it used: the median over one vote per peer id plus
+    our own.
 
     Args:
         keys: the task keys to rate (:meth:`swarmnode.tasks.mix.TaskMix.source_key`, config order).
@@ -135,12 +155,15 @@ def combine_rates(
         min_samples: leaves a rate needs to be a vote (int >= 1).
         max_age_s: seconds; entries with a larger (or non-finite) ``age_s`` are ignored.
         max_voters: most peers counted per task, ranked by ``standing`` (highest first), ties in a per-process
-            salted order of the peer id. Peers with ``standing`` 0 fill at most ``trusted - 1`` of the seats,
-            ``trusted`` = our own vote plus the votes of peers with standing > 0 (a strict trusted majority).
+            salted order of the peer id.
+        established_after: useful admitted trees (``standing``) that make a peer's vote trusted
+            (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) fill at most
+            ``trusted - 1`` of the seats, ``trusted`` = our own vote plus the established peers' votes (a
+            strict trusted majority).
 
     Returns:
-        task key -> median rate in [0, 1], or ``None`` when no trusted vote exists for that task. The median
-        lies between the lowest and the highest trusted vote. Never raises on hostile peer values.
+        task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote.
+        Never raises on hostile peer values.
     """
     best: dict[str, PeerRates] = {}
     for pr in peers:
@@ -164,9 +187,9 @@ def combine_rates(
     def rank(pr: PeerRates) -> tuple[int, bytes]:
         return (-standing(pr), hashlib.blake2b(pr.peer_id.encode("utf-8", "replace"), key=_TIE_SALT).digest())
 
-    def votes(prs: list[PeerRates], key: str, limit: int) -> list[float]:
-        """The first ``limit`` votes for ``key`` among ``prs`` (in rank order)."""
-        got: list[float] = []
+    def votes(prs: list[PeerRates], key: str, limit: int) -> list[tuple[str, float]]:
+        """The first ``limit`` ``(peer id, vote)`` pairs for ``key`` among ``prs`` (in rank order)."""
+        got: list[tuple[str, float]] = []
         for pr in prs:
             if len(got) >= limit:
                 break
@@ -175,21 +198,33 @@ def combine_rates(
             except Exception:  # noqa: BLE001 - a hostile mapping is no vote
                 r = None
             if r is not None:
-                got.append(r)
+                got.append((pr.peer_id, r))
         return got
 
+    bar = max(1, int(established_after))
     ranked = sorted(best.values(), key=rank)
-    earned = [pr for pr in ranked if standing(pr) > 0]
-    unearned = [pr for pr in ranked if standing(pr) <= 0]
-    out: dict[str, float | None] = {}
+    established = [pr for pr in ranked if standing(pr) >= bar]
+    young = [pr for pr in ranked if standing(pr) < bar]
+    out: dict[str, VoteTally] = {}
     for key in keys:
         mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
-        peer_votes = votes(earned, key, max_voters)
-        trusted = ([mine] if mine is not None else []) + peer_votes
-        # keys without standing: a strict minority of the seats left
-        seats = min(max_voters - len(peer_votes), len(trusted) - 1)
-        out[key] = _median(trusted + votes(unearned, key, seats)) if trusted else None
+        peer_votes = votes(established, key, max_voters)
+        trusted = ([mine] if mine is not None else []) + [r for _, r in peer_votes]
+        if not trusted:
+            out[key] = VoteTally(None)
+            continue
+        # young keys: a strict minority of the seats left
+        extra = votes(young, key, min(max_voters - len(peer_votes), len(trusted) - 1))
+        used = peer_votes + extra
+        out[key] = VoteTally(_median(trusted + [r for _, r in extra]), tuple(p for p, _ in used), len(trusted))
     return out
+
+
+def combine_rates(keys: Sequence[str], own: Mapping[str, Any], peers: Iterable[PeerRates],
+                  **kwargs: Any) -> dict[str, float | None]:
+    """task key -> the swarm's success rate in [0, 1] (``None``: no trusted vote); :func:`tally_votes`'s rates,
+    same arguments."""
+    return {k: t.rate for k, t in tally_votes(keys, own, peers, **kwargs).items()}
 
 
 def learnability(p: float) -> float:
