@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -62,7 +62,7 @@ from swarmnode.rundir import (
     is_disk_error,
     lock_run_dir,
 )
-from swarmnode.tasks.base import Task
+from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.curriculum import LocalRates, PeerRates, curriculum_weights, tally_votes
 from swarmnode.tasks.mix import TaskMix, stream_for_peer
 from swarmnode.train.batch import compose_batch, samples_from_trees
@@ -398,7 +398,8 @@ class Node:
                              accept_task=self.tasks.contains, exclude_peers=exclude_peers,
                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                              step_delimiters=self.cfg.sampling.tree.step_delimiters)
-        forks, n_rejected = self.screen_prefixes(forks)
+        prompt_of = cache(lambda ref: self._prompt_spec(self.tasks.get(ref)))  # our prompt per task, built once
+        forks, n_rejected = self.screen_prefixes(forks, prompt_of)
         forks = forks[: xc.max_forks]
         if metrics is not None:
             metrics["expansion/prefix_rejected"] = n_rejected
@@ -412,7 +413,7 @@ class Node:
         def score(ref: Any, text: str) -> dict[str, float]:
             return self.tasks.score_detail(self.tasks.get(ref), text)
 
-        out = expand_forks(forks, our_prompt=lambda ref: self._prompt_spec(self.tasks.get(ref)), sample=sample,
+        out = expand_forks(forks, our_prompt=prompt_of, sample=sample,
                            score=score, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                            sampling=self.cfg.sampling, num_generations=xc.num_generations,
                            min_continuation_tokens=xc.min_continuation_tokens)
@@ -420,7 +421,8 @@ class Node:
             e.tree.model_id, e.tree.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
         return out
 
-    def screen_prefixes(self, forks: list[Fork]) -> tuple[list[Fork], int]:
+    def screen_prefixes(self, forks: list[Fork],
+                        prompt_of: Callable[[TaskRef], PromptSpec] | None = None) -> tuple[list[Fork], int]:
         """The forks whose prefix passes the likelihood screen (``swarm.screen``), in order, and how many did not.
 
         A fork's prefix becomes the context our policy continues from, so it meets the rule peers' completions
@@ -428,11 +430,13 @@ class Node:
         after our own prompt for the task, must not fall below the reference's mean and window thresholds. A
         prefix of text our policy would not write (an injected instruction, a payload) is skipped; the peer is not
         charged (honest prefixes fail too now and then). With the screen off, or still in warm-up, every fork
-        passes. Raises what the forward raises (the caller drops the expansion)."""
+        passes. ``prompt_of`` gives our prompt for a task (default: built from the regenerated task). Raises what
+        the forward raises (the caller drops the expansion)."""
         th = self.screen.thresholds() if self.cfg.swarm.screen.enabled else None
         if th is None or not forks:
             return forks, 0
-        rows = [Sample(prompt_ids=list(self._prompt_spec(self.tasks.get(f.task)).prompt_ids),
+        prompt_of = prompt_of or (lambda ref: self._prompt_spec(self.tasks.get(ref)))
+        rows = [Sample(prompt_ids=list(prompt_of(f.task).prompt_ids),
                        completion_ids=list(f.prefix_ids), advantages=[0.0] * len(f.prefix_ids)) for f in forks]
         stats = self.screen.score(self.policy.model, rows)
         kept = [f for f, (mean, win) in zip(forks, stats) if mean >= th[0] and win >= th[1]]
@@ -442,7 +446,8 @@ class Node:
                            m: dict[str, Any]) -> list[Sample]:
         """The local samples of this step's expansions (:meth:`expand`), with their metrics put into ``m``:
         ``expansion/forks``, ``expansion/leaves``, ``expansion/correct`` (mean), ``expansion/zero_variance``,
-        ``expansion/samples``, ``expansion/tokens``, ``expansion/prefix_rejected``, ``expansion/failed``. A failure is dropped, never fatal."""
+        ``expansion/samples``, ``expansion/tokens``, ``expansion/prefix_rejected``, ``expansion/failed``. A failure
+        is dropped, never fatal."""
         cfg = self.cfg
         try:
             with self.timer.phase("expand"):

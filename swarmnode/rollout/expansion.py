@@ -249,7 +249,7 @@ def select_forks(
         tag = f"{f.peer.peer_id}\x00{f.peer.digest}\x00{','.join(map(str, f.prefix_ids))}".encode("utf-8", "replace")
         return (-f.reward_var, hashlib.blake2b(tag, key=key, digest_size=16).digest())
 
-    per_peer: dict[str, Fork] = {}
+    per_peer: dict[str, tuple[tuple[float, bytes], Fork]] = {}  # peer id -> (rank, its best fork)
     for pt in candidates:
         if not isinstance(pt, PeerTree) or not pt.verified or pt.peer_id in skip:
             continue
@@ -258,9 +258,11 @@ def select_forks(
         if accept_task is not None and not accept_task(pt.tree.task):
             continue
         forks = find_forks(pt, max_prefix_tokens=max_prefix_tokens, decode=decode, step_delimiters=step_delimiters)
-        if forks and (pt.peer_id not in per_peer or rank(forks[0]) < rank(per_peer[pt.peer_id])):
-            per_peer[pt.peer_id] = forks[0]
-    return sorted(per_peer.values(), key=rank)[: max(0, int(max_forks))]
+        if forks:
+            r = rank(forks[0])
+            if pt.peer_id not in per_peer or r < per_peer[pt.peer_id][0]:
+                per_peer[pt.peer_id] = (r, forks[0])
+    return [f for _, f in sorted(per_peer.values(), key=lambda x: x[0])][: max(0, int(max_forks))]
 
 
 def fork_prompt(fork: Fork, our_prompt: PromptSpec) -> PromptSpec:
