@@ -428,6 +428,36 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
         c.close()
 
 
+def test_trees_the_trainer_rejects_earn_no_standing():
+    """Outside attack (helper-12, 2026-12-05): a fresh key sent 8 mixed-reward junk trees a step; the likelihood
+    screen rejected every one, yet each admitted tree earned standing and the key was established after 11 steps
+    (its curriculum votes trusted, its trees expandable). A trainer rejection now takes this step's standing
+    back, up to one tree per rejected sample; an honest peer keeps what its kept trees earned."""
+    from swarmnode.train.screen import SCREEN_REASON
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, num_external=4, established_after=16)
+    try:
+        junk, junk_trees = _peer_trees(mix, "junk", 8 * 30)
+        for step in range(30):
+            out, _, _ = c._admit(junk_trees[8 * step: 8 * step + 8])
+            rejected = sum(len(t.tree.leaves()) for t in out if t.peer_id == junk)
+            c.charge(junk, SCREEN_REASON, rejected)  # what the node does when its screen rejects them
+            assert c.peers.earned(junk) == 0, step
+        assert c.peers.is_young(junk, 16)
+        # an honest peer whose two useful trees lose one leaf to the screen keeps one tree of standing
+        honest, honest_trees = _peer_trees(mix, "honest", 2)
+        c.peers.record_earned(honest, 20)
+        c._admit(honest_trees)
+        assert c.peers.earned(honest) == 22
+        c.charge(honest, SCREEN_REASON, 1)
+        assert c.peers.earned(honest) == 21 and c.peers.snapshot()["peers"][honest]["rejected"] == {SCREEN_REASON: 1}
+        c.charge(honest, SCREEN_REASON, 5)  # no more than this step earned is taken back
+        assert c.peers.earned(honest) == 20
+    finally:
+        c.close()
+
+
 def test_fair_order_round_robins_publishers_and_clamps_future_times():
     from dataclasses import replace as dc_replace
 

@@ -454,6 +454,7 @@ class SwarmClient:
         self._inflight_by_pub: Counter[str] = Counter()  # fetches running or queued, per publisher
         self._spent: Counter[str] = Counter()  # fetch seconds per publisher this step
         self._carry: list[tuple[float, PeerTree]] = []  # (first seen, tree) over a per-step cap (gather thread)
+        self._earned_step: Counter[str] = Counter()  # useful trees each peer earned at this step's admission
         self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
         # when we first read each manifest (monotonic s; bounded like _mstate): a copy of a bundle can only be
@@ -506,9 +507,19 @@ class SwarmClient:
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """The trainer rejected ``n`` of ``peer_id``'s samples under ``reason`` (node.py ``SwarmHook.charge``,
         e.g. the likelihood screen): ``n`` soft rejections in the peer's PeerBook record (no strike, no ban:
-        a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them."""
-        for _ in range(max(0, min(int(n), 1024))):
-            self.peers.record_reject(str(peer_id), str(reason), False, "rejected by the trainer")
+        a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them.
+
+        The standing this step's admission gave the peer is taken back for up to ``n`` trees: a tree the trainer
+        throws away was not useful, so junk with mixed rewards cannot make a key established (outside attack:
+        a key became established in 11 steps with trees the screen rejected every step)."""
+        n = max(0, min(int(n), 1024))
+        peer_id = str(peer_id)
+        for _ in range(n):
+            self.peers.record_reject(peer_id, str(reason), False, "rejected by the trainer")
+        back = min(n, self._earned_step.get(peer_id, 0))
+        if back:
+            self._earned_step[peer_id] -= back
+            self.peers.revoke_earned(peer_id, back)
 
     def close(self) -> None:
         """Stop the threads, the bundle server and the DHT (idempotent; bounded by the DHT's timeouts)."""
@@ -1383,6 +1394,7 @@ class SwarmClient:
         earned: Counter[str] = Counter(vt.peer_id for vt in out if self._useful(vt))
         for peer, n in earned.items():
             self.peers.record_earned(peer, n)
+        self._earned_step = earned  # the trainer may take them back this step (charge)
         return out, n_young, dropped
 
     # ------------------------------------------------------------------ reporting

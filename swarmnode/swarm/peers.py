@@ -389,6 +389,16 @@ class PeerBook:
             rec = self._get(peer, self.clock())
             rec.earned += n
 
+    def revoke_earned(self, peer: str, n: int = 1) -> None:
+        """Take back ``n`` useful trees of ``peer``'s earned standing (never below 0): trees admitted for training
+        that the trainer then rejected (e.g. the likelihood screen). Non-positive ``n`` is ignored."""
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            return
+        with self._lock:
+            rec = self._peers.get(peer)
+            if rec is not None:
+                rec.earned = max(0, rec.earned - n)
+
     def earned(self, peer: str) -> int:
         """Useful trees of ``peer`` admitted so far (0 for an unknown peer); reset by a hard rejection."""
         with self._lock:
