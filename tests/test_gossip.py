@@ -428,6 +428,26 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
         c.close()
 
 
+def test_a_tree_carried_while_its_key_was_young_is_not_marked_established():
+    """Outside attack (helper-12, 2026-12-05), open item: a tree sent while its key was young waited over the cap
+    and was marked established (expandable) when the key became established before the tree was admitted. The
+    mark now follows the key's standing when the tree first arrived."""
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, num_external=4, young_key_trees=1, trees_per_earned_tree=100, established_after=4,
+                        max_trees_per_peer=3)
+    try:
+        key, trees = _peer_trees(mix, "carried", 6)
+        out, _, _ = c._admit(trees[:3])  # young: one tree admitted, two carried
+        assert len(out) == 1 and not out[0].established and len(c._carry) == 2
+        c.peers.record_earned(key, 10)  # the key becomes established before the carried trees are admitted
+        out2, _, _ = c._admit(trees[3:])  # carried (young at arrival) + new (established at arrival)
+        # max_trees_per_peer = 3, older first: the two carried trees and the first new one
+        assert [id(t) for t in out2] == [id(t) for t in trees[1:4]]
+        assert [t.established for t in out2] == [False, False, True]
+    finally:
+        c.close()
+
+
 def test_trees_the_trainer_rejects_earn_no_standing():
     """Outside attack (helper-12, 2026-12-05): a fresh key sent 8 mixed-reward junk trees a step; the likelihood
     screen rejected every one, yet each admitted tree earned standing and the key was established after 11 steps

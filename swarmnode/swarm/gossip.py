@@ -453,7 +453,8 @@ class SwarmClient:
         self._paid: OrderedDict[str, OrderedDict[bytes, None]] = OrderedDict()  # owner -> manifests it paid for
         self._inflight_by_pub: Counter[str] = Counter()  # fetches running or queued, per publisher
         self._spent: Counter[str] = Counter()  # fetch seconds per publisher this step
-        self._carry: list[tuple[float, PeerTree]] = []  # (first seen, tree) over a per-step cap (gather thread)
+        # trees over a per-step cap: (first seen, tree, key was young then); gather thread only
+        self._carry: list[tuple[float, PeerTree, bool]] = []
         self._earned_step: Counter[str] = Counter()  # useful trees each peer earned at this step's admission
         self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
@@ -1336,7 +1337,9 @@ class SwarmClient:
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
         one tree per key per turn, keys in random order. Admitted useful trees earn their key standing; the trees
-        of an established key are marked ``PeerTree.established`` (what cross-node expansion requires).
+        of an established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
+        when the key was already established when the tree first arrived: a tree carried over while its key was
+        young stays unmarked even if the key becomes established before it is admitted.
 
         Trees over a cap are not lost at once: they are carried to the next steps (older first), at most
         ``max_trees_per_peer`` per key and ``_MAX_CARRY_TREES`` in all, for at most the read window
@@ -1347,13 +1350,15 @@ class SwarmClient:
         """
         now = time.monotonic()
         horizon = now - (self.scfg.read_buckets + 1) * float(self.scfg.bucket_seconds)
-        dropped = sum(1 for t0, _ in self._carry if t0 < horizon)
-        items = [(t0, vt) for t0, vt in self._carry if t0 >= horizon] + [(now, vt) for vt in trees]
+        dropped = sum(1 for t0, _, _ in self._carry if t0 < horizon)
+        arrived_young = {vt.peer_id: self.peers.is_young(vt.peer_id, self.established_after) for vt in trees}
+        items = ([(t0, vt, y) for t0, vt, y in self._carry if t0 >= horizon]
+                 + [(now, vt, arrived_young[vt.peer_id]) for vt in trees])
         self._carry = []
         if not items:
             return [], 0, dropped
         by_peer: dict[str, list[int]] = {}
-        for i, (_, vt) in enumerate(items):
+        for i, (_, vt, _) in enumerate(items):
             by_peer.setdefault(vt.peer_id, []).append(i)
         keep: set[int] = set()
         young: dict[str, list[int]] = {}
@@ -1365,7 +1370,7 @@ class SwarmClient:
             else:
                 keep.update(idx[:self.max_trees_per_peer])
                 for i in idx:
-                    items[i][1].established = True
+                    items[i][1].established = not items[i][2]
         pool = self.max_young_trees
         order = list(young)
         random.shuffle(order)
@@ -1376,15 +1381,15 @@ class SwarmClient:
                     keep.add(young[p].pop(0))
                     pool -= 1
                     n_young += 1
-        out = [vt for i, (_, vt) in enumerate(items) if i in keep]
-        carry: list[tuple[float, PeerTree]] = []
+        out = [vt for i, (_, vt, _) in enumerate(items) if i in keep]
+        carry: list[tuple[float, PeerTree, bool]] = []
         per_peer: Counter[str] = Counter()
-        for i, (t0, vt) in enumerate(items):
+        for i, (t0, vt, arrived) in enumerate(items):
             if i in keep:
                 continue
             if per_peer[vt.peer_id] < self.max_trees_per_peer:
                 per_peer[vt.peer_id] += 1
-                carry.append((t0, vt))
+                carry.append((t0, vt, arrived))
             else:
                 dropped += 1
         if len(carry) > _MAX_CARRY_TREES:  # the oldest go first
