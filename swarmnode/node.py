@@ -398,7 +398,7 @@ class Node:
                              accept_task=self.tasks.contains, exclude_peers=exclude_peers,
                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                              step_delimiters=self.cfg.sampling.tree.step_delimiters)
-        prompt_of = cache(lambda ref: self._prompt_spec(self.tasks.get(ref)))  # our prompt per task, built once
+        prompt_of = cache(self._prompt_for_ref)  # our prompt per task, built once for the screen and the samples
         forks, n_rejected = self.screen_prefixes(forks, prompt_of)
         forks = forks[: xc.max_forks]
         if metrics is not None:
@@ -421,6 +421,10 @@ class Node:
             e.tree.model_id, e.tree.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
         return out
 
+    def _prompt_for_ref(self, ref: TaskRef) -> PromptSpec:
+        """Our own prompt for the task ``ref`` names (regenerated from our task mix)."""
+        return self._prompt_spec(self.tasks.get(ref))
+
     def screen_prefixes(self, forks: list[Fork],
                         prompt_of: Callable[[TaskRef], PromptSpec] | None = None) -> tuple[list[Fork], int]:
         """The forks whose prefix passes the likelihood screen (``swarm.screen``), in order, and how many did not.
@@ -435,7 +439,7 @@ class Node:
         th = self.screen.thresholds() if self.cfg.swarm.screen.enabled else None
         if th is None or not forks:
             return forks, 0
-        prompt_of = prompt_of or (lambda ref: self._prompt_spec(self.tasks.get(ref)))
+        prompt_of = prompt_of or self._prompt_for_ref
         rows = [Sample(prompt_ids=list(prompt_of(f.task).prompt_ids),
                        completion_ids=list(f.prefix_ids), advantages=[0.0] * len(f.prefix_ids)) for f in forks]
         stats = self.screen.score(self.policy.model, rows)
