@@ -65,6 +65,9 @@ class CraftedSwarm:
     def charge(self, peer_id, reason, n=1):
         self.charges.append((peer_id, reason, n))
 
+    def credit(self, peer_id, n=1):
+        pass
+
     def close(self):
         pass
 

@@ -72,6 +72,9 @@ class PoisonPeer:
     def charge(self, peer_id, reason, n=1):
         self.charged += n
 
+    def credit(self, peer_id, n=1):
+        pass
+
     def close(self):
         pass
 

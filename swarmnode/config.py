@@ -358,7 +358,7 @@ class CurriculumConfig(_Strict):
     max_voters: int = Field(
         32, ge=0, description="most peers whose rates are counted per task (those with the most earned standing "
         "first, ties in a salted order), besides our own vote; young peers (fewer than swarm.established_after "
-        "useful admitted trees) fill at most (trusted votes - 1) of the seats, trusted = our own vote and those "
+        "useful trained trees) fill at most (trusted votes - 3) of the seats, trusted = our own vote and those "
         "of established peers. Default 32"
     )
     min_factor: float = Field(
@@ -552,12 +552,12 @@ class SwarmConfig(_Strict):
         "resistance: a key's cap grows with the useful trees it had admitted, see trees_per_earned_tree)"
     )
     trees_per_earned_tree: int = Field(
-        4, ge=1, description="useful admitted trees a key needs for each extra tree of per-step cap: cap = "
+        4, ge=1, description="useful trained trees a key needs for each extra tree of per-step cap: cap = "
         "min(max_trees_per_peer, young_key_trees + earned // trees_per_earned_tree)"
     )
     max_trees_per_peer: int = Field(8, ge=1, description="most external trees admitted from one key per step")
     established_after: int = Field(
-        16, ge=0, description="useful admitted trees after which a key is no longer young: an established key's "
+        16, ge=0, description="useful trained trees after which a key is no longer young: an established key's "
         "curriculum votes are trusted and its trees may be expanded (0: every key is established, which turns "
         "the young-key pool off; curriculum votes then need 1 useful tree)"
     )

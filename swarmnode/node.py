@@ -65,7 +65,7 @@ from swarmnode.rundir import (
 from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.curriculum import LocalRates, PeerRates, curriculum_weights, tally_votes
 from swarmnode.tasks.mix import TaskMix, stream_for_peer
-from swarmnode.train.batch import compose_batch, samples_from_trees
+from swarmnode.train.batch import compose_batch, samples_from_trees, trained_groups_by_peer
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.train.external import process_external
 from swarmnode.train.off_policy import make_token_weight_fn
@@ -106,6 +106,11 @@ class SwarmHook(SwarmProbe, Protocol):
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """Charge ``peer_id`` for ``n`` of its samples the trainer rejected under ``reason`` (e.g.
         ``"likelihood_screen"``): a soft rejection each, counted in the peer's record. Never raises."""
+
+    def credit(self, peer_id: str, n: int = 1) -> None:
+        """Credit ``peer_id`` with ``n`` useful trees: groups of its samples this step trained on, each with reward
+        contrast of its own (:func:`~swarmnode.train.batch.trained_groups_by_peer`). Its earned standing
+        (``swarm/peers.py``), the only way a key stops being young. Never raises."""
 
     def share_task_rates(self, rates: dict[str, tuple[int, int]] | None) -> None:
         """Our per-task success counts (task key -> ``(n, k)``) for our next heartbeats (swarm curriculum only).
@@ -644,6 +649,9 @@ class Node:
                 external_used = []
                 tm = self.trainer.step(batch, token_weight_fn=None)
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
+        if external_used and self.swarm is not None:  # standing for what we trained on and kept, nothing else
+            for peer, n in trained_groups_by_peer(external, batch).items():
+                self.swarm.credit(peer, n)
         self.step += 1
 
         if self.save_due():

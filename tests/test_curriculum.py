@@ -75,14 +75,15 @@ def test_stale_small_and_hostile_entries_are_no_votes():
 def test_voters_are_capped_and_ranked_by_earned_standing():
     honest = peers(3, {"rg:a#1": (16, 8)}, standing=20, prefix="honest")
     sybils = peers(1000, {"rg:a#1": (16, 0)})
-    # 32 seats: the three established peers sit first; keys without standing get at most 2 seats (a strict
-    # trusted majority), so 1,000 Sybils cannot move the median off the honest 0.5
+    # 32 seats: the three established peers sit first; keys without standing get none with 3 trusted votes
+    # (trusted - 3 seats), so 1,000 Sybils cannot move the median off the honest 0.5
     assert combine_rates(["rg:a#1"], {}, honest + sybils, max_voters=32)["rg:a#1"] == 0.5
     assert combine_rates(["rg:a#1"], {}, sybils + honest, max_voters=3)["rg:a#1"] == 0.5
-    # the seats they get are real: 2 trusted votes (0.5, 1.0) leave 1 seat; the Sybil's 0.0 makes it 0.5
-    pair = [PeerRates("h0", {"rg:a#1": (16, 8)}, standing=16), PeerRates("h9", {"rg:a#1": (16, 16)}, standing=16)]
-    assert combine_rates(["rg:a#1"], {}, pair)["rg:a#1"] == 0.75
-    assert combine_rates(["rg:a#1"], {}, pair + sybils)["rg:a#1"] == 0.5
+    # the seats they get are real: 4 trusted votes (0.5, 0.5, 1.0, 1.0) leave 1 seat; a Sybil's 0.0 makes it 0.5
+    four = [PeerRates(f"h{i}", {"rg:a#1": (16, 8 if i < 2 else 16)}, standing=16) for i in range(4)]
+    assert combine_rates(["rg:a#1"], {}, four)["rg:a#1"] == 0.75
+    t = tally_votes(["rg:a#1"], {}, four + sybils)["rg:a#1"]
+    assert (t.rate, t.trusted, len(t.peers)) == (0.5, 4, 5)
 
 
 def test_ties_in_standing_are_not_broken_by_the_peer_id():
@@ -137,11 +138,28 @@ def test_the_tally_names_the_votes_it_used():
     stale = peers(10, {"rg:a#1": (16, 0)}, standing=20, age=500.0, prefix="stale")
     tallies = tally_votes(KEYS, own, est + young + stale)
     a, b = tallies["rg:a#1"], tallies["rg:b#2"]
-    assert a.trusted == 4 and len(a.peers) == 3 + 3 and set(p for p in a.peers if p.startswith("est")) == {
+    assert a.trusted == 4 and len(a.peers) == 3 + 1 and set(p for p in a.peers if p.startswith("est")) == {
         "est0", "est1", "est2"}
     assert b.trusted == 1 and b.peers == ()  # our own vote alone: no young key sits
     assert tallies["rg:c#3"].rate is None
-    assert len({p for t in tallies.values() for p in t.peers}) == 6
+    assert len({p for t in tallies.values() for p in t.peers}) == 4
+
+
+@pytest.mark.parametrize("honest", [0, 1, 2, 5, 15, 30])
+def test_one_lying_established_peer_and_its_sybils_never_hold_the_majority(honest):
+    """Outside attack (helper-13, 2026-12-05): one established hostile key plus young Sybils held H + 2 of the
+    2H + 3 votes against our own and H honest established peers (young seats were trusted - 1), and pushed a
+    task's rate to the liar's value (its share 50% -> 20%). With trusted - 3 young seats the honest votes keep a
+    strict majority: the median is an honest vote whatever the liar and 1,000 Sybils claim."""
+    own = {"rg:a#1": (16, 8)}
+    hp = peers(honest, {"rg:a#1": (16, 8)}, standing=20, prefix="honest")
+    for lie in (0, 16):
+        liar = [PeerRates("liar", {"rg:a#1": (16, lie)}, standing=20)]
+        t = tally_votes(["rg:a#1"], own, hp + liar + peers(1000, {"rg:a#1": (16, lie)}))["rg:a#1"]
+        hostile = 1 + sum(1 for p in t.peers if p.startswith("sybil"))
+        assert t.trusted == honest + 2 and (hostile < honest + 1 if honest else hostile == 1), (honest, t)
+        # with only our own vote and the liar's, the median is their mean: between the trusted votes
+        assert t.rate == (0.5 if honest else 0.5 * (0.5 + lie / 16)), (honest, lie, t.rate)
 
 
 # ------------------------------------------------------------------ the weights
@@ -312,20 +330,23 @@ def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
         est = b.scfg.established_after
         assert combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id,
                              established_after=est)[key_a] == pytest.approx(1 / 16)
-        # b's admission of one useful (mixed) tree of a: standing 1, still a young key whose vote takes no seat
+        # b admits one useful (mixed) tree of a and trains on it (the node's credit): standing 1, still a young
+        # key whose vote takes no seat
         useful = HostileFactory(Identity.from_private_bytes(hashlib.sha256(b"test_curriculum a").digest()), mix,
                                 swarm_id=swarm_id).contrast_trees(est)
         out, n_young, _ = b._admit([PeerTree(useful[0], a.peer_id)])
         assert n_young == 1 and not out[0].established
+        assert {p.peer_id: p.standing for p in b.peer_task_rates()} == {a.peer_id: 0}  # admission earns nothing
+        b.credit(a.peer_id, len(out))
         seen = b.peer_task_rates()
         assert {p.peer_id: p.standing for p in seen} == {a.peer_id: 1}
         assert combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id,
                              established_after=est)[key_a] == pytest.approx(1 / 16)
-        # useful trees admitted step after step until a is established: now its vote is trusted
+        # useful trees admitted and trained on step after step until a is established: now its vote is trusted
         for t in useful[1:]:
-            b._admit([PeerTree(t, a.peer_id)])
+            b.credit(a.peer_id, len(b._admit([PeerTree(t, a.peer_id)])[0]))
         while b._carry:
-            b._admit([])
+            b.credit(a.peer_id, len(b._admit([])[0]))
         seen = b.peer_task_rates()
         assert {p.peer_id: p.standing for p in seen} == {a.peer_id: est}
         rates = combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id, established_after=est)
@@ -354,6 +375,9 @@ class RatesSwarm:
         return [], {}
 
     def charge(self, peer_id, reason, n=1):
+        pass
+
+    def credit(self, peer_id, n=1):
         pass
 
     def share_task_rates(self, rates):

@@ -44,6 +44,7 @@ class VerifiedSwarm:
         self.bundles: list[bytes] = []
         self.rejections: list[str] = []
         self.charges: list = []
+        self.credits: list = []
 
     def publish(self, trees, step, policy_version):
         return {}
@@ -62,6 +63,9 @@ class VerifiedSwarm:
 
     def charge(self, peer_id, reason, n=1):
         self.charges.append((peer_id, reason, n))
+
+    def credit(self, peer_id, n=1):
+        self.credits.append((peer_id, n))
 
     def close(self):
         pass

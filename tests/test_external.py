@@ -16,7 +16,7 @@ from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 from swarmnode.rollout.advantages import ADV_EPS, joint_task_stats
-from swarmnode.train.batch import compose_batch, external_cap, external_samples
+from swarmnode.train.batch import compose_batch, external_cap, external_samples, trained_groups_by_peer
 from swarmnode.train.external import process_external, select_external, tree_sample_tokens
 from swarmnode.train.off_policy import effective_off_policy_mode, external_token_loss, off_policy_token_weights
 from swarmnode.train.samples import Sample
@@ -467,6 +467,24 @@ def test_compose_batch_hand_values():
     assert m["external:B/accepted"] == 5 and m["external:B/used"] == 1 and m["external:B/tokens"] == 2
     assert m["external:B/zero_std_group_frac"] == pytest.approx(0.5)  # g3 all 1.0; g2 mixed
     assert m["local/used"] == 4 and m["local/reward_mean"] == 0.5
+
+
+def test_trained_groups_by_peer_counts_only_trained_groups_with_contrast():
+    local = [sample("local", a, r, "t0") for a, r in [(1.0, 1.0), (-1.0, 0.0), (1.0, 1.0), (-1.0, 0.0)]]
+    ext_ = (
+        [sample("external:A", a, r, "g1") for a, r in [(1.5, 1.0), (-0.5, 0.0), (-1.0, 0.0)]]
+        + [sample("external:B", a, r, "g2") for a, r in [(0.2, 1.0), (-2.0, 0.0), (0.3, 1.0)]]
+        + [sample("external:B", 0.0, 1.0, "g3") for _ in range(2)]  # no contrast
+        + [sample("external:C", a, r, "g4") for a, r in [(1.0, 1.0), (-1.0, 0.0)]]  # cut by the share cap
+        + [sample("external:D", 0.7, 1.0, "joint")]  # one sample of D in a pooled group: no contrast of its own
+    )
+    batch, _ = compose_batch(local, ext_, 0.5)  # cap 4, first fit: g1 whole, then D's single sample
+    assert [s.group_id for s in batch[4:]] == ["g1"] * 3 + ["joint"]
+    assert trained_groups_by_peer(ext_, batch) == {"A": 1}  # D's lone sample has no contrast of its own
+    # a partial group counts by the contrast of everything the peer offered in it
+    assert trained_groups_by_peer(ext_, local + [ext_[3], ext_[9]]) == {"B": 1, "C": 1}
+    assert trained_groups_by_peer(ext_, local + [ext_[6], ext_[10]]) == {}
+    assert trained_groups_by_peer(ext_, local) == {}
 
 
 def test_compose_batch_rejects_mixed_sources_and_bad_share():

@@ -405,7 +405,7 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
         assert (len(out), young, dropped) == (2, 2, 0) and len({t.peer_id for t in out}) == 2
         assert not any(t.established for t in out)  # young keys' trees: cross-node expansion skips them
         assert len(c._carry) == 7
-        assert sum(c.peers.earned(p) for p, _ in keys) == 2  # each admitted [1, 0] tree is useful
+        assert sum(c.peers.earned(p) for p, _ in keys) == 0  # admission earns nothing: the node credits trees
         # next step, nothing new arrives: the carried trees are admitted two at a time, older first
         out2, _, _ = c._admit([])
         assert len(out2) == 2 and not set(map(id, out2)) & set(map(id, out))
@@ -415,11 +415,12 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
         out3, young3, _ = c._admit(est_trees)
         assert sum(1 for t in out3 if t.peer_id == est) == 3 and young3 == 2
         assert all(t.established == (t.peer_id == est) for t in out3)
-        # trees without reward variance are admitted but earn nothing
-        lazy, lazy_trees = _peer_trees(mix, "lazy", 1, contrast=False)
-        c.peers.record_earned(lazy, 10)
-        c._admit(lazy_trees)
-        assert c.peers.earned(lazy) == 10
+        # standing comes from the node's credit after its update, at most max_trees_per_peer at a time
+        lazy, _ = _peer_trees(mix, "lazy", 1, contrast=False)
+        c.credit(lazy, 2)
+        c.credit(lazy, 100)
+        c.credit(lazy, -4)
+        assert c.peers.earned(lazy) == 5
         # a young key's cap grows with what it earned: 1 + earned // 2
         grown, grown_trees = _peer_trees(mix, "grown", 3)
         c.peers.record_earned(grown, 2)
@@ -448,11 +449,12 @@ def test_a_tree_carried_while_its_key_was_young_is_not_marked_established():
         c.close()
 
 
-def test_trees_the_trainer_rejects_earn_no_standing():
-    """Outside attack (helper-12, 2026-12-05): a fresh key sent 8 mixed-reward junk trees a step; the likelihood
-    screen rejected every one, yet each admitted tree earned standing and the key was established after 11 steps
-    (its curriculum votes trusted, its trees expandable). A trainer rejection now takes this step's standing
-    back, up to one tree per rejected sample; an honest peer keeps what its kept trees earned."""
+def test_admitted_trees_earn_no_standing_until_the_node_trains_on_them():
+    """Outside attacks (helper-12 and helper-13, 2026-12-05): standing was earned at admission. A fresh key whose
+    mixed junk trees the screen rejected every step was established after 11 steps, and one junk tree a step
+    over the per-step token budget -- admitted, never selected, never screened -- after 16 steps. Admission now
+    earns nothing; the node credits what it trained on (``SwarmClient.credit``, tests/test_node_trust.py) and a
+    trainer rejection is a soft reject only."""
     from swarmnode.train.screen import SCREEN_REASON
 
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
@@ -461,19 +463,19 @@ def test_trees_the_trainer_rejects_earn_no_standing():
         junk, junk_trees = _peer_trees(mix, "junk", 8 * 30)
         for step in range(30):
             out, _, _ = c._admit(junk_trees[8 * step: 8 * step + 8])
+            assert any(t.peer_id == junk for t in out)
             rejected = sum(len(t.tree.leaves()) for t in out if t.peer_id == junk)
-            c.charge(junk, SCREEN_REASON, rejected)  # what the node does when its screen rejects them
+            if step % 2:
+                c.charge(junk, SCREEN_REASON, rejected)  # what the node does when its screen rejects them
             assert c.peers.earned(junk) == 0, step
         assert c.peers.is_young(junk, 16)
-        # an honest peer whose two useful trees lose one leaf to the screen keeps one tree of standing
+        assert c.peers.snapshot()["peers"][junk]["rejected"][SCREEN_REASON] > 0
         honest, honest_trees = _peer_trees(mix, "honest", 2)
-        c.peers.record_earned(honest, 20)
         c._admit(honest_trees)
-        assert c.peers.earned(honest) == 22
-        c.charge(honest, SCREEN_REASON, 1)
-        assert c.peers.earned(honest) == 21 and c.peers.snapshot()["peers"][honest]["rejected"] == {SCREEN_REASON: 1}
-        c.charge(honest, SCREEN_REASON, 5)  # no more than this step earned is taken back
-        assert c.peers.earned(honest) == 20
+        c.credit(honest, 2)  # the node trained on both
+        assert c.peers.earned(honest) == 2
+        c.charge(honest, SCREEN_REASON, 1)  # a soft reject: standing stays
+        assert c.peers.earned(honest) == 2
     finally:
         c.close()
 

@@ -18,7 +18,7 @@ from swarmnode.rollout.tree import RolloutTree
 
 
 class CraftedSwarm:
-    """A SwarmHook whose ``gather`` returns ``make(node, step)``; records ``charge`` calls."""
+    """A SwarmHook whose ``gather`` returns ``make(node, step)``; records ``charge`` and ``credit`` calls."""
 
     peer_id = "sn1craftedswarmhook"
 
@@ -26,6 +26,7 @@ class CraftedSwarm:
         self.make = make
         self.node: Node | None = None
         self.charges: list[tuple[str, str, int]] = []
+        self.credits: list[tuple[str, int]] = []
 
     def publish(self, trees, step, policy_version):
         return {}
@@ -35,6 +36,9 @@ class CraftedSwarm:
 
     def charge(self, peer_id, reason, n=1):
         self.charges.append((peer_id, reason, n))
+
+    def credit(self, peer_id, n=1):
+        self.credits.append((peer_id, n))
 
     def close(self):
         pass
@@ -105,6 +109,27 @@ def test_shared_node_tree_truncated_is_capped_by_the_step_token_budget(tmp_path)
     assert m["select/tokens"] <= 1000
 
 
+def test_only_trees_the_node_trained_on_earn_their_peer_standing(tmp_path):
+    """Outside attack (helper-13, 2026-12-05): standing was earned at admission, so a junk tree over the per-step
+    token budget -- admitted, never selected, never screened -- made a fresh key established in 16 steps. Now the
+    node credits a peer only for groups it trained on (after its update), each with reward contrast."""
+    def junk_over_budget(node, step):  # 80 mixed leaves of 3 + 12 tokens: over the 1,000-token budget
+        ref = node.tasks.refs_for_step(step + 4000, 1)[0]
+        tree = RolloutTree.from_group(ref, [5, 6, 7], [[10 + k % 5] * 12 for k in range(80)])
+        for k, lid in enumerate(tree.leaves()):
+            tree.nodes[lid].reward = float(k % 2)
+        return PeerTree(tree, "junk", model_id=node.base_model_id, tokenizer_id=node.policy.tokenizer_id,
+                        policy_version=step, same_tokenizer=True)
+
+    swarm = CraftedSwarm(lambda node, step: [junk_over_budget(node, step), honest_like_tree(node, step, "h"),
+                                             honest_like_tree(node, step, "flat", rewards=(1.0,) * 4)])
+    cfg = make_cfg(tmp_path, max_external_tokens_per_step=1000, max_external_share=1.0)
+    _, ms = run_node(cfg, swarm, steps=3)
+    assert all(m["select/dropped_token_budget"] == 1 and m["samples_external"] > 0 for m in ms)
+    assert all(m["external:h/used"] > 0 for m in ms)
+    assert swarm.credits == [("h", 1)] * 3  # not the junk over budget, not the tree without contrast
+
+
 def test_processing_failure_is_dropped_and_counted(tmp_path):
     def make(node, step):
         t = honest_like_tree(node, step, "nan")
@@ -171,6 +196,7 @@ def test_payload_carriers_are_screened_and_charged_to_their_peer(tmp_path):
     assert all(m["screen/warmup"] == 0 and m["screen/checked"] == 4 for m in ms)
     assert all(m["screen/rejected"] == 4 and m["samples_external"] == 0 for m in ms)
     assert swarm.charges == [("pay", "likelihood_screen", 4)] * 2
+    assert swarm.credits == []  # what the screen throws out earns no standing
 
 
 def worked_tree(node: Node, step: int, peer: str = "steps") -> PeerTree:

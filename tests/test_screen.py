@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 
 import math
 from types import SimpleNamespace
@@ -91,11 +90,10 @@ def test_screen_keeps_own_kind_and_rejects_a_payload_and_charges(policy):
     assert all(s.source == "external:h" for s in res.kept)
 
     # SwarmClient.charge (node.py SwarmHook.charge) books them in the peer's PeerBook record; run on a holder
-    # of a real PeerBook (the method only uses ``self.peers`` and this step's earned trees; a full client would
-    # start a DHT)
+    # of a real PeerBook (the method only uses ``self.peers``; a full client would start a DHT)
     book = PeerBook()
     for peer, n in res.rejected_by_peer.items():
-        SwarmClient.charge(SimpleNamespace(peers=book, _earned_step=Counter()), peer, SCREEN_REASON, n)
+        SwarmClient.charge(SimpleNamespace(peers=book), peer, SCREEN_REASON, n)
     assert book.snapshot()["peers"]["p"]["rejected"] == {SCREEN_REASON: 3}
     assert not book.is_banned("p")  # soft: a screen can err
 

@@ -246,6 +246,9 @@ class HungSwarm:
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         pass
 
+    def credit(self, peer_id: str, n: int = 1) -> None:
+        pass
+
     def share_task_rates(self, rates: dict[str, tuple[int, int]] | None) -> None:
         pass
 

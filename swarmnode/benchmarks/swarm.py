@@ -307,6 +307,9 @@ class BufferedSwarm:
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         self.client.charge(peer_id, reason, n)
 
+    def credit(self, peer_id: str, n: int = 1) -> None:
+        self.client.credit(peer_id, n)
+
     def recover(self, reason: str) -> None:
         self.client.recover(reason)
 

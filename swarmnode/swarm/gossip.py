@@ -57,10 +57,12 @@ Young keys (issue 12, finding 7: four fresh keys took all four external slots)
     ``PeerBook.tree_cap`` trees of a young key (``swarm.young_key_trees``, growing by one per
     ``swarm.trees_per_earned_tree`` useful trees it had admitted before) and at most ``swarm.max_young_trees``
     trees of all young keys together (shared round-robin, keys in random order); a key with
-    ``swarm.established_after`` useful admitted trees is established and gets ``swarm.max_trees_per_peer``.
-    A tree is *useful* when our re-scored rewards of its leaves differ (it carries an advantage); only admitted
-    useful trees earn standing (``PeerBook.record_earned``), so standing grows with time and verified work,
-    not with the number of keys. Trees over a cap wait for the next steps (bounded, ``swarm/trees_carried``);
+    ``swarm.established_after`` useful trees is established and gets ``swarm.max_trees_per_peer``.
+    A tree is *useful* when the node trained on it: some of its samples passed selection, the token budget,
+    the likelihood screen and the share cap, and our re-scored rewards of its leaves differ (it carries an
+    advantage). Only useful trees earn standing (:meth:`SwarmClient.credit`, called by the node after its
+    update; ``PeerBook.record_earned``), so standing grows with time and verified, kept work, not with the
+    number of keys or with trees that are admitted and then thrown away. Trees over a cap wait for the next steps (bounded, ``swarm/trees_carried``);
     what no longer fits, or waited longer than the read window, is dropped and counted (``swarm/trees_capped``).
 
 Gather (main thread, :meth:`SwarmClient.gather`)
@@ -455,7 +457,6 @@ class SwarmClient:
         self._spent: Counter[str] = Counter()  # fetch seconds per publisher this step
         # trees over a per-step cap: (first seen, tree, key was young then); gather thread only
         self._carry: list[tuple[float, PeerTree, bool]] = []
-        self._earned_step: Counter[str] = Counter()  # useful trees each peer earned at this step's admission
         self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
         # when we first read each manifest (monotonic s; bounded like _mstate): a copy of a bundle can only be
@@ -508,19 +509,24 @@ class SwarmClient:
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """The trainer rejected ``n`` of ``peer_id``'s samples under ``reason`` (node.py ``SwarmHook.charge``,
         e.g. the likelihood screen): ``n`` soft rejections in the peer's PeerBook record (no strike, no ban:
-        a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them.
-
-        The standing this step's admission gave the peer is taken back for up to ``n`` trees: a tree the trainer
-        throws away was not useful, so junk with mixed rewards cannot make a key established (outside attack:
-        a key became established in 11 steps with trees the screen rejected every step)."""
+        a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them. Rejected
+        samples never earn standing (only :meth:`credit` does), so nothing needs taking back."""
         n = max(0, min(int(n), 1024))
         peer_id = str(peer_id)
         for _ in range(n):
             self.peers.record_reject(peer_id, str(reason), False, "rejected by the trainer")
-        back = min(n, self._earned_step.get(peer_id, 0))
-        if back:
-            self._earned_step[peer_id] -= back
-            self.peers.revoke_earned(peer_id, back)
+
+    def credit(self, peer_id: str, n: int = 1) -> None:
+        """The node trained on ``n`` useful trees of ``peer_id`` this step (node.py ``SwarmHook.credit``): ``n``
+        trees of earned standing (``PeerBook.record_earned``; ``n`` is clamped to [0, max_trees_per_peer]).
+
+        Standing is earned here, after the update, and not at admission: a tree that is admitted but never
+        trained on (over the token budget, cut by the share cap, rejected by the screen) was not useful
+        (outside attacks: junk trees over the per-step token budget made a fresh key established in 16 steps;
+        junk the screen rejected every step did it in 11)."""
+        n = max(0, min(int(n), self.max_trees_per_peer))
+        if n:
+            self.peers.record_earned(str(peer_id), n)
 
     def close(self) -> None:
         """Stop the threads, the bundle server and the DHT (idempotent; bounded by the DHT's timeouts)."""
@@ -1321,23 +1327,14 @@ class SwarmClient:
             m["swarm/latency_max_s"] = latencies[-1]
         return out, m
 
-    @staticmethod
-    def _useful(vt: PeerTree) -> bool:
-        """Our re-scored rewards of the tree's leaves differ (it carries an advantage)."""
-        try:
-            r = vt.rewards()
-        except ValueError:
-            return False
-        return len(r) >= 2 and max(r) - min(r) > 1e-9
-
     def _admit(self, trees: list[PeerTree]) -> tuple[list[PeerTree], int, int]:
         """The per-step caps on trees per key (Sybil resistance; module docstring, "Young keys").
 
         An established key (``PeerBook.earned >= swarm.established_after``) gets up to ``swarm.max_trees_per_peer``
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
-        one tree per key per turn, keys in random order. Admitted useful trees earn their key standing; the trees
-        of an established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
+        one tree per key per turn, keys in random order. Admission earns nothing (standing comes from
+        :meth:`credit`, once the node trained on a tree); the trees of an established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
         when the key was already established when the tree first arrived: a tree carried over while its key was
         young stays unmarked even if the key becomes established before it is admitted.
 
@@ -1396,10 +1393,6 @@ class SwarmClient:
             dropped += len(carry) - _MAX_CARRY_TREES
             carry = carry[-_MAX_CARRY_TREES:]
         self._carry = carry
-        earned: Counter[str] = Counter(vt.peer_id for vt in out if self._useful(vt))
-        for peer, n in earned.items():
-            self.peers.record_earned(peer, n)
-        self._earned_step = earned  # the trainer may take them back this step (charge)
         return out, n_young, dropped
 
     # ------------------------------------------------------------------ reporting

@@ -48,12 +48,13 @@ Earned standing (Sybil resistance)
 ----------------------------------
 Keys are free to mint, so a fresh key must not get the share of an established one (issue 12, finding 7:
 four fresh keys took all four external slots). :meth:`PeerBook.record_earned` counts the *useful* trees of
-a peer that the swarm layer admitted for training (accepted by the verifier, with reward variance under
-our own re-score; ``swarmnode/swarm/gossip.py``). :meth:`PeerBook.tree_cap` turns that record into a
+a peer: trees the node trained on (accepted by the verifier, admitted, selected within the token budget,
+kept by the likelihood screen and the share cap), with reward variance under our own re-score
+(``SwarmClient.credit`` in ``swarmnode/swarm/gossip.py``, called by ``node.py`` after the update). :meth:`PeerBook.tree_cap` turns that record into a
 per-step cap, ``min(ceiling, base + earned // per)``, and :meth:`PeerBook.is_young` tells keys with fewer
 than ``established_after`` earned trees apart (the swarm layer caps the trees of all young keys together
-per step). Since only admitted trees earn, and admission is itself capped per step, standing grows with
-time and work, not with the number of keys. A hard rejection resets the earned record to 0.
+per step). Since only trained trees earn, and admission is itself capped per step, standing grows with
+time and kept work, not with the number of keys. A hard rejection resets the earned record to 0.
 
 Bounded memory
 --------------
@@ -140,7 +141,7 @@ class PeerRecord:
         decay_time: ``clock()`` time the decayed counters were last brought up to date.
         tokens / token_time: the rate-limit bucket and when it was last refilled.
         first_seen / last_seen: ``clock()`` times.
-        earned: useful trees admitted for training (:meth:`PeerBook.record_earned`); reset by a hard rejection.
+        earned: useful trees trained on (:meth:`PeerBook.record_earned`); reset by a hard rejection.
     """
 
     accepted: int = 0
@@ -381,7 +382,7 @@ class PeerBook:
             return True
 
     def record_earned(self, peer: str, n: int = 1) -> None:
-        """Count ``n`` useful trees of ``peer`` admitted for training (its earned standing, see the module
+        """Count ``n`` useful trees of ``peer`` trained on (its earned standing, see the module
         docstring). Non-positive ``n`` is ignored."""
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             return
@@ -389,18 +390,8 @@ class PeerBook:
             rec = self._get(peer, self.clock())
             rec.earned += n
 
-    def revoke_earned(self, peer: str, n: int = 1) -> None:
-        """Take back ``n`` useful trees of ``peer``'s earned standing (never below 0): trees admitted for training
-        that the trainer then rejected (e.g. the likelihood screen). Non-positive ``n`` is ignored."""
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            return
-        with self._lock:
-            rec = self._peers.get(peer)
-            if rec is not None:
-                rec.earned = max(0, rec.earned - n)
-
     def earned(self, peer: str) -> int:
-        """Useful trees of ``peer`` admitted so far (0 for an unknown peer); reset by a hard rejection."""
+        """Useful trees of ``peer`` trained on so far (0 for an unknown peer); reset by a hard rejection."""
         with self._lock:
             rec = self._peers.get(peer)
             return 0 if rec is None else rec.earned

@@ -14,10 +14,13 @@ Peers are untrusted, so the statistic is bounded by construction:
   with the most earned standing first (:meth:`swarmnode.swarm.peers.PeerBook.earned`), ties in an order
   salted per process (a key cannot be ground to sort first);
 * **trusted votes hold a strict majority**: our own vote and those of *established* peers (at least
-  ``established_after`` useful trees admitted, ``swarm.established_after``; at least 1) are trusted; young keys
-  (fresh or with a few useful trees, possibly Sybils: one cheap mixed tree per key used to be enough) fill at
-  most ``trusted - 1`` seats, so the median always lies between the lowest and the highest trusted vote,
-  however many keys vote (with no trusted vote the task has no rate and keeps its configured weight);
+  ``established_after`` useful trees trained on, ``swarm.established_after``; at least 1) are trusted; young
+  keys (fresh or with a few useful trees, possibly Sybils: one cheap mixed tree per key used to be enough) fill
+  at most ``trusted - 3`` seats (none below 3 trusted votes), so the median always lies between the lowest and
+  the highest trusted vote however many keys vote, and the honest trusted votes keep a strict majority even
+  when one established peer lies and its Sybils take every young seat (an outside attack held ``H + 2`` of
+  ``2H + 3`` votes with ``trusted - 1`` young seats). With no trusted vote the task has no rate and keeps its
+  configured weight;
 * every rate is ``k / n`` clamped to [0, 1]; a NaN, an infinity, a negative or non-numeric count is no vote;
   counts are capped at :data:`MAX_RATE_COUNT` and only decide whether a rate is a vote (they weigh nothing);
 * the swarm's rate of a task is the **median** of its votes, so half of the voters must agree to move it;
@@ -156,10 +159,10 @@ def tally_votes(
         max_age_s: seconds; entries with a larger (or non-finite) ``age_s`` are ignored.
         max_voters: most peers counted per task, ranked by ``standing`` (highest first), ties in a per-process
             salted order of the peer id.
-        established_after: useful admitted trees (``standing``) that make a peer's vote trusted
+        established_after: useful trained trees (``standing``) that make a peer's vote trusted
             (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) fill at most
-            ``trusted - 1`` of the seats, ``trusted`` = our own vote plus the established peers' votes (a
-            strict trusted majority).
+            ``max(0, trusted - 3)`` of the seats, ``trusted`` = our own vote plus the established peers' votes
+            (a strict honest majority even if one trusted vote lies).
 
     Returns:
         task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote.
@@ -213,8 +216,8 @@ def tally_votes(
         if not trusted:
             out[key] = VoteTally(None)
             continue
-        # young keys: a strict minority of the seats left
-        extra = votes(young, key, min(max_voters - len(peer_votes), len(trusted) - 1))
+        # young keys: seats so few that the trusted votes keep a strict majority even if one of them lies
+        extra = votes(young, key, min(max_voters - len(peer_votes), max(0, len(trusted) - 3)))
         used = peer_votes + extra
         out[key] = VoteTally(_median(trusted + [r for _, r in extra]), tuple(p for p, _ in used), len(trusted))
     return out

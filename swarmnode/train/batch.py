@@ -6,6 +6,8 @@
   (the first L tokens kept), each (peer, task) group is normalized on its own;
 * :func:`compose_batch` — local + external with the external share capped (SAPO: 4/4 best, 2/6 oscillated);
   zero-advantage external samples dropped first; per-source metrics.
+* :func:`trained_groups_by_peer` — the peers' groups a step trained on, each with reward contrast of its own
+  (what earns a peer standing, ``swarm/peers.py``);
 * :func:`leaf_completion_length`, :func:`leaf_prefix` — cost a leaf in tokens before building it.
 
 Lives in ``train`` because ``rollout`` never imports ``train`` (docs/architecture.md).
@@ -484,6 +486,38 @@ def compose_batch(
     }
     metrics.update(_source_metrics(list(local) + list(external), batch))
     return batch, metrics
+
+
+def trained_groups_by_peer(offered: Iterable[Sample], trained: Iterable[Sample]) -> dict[str, int]:
+    """Count, per peer, the external groups a step trained on that carry reward contrast of their own.
+
+    A group here is one ``(source, group_id)`` pair: the samples of one peer for one task (under ``joint``
+    normalization the peer's share of the pooled group). It counts for the peer when at least one of its
+    samples is in ``trained`` (it passed selection, the token budget, the likelihood screen and the share cap,
+    and the update ran on it) and the peer's samples of that group in ``offered`` have rewards that differ
+    (our re-scores; by more than ``ZERO_STD_ATOL``). This is what earns a peer standing
+    (``SwarmHook.credit``, ``swarm/peers.py`` "Earned standing"): trees admitted but never trained -- over the
+    token budget, cut by the share cap, dropped by the screen -- earn nothing.
+
+    Args:
+        offered: the external samples offered to :func:`compose_batch` (after the screen).
+        trained: the samples the update ran on (local ones are ignored).
+
+    Returns:
+        ``{peer id: groups}`` with every count >= 1 (peer id: ``Sample.source`` without ``"external:"``).
+    """
+    rewards: dict[tuple[str, str], list[float]] = {}
+    for s in offered:
+        if not s.is_local:
+            rewards.setdefault((s.source, s.group_id), []).append(s.reward)
+    used = {(s.source, s.group_id) for s in trained if not s.is_local}
+    out: dict[str, int] = {}
+    for key in used:
+        rs = rewards.get(key, [])
+        if len(rs) >= 2 and max(rs) - min(rs) > ZERO_STD_ATOL:
+            peer = key[0].removeprefix("external:")
+            out[peer] = out.get(peer, 0) + 1
+    return out
 
 
 def _source_metrics(offered: Iterable[Sample], used: Iterable[Sample]) -> dict[str, Any]:
