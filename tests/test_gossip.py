@@ -429,6 +429,28 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
         c.close()
 
 
+def test_a_flood_of_keys_that_never_earn_cannot_crowd_out_a_young_key_that_does():
+    """Outside attack (helper-13, 2026-12-05): 20 fresh keys shared the young-key pool with an honest newcomer in
+    random turns, and the newcomer earned 1-5 useful trees in 40 steps (20 in 20 steps alone). Young keys with
+    more earned standing now take their turns first: once the node trained on one of its trees, the newcomer's
+    tree is admitted every step however many keys without standing send."""
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, num_external=4, young_key_trees=1, established_after=16)
+    try:
+        assert c.max_young_trees == 2
+        sybils = [_peer_trees(mix, f"flood {i}", 40) for i in range(20)]
+        newcomer, trees = _peer_trees(mix, "newcomer", 40)
+        c.credit(newcomer, 1)
+        for step in range(40):
+            out, young, _ = c._admit([ts[step] for _, ts in sybils] + [trees[step]])
+            assert young == 2 and sum(t.peer_id == newcomer for t in out) == 1, step
+            c.credit(newcomer, 1)  # the node trains on it; the flood's trees are never trained on
+        assert not c.peers.is_young(newcomer, 16)
+        assert all(c.peers.earned(p) == 0 for p, _ in sybils)
+    finally:
+        c.close()
+
+
 def test_a_tree_carried_while_its_key_was_young_is_not_marked_established():
     """Outside attack (helper-12, 2026-12-05), open item: a tree sent while its key was young waited over the cap
     and was marked established (expandable) when the key became established before the tree was admitted. The

@@ -56,7 +56,7 @@ Young keys (issue 12, finding 7: four fresh keys took all four external slots)
     keys are free to mint, so :meth:`SwarmClient.gather` admits per step at most
     ``PeerBook.tree_cap`` trees of a young key (``swarm.young_key_trees``, growing by one per
     ``swarm.trees_per_earned_tree`` useful trees it had admitted before) and at most ``swarm.max_young_trees``
-    trees of all young keys together (shared round-robin, keys in random order); a key with
+    trees of all young keys together (shared round-robin, most earned standing first, ties at random); a key with
     ``swarm.established_after`` useful trees is established and gets ``swarm.max_trees_per_peer``.
     A tree is *useful* when the node trained on it: some of its samples passed selection, the token budget,
     the likelihood screen and the share cap, and our re-scored rewards of its leaves differ (it carries an
@@ -1333,7 +1333,8 @@ class SwarmClient:
         An established key (``PeerBook.earned >= swarm.established_after``) gets up to ``swarm.max_trees_per_peer``
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
-        one tree per key per turn, keys in random order. Admission earns nothing (standing comes from
+        one tree per key per turn, keys with more earned standing first (ties in random order: a flood of fresh
+        keys that never earn cannot crowd out a young key whose trees the node trains on). Admission earns nothing (standing comes from
         :meth:`credit`, once the node trained on a tree); the trees of an established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
         when the key was already established when the tree first arrived: a tree carried over while its key was
         young stays unmarked even if the key becomes established before it is admitted.
@@ -1370,7 +1371,8 @@ class SwarmClient:
                     items[i][1].established = not items[i][2]
         pool = self.max_young_trees
         order = list(young)
-        random.shuffle(order)
+        random.shuffle(order)  # ties in a random order; then the young keys with the most standing go first,
+        order.sort(key=self.peers.earned, reverse=True)  # so keys that never earn cannot crowd out one that does
         n_young = 0
         while pool > 0 and any(young[p] for p in order):
             for p in order:
