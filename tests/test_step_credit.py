@@ -61,7 +61,7 @@ def test_every_line_of_every_worked_solution_is_valid(name):
         assert report is not None and len(report.lines) == report.needed == sol.count("\n") > 0, sol
         assert report.progress == 1.0
         checks = report.lines
-        assert all(c.valid for c in checks), (task.question, sol, checks)
+        assert all(c.valid and c.in_form for c in checks), (task.question, sol, checks)
         # the offsets cut out exactly the lines (each with its newline)
         assert "".join(sol[c.start:c.end] for c in checks) == sol[: sol.index("<answer>")]
 
@@ -80,6 +80,9 @@ def test_a_running_sum_error_is_charged_to_the_line_that_makes_it():
         text = "".join(good[:k]) + f"{x}={wrong}\n" + "".join(rest) + f"<answer>{value}</answer>"
         assert verdicts(task, text) == [i != k for i in range(len(good))], text
         assert check_steps(task.name, task.metadata, text).progress == (len(good) - 1) / len(good)
+        assert all(c.in_form for c in check_steps(task.name, task.metadata, text).lines)  # wrong, in form
+        prose = check_steps(task.name, task.metadata, "Let me add.\n" + text).lines[0]
+        assert not prose.valid and not prose.in_form
         # a wrong operand (the question's term misread) is an error too, even with right arithmetic
         acc = good[k].split(ops[k])[0] if not good[k].startswith("-") else good[k][: good[k].index(ops[k], 1)]
         y = terms[k + 1] + 1

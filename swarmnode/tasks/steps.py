@@ -64,11 +64,14 @@ class StepCheck:
         end: offset one past the line's last character, its ``"\\n"`` included when there is one.
         valid: the line is the step the worked-solution writer would write from the completion's own previous
             line (module docstring).
+        in_form: the line has the form of one of the task's steps (``"{x}+{y}={z}"`` and the like, its numbers
+            and words possibly wrong); False for prose and other text.
     """
 
     start: int
     end: int
     valid: bool
+    in_form: bool = False
 
 
 def reasoning_lines(completion: str) -> list[tuple[int, int, str]]:
@@ -254,8 +257,9 @@ def check_steps(task: str, metadata: dict[str, Any], completion: str) -> StepRep
     in_form = bool(lines) and any(form.match(lines[-1][2]) for form in _FORMS[task])
     result = _written_result(lines[-1][2]) if in_form else None
     follows = result is not None and cut >= 0 and completion[cut:] == f"<answer>{result}</answer>"
-    return StepReport([StepCheck(s, e, v) for (s, e, _), v in zip(lines, valid)], max(int(needed), 1), cut,
-                      follows)
+    forms = _FORMS[task]
+    checks = [StepCheck(s, e, v, any(f.match(t) for f in forms)) for (s, e, t), v in zip(lines, valid)]
+    return StepReport(checks, max(int(needed), 1), cut, follows)
 
 
 _RESULT = re.compile(r"^-?(0|[1-9][0-9]{0,29})$")
