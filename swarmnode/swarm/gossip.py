@@ -62,8 +62,9 @@ Young keys (issue 12, finding 7: four fresh keys took all four external slots)
     the likelihood screen and the share cap, and our re-scored rewards of its leaves differ (it carries an
     advantage). Only useful trees earn standing (:meth:`SwarmClient.credit`, called by the node after its
     update; ``PeerBook.record_earned``), so standing grows with time and verified, kept work, not with the
-    number of keys or with trees that are admitted and then thrown away. Trees over a cap wait for the next steps (bounded, ``swarm/trees_carried``);
-    what no longer fits, or waited longer than the read window, is dropped and counted (``swarm/trees_capped``).
+    number of keys or with trees that are admitted and then thrown away. Trees over a cap wait for the next
+    steps (bounded, ``swarm/trees_carried``); what no longer fits, or waited longer than the read window, is
+    dropped and counted (``swarm/trees_capped``).
 
 Gather (main thread, :meth:`SwarmClient.gather`)
     drains the queue and verifies every body (``Verifier.verify_bundle``: signature, manifest, freshness,
@@ -1334,8 +1335,9 @@ class SwarmClient:
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
         one tree per key per turn, keys with more earned standing first (ties in random order: a flood of fresh
-        keys that never earn cannot crowd out a young key whose trees the node trains on). Admission earns nothing (standing comes from
-        :meth:`credit`, once the node trained on a tree); the trees of an established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
+        keys that never earn cannot crowd out a young key whose trees the node trains on). Admission earns
+        nothing (standing comes from :meth:`credit`, once the node trained on a tree); the trees of an
+        established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
         when the key was already established when the tree first arrived: a tree carried over while its key was
         young stays unmarked even if the key becomes established before it is admitted.
 
