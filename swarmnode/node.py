@@ -672,7 +672,8 @@ class Node:
                 external_used = []
                 tm = self.trainer.step(batch, token_weight_fn=None)
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
-        if external_used and self.swarm is not None:  # standing for what we trained on and kept, nothing else
+        updated = not tm.get("skipped") and tm.get("nonfinite_updates", 0) < tm.get("iterations", 1)
+        if external_used and updated and self.swarm is not None:  # standing for what we trained on, nothing else
             for peer, n in trained_groups_by_peer(external, batch).items():
                 self.swarm.credit(peer, n)
         self.step += 1
