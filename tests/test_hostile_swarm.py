@@ -525,12 +525,15 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
                 _wait(lambda v=v: set(digests) <= v.pending_digests() | {a.digest for a in v.accepted}, 90)
             return {name: v.gather(k, 0)[0] for name, v in (("capped", capped), ("uncapped", uncapped))}
 
-        # phase 1: the honest peer alone, until the capped receiver counts it as established
+        # phase 1: the honest peer alone, until the capped receiver counts it as established (no node trains
+        # here, so this stands in for node.py's credit: every admitted honest tree with reward contrast)
         k = 0
         while capped.peers.earned(HONEST.peer_id) < SYBIL_CAPS["established_after"] and k < 30:
             digests = honest.publish_bundles([honest.factory.honest_trees(2, 4)])
             assert digests, "the honest peer could not store its record"
-            step(digests, k)
+            got = step(digests, k)["capped"]
+            capped.credit(HONEST.peer_id, sum(1 for t in got if t.peer_id == HONEST.peer_id
+                                              and len(set(t.rewards())) > 1))
             k += 1
         assert capped.peers.earned(HONEST.peer_id) >= SYBIL_CAPS["established_after"], k
         # phase 2: three fresh Sybil keys publish their [1, 0] trees every step beside it

@@ -145,3 +145,10 @@ def test_a_group_that_loses_a_member_is_dropped_whole(policy):
     assert res.metrics["screen/rejected"] == sum(res.rejected_by_peer.values())
     kept_h = [s for s in res.kept if s.group_id == "t2|external:h"]
     assert len(kept_h) == (0 if res.rejected_by_peer.get("h") else 4)  # an untouched group stays whole
+    # under `joint` normalization every peer's samples of a task share one group id: a payload peer's rejected
+    # leaves take its own samples of the group with them, not the honest peer's (outside attack, helper-14)
+    joint = [Sample(s.prompt_ids, s.completion_ids, s.advantages, source=s.source, group_id="t1|joint")
+             for s in siblings + poisoned + other]
+    res = sc.screen(policy.model, joint)
+    assert not [s for s in res.kept if s.source == "external:p"]
+    assert len([s for s in res.kept if s.source == "external:h"]) == (0 if res.rejected_by_peer.get("h") else 4)

@@ -826,6 +826,39 @@ def test_echo_of_our_own_rollouts_is_charged(peer_mix, clock):
     assert r.reason == "replay" and r.charged and not r.hard and r.peer == ATTACKER.peer_id
 
 
+def test_a_copy_with_its_leaves_duplicated_dropped_or_regrouped_is_a_replay(peer_mix, clock):
+    """Outside attack (helper-14, 2026-12-05): the content key hashed the list of leaf texts, so a copy of an honest
+    tree (or of our own) with one leaf duplicated got a new key, was accepted, trained on, and earned its signer
+    standing (established in 13-17 steps). Equal texts now count once, and a tree none of whose leaves is new is
+    a copy; a tree with one new leaf among seen ones is not."""
+    v = make_verifier(peer_mix, clock)
+    ref = _ref(peer_mix, 40)
+    ans = peer_mix.get(ref).answer
+    right, wrong, other = (f"think <answer>{ans}</answer>", "think <answer>wrong</answer>",
+                           "think <answer>other</answer>")
+    four = _tree(peer_mix, ref, [(right, 1.0, "eos"), (wrong, 0.0, "eos"), (other, 0.0, "eos"),
+                                 (right + " ", 1.0, "eos")])
+    assert v.verify_bundle(_bundle([four], HONEST, clock), None, "h")
+    for leaves in ([(right, 1.0), (wrong, 0.0), (wrong, 0.0)],  # a leaf duplicated
+                   [(right, 1.0), (other, 0.0)],  # a subset
+                   [(wrong, 0.0), (right, 1.0), (right, 1.0), (other, 0.0), (other, 0.0)]):  # regrouped
+        r = _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, [(t, c, "eos") for t, c in leaves])],
+                                                 ATTACKER, clock), None, "a"))
+        assert r.reason == "replay" and not r.charged, leaves
+    # one new leaf among seen ones: new work, accepted
+    fresh = _tree(peer_mix, ref, [(right, 1.0, "eos"), ("think again <answer>nope</answer>", 0.0, "eos")])
+    assert v.verify_bundle(_bundle([fresh], ATTACKER, clock), None, "a")
+    # our own tree echoed back with a leaf duplicated: a replay charged to the signer
+    own = _honest_tree(peer_mix, 5)
+    b = wire.bundle_from_trees([own], swarm_id=SWARM, publisher_key=HONEST.public_key_bytes, vocab_size=256,
+                               model_id="us", tokenizer_id=BYTE_TOKENIZER_ID, created_at=clock())
+    v.note_published(wire.encode(b, HONEST), b)
+    texts = [own.completion_text(j) for j in own.leaves()]
+    echo = _tree(peer_mix, own.task, [(texts[0], 1.0, "eos"), (texts[1], 0.0, "eos"), (texts[1], 0.0, "eos")])
+    r = _rej(lambda: v.verify_bundle(_bundle([echo], ATTACKER, clock), None, "a"))
+    assert r.reason == "replay" and r.charged and not r.hard
+
+
 def test_staleness_is_measured_by_the_receiver(peer_mix, clock):
     v = make_verifier(peer_mix, clock)
     data = _bundle([_honest_tree(peer_mix, 4)], ATTACKER, clock, pv=2**63 - 1)

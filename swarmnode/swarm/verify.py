@@ -120,8 +120,10 @@ tree gets **our** prompt for its TaskRef (``prompt_for(task)``, encoded with ``e
 Copies, replays and staleness
 -----------------------------
 A tree's content key (:func:`content_key`) is its TaskRef plus the sorted, normalized (NFKC, lower case,
-whitespace collapsed) texts of its live leaves: a copy re-signed under another key, at another time, with a
-trailing space or reordered leaves has the same key. Keys of accepted trees (and of our own published trees,
+whitespace collapsed) texts of its live leaves, equal texts once: a copy re-signed under another key, at
+another time, with a trailing space, reordered or duplicated leaves has the same key. Each leaf is remembered
+too (:func:`leaf_keys`), and a tree none of whose leaves is new is a copy as well (a subset or regrouping of
+seen leaves; an outside attack earned standing with copies whose one leaf was duplicated). Keys of accepted trees (and of our own published trees,
 :meth:`Verifier.note_published`) are kept for ``replay_window_s`` (``swarm.replay_window_seconds``, far
 longer than the freshness window, so a copy re-signed later with a fresh time is still caught; bounded by
 ``seen_capacity``). A copy is dropped without charging anyone -- between two peers the receiver cannot tell
@@ -174,6 +176,7 @@ __all__ = [
     "PeerTree",
     "Verifier",
     "content_key",
+    "leaf_keys",
     "special_token_ids",
     "tree_digest",
     "verify_many",
@@ -535,7 +538,8 @@ class Verifier:
             texts = ["".join(wt.nodes[k].text for k in _path(wt, j)) for j in wt.leaves()
                      if wt.nodes[j].finish_reason != "pruned"]
             if texts:
-                self._seen_content.add(content_key(wt.task, texts), "own")
+                for k in [content_key(wt.task, texts), *leaf_keys(wt.task, texts)]:
+                    self._seen_content.add(k, "own")
 
     def seen(self, bundle_digest: bytes | str) -> bool:
         """True when a bundle with this envelope digest (32 bytes or hex) already got a verdict.
@@ -905,21 +909,27 @@ class Verifier:
             raise final(self._reject(reason, detail + f" (every tree of the bundle: {len(bad_trees)})", signer,
                                      False, charge=reason != "not_roundtrip"))
         # replays and copies: normalized content (TaskRef + normalized leaf texts), remembered replay_window_seconds
+        # and trees with no new leaf (a copy with leaves duplicated, dropped or regrouped: outside attack helper-14)
         ckeys = [content_key(wt.task, [texts[(i, j)] for j in live[i]]) if live[i] and i not in bad_trees else None
                  for i, wt in enumerate(b.trees)]
+        lkeys = {i: leaf_keys(b.trees[i].task, [texts[(i, j)] for j in live[i]]) for i, k in enumerate(ckeys)
+                 if k is not None}
         keep: list[int] = []
         own_echo = 0
         copies = 0
+        in_bundle: set[bytes] = set()
         for i, k in enumerate(ckeys):
             if k is None:
                 continue
             seen = self._seen_content.get(k)
-            if seen is not None or k in ckeys[:i]:
-                if seen == "own":
+            leaf_seen = [self._seen_content.get(x, "peer" if x in in_bundle else None) for x in lkeys[i]]
+            if seen is not None or k in ckeys[:i] or all(v is not None for v in leaf_seen):
+                if seen == "own" or (seen is None and all(v == "own" for v in leaf_seen)):
                     own_echo += 1
                 else:
                     copies += 1
                 continue
+            in_bundle.update(lkeys[i])
             keep.append(i)
         if not keep:
             # a copy of our own rollouts proves the signer copied; between two peers nobody can tell who was first,
@@ -979,7 +989,8 @@ class Verifier:
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
         for i in keep:
-            self._seen_content.add(ckeys[i], "peer")
+            for k in [ckeys[i], *lkeys[i]]:
+                self._seen_content.add(k, "peer")
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:
             self.stats["leaves_pruned_dropped"] += n_pruned
@@ -1103,19 +1114,26 @@ def _one_format_weight(claims: list[tuple[int, int, float, float, float]]) -> bo
 
 
 def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
-    """SHA-256 naming a tree's normalized content: its TaskRef and the sorted normalized completion texts.
+    """SHA-256 naming a tree's normalized content: its TaskRef and the sorted set of normalized completion texts.
 
     Normalization is :func:`~swarmnode.tasks.partition.normalize_question` (NFKC, lower case, whitespace runs
-    collapsed, ends stripped), so a copy with a trailing space, other line breaks, reordered leaves, another
-    key, another signature time or other metadata has the same key. Local use only (not part of the protocol).
+    collapsed, ends stripped), and equal texts count once, so a copy with a trailing space, other line breaks,
+    reordered or duplicated leaves, another key, another signature time or other metadata has the same key.
+    ``content_key(ref, [text])`` names one leaf (:func:`leaf_keys`). Local use only (not part of the protocol).
     """
     h = hashlib.sha256()
     h.update(repr(ref.to_list()).encode("utf-8", "surrogatepass"))
-    for t in sorted(normalize_question(x) for x in leaf_texts):
+    for t in sorted({normalize_question(x) for x in leaf_texts}):
         h.update(b"\x00L")
         h.update(len(t).to_bytes(4, "little"))
         h.update(t.encode("utf-8", "surrogatepass"))
     return h.digest()
+
+
+def leaf_keys(ref: TaskRef, leaf_texts: Sequence[str]) -> list[bytes]:
+    """One :func:`content_key` per distinct normalized leaf text of a tree (``content_key(ref, [text])``): a tree
+    none of whose leaves is new (every key seen before) is a copy, however its leaves were regrouped."""
+    return [content_key(ref, [t]) for t in sorted({normalize_question(x) for x in leaf_texts})]
 
 
 def special_token_ids(tokenizer: Any) -> set[int]:

@@ -20,7 +20,8 @@ completions. **Rule**: an external completion is rejected when either statistic 
 reference holds ``min_history`` completions nothing is rejected (counted as ``screen/warmup``).
 
 **Groups go whole.** When one completion of an external group (``Sample.group_id``: a task of one source) is
-rejected, the group's other samples are dropped too (``screen/group_dropped``, not charged): their advantages
+rejected, that source's other samples of the group are dropped too (``screen/group_dropped``, not charged; other
+peers' samples of a ``joint`` group stay, or one peer's rejected leaf would drop every peer's samples of the task): their advantages
 were normalized against the rejected members, so without them the rest is no longer a fair contrast. The
 poisoned-but-correct benchmark showed why (docs/benchmarks.md): with only the payload leaves removed, the
 same groups' payload-free *wrong* leaves -- the task's correct worked reasoning with a wrong final answer --
@@ -263,10 +264,12 @@ class LikelihoodScreen:
                     n_claims_dropped += 1
             kept.append(s)
         kept_ids = {id(k) for k in kept}
-        tainted = {s.group_id for s in samples if s.group_id and id(s) not in kept_ids}  # groups that lost a member
+        # a source's group that lost a member goes whole (by source too: under `joint` normalization group ids are
+        # shared by every peer, and one peer's rejected leaf must not drop the others' samples)
+        tainted = {(s.source, s.group_id) for s in samples if s.group_id and id(s) not in kept_ids}
         n_before = len(kept)
         if tainted:
-            kept = [s for s in kept if s.group_id not in tainted]
+            kept = [s for s in kept if (s.source, s.group_id) not in tainted]
         means = sorted(a for a, _ in stats)
         metrics: dict[str, Any] = {
             "screen/checked": len(samples),
