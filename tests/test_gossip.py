@@ -251,7 +251,9 @@ def test_publish_gather_retokenize_and_relay(swarm):
     # relay: b publishes (so c knows b's contact); a publishes again and goes away after b verified it;
     # c then fetches a's bundle from b's cache
     fb = HostileFactory(b.identity, mix, swarm_id=SWARM)
-    assert b.publish(fb.honest_trees(1, 2), step=1, policy_version=3)["swarm/bundles_published"] == 1
+    # (its own task stream: HostileFactory's honest trees of step 0 on the default stream are a's, and a subset of
+    # a's leaves is a copy)
+    assert b.publish(fb.contrast_trees(1), step=1, policy_version=3)["swarm/bundles_published"] == 1
     a.publish(fa.honest_trees(1, 4), step=1, policy_version=4)
     got_b2, _ = _gather_until(b, lambda g: any(t.policy_version == 4 for t in g))
     assert any(t.policy_version == 4 for t in got_b2)
@@ -447,6 +449,15 @@ def test_a_flood_of_keys_that_never_earn_cannot_crowd_out_a_young_key_that_does(
             c.credit(newcomer, 1)  # the node trains on it; the flood's trees are never trained on
         assert not c.peers.is_young(newcomer, 16)
         assert all(c.peers.earned(p) == 0 for p, _ in sybils)
+    finally:
+        c.close()
+    # helper-14: Sybils sending trees without reward contrast (nothing to train) take no pool slot at all
+    c = _offline_client(mix, num_external=4, young_key_trees=1, established_after=16)
+    try:
+        late, late_trees = _peer_trees(mix, "late newcomer", 1)
+        flat = [_peer_trees(mix, f"flat {i}", 1, contrast=False) for i in range(32)]
+        out, young, dropped = c._admit([ts[0] for _, ts in flat] + late_trees)
+        assert [t.peer_id for t in out] == [late] and young == 1 and dropped == 32 and c._carry == []
     finally:
         c.close()
 

@@ -279,6 +279,15 @@ class _MState:
     deferrals: int = 0  # polls in a row in which another manifest of the same digest was preferred to this one
 
 
+def _has_contrast(vt: PeerTree) -> bool:
+    """Our re-scored rewards of the tree's leaves differ (it can carry an advantage)."""
+    try:
+        r = vt.rewards()
+    except ValueError:
+        return False
+    return len(r) >= 2 and max(r) - min(r) > 1e-9
+
+
 class SwarmClient:
     """The node's swarm layer: ``publish`` and ``gather`` of the ``SwarmHook`` protocol (see module docstring).
 
@@ -1334,7 +1343,8 @@ class SwarmClient:
         An established key (``PeerBook.earned >= swarm.established_after``) gets up to ``swarm.max_trees_per_peer``
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
-        one tree per key per turn, keys with more earned standing first (ties in random order: a flood of fresh
+        one tree per key per turn (a young key's trees whose rewards do not differ are dropped first: they have
+        nothing to train and must not take a slot), keys with more earned standing first (ties in random order: a flood of fresh
         keys that never earn cannot crowd out a young key whose trees the node trains on). Admission earns
         nothing (standing comes from :meth:`credit`, once the node trained on a tree); the trees of an
         established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
@@ -1346,7 +1356,8 @@ class SwarmClient:
         (``(read_buckets + 1) * bucket_seconds``); beyond that they are dropped.
 
         Returns:
-            ``(admitted trees, admitted trees of young keys, trees dropped by a cap this step)``.
+            ``(admitted trees, admitted trees of young keys, trees dropped this step)``: dropped by a cap, by
+            age, or as a young key's tree without reward contrast.
         """
         now = time.monotonic()
         horizon = now - (self.scfg.read_buckets + 1) * float(self.scfg.bucket_seconds)
@@ -1361,9 +1372,14 @@ class SwarmClient:
         for i, (_, vt, _) in enumerate(items):
             by_peer.setdefault(vt.peer_id, []).append(i)
         keep: set[int] = set()
+        gone: set[int] = set()  # young keys' trees without reward contrast
         young: dict[str, list[int]] = {}
         for peer, idx in by_peer.items():
             if self.peers.is_young(peer, self.established_after):
+                flat = {i for i in idx if not _has_contrast(items[i][1])}
+                if flat:  # no advantage, nothing to train: such trees take no slot of the young pool
+                    gone |= flat
+                    idx = [i for i in idx if i not in flat]
                 cap = self.peers.tree_cap(peer, base=self.young_key_trees, per=self.trees_per_earned_tree,
                                           ceiling=max(self.young_key_trees, self.max_trees_per_peer))
                 young[peer] = idx[:cap]
@@ -1385,8 +1401,9 @@ class SwarmClient:
         out = [vt for i, (_, vt, _) in enumerate(items) if i in keep]
         carry: list[tuple[float, PeerTree, bool]] = []
         per_peer: Counter[str] = Counter()
+        dropped += len(gone)
         for i, (t0, vt, arrived) in enumerate(items):
-            if i in keep:
+            if i in keep or i in gone:
                 continue
             if per_peer[vt.peer_id] < self.max_trees_per_peer:
                 per_peer[vt.peer_id] += 1
