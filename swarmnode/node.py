@@ -110,7 +110,8 @@ class SwarmHook(SwarmProbe, Protocol):
 
     def credit(self, peer_id: str, n: int = 1) -> None:
         """Credit ``peer_id`` with ``n`` useful trees: groups of its samples this step trained on, each with reward
-        contrast of its own (:func:`~swarmnode.train.batch.trained_groups_by_peer`). Its earned standing
+        contrast of its own (:func:`~swarmnode.train.batch.trained_groups_by_peer`), in a step whose update ran
+        and whose likelihood screen (when on) was out of its warm-up. Its earned standing
         (``swarm/peers.py``), the only way a key stops being young. Never raises."""
 
     def share_task_rates(self, rates: dict[str, tuple[int, int]] | None) -> None:
@@ -672,8 +673,10 @@ class Node:
                 external_used = []
                 tm = self.trainer.step(batch, token_weight_fn=None)
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
+        # standing for what we trained on and the screen judged, nothing else (its warm-up keeps everything)
         updated = not tm.get("skipped") and tm.get("nonfinite_updates", 0) < tm.get("iterations", 1)
-        if external_used and updated and self.swarm is not None:  # standing for what we trained on, nothing else
+        judged = not cfg.swarm.screen.enabled or not m.get("screen/warmup")
+        if external_used and updated and judged and self.swarm is not None:
             for peer, n in trained_groups_by_peer(external, batch).items():
                 self.swarm.credit(peer, n)
         self.step += 1

@@ -123,11 +123,19 @@ def test_only_trees_the_node_trained_on_earn_their_peer_standing(tmp_path):
 
     swarm = CraftedSwarm(lambda node, step: [junk_over_budget(node, step), honest_like_tree(node, step, "h"),
                                              honest_like_tree(node, step, "flat", rewards=(1.0,) * 4)])
-    cfg = make_cfg(tmp_path, max_external_tokens_per_step=1000, max_external_share=1.0)
+    cfg = make_cfg(tmp_path / "off", max_external_tokens_per_step=1000, max_external_share=1.0,
+                   screen={"enabled": False})
     _, ms = run_node(cfg, swarm, steps=3)
     assert all(m["select/dropped_token_budget"] == 1 and m["samples_external"] > 0 for m in ms)
     assert all(m["external:h/used"] > 0 for m in ms)
     assert swarm.credits == [("h", 1)] * 3  # not the junk over budget, not the tree without contrast
+    # with the screen on but still in warm-up (it keeps everything, judges nothing), nothing earns standing
+    # (helper-14: a payload key earned 3 in the first steps)
+    swarm = CraftedSwarm(swarm.make)
+    cfg = make_cfg(tmp_path / "warm", max_external_tokens_per_step=1000, max_external_share=1.0,
+                   screen={"enabled": True, "min_history": 10_000})
+    _, ms = run_node(cfg, swarm, steps=2)
+    assert all(m["screen/warmup"] == 1 and m["external:h/used"] > 0 for m in ms) and swarm.credits == []
 
 
 def test_processing_failure_is_dropped_and_counted(tmp_path):
