@@ -753,7 +753,8 @@ def bench_swarm(
                                      "repeats K..K+R-1, to add repeats to an earlier benchmark in the same --work-dir "
                                      "(scripts/swarm_bench_report.py reports them together)"),
     levers: str = typer.Option("none", "--levers", help="swarm arms with the issue-16 levers: a comma-separated "
-                               "subset of none,curriculum,expansion,both (swarm.curriculum / swarm.expansion)"),
+                               "subset of none,curriculum,expansion,both,specialize (swarm.curriculum / "
+                               "swarm.expansion; specialize: node i weights task source i mod T by 4)"),
     arm_timeout: float = typer.Option(1800.0, "--arm-timeout", help="seconds an arm's nodes may run before they "
                                       "are killed and the benchmark stops (0: no limit); a loaded machine needs more"),
 ) -> None:

@@ -254,6 +254,40 @@ def test_levers_add_curriculum_and_expansion_arms(tmp_path):
     assert not off.swarm.curriculum.enabled and not off.swarm.expansion.enabled
 
 
+def test_specialize_lever_gives_each_node_its_own_task_and_peers_still_verify_its_refs(tmp_path):
+    """``--levers specialize``: node i weights task source i mod T by SPECIALIZE_WEIGHT, draws mostly that task,
+    and a peer with other weights still accepts and rebuilds its TaskRefs (weights are not in the digest)."""
+    from collections import Counter
+
+    from swarmnode.benchmarks.swarm import SPECIALIZE_WEIGHT, specialized_sources
+    from swarmnode.tasks.mix import TaskMix
+
+    arms = plan_arms([(4, 4)], levers=["none", "specialize"], isolated=False)
+    assert [a.name for a in arms] == ["swarm-4x4-per_source-none", "swarm-4x4-per_source-none-spec"]
+    assert arms[1].label == "swarm 4/4 per_source none +specialization"
+    assert not (arms[1].curriculum or arms[1].expansion)
+    base = load_config(None)
+    n_src = len(base.tasks.sources)
+    cfgs = [node_config(base, arms[1], i, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / f"n{i}",
+                        swarm_id="x") for i in range(n_src + 1)]
+    for i, c in enumerate(cfgs):
+        w = [s.weight for s in c.tasks.sources]
+        assert w[i % n_src] == SPECIALIZE_WEIGHT and sum(w) == SPECIALIZE_WEIGHT + n_src - 1
+    plain = node_config(base, arms[0], 1, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "p", swarm_id="x")
+    assert [s.weight for s in plain.tasks.sources] == [1.0] * n_src
+    mixes = [TaskMix.from_config(c.tasks) for c in cfgs[:2]]
+    refs = [r for step in range(60) for r in mixes[1].refs_for_step(step, 4, stream=1)]
+    drawn = Counter(mixes[1].source_index(r) for r in refs)
+    assert drawn[1] / len(refs) > 0.45  # 4/7 expected; an unspecialized node draws 1/4
+    for r in refs[:40]:  # node 0 (specialized elsewhere) accepts node 1's refs and rebuilds the same question
+        assert mixes[0].contains(r)
+        assert mixes[0].get(r).question == mixes[1].get(r).question
+    with pytest.raises(ValueError, match="factor"):
+        specialized_sources([{"name": "a"}], 0, factor=0.0)
+    with pytest.raises(ValueError, match="at least one task source"):
+        specialized_sources([], 0)
+
+
 @pytest.mark.slow
 def test_tiny_swarm_arm_with_both_levers_runs(tmp_path):
     """Two real node processes with swarm.curriculum and swarm.expansion on (plumbing only, a few steps)."""

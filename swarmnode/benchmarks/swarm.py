@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -92,8 +93,14 @@ __all__ = [
 
 NORMALIZATIONS = ("per_source", "joint")
 OFF_POLICY_MODES = ("none", "luffy", "tis")
-LEVERS = ("none", "curriculum", "expansion", "both")
-"""``--levers``: the issue-16 levers a swarm arm runs with (``swarm.curriculum``, ``swarm.expansion``)."""
+LEVERS = ("none", "curriculum", "expansion", "both", "specialize")
+"""``--levers``: the issue-16 levers a swarm arm runs with (``swarm.curriculum``, ``swarm.expansion``, or
+``specialize``: heterogeneous task weights, :data:`SPECIALIZE_WEIGHT`)."""
+SPECIALIZE_WEIGHT = 4.0
+"""``--levers specialize``: node ``i`` multiplies the weight of task source ``i mod T`` (``T`` sources) by this
+factor, so with the default four equally weighted sources and four nodes each node draws 4/7 of its questions
+from "its" task and 1/7 from each other; peers' trees bring the rest. Weights are not part of a source's
+``config_digest``, so nodes with different weights still verify each other's TaskRefs."""
 HOSTILE_MODES = ("", "network", "poison")
 """``Arm.hostile`` values: no hostile peer, the network attack of ``NETWORK_CASES``, poisoned but correct groups."""
 DEFAULT_PAYLOAD = "pwned!"
@@ -152,6 +159,8 @@ class Arm:
         screen: ``swarm.screen.enabled`` of the honest nodes (False only for the "what if there were no screen"
             arm of the poison benchmark).
         curriculum / expansion: ``swarm.curriculum.enabled`` / ``swarm.expansion.enabled`` (swarm arms only).
+        specialize: heterogeneous specialization (swarm arms only): node ``i`` weights task source ``i mod T``
+            by :data:`SPECIALIZE_WEIGHT` (:func:`specialized_sources`).
 
     Raises:
         ValueError: an unknown ``hostile`` mode.
@@ -166,6 +175,7 @@ class Arm:
     screen: bool = True
     curriculum: bool = False
     expansion: bool = False
+    specialize: bool = False
 
     def __post_init__(self) -> None:
         h = {True: "network", False: "", None: ""}.get(self.hostile, self.hostile)  # type: ignore[arg-type]
@@ -176,7 +186,8 @@ class Arm:
 
     @property
     def _levers(self) -> str:
-        return ("-cur" if self.curriculum else "") + ("-exp" if self.expansion else "")
+        return ("-cur" if self.curriculum else "") + ("-exp" if self.expansion else "") + (
+            "-spec" if self.specialize else "")
 
     @property
     def name(self) -> str:
@@ -191,7 +202,8 @@ class Arm:
         """Human label for tables and legends (``… +hostile`` when a hostile peer is in the swarm)."""
         if not self.swarm:
             return f"isolated {self.local}/0"
-        lev = (" +curriculum" if self.curriculum else "") + (" +expansion" if self.expansion else "")
+        lev = (" +curriculum" if self.curriculum else "") + (" +expansion" if self.expansion else "") + (
+            " +specialization" if self.specialize else "")
         return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}{lev}" + (
             {"": "", "network": " +hostile", "poison": " +poison"}[self.hostile]) + ("" if self.screen else " screen off")
 
@@ -209,7 +221,7 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     ``screen_off`` that twin by one more whose honest nodes run without the likelihood screen. ``isolated=False``
     leaves out the isolated arms. ``levers`` (``--levers``, of :data:`LEVERS`): each swarm arm of the first
     normalization and off-policy mode is run once per lever set -- ``none`` (as is), ``curriculum``,
-    ``expansion``, ``both``.
+    ``expansion``, ``both``, ``specialize`` (heterogeneous task weights, no curriculum or expansion).
 
     Raises:
         ValueError: unknown normalization, off-policy mode or lever, or empty lists.
@@ -237,12 +249,33 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
             continue
         for lev in levs:
             add(Arm(i, j, True, norms[0], offs[0], curriculum=lev in ("curriculum", "both"),
-                    expansion=lev in ("expansion", "both")))
+                    expansion=lev in ("expansion", "both"), specialize=lev == "specialize"))
         for nrm in norms[1:]:
             add(Arm(i, j, True, nrm, offs[0]))
         for off in offs[1:]:
             add(Arm(i, j, True, norms[0], off))
     return arms
+
+
+def specialized_sources(sources: Sequence[dict[str, Any]], index: int,
+                        factor: float = SPECIALIZE_WEIGHT) -> list[dict[str, Any]]:
+    """Node ``index``'s task sources for heterogeneous specialization: a copy of ``sources`` (``tasks.sources``
+    as dicts, the ``TaskSourceConfig`` fields) with the weight of source ``index mod len(sources)`` multiplied
+    by ``factor`` (the others unchanged).
+
+    Raises:
+        ValueError: no sources, a negative ``index``, or a ``factor`` that is not finite and > 0.
+    """
+    if not sources:
+        raise ValueError("specialization needs at least one task source (tasks.sources is empty)")
+    if isinstance(index, bool) or int(index) < 0:
+        raise ValueError(f"node index must be an int >= 0, got {index!r}")
+    if not (math.isfinite(float(factor)) and float(factor) > 0):
+        raise ValueError(f"specialization factor must be finite and > 0, got {factor!r}")
+    out = [dict(s) for s in sources]
+    k = int(index) % len(out)
+    out[k]["weight"] = float(out[k].get("weight", 1.0)) * float(factor)
+    return out
 
 
 def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int, eval_size: int,
@@ -252,7 +285,8 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
 
     Sets seed = index (+ 1000 x ``repeat``), prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
     swarm arms ``swarm.enabled``, ``num_external = J``, ``max_external_share = J / (I + J)``, the
-    normalization and off-policy mode, the node's identity file and its listen/bootstrap addresses.
+    normalization and off-policy mode, the levers (curriculum, expansion, and with ``arm.specialize`` the task
+    weights of :func:`specialized_sources`), the node's identity file and its listen/bootstrap addresses.
     """
     from swarmnode.config import RunConfig
 
@@ -277,6 +311,8 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
             sw["screen"]["enabled"] = False
         sw.setdefault("curriculum", {})["enabled"] = bool(arm.curriculum)
         sw.setdefault("expansion", {})["enabled"] = bool(arm.expansion)
+        if arm.specialize:
+            d["tasks"]["sources"] = specialized_sources(d["tasks"]["sources"], index)
         sw["swarm_id"] = swarm_id
         sw["identity_path"] = str(Path(run_dir) / "identity.pem")
         if host_maddrs:
@@ -1311,7 +1347,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             first_repeat + repeats - 1`` run, so a later command adds repeats to an earlier benchmark (same
             ``--work-dir``; ``scripts/swarm_bench_report.py`` then reports all arm directories together).
         levers: comma-separated subset of :data:`LEVERS` (``--levers``): the swarm curriculum and cross-node
-            expansion arms (see :func:`plan_arms`).
+            expansion arms, and heterogeneous specialization (see :func:`plan_arms`).
         log: a ``print``-like callable for progress lines.
 
     Raises:
