@@ -1,7 +1,8 @@
 """The documentation holds together: links resolve, no machine's paths, the config reference is fresh.
 
-- every relative Markdown link and every ``docs/…`` path named in ``README.md`` and ``docs/**/*.md`` points at a
-  file of this checkout (so moving a page without fixing its citations fails here);
+- every relative Markdown link, every ``docs/…`` path and every file path of the package, scripts, tests, configs
+  and protocol named in ``README.md`` and ``docs/**/*.md`` points at a file of this checkout (so moving a page
+  or a module without fixing what names it fails here);
 - the same for ``docs/…`` paths cited in code docstrings and comments (``swarmnode/``, ``tests/``, ``scripts/``,
   ``configs/``, ``protocol/``) and in the config reference generated from them;
 - no absolute path of a build machine (``/work/…``, ``/root/…``, ``/home/<user>/…``, ``/Users/…``) in the docs,
@@ -29,6 +30,10 @@ CODE_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".sh", ".toml"}
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 #: a path under docs/ named in running text, code spans or comments (``docs/guide/swarm.md``)
 DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]*\w\.(?:md|png|json)")
+#: a file of the checkout named in the docs (``swarmnode/rollout/sampler.py``, ``configs/tree.yaml``)
+REPO_PATH = re.compile(r"(?<![\w/.-])(?:swarmnode|scripts|tests|configs|protocol)/[\w/.-]*\w\.(?:py|yaml|md|json|sh)")
+#: a module named relative to the package, as the architecture page does (``rollout/engine.py``)
+PKG_PATH = re.compile(r"(?<![\w/.-])(?:tasks|policy|rollout|train|swarm|monitor|benchmarks|bench|testing|node)/[\w/]*\w\.py")
 #: an absolute path of some machine's home or work tree; ``/home/me/`` is the guides' placeholder user
 ABSOLUTE = re.compile(r"(?<![\w.~-])/(?:work|root|Users)/[\w.-]+|(?<![\w.~-])/home/(?!me/)[\w.-]+/")
 
@@ -47,9 +52,13 @@ def _broken_links(path: Path) -> list[str]:
         file_part = target.split("#", 1)[0]
         if not (path.parent / file_part).exists():
             out.append(f"{_rel(path)}: link ({target}) -> no file {_rel((path.parent / file_part).resolve())}")
-    for m in DOCS_PATH.finditer(text):
-        if not (ROOT / m.group(0)).exists():
-            out.append(f"{_rel(path)}: names {m.group(0)}, which does not exist")
+    for rx in (DOCS_PATH, REPO_PATH):
+        for m in rx.finditer(text):
+            if not (ROOT / m.group(0)).exists():
+                out.append(f"{_rel(path)}: names {m.group(0)}, which does not exist")
+    for m in PKG_PATH.finditer(text):
+        if not (ROOT / "swarmnode" / m.group(0)).exists():
+            out.append(f"{_rel(path)}: names {m.group(0)}, which is not a module of swarmnode/")
     return out
 
 
