@@ -41,7 +41,8 @@ unknown key, a wrong type or a value out of bounds stops the node before any mod
 the file and the key. Names follow TRL's `GRPOConfig` where TRL has the same setting (`num_generations`, `beta`,
 `epsilon`, `epsilon_high`, `loss_type`, `scale_rewards`, `max_completion_length`, `learning_rate`, …).
 
-Each entry reads: **name** (type, default, bounds): description. "default: —" marks a field that must be set.
+Each entry reads: **name** (type, default, bounds): description; `x` in a bound stands for the value. "default: —"
+marks a field that must be set.
 Regenerate after changing `swarmnode/config.py`: `{COMMAND}`.
 """
 
@@ -100,10 +101,10 @@ def _default(field: Any) -> str:
     else:
         value = field.default
     if isinstance(value, BaseModel):
-        return "(section below)"
+        return "a section, below"
     if isinstance(value, list) and value and all(isinstance(v, BaseModel) for v in value):
-        return "(list of items, see below: " + ", ".join(
-            repr(getattr(v, "name", None) or type(v).__name__) for v in value) + ")"
+        names = ", ".join(f"`{getattr(v, 'name', None) or type(v).__name__}`" for v in value)
+        return f"default: {len(value)} items ({names}), their fields below"
     return repr(value)
 
 
@@ -161,7 +162,7 @@ def render(root: type[BaseModel] | None = None) -> str:
             inner, is_list = _models_in(field.annotation)
             default = _default(field)
             parts = [f"`{_type_name(field.annotation)}`",
-                     default if default.startswith("(") else f"default: `{default}`"]
+                     default if default.startswith(("a section", "default:")) else f"default: `{default}`"]
             b = _bounds(field.metadata)
             if b:
                 parts.append(f"`{b}`")
