@@ -18,6 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from swarmnode.config import ConfigError, RunConfig, load_config
+from swarmnode.policy.threads import passive_openmp_wait
+
+passive_openmp_wait()  # before anything imports torch: waiting OpenMP threads sleep instead of spinning
 
 if TYPE_CHECKING:  # the heavy modules load lazily, inside the commands that need them
     from swarmnode.evaluation import EvalResult
@@ -172,6 +175,8 @@ def run(
     eval_size: Optional[int] = typer.Option(None, "--eval-size", help="held-out tasks for before/after accuracy"),
     no_eval: bool = typer.Option(False, "--no-eval", help="skip the before/after held-out evaluation"),
     status_port: Optional[int] = typer.Option(None, "--status-port", help="serve status/metrics on 127.0.0.1:PORT"),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", min=1, help="torch CPU threads (default: 1 below 50M parameters, else one per core)"),
     swarm: Optional[bool] = typer.Option(None, "--swarm/--no-swarm", help="join a swarm (default: swarm.enabled)"),
     initial_peers: Optional[list[str]] = typer.Option(
         None, "--initial-peers", help="bootstrap multiaddr /ip4/…/tcp/…/p2p/<PeerID> (repeatable)"),
@@ -198,6 +203,7 @@ def run(
         "model.device": device,
         "tasks.eval_size": eval_size,
         "status_port": status_port,
+        "threads": threads,
         "swarm.enabled": swarm,
         "swarm.initial_peers": initial_peers or None,
         "swarm.host_maddrs": host_maddrs or None,
@@ -417,6 +423,9 @@ def eval_cmd(
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(str(e))
         return
+    from swarmnode.policy.threads import apply_threads
+
+    apply_threads(sum(p.numel() for p in pol.model.parameters()), cfg.threads)
     res = evaluate_mix(pol.model, pol.tokenizer, tasks, lambda t: pol.prompt(t.question),
                        max_new_tokens=cfg.sampling.max_completion_length, n=n or cfg.tasks.eval_size, probes=probes)
     if json_out:

@@ -605,6 +605,12 @@ class RunConfig(_Strict):
         description="when stdout is not a terminal (nohup, systemd, a pipe): print one line every N steps (step, "
                     "reward, held-out accuracy, tokens/s, peers) instead of the progress bar. Default 10")
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
+    threads: int | None = Field(
+        None, ge=1,
+        description="intra-op CPU threads of torch (--threads). None (default) = 1 for a model below 50M parameters "
+                    "(its operations are too short to gain from more, and on a busy machine extra threads wait on "
+                    "each other), torch's default (one per core) above. Waiting threads sleep (OMP_WAIT_POLICY="
+                    "PASSIVE unless the environment sets it). docs/benchmarks.md")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy (model.*)")
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="task sources and mix (tasks.*)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling (sampling.*)")

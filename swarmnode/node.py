@@ -45,6 +45,7 @@ from swarmnode.monitor.status import SwarmProbe
 from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
 from swarmnode.policy.loading import Policy, load_policy
 from swarmnode.policy.memory import plan_for_model
+from swarmnode.policy.threads import apply_threads
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.step_credit import StepCredit, apply_step_credit, step_reports, step_reward_bonus
 from swarmnode.rollout.expansion import Expansion, Fork, expand_forks, select_forks
@@ -254,6 +255,7 @@ class Node:
         if ckpt is not None:
             model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.model_path)})
         self.policy: Policy = load_policy(model_cfg)
+        apply_threads(sum(p.numel() for p in self.policy.model.parameters()), cfg.threads)
         plan = None
         if self.policy.device.type == "cuda":  # size micro-batches and decode rows to the GPU; refuse what cannot fit
             plan = plan_for_model(self.policy.model, self.policy.device, cfg.sampling,
