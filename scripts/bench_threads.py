@@ -13,7 +13,7 @@ count): compare only rows of one invocation.
 
 Usage::
 
-    python scripts/bench_threads.py --before /tmp/swarmnode-before --steps 10 --eval-size 40
+    python scripts/bench_threads.py --before /tmp/swarmnode-before --steps 10 --eval-size 40 --also-threads 2
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ def _busy(n: int, limit_s: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
 
 
-def _arm(src: Path, run_dir: Path, steps: int, eval_size: int, seed: int, timeout: float) -> dict:
+def _arm(src: Path, run_dir: Path, steps: int, eval_size: int, seed: int, timeout: float,
+         extra: list[str]) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")}
     env["PYTHONPATH"] = str(src)
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [sys.executable, "-m", "swarmnode.cli", "run", "--steps", str(steps), "--eval-size", str(eval_size),
-           "--seed", str(seed), "--run-dir", str(run_dir)]
+           "--seed", str(seed), "--run-dir", str(run_dir), *extra]
     t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True, timeout=timeout)
     wall = time.monotonic() - t0
@@ -62,37 +63,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--busy", type=int, default=2, help="busy processes beside the loaded arms")
     ap.add_argument("--busy-limit", type=float, default=900.0, help="each busy process ends by itself after this")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one arm may take")
+    ap.add_argument("--also-threads", type=int, nargs="*", default=[],
+                    help="more arms of this checkout with --threads N (named after-tN)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args(argv)
-    versions = [("after", HERE)] + ([("before", a.before.resolve())] if a.before else [])
+    versions = [("after", HERE, [])] + [(f"after-t{n}", HERE, ["--threads", str(n)]) for n in a.also_threads]
+    versions += [("before", a.before.resolve(), [])] if a.before else []
     work = Path(tempfile.mkdtemp(prefix="bench_threads_"))
     res: dict[tuple[str, str], dict] = {}
     try:
         for load in ("idle", "loaded"):
-            for name, src in versions:
+            for name, src, extra in versions:
                 busy = _busy(a.busy, a.busy_limit) if load == "loaded" else []
                 try:
                     time.sleep(1.0 if busy else 0.0)
-                    r = _arm(src, work / f"{name}-{load}", a.steps, a.eval_size, a.seed, a.timeout)
+                    r = _arm(src, work / f"{name}-{load}", a.steps, a.eval_size, a.seed, a.timeout, extra)
                 finally:
                     for b in busy:
                         b.kill()
                         b.wait()
                 res[(name, load)] = r
-                print(f"{name:6s} {load:6s}  wall {r['wall_s']:7.1f} s  {r['s_per_step']:6.2f} s/step  "
+                print(f"{name:8s} {load:6s}  wall {r['wall_s']:7.1f} s  {r['s_per_step']:6.2f} s/step  "
                       f"load1 {r['load1']:.1f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("\nratios (wall time of the whole command; s/step in brackets)")
-    for name, _ in versions:
+    for name, _, _ in versions:
         i, l_ = res[(name, "idle")], res[(name, "loaded")]
         print(f"  {name}: loaded / idle = {l_['wall_s'] / i['wall_s']:.2f}x  "
               f"({l_['s_per_step'] / i['s_per_step']:.2f}x)")
     if a.before:
         for load in ("idle", "loaded"):
-            b, af = res[("before", load)], res[("after", load)]
-            print(f"  {load}: before / after = {b['wall_s'] / af['wall_s']:.2f}x  "
-                  f"({b['s_per_step'] / af['s_per_step']:.2f}x)")
+            for name, _, _ in versions[:-1]:
+                b, af = res[("before", load)], res[(name, load)]
+                print(f"  {load}: before / {name} = {b['wall_s'] / af['wall_s']:.2f}x  "
+                      f"({b['s_per_step'] / af['s_per_step']:.2f}x)")
     if a.json:
         a.json.write_text(json.dumps({f"{k[0]}-{k[1]}": v for k, v in res.items()}, indent=1))
 

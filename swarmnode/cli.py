@@ -192,6 +192,9 @@ def run(
     fresh: bool = typer.Option(
         False, "--fresh", help="start from step 0 when every checkpoint of the run dir is corrupt (they are kept, "
         "moved to checkpoints/quarantine/)"),
+    allow_config_change: bool = typer.Option(
+        False, "--allow-config-change", help="resume with changed training keys (learning rate, tasks, sampling, "
+        "...): apply them from the checkpoint's step on and list them; without it such a resume is refused"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Train a policy with RL on verifiable tasks (solo unless the config enables the swarm)."""
@@ -234,7 +237,8 @@ def run(
 
     console.print(f"[bold]swarmnode[/] run → {rd}  (model: {cfg.model.name_or_path}, steps: {cfg.steps})")
     try:
-        node = Node(cfg, fresh=fresh, tasks=tasks, probes=probes, require_steps_left=True)
+        node = Node(cfg, fresh=fresh, tasks=tasks, probes=probes, require_steps_left=True,
+                    allow_config_change=allow_config_change)
     except NothingToTrainError as e:  # refused before the model loads: nothing in the run dir has changed
         asked = (f"--steps {e.steps}" if steps is not None
                  else f"steps: {e.steps} (of {config or 'the packaged default'})")
@@ -262,14 +266,16 @@ def run(
                       highlight=False)
     if node.resumed_from:
         console.print(f"resumed from [cyan]{node.resumed_from}[/] at step {node.step}")
+        for k, old, new in node.config_changes:
+            console.print(f"  applied from step {node.step} on: {k}: {old!r} -> {new!r}", markup=False,
+                          highlight=False)
     if cfg.swarm.enabled:
         _attach_swarm(node, cfg, rd)
 
     before = None
     if not no_eval and cfg.eval_at_start and node.step == 0:
         try:
-            with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (before training)…"):
-                before = node.evaluate()
+            before = _evaluate_with_progress(node, "before training")
         except KeyboardInterrupt:  # a stop forced by a repeated signal: no training, the summary says why
             console.print("[yellow]interrupted during the held-out eval[/]")
         else:
@@ -316,8 +322,7 @@ def run(
     after = None
     if not no_eval and not node.stop_requested:
         try:
-            with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (after training)…"):
-                after = node.evaluate()
+            after = _evaluate_with_progress(node, "after training")
         except KeyboardInterrupt:  # a signal during it asks to stop, a repeated one forces it: the run is saved
             console.print("[yellow]interrupted during the held-out eval[/]")
         else:
@@ -350,6 +355,31 @@ def run(
         raise typer.Exit(node.monitor.exit_code)
     if node.stop_requested:
         console.print("stopped by signal after checkpointing; run the same command to resume")
+
+
+def _evaluate_with_progress(node: Node, when: str) -> EvalResult:
+    """``node.evaluate()`` with its progress on the terminal: a bar with questions done/total, elapsed time and
+    ETA on a terminal; otherwise one plain line per decoding batch (never a wrapped or redrawn line)."""
+    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
+
+    label = f"held-out eval ({when})"
+    if not console.is_terminal:
+        t0 = time.monotonic()
+
+        def plain(done: int, total: int) -> None:
+            if done == 0:
+                console.print(f"{label}: {total} questions…", markup=False, highlight=False)
+                return
+            el = time.monotonic() - t0
+            console.print(f"{label}: {done}/{total} questions, {el:.0f}s elapsed, ETA {el / done * (total - done):.0f}s",
+                          markup=False, highlight=False)
+
+        return node.evaluate(progress=plain)
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("questions"),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("eval", total=None)
+        return node.evaluate(progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:

@@ -590,6 +590,11 @@ class MonitorConfig(_Strict):
     )
     memory_soft_fraction: float = Field(0.8, gt=0, le=1, description="warn above this share of the hard limit")
     watchdog_interval: float = Field(2.0, gt=0, description="seconds between watchdog checks")
+    no_signal_steps: int = Field(
+        20, ge=0,
+        description="warn once when this many steps in a row had no learning signal: every group's rewards equal "
+                    "(e.g. no completion reaches an answer: max_completion_length too short, tasks too hard); "
+                    "0 = never. Default 20")
 
 
 class RunConfig(_Strict):

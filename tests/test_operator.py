@@ -155,3 +155,217 @@ def test_swarm_up_nodes_end_with_a_killed_launcher(tmp_path):
                     os.killpg(p, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+
+
+# ------------------------------------------------------------------------------------------ resume
+def _resume_cfg(tmp_path: Path, steps: int, **train):
+    from swarmnode.config import load_config
+
+    over = {"run_dir": str(tmp_path / "run"), "steps": steps, "train.lr_scheduler_type": "constant",
+            "train.drop_zero_variance_groups": False}
+    over.update({f"train.{k}": v for k, v in train.items()})
+    return load_config(tiny_config(tmp_path / "c.yaml", steps=steps, model=test_model()), over)
+
+
+def test_resume_with_a_changed_learning_rate_is_refused_naming_key_and_flag(tmp_path):
+    """A resumed run whose config changes a training-defining key is refused, naming each key, both values and
+    the flag; before, a new learning rate was silently ignored (the optimizer state kept the old one) while the
+    run directory's config.yaml recorded it as used."""
+    from swarmnode.node import Node
+    from swarmnode.train.checkpoint import ConfigChangedError
+
+    node = Node(_resume_cfg(tmp_path, 1, learning_rate=1e-4))
+    try:
+        node.run()
+    finally:
+        node.close()
+    recorded = (tmp_path / "run" / "config.yaml").read_text()
+    with pytest.raises(ConfigChangedError) as e:
+        Node(_resume_cfg(tmp_path, 2, learning_rate=3e-4, max_grad_norm=0.5))
+    msg = str(e.value)
+    assert "train.learning_rate: 0.0001 in the checkpoint -> 0.0003 now" in msg
+    assert "train.max_grad_norm" in msg and "--allow-config-change" in msg
+    assert (tmp_path / "run" / "config.yaml").read_text() == recorded  # nothing recorded that was not used
+
+
+def test_resume_with_allow_config_change_applies_the_new_learning_rate(tmp_path):
+    """With the flag the new learning rate is what the optimizer uses, the change is listed, and config.yaml
+    records it."""
+    from swarmnode.node import Node
+
+    node = Node(_resume_cfg(tmp_path, 1, learning_rate=1e-4))
+    try:
+        node.run()
+    finally:
+        node.close()
+    node = Node(_resume_cfg(tmp_path, 2, learning_rate=3e-4), allow_config_change=True)
+    try:
+        assert node.step == 1
+        assert node.trainer.lr == pytest.approx(3e-4)
+        assert ("train.learning_rate", 1e-4, 3e-4) in node.config_changes
+        assert "learning_rate: 0.0003" in (tmp_path / "run" / "config.yaml").read_text()
+    finally:
+        node.close()
+
+
+def test_resume_with_only_steps_and_eval_size_changed_is_not_refused(tmp_path):
+    """Keys that do not define the training (steps, eval size, ports, threads) change freely on resume."""
+    from swarmnode.node import Node
+
+    node = Node(_resume_cfg(tmp_path, 1))
+    try:
+        node.run()
+    finally:
+        node.close()
+    cfg = _resume_cfg(tmp_path, 3)
+    cfg = cfg.model_copy(update={"threads": 1, "tasks": cfg.tasks.model_copy(update={"eval_size": 7})})
+    node = Node(cfg)
+    try:
+        assert node.step == 1 and node.config_changes == []
+    finally:
+        node.close()
+
+
+# ------------------------------------------------------------------------------------------ evaluation as a phase
+def test_evaluation_reports_progress_phase_time_and_counts_as_progress(tmp_path):
+    """Each decoding batch of a held-out evaluation reaches the caller as (done, total), shows in the status as
+    ``evaluation {done, total, eta_s}`` with the phase's running time, and counts as progress for the stall
+    watchdog; before, the status said ``phase evaluating 0s`` throughout and the watchdog saw no progress."""
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+
+    cfg = load_config(None, {"run_dir": str(tmp_path / "r"), "model.name_or_path": test_model(), "steps": 1,
+                             "sampling.max_completion_length": 8, "tasks.probes": []})  # a large held-out set
+    node = Node(cfg)
+    seen: list[tuple[int, int, dict, float]] = []
+
+    def cb(done: int, total: int) -> None:
+        seen.append((done, total, node.monitor.tracker.document(), node.monitor.last_progress))
+
+    try:
+        res = node.evaluate(n=130, progress=cb)  # 3 decoding batches of at most 64
+        assert res.n == 130
+    finally:
+        node.close()
+    assert [(d, t) for d, t, _, _ in seen] == [(0, 130), (64, 130), (128, 130), (130, 130)]
+    marks = [m for _, _, _, m in seen]
+    assert marks == sorted(marks) and len(set(marks)) == len(marks)  # every batch is a new progress mark
+    for done, total, doc, _ in seen:
+        assert doc["state"] == "evaluating" and doc["phase"] == "evaluating"
+        assert doc["evaluation"]["done"] == done and doc["evaluation"]["total"] == total
+    last = seen[-1][2]
+    assert last["phase_seconds"] > 0 and last["evaluation"]["eta_s"] == 0
+    assert seen[1][2]["evaluation"]["eta_s"] > 0
+    assert node.monitor.tracker.document()["evaluation"] is None  # gone once the evaluation ended
+
+
+def test_top_header_shows_evaluation_progress_and_eta():
+    """``top`` shows a running evaluation as questions done/total with an ETA."""
+    import time
+
+    from rich.console import Console
+
+    from swarmnode.monitor.status import Verdict
+    from swarmnode.monitor.top import render_node
+
+    now = time.time()
+    doc = {"state": "evaluating", "step": 0, "steps_total": 600, "phase": "evaluating", "phase_seconds": 95.0,
+           "updated_at": now, "evaluation": {"done": 128, "total": 500, "eta_s": 276.0}, "node": {"pid": 1}}
+    con = Console(width=80, record=True, color_system=None)
+    con.print(render_node("runs/default", doc, Verdict("live", "live", 0)))
+    text = con.export_text()
+    assert "phase evaluating 1m35s 128/500 questions, ETA 4m36s" in " ".join(text.split())
+
+
+# ------------------------------------------------------------------------------------------ runs that cannot learn
+def _researcher_example() -> str:
+    """The text of ``experiments/tree.yaml`` as docs/researcher.md writes it (its heredoc)."""
+    import re
+
+    text = (ROOT / "docs" / "researcher.md").read_text(encoding="utf-8")
+    m = re.search(r"cat > experiments/tree.yaml <<'EOF'\n(.*?)\nEOF\n", text, re.S)
+    assert m, "docs/researcher.md no longer writes experiments/tree.yaml"
+    return m.group(1)
+
+
+def _run_steps(tmp_path: Path, yaml_text: str, steps: int, **over) -> list[dict]:
+    from swarmnode.config import load_config
+    from swarmnode.monitor.metrics import read_metrics
+    from swarmnode.node import Node
+
+    (tmp_path / "exp.yaml").write_text(yaml_text.replace("name_or_path: embedded", f"name_or_path: {test_model()}"))
+    cfg = load_config(tmp_path / "exp.yaml", {"run_dir": str(tmp_path / "run"), "steps": steps, **over})
+    node = Node(cfg)
+    try:
+        node.run()
+    finally:
+        node.close()
+    return [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval" not in r and "reward" in r]
+
+
+def test_researcher_example_produces_formatted_answers(tmp_path):
+    """docs/researcher.md's experiment, run for a few steps, writes answers in the required format (before, its
+    16-token completions never reached one: format 0.0, every group without variance)."""
+    rows = _run_steps(tmp_path, _researcher_example(), 3)
+    assert len(rows) == 3
+    assert sum(r["format"] for r in rows) / len(rows) > 0.2
+    assert any(r["zero_variance_groups"] < r["groups"] for r in rows)  # some group carries a learning signal
+
+
+def test_a_run_without_learning_signal_is_warned_about(tmp_path, caplog):
+    """The old example (16-token completions: no answer, all rewards equal) gets one warning after
+    ``monitor.no_signal_steps`` steps naming the cause; before, nothing was said."""
+    import logging
+
+    old = _researcher_example().replace("max_completion_length: 64", "max_completion_length: 16") \
+        .replace("segment_length: 16", "segment_length: 4")
+    caplog.set_level(logging.WARNING, logger="swarmnode")
+    rows = _run_steps(tmp_path, old, 3, **{"monitor.no_signal_steps": 2})
+    assert all(r["format"] == 0.0 and r["zero_variance_groups"] == r["groups"] for r in rows)
+    warns = [r.getMessage() for r in caplog.records if "no learning signal" in r.getMessage()]
+    assert len(warns) == 1, warns
+    assert "for 2 steps in a row" in warns[0] and "max_completion_length" in warns[0]
+
+
+def test_prompts_longer_than_the_context_are_named_before_the_weights_load(tmp_path, monkeypatch, caplog):
+    """``--model`` pointing at the embedded model's own directory gives its prompts the reasoning-gym system
+    prompt, and prompt + max_completion_length passes the model's 512 positions: a warning with the numbers and
+    the keys to change comes before any weight is read (before, only a transformers warning, mid-run)."""
+    import logging
+
+    import transformers
+
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+    from swarmnode.policy.loading import EMBEDDED_DIR
+
+    if test_model() != "embedded":
+        pytest.skip("needs the embedded model's directory")
+
+    class WeightsLoaded(Exception):
+        pass
+
+    def no_weights(*a, **k):
+        raise WeightsLoaded
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    caplog.set_level(logging.WARNING, logger="swarmnode")
+    cfg = load_config(None, {"run_dir": str(tmp_path / "run"), "model.name_or_path": str(EMBEDDED_DIR)})
+    with pytest.raises(Exception) as e:
+        Node(cfg)
+    assert isinstance(e.value.__cause__, WeightsLoaded), e.value  # the warning came first
+    msgs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prompts do not fit")]
+    assert len(msgs) == 1, [r.getMessage() for r in caplog.records]
+    assert "512 positions" in msgs[0] and "sampling.max_completion_length 160" in msgs[0]
+    assert "system prompt" in msgs[0]
+
+
+def test_prompts_that_fit_pass_the_context_check():
+    """The check passes the embedded model's own setup (short prompts, 160 completion tokens, 512 positions)."""
+    from swarmnode.config import ModelConfig
+    from swarmnode.policy.loading import check_context, load_policy
+
+    pol = load_policy(ModelConfig(name_or_path=test_model()))
+    assert check_context(pol.tokenizer, pol.system_prompt, 512, ["What is 2 + 3?"], 160, "embedded") is None
+    msg = check_context(pol.tokenizer, pol.system_prompt, 512, ["What is 2 + 3?"], 512, "embedded")
+    assert msg is not None and "Lower sampling.max_completion_length to at most" in msg

@@ -306,6 +306,7 @@ class StatusTracker:
         memory {rss_bytes, soft_limit_bytes, hard_limit_bytes, gpu {allocated, reserved, total}},
         checkpoint {path, step, save_steps, resumed_from},
         exit {code, reason} | null,
+        evaluation {done, total, eta_s} | null   (questions of a running held-out evaluation; eta_s None at first)
         warnings [{time, level, message}]   (the last few)
     """
 
@@ -350,6 +351,7 @@ class StatusTracker:
             "memory": {"rss_bytes": None, "soft_limit_bytes": None, "hard_limit_bytes": None, "gpu": {}},
             "checkpoint": {"path": None, "step": None, "save_steps": int(save_steps), "resumed_from": None},
             "exit": None,
+            "evaluation": None,
             "warnings": [],
         }
         self._step_times: list[tuple[float, int]] = []

@@ -156,6 +156,11 @@ def _header(name: str, doc: dict[str, Any], verdict: Verdict, now: float) -> Tex
     t.append(f"  step {doc.get('step')}/{doc.get('steps_total')}")
     if doc.get("phase"):
         t.append(f"  phase {doc['phase']} {fmt_age(doc.get('phase_seconds'))}")
+    ev = doc.get("evaluation")
+    if isinstance(ev, dict) and isinstance(ev.get("done"), int) and isinstance(ev.get("total"), int):
+        eta = ev.get("eta_s")
+        t.append(f" {ev['done']}/{ev['total']} questions"
+                 + (f", ETA {fmt_age(eta)}" if isinstance(eta, (int, float)) else ""))
     t.append(f"  updated {fmt_age(now - doc.get('updated_at', now))} ago")
     node = doc.get("node") or {}
     t.append(f"  pid {node.get('pid')}", style="dim")
