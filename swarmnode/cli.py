@@ -216,10 +216,13 @@ def run(
     }
     cfg = _load(config, overrides)
     rd = Path(cfg.run_dir)
-    if identity is not None and cfg.swarm.enabled and not create_identity and not identity.expanduser().exists():
+    if identity is not None and not create_identity and not identity.expanduser().exists():
         _fail(f"--identity {identity}: no such key file. A mistyped path would make this node a new peer; check "
               "the path, or pass --create-identity to create a new identity there (or run `swarmnode keygen "
               f"--path {identity}`)")
+    if identity is not None and not cfg.swarm.enabled:
+        console.print(f"note: --identity {identity} is used only in a swarm; this run is solo (add --swarm to join "
+                      "one)", style="yellow", markup=False, highlight=False)
     # the task sources are part of the config: one that cannot be built (e.g. a max_answer_share its answers
     # cannot meet) is refused before the run directory is touched; their log records wait for node.log
     with _held_logs(logging.DEBUG if verbose else logging.INFO) as held:
@@ -252,6 +255,9 @@ def run(
               "included), or another --run-dir to start from step 0")
         return
     except (FileNotFoundError, ValueError, OSError, LockedError, CheckpointError) as e:
+        from swarmnode.monitor.status import mark_start_failure
+
+        mark_start_failure(rd, 2, str(e))  # `status` then says why, not "killed or crashed"
         _fail(str(e))
         return
     _replay_logs(held)  # the task sources' records (e.g. their answer balance), now that node.log is ours
@@ -351,7 +357,10 @@ def run(
                               f"({100 * (a.accuracy - b.accuracy):+.1f} points)", highlight=False)
     console.print(f"checkpoints: {rd / 'checkpoints'}\nmetrics:     {rd / 'metrics.jsonl'}")
     if node.monitor.exit_code:  # the memory watchdog stopped the node (it checkpointed first), or a repeated signal
-        console.print(node.monitor.exit_reason or "stopped by the watchdog", style="bold red", markup=False)
+        if node.disk_error is not None and node.monitor.exit_reason == node.disk_error:  # logged once, above
+            console.print(f"exit code {node.monitor.exit_code}: the disk error above", style="bold red", markup=False)
+        else:
+            console.print(node.monitor.exit_reason or "stopped by the watchdog", style="bold red", markup=False)
         raise typer.Exit(node.monitor.exit_code)
     if node.stop_requested:
         console.print("stopped by signal after checkpointing; run the same command to resume")
@@ -401,8 +410,12 @@ def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:
             return
     node.swarm = swarm
     st = swarm.dht.status()
-    state = "[yellow]solo (joining in the background)[/]" if st.solo_fallback or not st.connected else (
-        f"{st.num_peers} DHT peer(s)")
+    if st.connected and st.num_peers:
+        state = f"{st.num_peers} DHT peer(s)"
+    elif not cfg.swarm.initial_peers:  # the first node of a swarm: the others bootstrap from it
+        state = "[yellow]waiting for peers (the first node: others join with --initial-peers, below)[/]"
+    else:
+        state = "[yellow]no peer reached yet: training solo, joining in the background[/]"
     console.print(f"swarm [cyan]{cfg.swarm.swarm_id}[/]  peer {swarm.peer_id}  {state}")
     for m in swarm.maddrs():
         console.print(f"  bootstrap others with --initial-peers {m}", highlight=False)
@@ -501,7 +514,7 @@ def id_cmd(
     try:
         ident = Identity.load(p)
     except FileNotFoundError:
-        _fail(f"no identity at {p}; create one with `swarmnode keygen`")
+        _fail(f"no identity at {p}; create one with `swarmnode keygen{f' --path {p}' if path is not None else ''}`")
         return
     except IdentityError as e:
         _fail(str(e))
@@ -643,9 +656,16 @@ def peers(
     sid = cfg.swarm.swarm_id
     boot = list(initial_peers or [])
     if run_dir is not None:
-        info = read_swarm_info(run_dir) or read_swarm_info(Path(run_dir) / "node-0")
+        node_dir = Path(run_dir) if read_swarm_info(run_dir) is not None else Path(run_dir) / "node-0"
+        info = read_swarm_info(node_dir)
         if info is None:
             _fail(f"{run_dir} has no swarm.json (expected the run dir of a node started with the swarm enabled)")
+        from swarmnode.monitor.top import load_node
+
+        _, verdict = load_node(node_dir)
+        if verdict.kind in ("dead", "stopped") and not initial_peers:  # nothing answers at its addresses
+            _fail(f"the node of {node_dir} is {verdict.kind} ({verdict.reason}), so nothing answers at its swarm "
+                  "addresses. Start it again, or ask a running node: --initial-peers <its multiaddr>")
         boot += info.get("maddrs") or []
         sid = swarm_id or info.get("swarm_id") or sid
     boot = boot or list(cfg.swarm.initial_peers)
@@ -707,11 +727,14 @@ def status(
             sw, ck, mem = doc.get("swarm") or {}, doc.get("checkpoint") or {}, doc.get("memory") or {}
             fmt = lambda v, spec=".2f": "-" if not isinstance(v, (int, float)) else format(v, spec)  # noqa: E731
             heldout = "-" if acc.get("heldout") is None else f"{100 * acc['heldout']:.1f}%"
+            sw_line = sw.get("reason")
+            if verdict.kind in ("dead", "stopped") and sw.get("enabled"):  # a stopped node is connected to nothing
+                sw_line = f"not connected (the node is {verdict.kind}; last seen: {sw_line})"
             console.print(
                 f"  step {doc.get('step')}/{doc.get('steps_total')}  state {doc.get('state')}  "
                 f"reward local {fmt(r.get('local'))} external {fmt(r.get('external'))}  held-out {heldout}  "
                 f"tok/s {fmt(tp.get('tokens_per_s'), '.0f')}\n"
-                f"  swarm: {sw.get('reason')}\n"
+                f"  swarm: {sw_line}\n"
                 f"  last checkpoint: {('step ' + str(ck.get('step'))) if ck.get('path') else 'none'}  "
                 f"RSS {fmt((mem.get('rss_bytes') or 0) / 2**20, '.0f')} MiB  "
                 f"updated {fmt(time.time() - doc.get('updated_at', time.time()), '.0f')} s ago",

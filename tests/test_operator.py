@@ -140,6 +140,9 @@ def test_swarm_up_nodes_end_with_a_killed_launcher(tmp_path):
                  proc=launcher, log=tmp_path / "launcher.log")
         pids = [p for p in (_lock_pid(n) for n in nodes) if p is not None]
         assert len(pids) == 2
+        # the first node is waiting for peers, not "solo (joining in the background)"
+        first = " ".join((nodes[0] / "stdout.log").read_text(errors="replace").split())
+        assert "waiting for peers" in first and "solo (joining" not in first, first[-2000:]
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
         deadline = time.monotonic() + 240
@@ -369,3 +372,135 @@ def test_prompts_that_fit_pass_the_context_check():
     assert check_context(pol.tokenizer, pol.system_prompt, 512, ["What is 2 + 3?"], 160, "embedded") is None
     msg = check_context(pol.tokenizer, pol.system_prompt, 512, ["What is 2 + 3?"], 512, "embedded")
     assert msg is not None and "Lower sampling.max_completion_length to at most" in msg
+
+
+# ------------------------------------------------------------------------------------------ messages
+def test_terminal_log_lines_are_never_wrapped_and_name_the_level_one_way(tmp_path):
+    """A long warning on an 80-column console that is not a terminal stays one line, as ``WARNING name: msg``,
+    also after hivemind renamed the level to ``WARN``; node.log says ``WARNING`` too (before: rich wrapped the
+    line at 80 columns, and ``WARN`` and ``WARNING`` both appeared)."""
+    import io
+    import json
+    import logging
+
+    import hivemind  # noqa: F401 - renames WARNING to WARN process-wide
+    from rich.console import Console
+
+    from swarmnode.monitor.logs import setup_logging
+
+    assert logging.getLevelName(logging.WARNING) == "WARN"
+    buf = io.StringIO()
+    setup_logging(tmp_path, console=Console(file=buf, width=80, force_terminal=False, soft_wrap=True))
+    msg = "the checkpoint directory " + "x" * 150 + " is read-only"
+    logging.getLogger("swarmnode.test").warning(msg)
+    for h in logging.getLogger().handlers:
+        h.flush()
+    assert buf.getvalue() == f"WARNING swarmnode.test: {msg}\n"
+    rows = [json.loads(line) for line in (tmp_path / "node.log").read_text().splitlines()]
+    assert [r["level"] for r in rows if r["msg"] == msg] == ["WARNING"]
+
+
+def test_status_of_a_clean_start_up_error_says_why_not_killed(tmp_path):
+    """A node that exits 2 at start-up with a message (here: a CUDA device on a machine without one) is
+    ``stopped ... did not start: <the message>`` for ``swarmnode status``, not "killed or crashed"."""
+    from monitor_helpers import swarmnode_cmd
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    rd = tmp_path / "run"
+    p = subprocess.run(swarmnode_cmd("run", "--device", "cuda", "--run-dir", str(rd), "--steps", "2"),
+                       capture_output=True, text=True, env=child_env(), timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    s = subprocess.run(swarmnode_cmd("status", "--run-dir", str(rd)), capture_output=True, text=True,
+                       env=child_env(COLUMNS="300"), timeout=120)
+    out = " ".join(s.stdout.split())
+    assert "killed or crashed" not in out and "did not start: model.device is 'cuda'" in out, out
+    assert "(exit code 2)" in out
+
+
+def test_id_of_a_missing_file_suggests_keygen_with_that_path(tmp_path):
+    """``id --path nope.pem`` suggests ``keygen --path nope.pem`` (before: a bare ``keygen``, which writes the
+    default identity instead)."""
+    from monitor_helpers import swarmnode_cmd
+
+    p = subprocess.run(swarmnode_cmd("id", "--path", str(tmp_path / "nope.pem")), capture_output=True, text=True,
+                       env=child_env(COLUMNS="300"), timeout=120)
+    assert p.returncode == 2 and f"swarmnode keygen --path {tmp_path / 'nope.pem'}" in p.stdout, p.stdout
+
+
+def test_a_mistyped_identity_is_refused_also_without_swarm(tmp_path):
+    """``--identity`` naming a missing file is an error whether or not the swarm is on (before: silently
+    ignored without ``--swarm``)."""
+    from monitor_helpers import swarmnode_cmd
+
+    p = subprocess.run(swarmnode_cmd("run", "--identity", str(tmp_path / "typo.pem"), "--run-dir",
+                                     str(tmp_path / "run"), "--steps", "1", "--no-eval"),
+                       capture_output=True, text=True, env=child_env(COLUMNS="300"), timeout=300)
+    assert p.returncode == 2 and "no such key file" in p.stdout, p.stdout
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_identity_in_use_advises_another_identity_not_another_directory(tmp_path):
+    """The identity lock's message says how to give this node its own identity (before: "use another
+    directory", which does not help: the identity is a file)."""
+    from swarmnode.rundir import LockedError, lock_identity, lock_run_dir
+
+    first = lock_identity(tmp_path / "id.pem")
+    try:
+        with pytest.raises(LockedError) as e:
+            lock_identity(tmp_path / "id.pem")
+        assert "another directory" not in str(e.value) and "--identity NEW.pem --create-identity" in str(e.value)
+    finally:
+        first.release()
+    rd = lock_run_dir(tmp_path)  # the run directory's lock keeps its advice
+    try:
+        with pytest.raises(LockedError, match="use another directory"):
+            lock_run_dir(tmp_path)
+    finally:
+        rd.release()
+
+
+def _stopped_swarm_node(d: Path) -> None:
+    """A run dir as a swarm node leaves it when it stopped: status.json (stopped, swarm connected) and
+    swarm.json with an address nobody answers at."""
+    import json
+    import time
+
+    from swarmnode.swarm.local import bootstrap_identity, free_port
+
+    from swarmnode.monitor.status import StatusTracker, write_status_file
+
+    d.mkdir(parents=True)
+    now = time.time()
+    doc = StatusTracker(d, steps_total=10).document()
+    doc.update({"state": "stopped", "step": 3, "exit": {"code": 0, "reason": "stopped by signal"}})
+    doc["node"].update({"pid": 999999, "hostname": "elsewhere"})
+    doc["swarm"].update({"enabled": True, "connected": True, "solo": False, "reason": "connected: 1 DHT peer(s)",
+                         "peers": 1})
+    write_status_file(d, doc)
+    peer = bootstrap_identity(d / "p2p.key")
+    (d / "swarm.json").write_text(json.dumps({"swarm_id": "test", "maddrs": [
+        f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer}"], "pid": 999999, "updated_at": now}))
+
+
+def test_status_of_a_stopped_swarm_node_does_not_claim_a_connection(tmp_path):
+    """A stopped node's last swarm state is shown as such, not as a live "connected: 1 DHT peer(s)"."""
+    from monitor_helpers import swarmnode_cmd
+
+    _stopped_swarm_node(tmp_path / "n")
+    p = subprocess.run(swarmnode_cmd("status", "--run-dir", str(tmp_path / "n")), capture_output=True, text=True,
+                       env=child_env(COLUMNS="300"), timeout=120)
+    line = [x for x in p.stdout.splitlines() if x.strip().startswith("swarm:")]
+    assert line and "not connected (the node is stopped; last seen: connected: 1 DHT peer(s))" in line[0], p.stdout
+
+
+def test_peers_of_a_stopped_node_says_it_is_stopped(tmp_path):
+    """``peers --run-dir`` of a stopped node says so at once (before: it waited for its timeout and failed
+    without saying the node was stopped)."""
+    from monitor_helpers import swarmnode_cmd
+
+    _stopped_swarm_node(tmp_path / "n")
+    p = subprocess.run(swarmnode_cmd("peers", "--run-dir", str(tmp_path / "n"), "--timeout", "60"),
+                       capture_output=True, text=True, env=child_env(COLUMNS="300"), timeout=120)
+    out = " ".join(p.stdout.split())
+    assert p.returncode == 2 and "is stopped" in out and "--initial-peers" in out, out

@@ -622,6 +622,24 @@ def is_status_document(data: Any) -> bool:
             and isinstance(data["node"].get("pid"), int) and isinstance(data.get("state"), str))
 
 
+def mark_start_failure(run_dir: str | os.PathLike, code: int, reason: str) -> bool:
+    """Record in ``status.json`` that this process exited at start-up with ``code`` because of ``reason`` (a
+    configuration or environment error, already printed): state ``stopped`` with ``exit {code, reason}``, so that
+    ``swarmnode status`` says why instead of "killed or crashed".
+
+    Only a document written by this process (its ``node.pid``) is changed; returns whether it was."""
+    doc = read_status_file(run_dir)
+    if not doc or (doc.get("node") or {}).get("pid") != os.getpid() or doc.get("state") == "stopped":
+        return False
+    doc.update({"state": "stopped", "phase": None, "updated_at": time.time(),
+                "exit": {"code": int(code), "reason": f"did not start: {reason}"}})
+    try:
+        write_status_file(run_dir, doc)
+    except OSError:
+        return False
+    return True
+
+
 def read_status_file(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """Read ``run_dir/status.json``; ``None`` if missing, unreadable or not a node's (:func:`is_status_document`)."""
     try:

@@ -215,7 +215,9 @@ def render_node(name: str, doc: dict[str, Any], verdict: Verdict, history: list[
     b = sw.get("bundles") or {}
     rej = sw.get("rejected") or {}
     swarm_rows: list[tuple[str, Any]] = [
-        ("state", Text(sw.get("reason") or "-", style="green" if sw.get("connected") else "yellow")),
+        ("state", Text(sw.get("reason") or "-", style="green" if sw.get("connected") else "yellow")
+         if verdict.kind not in ("dead", "stopped") else
+         Text(f"not connected (the node is {verdict.kind}; last seen: {sw.get('reason') or '-'})", style="dim")),
     ]
     if sw.get("enabled"):
         swarm_rows += [
