@@ -527,16 +527,19 @@ app.add_typer(swarm_app, name="swarm")
 
 
 def _swarm_table(rows: list[dict], title: str) -> Table:
-    t = Table(title=title)
-    for col in ("node", "state", "step", "reward", "ext samples (last/total)", "peers", "accuracy", "updated"):
-        t.add_column(col, justify="left" if col in ("node", "state") else "right")
+    """The ``swarm up`` view: one row per node, two values stacked per cell (fits 80 columns)."""
+    from swarmnode.monitor.tables import narrow_table, stack
+
+    t = narrow_table(title, ["node\nstate", "step\nupdated", "reward\naccuracy", "ext samples\nlast/total",
+                             "peers"], left=["node\nstate"])
     for r in rows:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         t.add_row(
-            f"node-{r['node']}", r["state"], fmt(r["step"], "d"), fmt(r["reward"], ".2f"),
-            f"{fmt(r['samples_external'], 'd')}/{r['external_total']}", fmt(r["peers"], "d"),
-            "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
-            "-" if r["age_s"] is None else f"{r['age_s']:.0f}s ago",
+            stack(f"node-{r['node']}", r["state"]),
+            stack(fmt(r["step"], "d"), "-" if r["age_s"] is None else f"{r['age_s']:.0f}s ago"),
+            stack(fmt(r["reward"], ".2f"), "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%"),
+            stack(fmt(r["samples_external"], "d"), str(r["external_total"])),
+            fmt(r["peers"], "d"),
         )
     return t
 
@@ -625,18 +628,18 @@ def peers_table(sid: str, rows: list[dict]) -> Table:
     Every cell comes from a peer's signed heartbeat, which is hostile input: the model string is shown as plain
     text (no rich markup, links or styles) with non-printable characters (terminal escapes) removed.
     """
-    t = Table(title=f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat")
-    for col in ("peer id", "model", "step", "reward", "accuracy", "samples published", "samples accepted",
-                "samples rejected", "last seen"):
-        t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
+    from swarmnode.monitor.tables import narrow_table, stack
+
+    t = narrow_table(f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat",
+                     ["peer id\nmodel", "step\nlast seen", "reward\naccuracy", "samples\npub/acc/rej"],
+                     left=["peer id\nmodel"])
     for r in rows:
         # a peer's heartbeat is hostile input: no rich markup, no terminal control characters
         model = Text("".join(c for c in str(r["model_id"]) if c.isprintable()))
-        t.add_row(r["peer_id"], model, str(r["step"]),
-                  "-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
-                  "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
-                  str(r["samples_published"]), str(r["samples_accepted"]), str(r["samples_rejected"]),
-                  f"{r['last_seen_s']:.0f}s ago")
+        t.add_row(stack(r["peer_id"], model), stack(str(r["step"]), f"{r['last_seen_s']:.0f}s ago"),
+                  stack("-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
+                        "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%"),
+                  f"{r['samples_published']}/{r['samples_accepted']}/{r['samples_rejected']}")
     return t
 
 
@@ -791,18 +794,24 @@ def report(
     if json_out:  # stdout is the JSON alone (the table would make it unparseable)
         print(json.dumps(rows))
         return
-    t = Table(title=f"runs ({path})")
-    for col in ("run", "steps", "reward (last 10)", "cumulative reward", "held-out first → last (best)", "tokens",
-                "hours", "external samples"):
-        t.add_column(col, justify="left" if col == "run" else "right")
+    console.print(report_table(f"runs ({path})", rows))
+    console.print(f"wrote {path}", highlight=False)
+
+
+def report_table(title: str, rows: list[dict]) -> Table:
+    """The ``swarmnode report`` table of ``RunData.summary()`` rows, two values stacked per cell (80 columns)."""
+    from swarmnode.monitor.tables import narrow_table, stack
+
+    t = narrow_table(title, ["run", "steps\nhours", "reward last 10\ncumulative", "held-out first → last\n(best)",
+                             "tokens\nexternal samples"], left=["run"])
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     for r in rows:
-        t.add_row(r["run"], str(r["steps"]), "-" if r["reward_last"] is None else f"{r['reward_last']:.3f}",
-                  "-" if r["reward_cumulative"] is None else f"{r['reward_cumulative']:.1f}",
-                  f"{pct(r['accuracy_first'])} → {pct(r['accuracy_last'])} ({pct(r['accuracy_best'])})",
-                  f"{r['tokens']:.0f}", f"{r['hours']:.2f}", str(r["external_samples"]))
-    console.print(t)
-    console.print(f"wrote {path}", highlight=False)
+        t.add_row(Text(str(r["run"])), stack(str(r["steps"]), f"{r['hours']:.2f}"),
+                  stack("-" if r["reward_last"] is None else f"{r['reward_last']:.3f}",
+                        "-" if r["reward_cumulative"] is None else f"{r['reward_cumulative']:.1f}"),
+                  stack(f"{pct(r['accuracy_first'])} → {pct(r['accuracy_last'])}", f"({pct(r['accuracy_best'])})"),
+                  stack(f"{r['tokens']:.0f}", str(r["external_samples"])))
+    return t
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: swarm vs isolated learning, tree sampling, gossip, verify.")

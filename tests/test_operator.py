@@ -504,3 +504,59 @@ def test_peers_of_a_stopped_node_says_it_is_stopped(tmp_path):
                        capture_output=True, text=True, env=child_env(COLUMNS="300"), timeout=120)
     out = " ".join(p.stdout.split())
     assert p.returncode == 2 and "is stopped" in out and "--initial-peers" in out, out
+
+
+# ------------------------------------------------------------------------------------------ 80-column tables
+def _render80(renderable) -> list[str]:
+    from rich.console import Console
+
+    con = Console(width=80, record=True, color_system=None, force_terminal=False)
+    con.print(renderable)
+    return con.export_text().splitlines()
+
+
+def _fits(lines: list[str], *values: str) -> None:
+    text = "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines), text
+    assert "…" not in text, text
+    for v in values:
+        assert v in text, (v, text)
+
+
+def test_tables_fit_80_columns_without_cut_cells():
+    """``top`` of a swarm, ``peers``, ``report`` and the ``swarm up`` view keep every value at 80 columns
+    (before: their cells were cut to ``…``)."""
+    import time
+
+    from swarmnode.cli import _swarm_table, peers_table, report_table
+    from swarmnode.monitor.status import StatusTracker, Verdict
+    from swarmnode.monitor.top import render_swarm
+
+    pid = "sn1" + "a" * 32
+    _fits(_render80(peers_table("exp-tree", [{
+        "peer_id": pid, "model_id": "embedded-tiny-llama@0123456789ab", "step": 12345, "reward_mean": 0.4321,
+        "accuracy": 0.5, "samples_published": 123456, "samples_accepted": 65432, "samples_rejected": 1234,
+        "last_seen_s": 12.0}])), pid, "embedded-tiny-llama@0123456789ab", "123456/65432/1234", "12345")
+
+    doc = StatusTracker("runs/swarm/node-0", steps_total=600).document()
+    doc.update({"state": "evaluating", "step": 599, "updated_at": time.time()})
+    doc["rewards"].update({"local": 0.25, "external": 0.5})
+    doc["accuracy"]["heldout"] = 0.492
+    doc["throughput"]["tokens_per_s"] = 1234.0
+    doc["swarm"].update({"enabled": True, "peers": 3, "bundles": {"published": 1200, "accepted": 3400},
+                         "rejected": {"stale": 12}})
+    doc["memory"]["rss_bytes"] = 1.5 * 2**30
+    doc["checkpoint"]["step"] = 500
+    live = Verdict("live", "live", 0)
+    _fits(_render80(render_swarm([(f"runs/swarm/node-{i}", doc, live) for i in range(3)], "swarm exp (3 nodes)")),
+          "runs/swarm/node-2", "599/600", "49.2%", "1200/3400/12", "evaluating")
+
+    _fits(_render80(report_table("runs (compare.png)", [{
+        "run": "runs/swarm/node-0", "steps": 600, "reward_last": 0.4123, "reward_cumulative": 123.4,
+        "accuracy_first": 0.402, "accuracy_last": 0.492, "accuracy_best": 0.5, "tokens": 12345678.0, "hours": 0.2,
+        "external_samples": 12345}])), "runs/swarm/node-0", "40.2% → 49.2%", "(50.0%)", "12345678", "123.4")
+
+    _fits(_render80(_swarm_table([{
+        "node": i, "pid": 100 + i, "state": "running", "step": 599, "reward": 0.25, "samples_external": 12,
+        "external_total": 3456, "peers": 2, "accuracy": 0.492, "age_s": 3.0} for i in range(3)],
+        "swarm exp (3 nodes)")), "node-2", "3456", "49.2%", "3s ago")

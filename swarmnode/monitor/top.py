@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from swarmnode.monitor.status import Verdict, assess_status, fetch_status, read_status_file
+from swarmnode.monitor.tables import narrow_table, stack
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -262,31 +263,30 @@ def render_node(name: str, doc: dict[str, Any], verdict: Verdict, history: list[
 # ------------------------------------------------------------------------------------------ a swarm
 def render_swarm(rows: list[tuple[str, dict[str, Any] | None, Verdict]], title: str,
                  now: float | None = None) -> Table:
-    """One row per node: state, step, rewards, accuracy, tokens/s, peers, bundles, rejections, memory, checkpoint."""
+    """One row per node: state, step, rewards, accuracy, tokens/s, peers, bundles, rejections, memory, checkpoint
+    (two values stacked per cell, so that a row fits 80 columns: :mod:`swarmnode.monitor.tables`)."""
     now = time.time() if now is None else now
-    t = Table(title=title)
-    cols = ("node", "state", "step", "reward", "ext reward", "held-out", "tok/s", "peers", "pub/acc/rej", "RSS",
-            "ckpt", "updated")
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("node", "state") else "right", no_wrap=True)
+    t = narrow_table(title, ["node\nstate", "step\nupdated", "reward\next reward", "held-out\ntok/s",
+                             "peers\npub/acc/rej", "RSS\nckpt"], left=["node\nstate"])
     for name, doc, verdict in rows:
         if doc is None:
-            t.add_row(name, Text(verdict.kind, style=_VERDICT_STYLE.get(verdict.kind, "")), *["-"] * (len(cols) - 2))
+            t.add_row(stack(name, Text(verdict.kind, style=_VERDICT_STYLE.get(verdict.kind, ""))),
+                      *[stack("-", "-")] * 5)
             continue
         r = doc.get("rewards") or {}
         sw = doc.get("swarm") or {}
         b = sw.get("bundles") or {}
         state = doc.get("state", "?") if verdict.kind == "live" else verdict.kind
         t.add_row(
-            name, Text(state, style=_VERDICT_STYLE.get(verdict.kind, "")),
-            f"{doc.get('step')}/{doc.get('steps_total')}", _f(r.get("local")), _f(r.get("external")),
-            _f((doc.get("accuracy") or {}).get("heldout"), pct=True),
-            _f((doc.get("throughput") or {}).get("tokens_per_s"), ".0f"),
-            str(sw.get("peers", 0)) if sw.get("enabled") else "solo",
-            f"{b.get('published', 0)}/{b.get('accepted', 0)}/{sum((sw.get('rejected') or {}).values())}",
-            fmt_bytes((doc.get("memory") or {}).get("rss_bytes")),
-            str((doc.get("checkpoint") or {}).get("step") or "-"),
-            fmt_age(now - doc.get("updated_at", now)) + " ago",
+            stack(name, Text(state, style=_VERDICT_STYLE.get(verdict.kind, ""))),
+            stack(f"{doc.get('step')}/{doc.get('steps_total')}", fmt_age(now - doc.get("updated_at", now)) + " ago"),
+            stack(_f(r.get("local")), _f(r.get("external"))),
+            stack(_f((doc.get("accuracy") or {}).get("heldout"), pct=True),
+                  _f((doc.get("throughput") or {}).get("tokens_per_s"), ".0f")),
+            stack(str(sw.get("peers", 0)) if sw.get("enabled") else "solo",
+                  f"{b.get('published', 0)}/{b.get('accepted', 0)}/{sum((sw.get('rejected') or {}).values())}"),
+            stack(fmt_bytes((doc.get("memory") or {}).get("rss_bytes")),
+                  str((doc.get("checkpoint") or {}).get("step") or "-")),
         )
     return t
 
