@@ -176,7 +176,7 @@ def run(
     no_eval: bool = typer.Option(False, "--no-eval", help="skip the before/after held-out evaluation"),
     status_port: Optional[int] = typer.Option(None, "--status-port", help="serve status/metrics on 127.0.0.1:PORT"),
     threads: Optional[int] = typer.Option(
-        None, "--threads", min=1, help="torch CPU threads (default: 1 below 50M parameters, else one per core)"),
+        None, "--threads", min=1, help="torch CPU threads (default: one per core, at most the CPUs this process may use)"),
     swarm: Optional[bool] = typer.Option(None, "--swarm/--no-swarm", help="join a swarm (default: swarm.enabled)"),
     initial_peers: Optional[list[str]] = typer.Option(
         None, "--initial-peers", help="bootstrap multiaddr /ip4/…/tcp/…/p2p/<PeerID> (repeatable)"),
@@ -468,7 +468,7 @@ def eval_cmd(
         return
     from swarmnode.policy.threads import apply_threads
 
-    apply_threads(sum(p.numel() for p in pol.model.parameters()), cfg.threads)
+    apply_threads(cfg.threads)
     res = evaluate_mix(pol.model, pol.tokenizer, tasks, lambda t: pol.prompt(t.question),
                        max_new_tokens=cfg.sampling.max_completion_length, n=n or cfg.tasks.eval_size, probes=probes)
     if json_out:

@@ -612,10 +612,11 @@ class RunConfig(_Strict):
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
     threads: int | None = Field(
         None, ge=1,
-        description="intra-op CPU threads of torch (--threads). None (default) = 1 for a model below 50M parameters "
-                    "(its operations are too short to gain from more, and on a busy machine extra threads wait on "
-                    "each other), torch's default (one per core) above. Waiting threads sleep (OMP_WAIT_POLICY="
-                    "PASSIVE unless the environment sets it). docs/benchmarks.md")
+        description="intra-op CPU threads of torch (--threads). None (default) = OMP_NUM_THREADS when the environment "
+                    "sets it, else torch's default (one per physical core) capped at the CPUs this process may use "
+                    "(affinity and cgroup quota). Waiting threads sleep (OMP_WAIT_POLICY=PASSIVE unless the "
+                    "environment sets it), which keeps a busy machine from slowing a step 30-fold "
+                    "(docs/benchmarks.md); 1 leaves the other cores to other work")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy (model.*)")
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="task sources and mix (tasks.*)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling (sampling.*)")

@@ -269,7 +269,7 @@ class Node:
                 log.warning("%s", problem)
 
         self.policy: Policy = load_policy(model_cfg, check=context_check)
-        apply_threads(sum(p.numel() for p in self.policy.model.parameters()), cfg.threads)
+        apply_threads(cfg.threads)
         plan = None
         if self.policy.device.type == "cuda":  # size micro-batches and decode rows to the GPU; refuse what cannot fit
             plan = plan_for_model(self.policy.model, self.policy.device, cfg.sampling,

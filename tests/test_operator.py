@@ -19,16 +19,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------ threads
-def test_choose_threads_by_model_size_and_override():
-    """One thread below the size threshold, torch's default above it, an explicit request always wins."""
-    from swarmnode.policy.threads import SMALL_MODEL_PARAMS, choose_threads
+def test_choose_threads_caps_at_available_cpus_and_keeps_overrides(tmp_path):
+    """torch's default capped at the CPUs this process may use; OMP_NUM_THREADS and ``threads`` win."""
+    from swarmnode.policy.threads import cgroup_cpu_limit, choose_threads
 
-    assert choose_threads(400_000, None, cpus=8)[0] == 1
-    assert choose_threads(SMALL_MODEL_PARAMS - 1, None, cpus=8)[0] == 1
-    assert choose_threads(SMALL_MODEL_PARAMS, None, cpus=8)[0] is None
-    assert choose_threads(400_000, 3, cpus=8)[0] == 3
+    assert choose_threads(None, torch_default=32, cpus=2, env={})[0] == 2  # a 2-CPU container on a big host
+    assert choose_threads(None, torch_default=2, cpus=8, env={})[0] == 2
+    assert choose_threads(None, torch_default=8, cpus=8, env={"OMP_NUM_THREADS": "1"})[0] == 1
+    assert choose_threads(3, torch_default=8, cpus=8, env={"OMP_NUM_THREADS": "1"})[0] == 3
     with pytest.raises(ValueError, match="threads must be >= 1"):
-        choose_threads(400_000, 0)
+        choose_threads(0, torch_default=2)
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_limit(tmp_path / "cpu.max") == 2
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(tmp_path / "cpu.max") is None
 
 
 def test_cli_sets_passive_openmp_wait_before_torch_loads():
@@ -44,9 +48,9 @@ def test_cli_sets_passive_openmp_wait_before_torch_loads():
 
 
 @pytest.mark.parametrize("requested, expected", [(None, 1), (2, 2)])
-def test_node_sets_threads_for_the_model(tmp_path, requested, expected):
-    """A node of the embedded (0.4M-parameter) model runs torch on one thread whatever torch started with;
-    ``threads`` in the config sets the count."""
+def test_node_sets_its_threads(tmp_path, requested, expected):
+    """A node sets torch's thread count whatever torch started with: from OMP_NUM_THREADS (1 in the test
+    suite) when nothing is requested, else from ``threads`` in the config."""
     from swarmnode.config import load_config
     from swarmnode.node import Node
 
