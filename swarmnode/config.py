@@ -610,6 +610,11 @@ class RunConfig(_Strict):
         description="when stdout is not a terminal (nohup, systemd, a pipe): print one line every N steps (step, "
                     "reward, held-out accuracy, tokens/s, peers) instead of the progress bar. Default 10")
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description="metric sinks beside metrics.jsonl and Prometheus (TRL's report_to): tensorboard (event files "
+                    "in <run_dir>/tensorboard) and/or wandb (offline in <run_dir>/wandb unless WANDB_MODE=online); "
+                    "optional extras: pip install 'swarmnode[tensorboard]' / 'swarmnode[wandb]'. Default [] (none)")
     threads: int | None = Field(
         None, ge=1,
         description="intra-op CPU threads of torch (--threads). None (default) = OMP_NUM_THREADS when the environment "

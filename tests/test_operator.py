@@ -6,6 +6,7 @@ Each test reproduces one finding: it failed on the code before the fix and passe
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -564,3 +565,40 @@ def test_tables_fit_80_columns_without_cut_cells():
         "node": i, "pid": 100 + i, "state": "running", "step": 599, "reward": 0.25, "samples_external": 12,
         "external_total": 3456, "peers": 2, "accuracy": 0.492, "age_s": 3.0} for i in range(3)],
         "swarm exp (3 nodes)")), "node-2", "3456", "49.2%", "3s ago")
+
+
+# ------------------------------------------------------------------------------------------ report_to
+def test_report_to_tensorboard_logs_every_step(tmp_path):
+    """``report_to: [tensorboard]`` writes the step metrics as TensorBoard scalars (needs the tensorboard extra)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+
+    cfg = load_config(tiny_config(tmp_path / "c.yaml", steps=2, model=test_model()),
+                      {"run_dir": str(tmp_path / "run"), "report_to": ["tensorboard"]})
+    node = Node(cfg)
+    try:
+        node.run()
+    finally:
+        node.close()
+    ev = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    ev.Reload()
+    assert [s.step for s in ev.Scalars("reward")] == [1, 2]
+    assert "tokens_per_s" in ev.Tags()["scalars"] and "time/sample" in ev.Tags()["scalars"]
+
+
+def test_report_to_without_its_package_names_the_extra(tmp_path, monkeypatch):
+    """A sink whose package is missing stops the start with the pip extra to install."""
+    import sys
+
+    from swarmnode.monitor.reporters import ReporterError, Reporters
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    for sink, extra in (("tensorboard", "swarmnode[tensorboard]"), ("wandb", "swarmnode[wandb]")):
+        with pytest.raises(ReporterError, match=re.escape(extra)):
+            Reporters([sink], tmp_path)
+    with pytest.raises(ValueError, match="unknown sink 'mlflow'"):
+        Reporters(["mlflow"], tmp_path)

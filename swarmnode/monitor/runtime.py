@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 
 from swarmnode.monitor.metrics import PhaseTimer, gpu_memory, node_memory_bytes
+from swarmnode.monitor.reporters import Reporters
 from swarmnode.monitor.status import NodeMetrics, StatusServer, StatusTracker, SwarmProbe, write_status_file
 from swarmnode.monitor.watchdog import (
     EXIT_MEMORY,
@@ -151,6 +152,8 @@ class NodeMonitor:
             float(memory_soft_fraction if memory_soft_fraction is not None else knob(cfg, "memory_soft_fraction")),
         )
         self.write_file = write_file
+        sinks = list(getattr(cfg, "report_to", None) or [])  # TensorBoard / W&B (monitor/reporters.py)
+        self.reporters = Reporters(sinks, self.run_dir, cfg.model_dump(mode="json") if sinks else None)
         self.no_signal_steps = int(knob(cfg, "no_signal_steps"))
         self._no_signal: list[tuple[float, float]] = []  # (reward, format) of the current run of signal-less steps
         self.tracker = StatusTracker(self.run_dir, steps_total=cfg.steps,
@@ -229,6 +232,7 @@ class NodeMonitor:
             return
         self._closed = True
         self._stop.set()
+        self.reporters.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval + 5)
         if self._started:
@@ -370,6 +374,7 @@ class NodeMonitor:
         self.mark_progress()
         self.tracker.observe_step(m)
         self.metrics.observe_step(m)
+        self.reporters.step(m)
         self._check_signal(m)
         self.tracker.observe_swarm(self.node.swarm)
         if isinstance((m.get("time") or {}).get("checkpoint"), (int, float)):
@@ -406,6 +411,7 @@ class NodeMonitor:
         self.tracker.observe_eval(tag, int(self.node.step), float(res.accuracy),
                                   getattr(res, "per_task", None), getattr(res, "n", None))
         self.metrics.observe_eval(float(res.accuracy))
+        self.reporters.evaluation(tag, int(self.node.step), float(res.accuracy), getattr(res, "per_task", None))
         self.publish()
 
     def request_stop(self, code: int, reason: str) -> None:
