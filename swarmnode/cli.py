@@ -553,6 +553,10 @@ def swarm_up(
     run_dir: Path = typer.Option(Path("runs/swarm"), "--run-dir", help="node i runs in <run-dir>/node-i"),
     swarm_id: Optional[str] = typer.Option(None, "--swarm-id", help="private swarm id (no ':')"),
     no_eval: bool = typer.Option(False, "--no-eval", help="skip each node's before/after held-out evaluation"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="node i runs with seed + i (default: the config's seed)"),
+    status_port: Optional[int] = typer.Option(
+        None, "--status-port", min=1, max=65535 - 256,
+        help="node i serves status/metrics on 127.0.0.1:(PORT + i) (default: none)"),
     refresh: float = typer.Option(1.0, "--refresh", help="seconds between live-view updates"),
 ) -> None:
     """Start N local nodes on loopback as one private swarm; Ctrl-C stops them all cleanly (they checkpoint)."""
@@ -563,14 +567,14 @@ def swarm_up(
     from swarmnode.swarm.local import LocalSwarm
 
     cfg = _load(config, {"model.name_or_path": model, "steps": steps, "swarm.swarm_id": swarm_id,
-                         "swarm.enabled": True})
+                         "swarm.enabled": True, "seed": seed})
     _build_tasks(cfg, config)  # a task source that cannot be built fails here, before N node dirs exist
     from swarmnode.rundir import LockedError
     from swarmnode.swarm.local import NodesLeftError, exit_reason
 
     try:
         swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
-                           swarm_id=swarm_id, no_eval=no_eval)
+                           swarm_id=swarm_id, no_eval=no_eval, status_port=status_port)
     except NodesLeftError as e:
         _fail(str(e))
         return

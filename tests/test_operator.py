@@ -602,3 +602,16 @@ def test_report_to_without_its_package_names_the_extra(tmp_path, monkeypatch):
             Reporters([sink], tmp_path)
     with pytest.raises(ValueError, match="unknown sink 'mlflow'"):
         Reporters(["mlflow"], tmp_path)
+
+
+def test_swarm_up_passes_seed_and_status_ports_to_its_nodes(tmp_path):
+    """``swarm up --seed S --status-port P``: node i runs with seed S + i and serves status on P + i."""
+    from swarmnode.swarm.local import LocalSwarm
+
+    sw = LocalSwarm(3, tmp_path / "swarm", base_seed=7, status_port=9200, no_eval=True)
+    try:
+        for i, n in enumerate(sw.nodes):
+            assert n.cmd[n.cmd.index("--seed") + 1] == str(7 + i)
+            assert n.cmd[n.cmd.index("--status-port") + 1] == str(9200 + i)
+    finally:
+        sw.stop()

@@ -209,6 +209,7 @@ class LocalSwarm:
         extra_args: more ``swarmnode run`` arguments for every node.
         host: loopback address to listen on.
         python: interpreter of the children.
+        status_port: node ``i`` serves its status endpoint on ``status_port + i`` (None: no endpoint).
         env: extra environment variables; ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` default to
             ``max(1, cpu_count // nodes)`` so N nodes do not oversubscribe the CPU.
 
@@ -234,6 +235,7 @@ class LocalSwarm:
         host: str = "127.0.0.1",
         python: str = sys.executable,
         env: dict[str, str] | None = None,
+        status_port: int | None = None,
     ) -> None:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
             raise ValueError(f"nodes must be an int >= 1, got {nodes!r}")
@@ -282,6 +284,8 @@ class LocalSwarm:
                 cmd += ["--swarm-id", swarm_id]
             if no_eval:
                 cmd.append("--no-eval")
+            if status_port is not None:
+                cmd += ["--status-port", str(status_port + i)]
             if i == 0:
                 cmd += ["--host-maddrs", f"/ip4/{host}/tcp/{port}"]
             else:
