@@ -2,7 +2,7 @@
 
 Why: torch's CPU kernels run on an OpenMP pool. With the OpenMP runtime's default wait policy its threads spin
 for a while after every parallel region; on a busy machine (a volunteer's desktop, CI) those spinning threads
-compete with the process's own main thread and with everything else, and a run of the embedded model took 30-70 s
+compete with the process's own main thread and with everything else, and a run of the embedded model took 42-71 s
 a step beside two busy processes instead of 1-2 s (docs/benchmarks.md, "Threads on a busy machine"). So:
 
 * waiting OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``, :func:`passive_openmp_wait`),
