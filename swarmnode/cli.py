@@ -734,6 +734,15 @@ def status(
             sw, ck, mem = doc.get("swarm") or {}, doc.get("checkpoint") or {}, doc.get("memory") or {}
             fmt = lambda v, spec=".2f": "-" if not isinstance(v, (int, float)) else format(v, spec)  # noqa: E731
             heldout = "-" if acc.get("heldout") is None else f"{100 * acc['heldout']:.1f}%"
+            ev = doc.get("evaluation") if isinstance(doc.get("evaluation"), dict) else None
+            if ev is not None and verdict.kind == "live":  # a running held-out evaluation: how far, how long
+                from swarmnode.monitor.top import fmt_age
+
+                eta = ev.get("eta_s")
+                console.print(f"  held-out evaluation: {ev.get('done')}/{ev.get('total')} questions, "
+                              f"{fmt_age(doc.get('phase_seconds'))} so far"
+                              + (f", ETA {fmt_age(eta)}" if isinstance(eta, (int, float)) else ""),
+                              markup=False, highlight=False)
             sw_line = sw.get("reason")
             if verdict.kind in ("dead", "stopped") and sw.get("enabled"):  # a stopped node is connected to nothing
                 sw_line = f"not connected (the node is {verdict.kind}; last seen: {sw_line})"

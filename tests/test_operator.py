@@ -615,3 +615,25 @@ def test_swarm_up_passes_seed_and_status_ports_to_its_nodes(tmp_path):
             assert n.cmd[n.cmd.index("--status-port") + 1] == str(9200 + i)
     finally:
         sw.stop()
+
+
+def test_status_shows_a_running_evaluation_with_count_and_eta(tmp_path):
+    """``swarmnode status`` of a node in a held-out evaluation says how far it is and its ETA (before: ``state
+    evaluating`` and nothing else)."""
+    import socket
+    import time
+
+    from monitor_helpers import swarmnode_cmd
+
+    from swarmnode.monitor.status import StatusTracker, write_status_file
+
+    d = tmp_path / "n"
+    d.mkdir()
+    doc = StatusTracker(d, steps_total=600).document()  # written by this (live) process
+    doc.update({"state": "evaluating", "phase": "evaluating", "phase_seconds": 95.0, "updated_at": time.time(),
+                "progress_at": time.time(), "evaluation": {"done": 128, "total": 500, "eta_s": 276.0}})
+    doc["node"]["hostname"] = socket.gethostname()
+    write_status_file(d, doc)
+    p = subprocess.run(swarmnode_cmd("status", "--run-dir", str(d)), capture_output=True, text=True,
+                       env=child_env(COLUMNS="300"), timeout=120)
+    assert "held-out evaluation: 128/500 questions, 1m35s so far, ETA 4m36s" in p.stdout, p.stdout
