@@ -570,7 +570,7 @@ def swarm_up(
                          "swarm.enabled": True, "seed": seed})
     _build_tasks(cfg, config)  # a task source that cannot be built fails here, before N node dirs exist
     from swarmnode.rundir import LockedError
-    from swarmnode.swarm.local import NodesLeftError, exit_reason
+    from swarmnode.swarm.local import NodesLeftError
 
     try:
         swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
@@ -591,36 +591,21 @@ def swarm_up(
     _signal.signal(_signal.SIGTERM, _term)
     swarm.start()
     title = f"swarm {cfg.swarm.swarm_id} ({nodes} nodes)"
-    exited: set[int] = set()
-
-    def _notices(rows: list[dict], say) -> None:
-        """One line when a node exits (with the reason of a failure) and when one node is left alone."""
-        for r, n in zip(rows, swarm.nodes):
-            if n.returncode is None or r["node"] in exited:
-                continue
-            exited.add(r["node"])
-            why = exit_reason(n) if n.returncode != 0 else "finished"
-            say(f"node-{r['node']} exited {n.returncode}: {why}")
-            alive = [x for x in swarm.nodes if x.returncode is None]
-            if len(alive) == 1 and nodes > 1:
-                say(f"node-{alive[0].index} is now alone in the swarm: it trains solo, with no peer to exchange "
-                    "samples with, until its steps are done (Ctrl-C stops it)")
-
     try:
         with Live(_swarm_table(swarm.status(), title), console=console, refresh_per_second=4) as live:
             while swarm.running():
                 time.sleep(refresh)
-                rows = swarm.status()
-                _notices(rows, lambda m: live.console.print(m, markup=False, highlight=False))
-                live.update(_swarm_table(rows, title))
+                for line in swarm.notices():  # a node exited (and why), one left alone
+                    live.console.print(line, markup=False, highlight=False)
+                live.update(_swarm_table(swarm.status(), title))
     except KeyboardInterrupt:
         console.print("[yellow]stopping all nodes (each finishes its step and checkpoints)…[/]")
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C must not leave orphans behind
     finally:
         codes = swarm.stop(timeout=120)
-    rows = swarm.status()
-    _notices(rows, lambda m: console.print(m, markup=False, highlight=False))
-    console.print(_swarm_table(rows, title))
+    for line in swarm.notices():
+        console.print(line, markup=False, highlight=False)
+    console.print(_swarm_table(swarm.status(), title))
     console.print(f"exit codes: {codes}   run dirs: {run_dir}/node-*   resume: run the same command again")
     if any(c not in (0, None) for c in codes):
         raise typer.Exit(1)

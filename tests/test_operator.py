@@ -637,3 +637,27 @@ def test_status_shows_a_running_evaluation_with_count_and_eta(tmp_path):
     p = subprocess.run(swarmnode_cmd("status", "--run-dir", str(d)), capture_output=True, text=True,
                        env=child_env(COLUMNS="300"), timeout=120)
     assert "held-out evaluation: 128/500 questions, 1m35s so far, ETA 4m36s" in p.stdout, p.stdout
+
+
+def test_swarm_up_says_why_a_node_exited_and_that_the_last_one_is_alone(tmp_path):
+    """When a node exits, the launcher prints its exit code and its own error line (before: ``exited 2`` in
+    the table, the reason only in ``node-i/stdout.log``), and says when the one node left trains alone."""
+    from swarmnode.swarm.local import LocalSwarm
+
+    sw = LocalSwarm(2, tmp_path / "swarm", no_eval=True)
+    try:
+        sw.nodes[1].run_dir.mkdir(parents=True, exist_ok=True)
+        sw.nodes[1].log_path.write_text("swarmnode run → x\nerror: run directory x is in use by process 4242\n")
+        sw.nodes[1].proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
+        sw.nodes[1].proc.wait()
+        sw.nodes[0].proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        lines = sw.notices()
+        assert lines[0].startswith("node-1 exited 2: error: run directory x is in use by process 4242")
+        assert lines[1].startswith("node-0 is now alone in the swarm")
+        assert sw.notices() == []  # reported once
+    finally:
+        for n in sw.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                n.proc.kill()
+                n.proc.wait()
+        sw.lock.release()

@@ -270,6 +270,7 @@ class LocalSwarm:
         self.env.setdefault("MKL_NUM_THREADS", threads)
         self.env.update(env or {})
         self.nodes: list[LocalNode] = []
+        self._reported: set[int] = set()  # nodes whose exit :meth:`notices` reported
         for i in range(nodes):
             rd = self.run_dir / f"node-{i}"
             cmd = [python, "-m", "swarmnode.cli", "run", "--swarm", "--run-dir", str(rd),
@@ -338,6 +339,23 @@ class LocalSwarm:
                 "age_s": (now - m["unix_time"]) if isinstance(m.get("unix_time"), (int, float)) else None,
             })
         return rows
+
+    def notices(self) -> list[str]:
+        """Lines for the launcher's terminal about what changed since the last call: each node that exited (with
+        the reason of a failure, :func:`exit_reason`), and, when one node is left running, that it is alone
+        (it trains solo from then on). Each event is reported once."""
+        out = []
+        for n in self.nodes:
+            rc = n.returncode
+            if rc is None or n.proc is None or n.index in self._reported:
+                continue
+            self._reported.add(n.index)
+            out.append(f"node-{n.index} exited {rc}: {'finished' if rc == 0 else exit_reason(n)}")
+            alive = [x for x in self.nodes if x.proc is not None and x.returncode is None]
+            if len(alive) == 1 and len(self.nodes) > 1:
+                out.append(f"node-{alive[0].index} is now alone in the swarm: it trains solo, with no peer to "
+                           "exchange samples with, until its steps are done (Ctrl-C stops it)")
+        return out
 
     def stop(self, timeout: float = 60.0) -> list[int | None]:
         """SIGTERM every running node, wait up to ``timeout`` s, SIGKILL the rest; returns the exit codes."""
