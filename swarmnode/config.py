@@ -590,6 +590,11 @@ class MonitorConfig(_Strict):
     )
     memory_soft_fraction: float = Field(0.8, gt=0, le=1, description="warn above this share of the hard limit")
     watchdog_interval: float = Field(2.0, gt=0, description="seconds between watchdog checks")
+    no_signal_steps: int = Field(
+        20, ge=0,
+        description="warn once when this many steps in a row had no learning signal: every group's rewards equal "
+                    "(e.g. no completion reaches an answer: max_completion_length too short, tasks too hard); "
+                    "0 = never. Default 20")
 
 
 class RunConfig(_Strict):
@@ -605,6 +610,18 @@ class RunConfig(_Strict):
         description="when stdout is not a terminal (nohup, systemd, a pipe): print one line every N steps (step, "
                     "reward, held-out accuracy, tokens/s, peers) instead of the progress bar. Default 10")
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description="metric sinks beside metrics.jsonl and Prometheus (TRL's report_to): tensorboard (event files "
+                    "in <run_dir>/tensorboard) and/or wandb (offline in <run_dir>/wandb unless WANDB_MODE=online); "
+                    "optional extras: pip install 'swarmnode[tensorboard]' / 'swarmnode[wandb]'. Default [] (none)")
+    threads: int | None = Field(
+        None, ge=1,
+        description="intra-op CPU threads of torch (--threads). None (default) = OMP_NUM_THREADS when the environment "
+                    "sets it, else torch's default (one per physical core) capped at the CPUs this process may use "
+                    "(affinity and cgroup quota). Waiting threads sleep (OMP_WAIT_POLICY=PASSIVE unless the "
+                    "environment sets it), which keeps a busy machine from slowing a step 30-fold "
+                    "(docs/benchmarks.md); 1 leaves the other cores to other work")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy (model.*)")
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="task sources and mix (tasks.*)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling (sampling.*)")
