@@ -844,7 +844,7 @@ def bench_swarm(
     first_repeat: int = typer.Option(0, "--first-repeat", help="index of the first repeat: with --repeats R runs "
                                      "repeats K..K+R-1, to add repeats to an earlier benchmark in the same --work-dir "
                                      "(scripts/swarm_bench_report.py reports them together)"),
-    levers: str = typer.Option("none", "--levers", help="swarm arms with the issue-16 levers: a comma-separated "
+    levers: str = typer.Option("none", "--levers", help="swarm arms with the swarm levers: a comma-separated "
                                "subset of none,curriculum,expansion,both,specialize (swarm.curriculum / "
                                "swarm.expansion; specialize: node i weights task source i mod T by 4)"),
     arm_timeout: float = typer.Option(1800.0, "--arm-timeout", help="seconds an arm's nodes may run before they "

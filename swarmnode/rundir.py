@@ -1,7 +1,7 @@
 """Exclusive use of a run directory (and of an identity file) by one process at a time.
 
 Two processes sharing a run directory write every metrics row twice and overwrite each other's checkpoints;
-two nodes with one identity are one peer twice (issue 15). :class:`ExclusiveLock` takes an ``fcntl.flock``
+two nodes with one identity are one peer twice. :class:`ExclusiveLock` takes an ``fcntl.flock``
 on a lock file (``<run_dir>/.lock``, ``<identity>.lock``) for as long as the process uses it and writes its
 PID into the file, so that a second process is refused with a message naming the holder. The kernel drops
 a flock when its holder dies (``kill -9`` included), so a stale lock never blocks a restart; the lock's
