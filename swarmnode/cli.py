@@ -258,6 +258,7 @@ def run(
         from swarmnode.monitor.status import mark_start_failure
 
         mark_start_failure(rd, 2, str(e))  # `status` then says why, not "killed or crashed"
+        logging.getLogger("swarmnode").error("did not start: %s", e)  # node.log keeps the reason too
         _fail(str(e))
         return
     _replay_logs(held)  # the task sources' records (e.g. their answer balance), now that node.log is ours

@@ -661,3 +661,28 @@ def test_swarm_up_says_why_a_node_exited_and_that_the_last_one_is_alone(tmp_path
                 n.proc.kill()
                 n.proc.wait()
         sw.lock.release()
+
+
+def test_start_failure_replaces_a_clean_close_written_on_the_way_out_but_not_a_real_stop(tmp_path):
+    """A start-up error (e.g. an unreachable initial peer) closes the node, which writes ``stopped`` / ``closed``
+    (code 0) before the error reaches the CLI: ``status`` must then say "did not start", not "closed". A stop with
+    its own non-zero reason (a signal, a full disk) is kept."""
+    from swarmnode.monitor.status import STATUS_KIND, mark_start_failure, read_status_file, write_status_file
+
+    def doc(code: int, reason: str) -> dict:
+        return {"kind": STATUS_KIND, "node": {"pid": os.getpid()}, "state": "stopped", "phase": None,
+                "exit": {"code": code, "reason": reason}}
+
+    write_status_file(tmp_path, doc(0, "closed"))
+    assert mark_start_failure(tmp_path, 2, "could not reach the initial peers")
+    got = read_status_file(tmp_path)
+    assert got["exit"] == {"code": 2, "reason": "did not start: could not reach the initial peers"}
+
+    write_status_file(tmp_path, doc(4, "stalled"))
+    assert not mark_start_failure(tmp_path, 2, "late error")
+    assert read_status_file(tmp_path)["exit"]["code"] == 4
+
+    other = doc(0, "closed")
+    other["node"]["pid"] = os.getpid() + 1  # another process's document is never touched
+    write_status_file(tmp_path, other)
+    assert not mark_start_failure(tmp_path, 2, "x")

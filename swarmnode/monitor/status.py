@@ -629,8 +629,10 @@ def mark_start_failure(run_dir: str | os.PathLike, code: int, reason: str) -> bo
 
     Only a document written by this process (its ``node.pid``) is changed; returns whether it was."""
     doc = read_status_file(run_dir)
-    if not doc or (doc.get("node") or {}).get("pid") != os.getpid() or doc.get("state") == "stopped":
+    if not doc or (doc.get("node") or {}).get("pid") != os.getpid():
         return False
+    if doc.get("state") == "stopped" and (doc.get("exit") or {}).get("code") not in (None, 0):
+        return False  # a stop with its own non-zero reason (signal, disk) stays; a clean close on the way out does not
     doc.update({"state": "stopped", "phase": None, "updated_at": time.time(),
                 "exit": {"code": int(code), "reason": f"did not start: {reason}"}})
     try:
