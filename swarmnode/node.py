@@ -81,6 +81,7 @@ from swarmnode.train.checkpoint import (
     load_latest_checkpoint,
     load_training_state,
     restore_rng,
+    resync_learning_rate,
     resume_config_changes,
     save_checkpoint,
 )
@@ -292,6 +293,7 @@ class Node:
         if ckpt is not None:
             self.step = int(ckpt.step)
             load_training_state(ckpt, self.trainer.optimizer, self.trainer.scheduler)
+            resync_learning_rate(self.trainer.optimizer, self.trainer.scheduler)  # this run's horizon (--steps)
             self.trainer.step_count = self.step
             restore_rng(ckpt)
             if self.config_changes:  # applied for real: the optimizer's and the RNG's restored state included

@@ -80,3 +80,33 @@ def test_past_total_steps_our_cosine_stays_at_zero_theirs_rises():
     assert all(lr == 0.0 for lr in ours[T:])
     assert hf[T + T // 2] == pytest.approx(BASE_LR * 0.5 * (1 + math.cos(math.pi * 1.5)))
     assert hf[T + T // 2] > 0.0
+
+
+def test_raising_steps_on_resume_makes_the_first_resumed_update_follow_the_new_horizon():
+    """A finished 3-step cosine run saved its next rate as 0.0; resumed with 6 steps, the first resumed update
+    must use the 6-step cosine at step 3 (0.25 of the peak), not the stale 0.0."""
+    from swarmnode.train.checkpoint import resync_learning_rate
+    from swarmnode.train.trainer import lr_lambda_factory
+
+    peak = 5e-5
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([p], lr=peak)
+    old = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda_factory("cosine", 0, 3))
+    for _ in range(3):
+        opt.step()
+        old.step()
+    saved_opt, saved_sched = opt.state_dict(), old.state_dict()
+    assert saved_sched["_last_lr"][0] == pytest.approx(0.0, abs=1e-12)
+
+    p2 = torch.nn.Parameter(torch.zeros(2))
+    opt2 = torch.optim.AdamW([p2], lr=peak)
+    new = torch.optim.lr_scheduler.LambdaLR(opt2, lr_lambda_factory("cosine", 0, 6))
+    opt2.load_state_dict(saved_opt)
+    new.load_state_dict(saved_sched)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)  # the stale rate the bug trained with
+    lrs = resync_learning_rate(opt2, new)
+    expected = peak * 0.5 * (1 + math.cos(math.pi * 3 / 6))
+    assert lrs[0] == pytest.approx(expected) and opt2.param_groups[0]["lr"] == pytest.approx(expected)
+    # an unchanged schedule is left as it was
+    before = opt.param_groups[0]["lr"]
+    assert resync_learning_rate(opt, old)[0] == pytest.approx(before, abs=1e-15)

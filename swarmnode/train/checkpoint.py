@@ -589,6 +589,24 @@ def resume_config_changes(info: CheckpointInfo, cfg: RunConfig, allow: bool) -> 
     return check_resume_config(info, cfg.model_dump(mode="json"), saved, allow)
 
 
+def resync_learning_rate(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR) -> list[float]:
+    """Set every group's current learning rate from ``scheduler``'s own schedule at its restored step.
+
+    A loaded ``scheduler.pt`` restores the step count and the rate the *saved* run computed for its next update.
+    When this run's schedule differs (``--steps`` raised on a finished run: a cosine over a longer horizon), that
+    saved rate is stale, e.g. 0.0 at the end of the old cosine, and the first resumed update would use it. Calling
+    this after :func:`load_training_state` makes the first update follow the schedule the run now has (for an
+    unchanged schedule it changes nothing).
+
+    Returns:
+        the learning rate of each parameter group (floats).
+    """
+    for g, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        g["lr"] = base * fn(scheduler.last_epoch)
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    return list(scheduler._last_lr)
+
+
 def apply_optimizer_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
                            learning_rate: float, weight_decay: float, betas: tuple[float, float]) -> None:
     """Make a resumed optimizer use new hyper-parameters (its state dict restored the checkpoint's).
