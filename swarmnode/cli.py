@@ -46,6 +46,19 @@ def _main_callback() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def peer_change_notice(before: int | None, now: int) -> str | None:
+    """What to tell the operator when a swarm node's DHT peer count crosses zero, else ``None``.
+
+    ``before`` is the previous step's count (``None`` on the first step seen): losing the last peer means the node
+    trains alone from now on (its own samples only) until one joins; gaining one after that says so too.
+    """
+    if before and now == 0:
+        return "no peer left in the swarm: this node now trains alone on its own samples until a peer joins"
+    if before == 0 and now > 0:
+        return f"{now} peer(s) in the swarm: peers' samples can join the batch"
+    return None
+
+
 def _nullcontext():
     return contextlib.nullcontext()
 
@@ -310,8 +323,15 @@ def run(
     with progress if progress is not None else _nullcontext():
         task = progress.add_task("train", total=cfg.steps, completed=node.step, info="") if progress else None
 
+        peers_seen: list[int] = []  # DHT peer count of the previous step, when the node is in a swarm
+
         def on_step(res) -> None:
             m = res.metrics
+            if isinstance(m.get("swarm/peers"), int):
+                notice = peer_change_notice(peers_seen[-1] if peers_seen else None, m["swarm/peers"])
+                if notice:
+                    logging.getLogger("swarmnode.node").warning("step %d: %s", res.step, notice)
+                peers_seen[:] = [m["swarm/peers"]]
             if progress is not None:
                 progress.update(task, completed=res.step, info=info_of(m))
                 return

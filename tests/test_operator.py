@@ -686,3 +686,13 @@ def test_start_failure_replaces_a_clean_close_written_on_the_way_out_but_not_a_r
     other["node"]["pid"] = os.getpid() + 1  # another process's document is never touched
     write_status_file(tmp_path, other)
     assert not mark_start_failure(tmp_path, 2, "x")
+
+
+def test_a_swarm_node_says_when_its_last_peer_leaves_and_when_one_comes_back():
+    """A standalone ``run --swarm`` node whose only peer stops trained on alone with nothing said."""
+    from swarmnode.cli import peer_change_notice
+
+    seen = [peer_change_notice(b, n) for b, n in [(None, 0), (0, 0), (0, 1), (1, 1), (1, 0), (0, 0), (None, 2)]]
+    assert seen[0] is None and seen[1] is None and seen[3] is None and seen[5] is None and seen[6] is None
+    assert "1 peer(s)" in seen[2]
+    assert "trains alone" in seen[4]
