@@ -438,6 +438,18 @@ def train(model, tokenizer, sources, seed: int, steps: int, batch_size: int, mic
 
 
 # ------------------------------------------------------------------------------------------ main
+def _portable(arg: str) -> str:
+    """A command-line argument as build_info.json records it: an absolute path becomes relative to the repository
+    when inside it, else its last component (no machine's paths in shipped files)."""
+    if not os.path.isabs(arg):
+        return arg
+    p = Path(arg)
+    try:
+        return str(p.resolve().relative_to(REPO))
+    except ValueError:
+        return p.name
+
+
 def sha256_file(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
@@ -555,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     res = evaluate(pol.model, pol.tokenizer, tasks, eval_sources) if tasks else {}
     total = time.perf_counter() - t_start
     build_info = {
-        "command": "python scripts/build_tiny_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python scripts/build_tiny_model.py " + " ".join(_portable(x) for x in (sys.argv[1:] if argv is None else argv)),
         "trained_on": "worked solutions (swarmnode/tasks/solutions.py) of training-partition questions only "
                       f"(tasks/partition.py, eval_fraction {DEFAULT_EVAL_FRACTION})",
         "preset": a.preset, "arch": a.arch, "tokenizer": a.tokenizer,
