@@ -83,7 +83,7 @@ def test_partial_credit_is_never_accuracy(mix):
 def test_constant_answer_baseline_is_what_a_constant_policy_scores():
     """The reported constant-answer baseline is exactly the exact accuracy of always writing each task's commonest
     answer, scored by the real verifiers on the default mix's held-out questions (where letter counting's
-    commonest answer, 1, is worth far more than 1/n of the questions)."""
+    commonest answer is worth more than 1/n of the questions)."""
     from collections import Counter
 
     from swarmnode.config import RunConfig
@@ -98,7 +98,9 @@ def test_constant_answer_baseline_is_what_a_constant_policy_scores():
     res = aggregate(tasks, [f"<answer>{const_answer[t.name]}</answer>" for t in tasks], score, keep_examples=0)
     assert res.per_task == pytest.approx(res.per_task_constant)
     assert res.accuracy == pytest.approx(res.constant_answer)
-    assert res.per_task_constant["letter_counting"] > 0.3  # the shortcut the baseline exists to expose
+    # the baseline is above chance: the commonest answer is worth more than 1/(number of answers) (with the default
+    # answer balance, max_answer_share 0.2, about a fifth of letter counting; without it about half)
+    assert res.per_task_constant["letter_counting"] > 1 / len(common["letter_counting"])
     assert res.per_task_constant["basic_arithmetic"] < 0.05
     # right answers are not the baseline: a perfect policy scores 1.0 while the baseline stays put
     perfect = aggregate(tasks, [f"<answer>{t.answer}</answer>" for t in tasks], score, keep_examples=0)
