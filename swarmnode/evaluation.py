@@ -357,7 +357,8 @@ def evaluate_mix(
         mix: the training :class:`~swarmnode.tasks.mix.TaskMix`; its :meth:`eval_refs` ``(n)`` are evaluated.
         prompt_fn: ``Task -> str`` (the node's prompt, chat template applied).
         max_new_tokens: decoding cap.
-        n: held-out questions (default the mix's ``eval_size``); probes use the same ``n``.
+        n: held-out questions (default the mix's ``eval_size``); probes use the same ``n``, capped at a probe's
+            own ``eval_size`` (``TaskMix.probe_eval_size``, from ``tasks.probes[i].eval_size``) when it has one.
         probes: probe name -> single-source held-out mix (:meth:`TaskMix.probes_from_config`); ``None`` = none.
         batch_size, keep_examples: as :func:`evaluate`.
         progress: ``progress(done, total)`` questions (probes included), as :func:`greedy_completions`.
@@ -370,7 +371,9 @@ def evaluate_mix(
     t0 = time.perf_counter()
     groups: list[tuple[str | None, TaskMix, list[Task]]] = [(None, mix, [mix.get(r) for r in mix.eval_refs(n)])]
     for name, pm in (probes or {}).items():
-        groups.append((name, pm, [pm.get(r) for r in pm.eval_refs(n)]))
+        cap = getattr(pm, "probe_eval_size", None)
+        pn = n if cap is None else min(cap, n if n is not None else mix.eval_size)
+        groups.append((name, pm, [pm.get(r) for r in pm.eval_refs(pn)]))
     prompts = [prompt_fn(t) for _, _, ts in groups for t in ts]
     comps = greedy_completions(model, tokenizer, prompts, max_new_tokens, batch_size, progress) if prompts else []
     results: list[EvalResult] = []

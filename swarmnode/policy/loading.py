@@ -1,14 +1,16 @@
 """Loading a policy (causal LM + tokenizer) for a node, including the embedded default.
 
 One code path serves every model: ``model.name_or_path: embedded`` resolves to the directory shipped
-inside the package (:data:`EMBEDDED_DIR`, built by ``scripts/build_tiny_model.py``), anything else is a
+inside the package (:data:`EMBEDDED_DIR`, built by ``scripts/build_tiny_model.py``), ``embedded-bpe`` to the
+second packaged model (:data:`EMBEDDED_BPE_DIR`, ``--preset bpe-qwen2`` of the same script), anything else is a
 local Hugging Face directory or a hub id. All of them go through ``AutoTokenizer.from_pretrained`` and
 ``AutoModelForCausalLM.from_pretrained``, so the embedded default is loaded exactly the way a user's
 model is.
 
 Identity on the wire (docs/design.md §4, RolloutBundle header):
 
-* ``model_id`` -- ``"swarmnode/embedded-tiny@<sha256(weights)[:12]>"`` for the embedded model;
+* ``model_id`` -- ``"swarmnode/embedded-tiny@<sha256(weights)[:12]>"`` for the embedded model
+  (``"swarmnode/embedded-bpe@…"`` for the second one);
   ``"<hub id or local directory name>@<sha256(config.json)[:12]>"`` otherwise (a local directory is
   named by its last path component so that no user's home path goes onto the network).
 * ``tokenizer_id`` -- ``"tokenizer@<sha256[:12]>"`` of the tokenizer's canonical content (the
@@ -40,6 +42,17 @@ log = logging.getLogger(__name__)
 EMBEDDED_NAME = "embedded"
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 EMBEDDED_MODEL_NAME = "swarmnode/embedded-tiny"
+#: Short name of the second packaged model: a Qwen2-style model with a byte-level BPE tokenizer
+#: (docs/embedded_model.md), for heterogeneous swarms and the cross-tokenizer path.
+EMBEDDED_BPE_NAME = "embedded-bpe"
+EMBEDDED_BPE_DIR = Path(__file__).parent / "embedded_bpe"
+
+#: Short ``model.name_or_path`` names of the packaged models -> (directory, ``model_id`` prefix). Each is a
+#: normal Hugging Face directory loaded with the same Auto classes as any local directory or hub id.
+EMBEDDED_MODELS: dict[str, tuple[Path, str]] = {
+    EMBEDDED_NAME: (EMBEDDED_DIR, EMBEDDED_MODEL_NAME),
+    EMBEDDED_BPE_NAME: (EMBEDDED_BPE_DIR, "swarmnode/embedded-bpe"),
+}
 
 #: reasoning-gym's ``SYSTEM_PROMPTS["default"]`` (reasoning_gym/utils.py), copied verbatim so that the
 #: prompt a real model sees does not change if that package is upgraded. It asks for the final answer
@@ -79,7 +92,7 @@ class Policy:
             ``model.system_prompt`` when set (``""`` means none); otherwise ``None`` for the embedded
             model (it was trained without one, and a 400-character prompt would cost a character-level
             model 400 tokens) and :data:`DEFAULT_SYSTEM_PROMPT` for every other model.
-        is_embedded: whether this is the packaged default.
+        is_embedded: whether this is one of the packaged models (:data:`EMBEDDED_MODELS`).
         path: the directory or hub id it was loaded from.
     """
 
@@ -246,7 +259,7 @@ def default_system_prompt(model_cfg: ModelConfig, is_embedded: bool, model_dir: 
     2. the one a swarmnode checkpoint's model directory was trained with (``model_dir/swarmnode.json``), so a
        resumed run or ``swarmnode eval`` of a checkpoint prompts the model as it was trained (a checkpoint of
        the embedded model is a local directory, but it was trained without a system prompt);
-    3. ``None`` for the embedded model, :data:`DEFAULT_SYSTEM_PROMPT` (reasoning-gym's answer-tag prompt) otherwise.
+    3. ``None`` for the packaged models, :data:`DEFAULT_SYSTEM_PROMPT` (reasoning-gym's answer-tag prompt) otherwise.
 
     A checkpoint written before ``swarmnode.json`` existed gets ``None``: nodes of that version prompted without
     a system prompt. An unreadable or malformed ``swarmnode.json`` is ignored (rule 3 applies).
@@ -331,13 +344,13 @@ def _looks_like_path(name: str) -> bool:
 def check_model_source(name: str) -> None:
     """Fail fast on a ``model.name_or_path`` that names a local path which is not a saved model directory.
 
-    ``"embedded"`` and hub ids pass (a hub id is only resolved when loading). Used by launchers (``bench swarm``)
+    The short names of :data:`EMBEDDED_MODELS` and hub ids pass (a hub id is only resolved when loading). Used by launchers (``bench swarm``)
     before they start processes.
 
     Raises:
         PolicyLoadError: the path does not exist, is not a directory, or has no ``config.json``.
     """
-    if name == EMBEDDED_NAME:
+    if name in EMBEDDED_MODELS:
         return
     local = Path(name).expanduser()
     if local.exists() or _looks_like_path(name):
@@ -359,7 +372,7 @@ def _check_model_dir(path: Path, what: str) -> None:
 def check_embedded_roundtrip(tokenizer: Any, text: str = ROUNDTRIP_PROBE) -> None:
     """Raise :class:`PolicyLoadError` unless ``decode(encode(text)) == text`` exactly.
 
-    Guards the embedded character-level tokenizer against the transformers-5 trap (docs/design.md §10):
+    Guards the embedded tokenizers (character level and byte-level BPE) against the transformers-5 trap (docs/design.md §10):
     ``AutoTokenizer`` rebuilding a custom tokenizer with a model family's pre-tokenizer and silently
     dropping spaces and newlines.
     """
@@ -439,7 +452,8 @@ def load_policy(model_cfg: ModelConfig,
 
     Args:
         model_cfg: :class:`swarmnode.config.ModelConfig`. ``name_or_path``: ``"embedded"`` (the packaged
-            tiny model in :data:`EMBEDDED_DIR`), a local directory saved with ``save_pretrained``, or a
+            tiny model in :data:`EMBEDDED_DIR`), ``"embedded-bpe"`` (the packaged Qwen2-style model with a
+            byte-level BPE tokenizer, :data:`EMBEDDED_BPE_DIR`), a local directory saved with ``save_pretrained``, or a
             hub id (``org/name``; needs the model in the local HF cache or network access).
 
     Returns:
@@ -482,14 +496,15 @@ def load_policy(model_cfg: ModelConfig,
     name = model_cfg.name_or_path
     if not isinstance(name, str) or not name.strip():
         raise PolicyLoadError("model.name_or_path is empty (expected 'embedded', a local directory or a hub id)")
-    is_embedded = name == EMBEDDED_NAME
+    is_embedded = name in EMBEDDED_MODELS
     if is_embedded:
-        path = EMBEDDED_DIR
-        _check_model_dir(path, "the embedded model directory")
+        path, id_prefix = EMBEDDED_MODELS[name]
+        _check_model_dir(path, f"the packaged model directory of {name!r}")
         if not list(path.glob("*.safetensors")):
+            preset = " --preset bpe-qwen2" if name == EMBEDDED_BPE_NAME else ""
             raise PolicyLoadError(
-                f"the embedded model directory {path} holds no weights; rebuild it with "
-                "python scripts/build_tiny_model.py --out swarmnode/policy/embedded"
+                f"the packaged model directory {path} of {name!r} holds no weights; rebuild it with "
+                f"python scripts/build_tiny_model.py{preset} --out swarmnode/policy/{path.name}"
             )
         source: str = str(path)
     else:
@@ -540,7 +555,7 @@ def load_policy(model_cfg: ModelConfig,
     tok_id = f"tokenizer@{tokenizer_digest(tokenizer)[:12]}"
     if is_embedded:
         check_embedded_roundtrip(tokenizer)
-        model_id = f"{EMBEDDED_MODEL_NAME}@{weights_digest(EMBEDDED_DIR)[:12]}"
+        model_id = f"{id_prefix}@{weights_digest(path)[:12]}"
     else:
         label = Path(source).name if Path(source).exists() else name
         model_id = f"{label}@{config_digest(model.config)[:12]}"
