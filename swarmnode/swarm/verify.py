@@ -124,9 +124,10 @@ whitespace collapsed) texts of its live leaves, equal texts once: a copy re-sign
 another time, with a trailing space, reordered or duplicated leaves has the same key. Each leaf is remembered
 too (:func:`leaf_keys`), and a tree none of whose leaves is new is a copy as well (a subset or regrouping of
 seen leaves; an outside attack earned standing with copies whose one leaf was duplicated). Keys of accepted trees (and of our own published trees,
-:meth:`Verifier.note_published`) are kept for ``replay_window_s`` (``swarm.replay_window_seconds``, far
-longer than the freshness window, so a copy re-signed later with a fresh time is still caught; bounded by
-``seen_capacity``). A copy is dropped without charging anyone -- between two peers the receiver cannot tell
+:meth:`Verifier.note_published`) are kept until ``seen_capacity`` evicts them, oldest first (or for
+``replay_window_s`` when ``swarm.replay_window_seconds`` is set): a copy re-signed with a fresh time can be
+trained at any age, so no time window covers every tree that could still be trained (an outside attack
+replayed trees right after a 6 h window). A copy is dropped without charging anyone -- between two peers the receiver cannot tell
 who was first, and the real author must never pay for a copier who raced ahead -- except a copy of **our own**
 rollouts, which proves the signer copied (soft ``replay``). Leaves marked ``pruned`` are never scored nor
 returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
@@ -389,7 +390,8 @@ class Verifier:
         max_bundle_tokens: most tokens of the bundle expanded into samples (our prompt + completion per leaf);
             default ``swarm.max_bundle_tokens``.
         replay_window_s: seconds the normalized content of accepted trees is remembered (default
-            ``swarm.replay_window_seconds``, at least the freshness window).
+            ``swarm.replay_window_seconds``, at least the freshness window; None there = until ``seen_capacity``
+            evicts it).
 
     Not thread-safe (the seen-digest sets are plain ordered dicts): use one verifier from one thread, the
     main thread if reasoning-gym's ``SIGALRM`` time limit on each ``score_answer`` should apply.
@@ -483,9 +485,9 @@ class Verifier:
         self.peers = peers
         ttl = self.freshness + 2.0 * self.skew
         self._seen_bundles = _TTLSet(seen_capacity, ttl, clock)     # envelope digest -> verdict reason
-        window = float(replay_window_s if replay_window_s is not None
-                       else swarm_cfg.replay_window_seconds or 0.0)
-        self.replay_window_s = max(window, ttl)
+        window = replay_window_s if replay_window_s is not None else swarm_cfg.replay_window_seconds
+        # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
+        self.replay_window_s = math.inf if window is None else max(float(window), ttl)
         self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)  # content_key -> "own" | "peer"
         self._seen_manifests = _TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
         self._internal_log = LogLimiter(10.0)
