@@ -868,3 +868,42 @@ def test_a_manifest_is_paid_for_once_whatever_evicts_its_state():
         assert len(c._paid["honest"]) == g._PAID_PER_OWNER and not c._paid_for("honest", b"m1")
     finally:
         c.close()
+
+
+def test_a_copier_verified_first_earns_nothing_and_the_author_gets_the_standing():
+    """Issue 40, finding 1, through ``gather``: a copier re-signs an honest author's fresh trees and is verified
+    first (its body arrives first) for five steps; the node trains on the copies and credits the copier. Each
+    author bundle then arrives (a ``replay``, nothing trains twice), and because the receiver read the author's
+    manifest before the copier's, the standing moves: the copier ends with none, the author with one per tree
+    and established."""
+    from swarmnode.swarm.gossip import _Pending
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, established_after=4, max_external_completion_length=256)
+    author = Identity.from_private_bytes(hashlib.sha256(b"test_gossip author").digest())
+    copier = Identity.from_private_bytes(hashlib.sha256(b"test_gossip copier").digest())
+    fa = HostileFactory(author, mix, swarm_id=SWARM)
+    try:
+        def pending(ident: Identity, trees: list, first_read: float) -> _Pending:
+            b, env = fa.bundle(trees, identity=ident)
+            m, menv = fa.manifest(env, b, ident)
+            mdigest = hashlib.sha256(menv).digest()
+            c._first_seen[mdigest] = first_read
+            return _Pending(env, m, f"p2p:{ident.peer_id}", time.time(), mdigest, ident.peer_id)
+
+        for step in range(5):
+            trees = fa.contrast_trees(1)
+            read_author, read_copier = 10.0 * step, 10.0 * step + 1.0  # the copy is announced after the original
+            c._pending.append(pending(copier, trees, read_copier))  # the copier's body arrives first
+            got, _ = c.gather(2 * step, 0)
+            assert [t.peer_id for t in got] == [copier.peer_id]
+            c.credit(copier.peer_id, 1)  # the node trained on the copy
+            c._pending.append(pending(author, trees, read_author))
+            got, m = c.gather(2 * step + 1, 0)
+            assert got == [] and m.get("swarm/rejected/replay") == 1  # nothing trains twice
+            assert c.peers.earned(copier.peer_id) == 0, step
+            assert c.peers.earned(author.peer_id) == step + 1, step
+        assert not c.peers.is_young(author.peer_id, 4)
+        assert c.snapshot()["counts"]["authorship_moved"] == 5
+    finally:
+        c.close()

@@ -1358,11 +1358,16 @@ class SwarmClient:
                 break
             received += 1
             try:
+                with self._lock:
+                    committed = self._first_seen.get(item.mdigest) if item.mdigest else None
                 try:
                     vts = self.verifier.verify_bundle(item.body, item.manifest, item.sender,
-                                                      received_at=item.fetched_at, prepaid=True)
+                                                      received_at=item.fetched_at, prepaid=True,
+                                                      committed_at=committed)
                 finally:
+                    changes = self.verifier.take_authorship_changes()
                     self._vlock.release()
+                    self._move_authorship(changes)
             except Rejection as r:
                 self._reject(r, item.manifest.num_leaves)
                 continue
@@ -1414,6 +1419,18 @@ class SwarmClient:
             m["swarm/latency_p50_s"] = latencies[len(latencies) // 2]
             m["swarm/latency_max_s"] = latencies[-1]
         return out, m
+
+    def _move_authorship(self, changes: list[tuple[str, str | None]]) -> None:
+        """Apply the verifier's authorship changes (``Verifier.take_authorship_changes``): per tree, the key that
+        held its content loses one earned tree, and the key whose manifest we read first (None: a tie, no one)
+        gains one. A copier verified before the author thus earns nothing once the author's bundle arrives, and
+        the author earns what its trees were worth (outside attack: a copier verified first took 32 trained
+        samples and +1 standing a step, the author 0)."""
+        for loser, winner in changes:
+            self.peers.record_unearned(loser, 1)
+            if winner is not None:
+                self.peers.record_earned(winner, 1)
+            self._count("authorship_moved" if winner is not None else "authorship_disputed")
 
     def _admit(self, trees: list[PeerTree]) -> tuple[list[PeerTree], int, int]:
         """The per-step caps on trees per key (Sybil resistance; module docstring, "Young keys").

@@ -488,7 +488,9 @@ class Verifier:
         window = replay_window_s if replay_window_s is not None else swarm_cfg.replay_window_seconds
         # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
         self.replay_window_s = math.inf if window is None else max(float(window), ttl)
-        self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)  # content_key -> "own" | "peer"
+        # content_key -> "own" | "peer" (leaf keys) | (holder peer id | None, commitment time | None) (tree keys)
+        self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)
+        self._authorship_changes: list[tuple[str, str | None]] = []
         self._seen_manifests = _TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
         self._internal_log = LogLimiter(10.0)
         self.stats: dict[str, Any] = {
@@ -679,7 +681,7 @@ class Verifier:
     # ================================================================== bundles
     def verify_bundle(self, data: bytes, manifest: wire.Manifest | None = None,
                       sender: str | None = None, *, received_at: float | None = None,
-                      prepaid: bool = False) -> list[PeerTree]:
+                      prepaid: bool = False, committed_at: float | None = None) -> list[PeerTree]:
         """Verify a bundle and return its accepted trees with our own re-scored rewards.
 
         Args:
@@ -696,6 +698,12 @@ class Verifier:
                 bundle: charging the manifest and then the bundle again would let new manifests of a peer that
                 publishes faster than the limit drain the bucket before any of its fetched bundles is verified,
                 and no bundle of that honest peer would ever be accepted. Requires ``manifest``.
+            committed_at: when we first read the manifest that announced this bundle (any clock, the same for
+                every call; the swarm client passes its monotonic first-read time). Authorship of a tree's
+                content goes to the earliest commitment: a later copy from a key whose manifest we read
+                *earlier* than the first holder's takes the authorship over, a tie disputes it (no one keeps
+                it); :meth:`take_authorship_changes` hands these changes to the caller, which moves the
+                standing. ``None``: no claim (the first verified keeps the content, as before).
 
         Returns:
             The accepted trees (at least one), in bundle order, minus trees dropped as ``replay``.
@@ -706,10 +714,37 @@ class Verifier:
         hint = sender or (peer_id_from_public_key(manifest.publisher_key)
                           if isinstance(manifest, wire.Manifest) and len(manifest.publisher_key) == 32
                           else UNATTRIBUTED)
-        return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at, prepaid), hint)
+        return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at, prepaid, committed_at),
+                           hint)
+
+    def _claim_authorship(self, key: bytes, seen: Any, signer: str, committed_at: float | None) -> None:
+        """A copy of content ``key`` from ``signer``: move or dispute its authorship (see ``committed_at`` of
+        :meth:`verify_bundle`)."""
+        if not isinstance(seen, tuple) or committed_at is None:
+            return
+        holder, held_at = seen
+        if holder is None or holder == signer or held_at is None:
+            return
+        if committed_at < held_at:
+            self._authorship_changes.append((holder, signer))
+            self._seen_content.add(key, (signer, committed_at))
+        elif committed_at == held_at:
+            self._authorship_changes.append((holder, None))
+            self._seen_content.add(key, (None, held_at))
+        if len(self._authorship_changes) > 4096:  # nobody took them: keep the newest
+            del self._authorship_changes[:-4096]
+
+    def take_authorship_changes(self) -> list[tuple[str, str | None]]:
+        """The authorship changes since the last call, oldest first, and forget them: ``(loser, winner)`` peer
+        ids, one per tree, where ``loser`` held a tree's content and ``winner`` committed to it earlier (its
+        manifest was read first), or ``winner`` is None when both committed at the same time (disputed: no one
+        keeps it). The swarm client takes one earned tree from the loser and gives one to the winner."""
+        out, self._authorship_changes = self._authorship_changes, []
+        return out
 
     def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None,
-                       received_at: float | None = None, prepaid: bool = False) -> list[PeerTree]:
+                       received_at: float | None = None, prepaid: bool = False,
+                       committed_at: float | None = None) -> list[PeerTree]:
         deliverer = sender or UNATTRIBUTED
         publisher_hint = None
         if manifest is not None:
@@ -783,10 +818,11 @@ class Verifier:
             raise final(self._reject(fresh[0], "bundle " + fresh[1], context_peer, False))
         # ---- step 6: tasks, tokens, prompt, replays, re-scoring
         return self._check_content(b, env, digest, signer, final,
-                                   self.clock() if received_at is None else float(received_at))
+                                   self.clock() if received_at is None else float(received_at), committed_at)
 
     def _check_content(self, b: wire.RolloutBundle, env: wire.Envelope, digest: bytes, signer: str,
-                       final: Callable[[Rejection], Rejection], received_at: float) -> list[PeerTree]:
+                       final: Callable[[Rejection], Rejection], received_at: float,
+                       committed_at: float | None = None) -> list[PeerTree]:
         seeds: dict[tuple[str, str], set[int]] = {}
         for i, wt in enumerate(b.trees):
             ref = wt.task
@@ -930,6 +966,7 @@ class Verifier:
                     own_echo += 1
                 else:
                     copies += 1
+                    self._claim_authorship(k, seen, signer, committed_at)
                 continue
             in_bundle.update(lkeys[i])
             keep.append(i)
@@ -991,7 +1028,8 @@ class Verifier:
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
         for i in keep:
-            for k in [ckeys[i], *lkeys[i]]:
+            self._seen_content.add(ckeys[i], (signer, committed_at))
+            for k in lkeys[i]:
                 self._seen_content.add(k, "peer")
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:
