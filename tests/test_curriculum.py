@@ -79,7 +79,7 @@ def test_voters_are_capped_and_ranked_by_earned_standing():
     # (trusted - 3 seats), so 1,000 Sybils cannot move the median off the honest 0.5
     assert combine_rates(["rg:a#1"], {}, honest + sybils, max_voters=32)["rg:a#1"] == 0.5
     assert combine_rates(["rg:a#1"], {}, sybils + honest, max_voters=3)["rg:a#1"] == 0.5
-    # young keys get no seat at all (issue 40: two liars plus Sybils in trusted - 3 seats owned the median):
+    # young keys get no seat at all (an outside attack: two liars plus Sybils in trusted - 3 seats owned the median):
     # 4 trusted votes (0.5, 0.5, 1.0, 1.0) give 0.75 with or without 1,000 Sybils voting 0.0
     four = [PeerRates(f"h{i}", {"rg:a#1": (16, 8 if i < 2 else 16)}, standing=16) for i in range(4)]
     assert combine_rates(["rg:a#1"], {}, four)["rg:a#1"] == 0.75
@@ -139,7 +139,7 @@ def test_the_tally_names_the_votes_it_used():
     stale = peers(10, {"rg:a#1": (16, 0)}, standing=20, age=500.0, prefix="stale")
     tallies = tally_votes(KEYS, own, est + young + stale)
     a, b = tallies["rg:a#1"], tallies["rg:b#2"]
-    assert a.trusted == 4 and set(a.peers) == {"est0", "est1", "est2"}  # young keys get no seat (issue 40)
+    assert a.trusted == 4 and set(a.peers) == {"est0", "est1", "est2"}  # young keys get no seat
     assert b.trusted == 1 and b.peers == ()  # our own vote alone: no young key sits
     assert tallies["rg:c#3"].rate is None
     assert len({p for t in tallies.values() for p in t.peers}) == 3
@@ -147,7 +147,7 @@ def test_the_tally_names_the_votes_it_used():
 
 @pytest.mark.parametrize("honest", range(0, 9))
 def test_two_established_liars_and_their_sybils_move_no_median_the_honest_outvote(honest):
-    """Issue 40, finding 3: with young seats = trusted - 3, two established liars and H Sybils cast H + 2 votes
+    """Outside attack: with young seats = trusted - 3, two established liars and H Sybils cast H + 2 votes
     against our own and H honest established ones, and the median became the liars' value for every H in 0..8
     (a target task's share 0.25 -> 0.571). Young keys now get no seat: the median is an honest vote whenever the
     honest side (our own vote plus H) outnumbers the two liars, i.e. H >= 2; at H = 1 it is the mean of an honest

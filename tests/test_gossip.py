@@ -433,7 +433,7 @@ def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
 
 @pytest.mark.parametrize("n_sybils,sybil_standing", [(2, 1), (8, 1), (8, 0), (32, 1)])
 def test_young_keys_take_turns_and_no_standing_locks_out_a_newcomer(n_sybils, sybil_standing):
-    """Issue 40, finding 2: two Sybil keys with one earned tree each (one copied tree) took both young-pool slots
+    """Outside attack: two Sybil keys with one earned tree each (one copied tree) took both young-pool slots
     every step, because young keys were served by earned standing, and the screen's rejections of their junk never
     lowered it: an honest newcomer was admitted 0 of 20 steps. Young keys now take turns (the one served longest
     ago first), and each trainer rejection takes an earned tree back. The newcomer beside any number of Sybils,
@@ -530,7 +530,7 @@ def test_admitted_trees_earn_no_standing_until_the_node_trains_on_them():
         c._admit(honest_trees)
         c.credit(honest, 2)  # the node trained on both
         assert c.peers.earned(honest) == 2
-        c.charge(honest, SCREEN_REASON, 3)  # a soft reject (no strike), but it costs one earned tree (issue 40)
+        c.charge(honest, SCREEN_REASON, 3)  # a soft reject (no strike), but it costs one earned tree
         assert c.peers.earned(honest) == 1 and not c.peers.is_banned(honest)
     finally:
         c.close()
@@ -871,7 +871,7 @@ def test_a_manifest_is_paid_for_once_whatever_evicts_its_state():
 
 
 def test_a_copier_verified_first_earns_nothing_and_the_author_gets_the_standing():
-    """Issue 40, finding 1, through ``gather``: a copier re-signs an honest author's fresh trees and is verified
+    """Outside attack (copier), through ``gather``: a copier re-signs an honest author's fresh trees and is verified
     first (its body arrives first) for five steps; the node trains on the copies and credits the copier. Each
     author bundle then arrives (a ``replay``, nothing trains twice), and because the receiver read the author's
     manifest before the copier's, the standing moves: the copier ends with none, the author with one per tree

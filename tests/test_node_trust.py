@@ -130,8 +130,8 @@ def test_only_trees_the_node_trained_on_earn_their_peer_standing(tmp_path):
     assert all(m["external:h/used"] > 0 for m in ms)
     assert swarm.credits == [("h", 1)] * 3  # not the junk over budget, not the tree without contrast
     # with the screen on but still in warm-up (it judges nothing), nothing earns standing (helper-14: a payload
-    # key earned 3 in the first steps) and, since issue 40 (finding 4: a payload line trained in the first steps of
-    # a node with fewer local leaves per step than min_history), no external sample trains at all
+    # key earned 3 in the first steps) and no external sample trains at all (an outside attack trained a payload line
+    # in the first steps of a node with fewer local leaves per step than min_history)
     swarm = CraftedSwarm(swarm.make)
     cfg = make_cfg(tmp_path / "warm", max_external_tokens_per_step=1000, max_external_share=1.0,
                    screen={"enabled": True, "min_history": 10_000})

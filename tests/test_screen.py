@@ -99,7 +99,7 @@ def test_screen_keeps_own_kind_and_rejects_a_payload_and_charges(policy):
 
 
 def test_warmup_trains_nothing_and_charges_no_one(policy):
-    """Issue 40, finding 4: with fewer local leaves per step than ``min_history`` (e.g. ``prompts_per_step: 2``)
+    """Outside attack: with fewer local leaves per step than ``min_history`` (e.g. ``prompts_per_step: 2``)
     every external sample of the first steps was kept, and a payload line trained. In warm-up the screen now keeps
     nothing (it cannot judge yet) and charges no peer for it."""
     sc = LikelihoodScreen(min_history=32)

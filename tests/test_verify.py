@@ -803,7 +803,7 @@ def test_resigned_copy_after_the_old_dedup_window_is_still_a_replay(peer_mix, cl
     clock.advance(3600.0)  # far past freshness + 2·skew (660 s): the copy is re-signed with a fresh time
     r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 1)], ATTACKER, clock), None, "a"))
     assert r.reason == "replay"
-    # issue 40, finding 5: the same tree re-signed after the old 6 h window was accepted again; the memory is now
+    # an outside attack: the same tree re-signed after the old 6 h window was accepted again; the memory is now
     # bounded by capacity only (a re-signed tree can be trained at any age)
     clock.advance(21600.0 + 1.0)
     r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 1)], ATTACKER, clock), None, "a"))
@@ -816,7 +816,7 @@ def test_resigned_copy_after_the_old_dedup_window_is_still_a_replay(peer_mix, cl
 
 
 def test_authorship_goes_to_the_earliest_commitment_not_the_first_verified(peer_mix, clock):
-    """Issue 40, finding 1: a copier re-signing an honest author's fresh trees and verified first took their
+    """Outside attack: a copier re-signing an honest author's fresh trees and verified first took their
     content and standing. Authorship now goes to the key whose manifest the receiver read first (the copier can
     only announce after the author did); a tie disputes it; without commitment times nothing changes."""
     v = make_verifier(peer_mix, clock)

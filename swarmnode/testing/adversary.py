@@ -1404,7 +1404,7 @@ class HostilePeer:
 
     def flood_bucket_key(self, n_keys: int, manifests_per_key: int = wire.MAX_RECORD_MANIFESTS,
                          bucket: int | None = None, seed: int = 0, ttl: float = 300.0) -> dict[str, Any]:
-        """Issue 40, finding 0: ``n_keys`` free keys each store one full manifest record (``manifests_per_key``
+        """An outside attack: ``n_keys`` free keys each store one full manifest record (``manifests_per_key``
         signed manifests of honest-looking bundles nobody serves, about 11 KB at 16) under the shared manifest key
         of ``bucket`` (default: the current one), correctly signed for the DHT by their own keys, so every honest
         validator accepts them.
