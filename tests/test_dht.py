@@ -559,7 +559,8 @@ def _flood_entries(key: str, n: int, size: int, ttl: float = 300.0) -> list[tupl
 
 @pytest.mark.slow
 def test_a_flood_past_the_reply_cap_blinds_the_bucket_key_but_not_publisher_keys():
-    """Outside attack (flooded bucket key), at the DHT: 400 free keys each store a 12 KB signed entry under one bucket key. Every
+    """Outside attack (flooded bucket key), at the DHT: 400 free keys each store a 12 KB signed entry under one
+    bucket key. Every
     replica's find reply then exceeds hivemind's 4 MiB message cap and fails, so a reader that does not hold the key
     itself (a client-mode node here; in a large swarm, almost every reader) gets nothing from the shared key, the
     honest publisher's entry included. The publisher's own key holds its record alone (validators refuse the

@@ -653,7 +653,8 @@ FLOOD_KEYS = 300
 
 @pytest.mark.slow
 def test_a_flood_of_free_keys_in_the_bucket_key_does_not_hide_an_established_publisher(tmp_path, mix):
-    """Outside attack (flooded bucket key), over the real network: 300 free keys each store one full manifest record (16 signed
+    """Outside attack (flooded bucket key), over the real network: 300 free keys each store one full manifest
+    record (16 signed
     manifests, about 11 KB) under the shared manifest keys of the current and the next bucket. The outsider saw a
     receiver accept 0 of 27 honest bundles of an established peer that way (control 19 of 19). Now the receiver
     reads known publishers from their own publisher keys first and looks at a bounded number of new owners per

@@ -68,7 +68,8 @@ def clock() -> FakeClock:
 
 
 def make_verifier(mix, clock, *, ban_after=1000, rate=10_000.0, detokenize=byte_detokenize, **kw) -> Verifier:
-    cfg_kw = {k: kw.pop(k) for k in list(kw) if k in ("allowlist", "freshness_seconds", "max_clock_skew", "replay_window_seconds")}
+    cfg_kw = {k: kw.pop(k) for k in list(kw)
+              if k in ("allowlist", "freshness_seconds", "max_clock_skew", "replay_window_seconds")}
     cfg = SwarmConfig(swarm_id=SWARM, max_bundle_bytes=CAP, ban_after=ban_after, **cfg_kw)
     peers = PeerBook(ban_after=ban_after, ban_seconds=600.0, rate_limit_per_minute=rate, clock=clock)
     return Verifier(cfg, mix, 256, BYTE_TOKENIZER_ID, peers=peers, clock=clock, detokenize=detokenize, **kw)

@@ -1141,7 +1141,8 @@ class SwarmClient:
 
     def _fair_order(self, candidates: list[tuple[wire.Manifest, bytes, str]]) -> list[tuple[wire.Manifest, bytes, str]]:
         """Round-robin across publishers: in each round the publishers with earned standing before those without,
-        then those that used the least fetch time this step, then more earned standing, ties at random; each publisher's own candidates newest first, with times in
+        then those that used the least fetch time this step, then more earned standing, ties at random; each
+        publisher's own candidates newest first, with times in
         the future clamped to our clock (a future-dated manifest is no newer than one made now)."""
         wall = time.time()
         by_pub: dict[str, list[tuple[wire.Manifest, bytes, str]]] = {}

@@ -127,9 +127,11 @@ seen leaves; an outside attack earned standing with copies whose one leaf was du
 :meth:`Verifier.note_published`) are kept until ``seen_capacity`` evicts them, oldest first (or for
 ``replay_window_s`` when ``swarm.replay_window_seconds`` is set): a copy re-signed with a fresh time can be
 trained at any age, so no time window covers every tree that could still be trained (an outside attack
-replayed trees right after a 6 h window). A copy is dropped without charging anyone -- between two peers the receiver cannot tell
-who was first, and the real author must never pay for a copier who raced ahead -- except a copy of **our own**
-rollouts, which proves the signer copied (soft ``replay``). Leaves marked ``pruned`` are never scored nor
+replayed trees right after a 6 h window). A copy is dropped without charging anyone (the real author must
+never pay for a copier who raced ahead) except a copy of **our own** rollouts, which proves the signer copied
+(soft ``replay``). Authorship goes to the earliest commitment: a copy from a key whose manifest we read before
+the holder's takes the content's standing over, a tie disputes it (``committed_at`` of
+:meth:`Verifier.verify_bundle`, protocol/SPEC.md §5.1). Leaves marked ``pruned`` are never scored nor
 returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
 caller passes (``received_at``), never the signed policy version (which stays a claim in
 ``PeerTree.policy_version``) or the signed creation time (bounded by the freshness check).

@@ -1437,7 +1437,8 @@ class HostilePeer:
         size = 0
         now = time.time()
         for i in range(int(n_keys)):
-            sk = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"flood {self.peer_id} {seed} {i}".encode()).digest())
+            seed_bytes = hashlib.sha256(f"flood {self.peer_id} {seed} {i}".encode()).digest()
+            sk = Ed25519PrivateKey.from_private_bytes(seed_bytes)
             ident = Identity(sk)
             menvs = []
             for j in range(int(manifests_per_key)):
