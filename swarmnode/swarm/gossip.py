@@ -933,6 +933,7 @@ class SwarmClient:
         now = time.monotonic()
         with self._lock:
             self._counts["polls"] += 1
+            self._counts["known_publisher_records"] += len(entries)
             if shared:
                 self._last_shared_bytes = sum(len(v) for _, v in shared_entries)
             else:
