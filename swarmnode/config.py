@@ -486,9 +486,11 @@ class SwarmConfig(_Strict):
         "leaf, so a tree with shared nodes costs what its leaves expand to); checked before any expansion, "
         "larger bundles are rejected (reason too_many_tokens)"
     )
-    replay_window_seconds: float = Field(
-        21600.0, gt=0, description="seconds the receiver remembers the normalized content (TaskRef + "
-        "completion texts) of every accepted tree, so copies and re-signed replays are dropped (reason replay)"
+    replay_window_seconds: float | None = Field(
+        None, gt=0, description="seconds the receiver remembers the normalized content (TaskRef + "
+        "completion texts) of every accepted tree, so copies and re-signed replays are dropped (reason replay); "
+        "None (default) = until the bounded memory (65,536 trees and leaves, oldest first) evicts it: a tree "
+        "re-signed with a fresh time can be trained at any age, so a time window lets replays back in"
     )
     external_length_policy: Literal["drop", "truncate"] = Field(
         "drop", description="an external completion over the length cap is dropped, or truncated and masked; "

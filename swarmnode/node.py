@@ -699,7 +699,7 @@ class Node:
                 external_used = []
                 tm = self.trainer.step(batch, token_weight_fn=None)
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
-        # standing for what we trained on and the screen judged, nothing else (its warm-up keeps everything)
+        # standing for what we trained on and the screen judged, nothing else (its warm-up keeps nothing)
         updated = not tm.get("skipped") and tm.get("nonfinite_updates", 0) < tm.get("iterations", 1)
         judged = not cfg.swarm.screen.enabled or not m.get("screen/warmup")
         if external_used and updated and judged and self.swarm is not None:

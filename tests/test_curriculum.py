@@ -79,11 +79,12 @@ def test_voters_are_capped_and_ranked_by_earned_standing():
     # (trusted - 3 seats), so 1,000 Sybils cannot move the median off the honest 0.5
     assert combine_rates(["rg:a#1"], {}, honest + sybils, max_voters=32)["rg:a#1"] == 0.5
     assert combine_rates(["rg:a#1"], {}, sybils + honest, max_voters=3)["rg:a#1"] == 0.5
-    # the seats they get are real: 4 trusted votes (0.5, 0.5, 1.0, 1.0) leave 1 seat; a Sybil's 0.0 makes it 0.5
+    # young keys get no seat at all (an outside attack: two liars plus Sybils in trusted - 3 seats owned the median):
+    # 4 trusted votes (0.5, 0.5, 1.0, 1.0) give 0.75 with or without 1,000 Sybils voting 0.0
     four = [PeerRates(f"h{i}", {"rg:a#1": (16, 8 if i < 2 else 16)}, standing=16) for i in range(4)]
     assert combine_rates(["rg:a#1"], {}, four)["rg:a#1"] == 0.75
     t = tally_votes(["rg:a#1"], {}, four + sybils)["rg:a#1"]
-    assert (t.rate, t.trusted, len(t.peers)) == (0.5, 4, 5)
+    assert (t.rate, t.trusted, len(t.peers)) == (0.75, 4, 4)
 
 
 def test_ties_in_standing_are_not_broken_by_the_peer_id():
@@ -138,11 +139,32 @@ def test_the_tally_names_the_votes_it_used():
     stale = peers(10, {"rg:a#1": (16, 0)}, standing=20, age=500.0, prefix="stale")
     tallies = tally_votes(KEYS, own, est + young + stale)
     a, b = tallies["rg:a#1"], tallies["rg:b#2"]
-    assert a.trusted == 4 and len(a.peers) == 3 + 1 and set(p for p in a.peers if p.startswith("est")) == {
-        "est0", "est1", "est2"}
+    assert a.trusted == 4 and set(a.peers) == {"est0", "est1", "est2"}  # young keys get no seat
     assert b.trusted == 1 and b.peers == ()  # our own vote alone: no young key sits
     assert tallies["rg:c#3"].rate is None
-    assert len({p for t in tallies.values() for p in t.peers}) == 4
+    assert len({p for t in tallies.values() for p in t.peers}) == 3
+
+
+@pytest.mark.parametrize("honest", range(0, 9))
+def test_two_established_liars_and_their_sybils_move_no_median_the_honest_outvote(honest):
+    """Outside attack: with young seats = trusted - 3, two established liars and H Sybils cast H + 2 votes
+    against our own and H honest established ones, and the median became the liars' value for every H in 0..8
+    (a target task's share 0.25 -> 0.571). Young keys now get no seat: the median is an honest vote whenever the
+    honest side (our own vote plus H) outnumbers the two liars, i.e. H >= 2; at H = 1 it is the mean of an honest
+    and a lying vote; at H = 0 the liars hold it (measured here, reported in docs/swarm.md)."""
+    own = {"rg:a#1": (16, 8)}
+    hp = peers(honest, {"rg:a#1": (16, 8)}, standing=20, prefix="honest")
+    for lie in (0, 16):
+        liars = [PeerRates(f"liar{i}", {"rg:a#1": (16, lie)}, standing=40) for i in range(2)]
+        sybils = peers(1000, {"rg:a#1": (16, lie)}, standing=1)
+        t = tally_votes(["rg:a#1"], own, hp + liars + sybils)["rg:a#1"]
+        assert not any(p.startswith("sybil") for p in t.peers) and t.trusted == honest + 3, t
+        if honest >= 2:
+            assert t.rate == 0.5, (honest, lie, t)
+        elif honest == 1:
+            assert t.rate == 0.5 * (0.5 + lie / 16), (honest, lie, t)
+        else:
+            assert t.rate == lie / 16, (honest, lie, t)
 
 
 @pytest.mark.parametrize("honest", [0, 1, 2, 5, 15, 30])
@@ -156,8 +178,7 @@ def test_one_lying_established_peer_and_its_sybils_never_hold_the_majority(hones
     for lie in (0, 16):
         liar = [PeerRates("liar", {"rg:a#1": (16, lie)}, standing=20)]
         t = tally_votes(["rg:a#1"], own, hp + liar + peers(1000, {"rg:a#1": (16, lie)}))["rg:a#1"]
-        hostile = 1 + sum(1 for p in t.peers if p.startswith("sybil"))
-        assert t.trusted == honest + 2 and (hostile < honest + 1 if honest else hostile == 1), (honest, t)
+        assert t.trusted == honest + 2 and not any(p.startswith("sybil") for p in t.peers), (honest, t)
         # with only our own vote and the liar's, the median is their mean: between the trusted votes
         assert t.rate == (0.5 if honest else 0.5 * (0.5 + lie / 16)), (honest, lie, t.rate)
 

@@ -32,6 +32,7 @@ from swarmnode.swarm.validator import (
     manifest_key,
     owner_marker,
     parse_owner_marker,
+    publisher_key,
     time_bucket,
 )
 
@@ -151,7 +152,7 @@ def test_forged_owner_is_refused(keys):
     assert not v_victim.validate(double)
 
 
-def test_unmarked_records_refused_only_under_protected_keys(keys):
+def test_unmarked_records_refused_by_a_swarm_validator(keys):
     v = _validator(keys[0])
     now = time.time()
     bucket = time_bucket(now, BUCKET_S)
@@ -160,12 +161,33 @@ def test_unmarked_records_refused_only_under_protected_keys(keys):
     assert not v.validate(plain)
     assert not v.validate(_record(heartbeat_key(SWARM), b"some-peer", b"hb", now + 60))
     assert not v.validate(_record(manifest_key(SWARM, bucket - 3), "str-subkey", b"x", now + 60))
-    # other applications' keys on the same DHT are not our business
-    assert v.validate(_record("someone-else:key", b"sub", b"x", now + 60))
-    assert v.validate(_record(manifest_key("another-swarm", bucket), b"sub", b"x", now + 60))
+    # a swarm's node stores only its swarms' records: an unmarked value under any key could be a plain value
+    # wiping a publisher key (which no validator can recognise without knowing the publisher)
+    assert not v.validate(_record("someone-else:key", b"sub", b"x", now + 60))
+    assert not v.validate(_record(publisher_key(SWARM, _pub(keys[1])), None, b"wipe", now + 60))
+    # a validator without key spaces keeps hivemind's behaviour for other applications
+    assert Ed25519RecordValidator(keys[0]).validate(_record("someone-else:key", b"sub", b"x", now + 60))
     # under our keys the subkey must be exactly the marker, nothing around it
     padded = _signed(v, _record(manifest_key(SWARM, bucket), v.local_owner_marker + b"!", b"x", now + 60))
     assert not v.validate(padded)
+
+
+def test_only_the_owner_writes_under_its_publisher_key(keys):
+    """A flood of fresh keys can fill a shared bucket key; a publisher key takes its owner's record alone."""
+    owner, other = _validator(keys[0]), _validator(keys[1])
+    now = time.time()
+    own_key = publisher_key(SWARM, owner.public_key)
+    assert own_key == f"{SWARM}:publisher:{owner.public_key.hex()}"
+    assert owner.validate(_signed(owner, _record(own_key, owner.local_owner_marker, b"m", now + 60)))
+    # another key's correctly signed entry under the owner's publisher key: refused (it would grow the dictionary)
+    assert not owner.validate(_signed(other, _record(own_key, other.local_owner_marker, b"flood", now + 60)))
+    assert not other.validate(_signed(other, _record(own_key, other.local_owner_marker, b"flood", now + 60)))
+    # a marked record under a key of no swarm of ours (e.g. a guessed variant of the publisher key): refused
+    assert not owner.validate(_signed(owner, _record(own_key + "x", owner.local_owner_marker, b"m", now + 60)))
+    # the strict rules of shared keys hold there too: expiration cap
+    assert not owner.validate(_signed(owner, _record(own_key, owner.local_owner_marker, b"m", now + 10_000)))
+    with pytest.raises(ValueError, match="32 raw bytes"):
+        publisher_key(SWARM, b"short")
 
 
 def test_expiration_cap_and_size_cap(keys):
@@ -183,7 +205,8 @@ def test_expiration_cap_and_size_cap(keys):
 
 def test_validate_never_raises_on_garbage(keys):
     v = _validator(keys[0])
-    assert v.validate(DHTRecord(b"", b"", b"", 0.0)) is True  # unmarked, unprotected: not our business
+    assert v.validate(DHTRecord(b"", b"", b"", 0.0)) is False  # unmarked: a swarm's validator refuses it
+    assert Ed25519RecordValidator(keys[0]).validate(DHTRecord(b"", b"", b"", 0.0)) is True  # no key spaces
     protected_id = _key_id(heartbeat_key(SWARM))
     for rec in [
         DHTRecord(protected_id, None, None, 0.0),
@@ -519,3 +542,57 @@ def test_restart_survives_a_process_that_died_holding_hiveminds_shared_lock():
         if holder.is_alive():
             holder.kill()
         node.shutdown()
+
+
+def _flood_entries(key: str, n: int, size: int, ttl: float = 300.0) -> list[tuple[bytes, bytes, float]]:
+    """``n`` fresh keys' correctly signed entries of ``size`` random bytes under ``key`` (what any peer can store)."""
+    kid = _key_id(key)
+    expiration = time.time() + ttl
+    out = []
+    for _ in range(n):
+        v = _validator(Ed25519PrivateKey.generate())
+        marker = v.local_owner_marker
+        rec = DHTRecord(kid, MSGPackSerializer.dumps(marker), MSGPackSerializer.dumps(os.urandom(size)), expiration)
+        out.append((marker, v.sign_value(rec), expiration))
+    return out
+
+
+@pytest.mark.slow
+def test_a_flood_past_the_reply_cap_blinds_the_bucket_key_but_not_publisher_keys():
+    """Outside attack (flooded bucket key), at the DHT: 400 free keys each store a 12 KB signed entry under one
+    bucket key. Every
+    replica's find reply then exceeds hivemind's 4 MiB message cap and fails, so a reader that does not hold the key
+    itself (a client-mode node here; in a large swarm, almost every reader) gets nothing from the shared key, the
+    honest publisher's entry included. The publisher's own key holds its record alone (validators refuse the
+    flood there) and is read in full."""
+    from swarmnode.testing.adversary import store_signed_entries
+
+    a = _node()
+    b = _node(initial_peers=a.visible_maddrs())
+    reader = _node(initial_peers=a.visible_maddrs(), client_mode=True)
+    try:
+        assert _wait(lambda: b.connected and reader.connected, 60)
+        bucket = a.current_bucket() - 12  # a bucket no other test uses (inside the protected window)
+        key = manifest_key(SWARM, bucket)
+        assert a.publish_manifest(SWARM, bucket, b"honest record")
+        # (no control read by the reader here: hivemind would cache its result and answer later reads from it)
+        assert b.read_manifests(SWARM, [bucket]) == [(a.public_key, b"honest record")]
+        flood = _flood_entries(key, 400, 12_000)
+        stored, peers = store_signed_entries(b, _key_id(key), flood)
+        # the flood's entries are valid: both storing peers (a, b; the reader is a client) accepted every one
+        assert peers >= 1 and stored >= 400 * (peers + 1), (stored, peers)
+        # the flood also tries the honest publisher's own key: refused there
+        own = flood[:5]
+        own_id = _key_id(publisher_key(SWARM, a.public_key))
+        assert store_signed_entries(b, own_id, own)[0] == 0
+        # the publisher key is read in full (first, as SwarmClient.poll does)
+        assert reader.read_publishers(SWARM, [a.public_key, b.public_key]) == [(a.public_key, b"honest record")]
+        # the shared key is blinded for the reader: 400 x 12 KB > 4 MiB per reply
+        assert reader.read_manifests(SWARM, [bucket], timeout=20) == []
+        # the failed replies also cost the reader its routing-table entries for the replicas; once it re-joins
+        # (the watchdog's periodic join), the publisher key is reachable again
+        assert _wait(lambda: reader.read_publishers(SWARM, [a.public_key]) == [(a.public_key, b"honest record")],
+                     60, 2.0)
+    finally:
+        for n in (reader, b, a):
+            n.shutdown()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import replace
 
@@ -646,3 +647,82 @@ def test_payload_start_probability_separates_the_models_own_start_from_a_payload
     assert 0.0 <= planted < 1e-6 < 1e-2 < own <= 1.0
     with pytest.raises(ValueError):
         payload_start_probability(pol.model, pol.tokenizer, [], "x")
+
+
+FLOOD_KEYS = int(os.environ.get("SWARMNODE_TEST_FLOOD_KEYS", "300"))  # 1000 for the measurement in docs/swarm.md
+
+
+@pytest.mark.slow
+def test_a_flood_of_free_keys_in_the_bucket_key_does_not_hide_an_established_publisher(tmp_path, mix):
+    """Outside attack (flooded bucket key), over the real network: 300 free keys each store one full manifest
+    record (16 signed
+    manifests, about 11 KB) under the shared manifest keys of the current and the next bucket. The outsider saw a
+    receiver accept 0 of 27 honest bundles of an established peer that way (control 19 of 19). Now the receiver
+    reads known publishers from their own publisher keys first and looks at a bounded number of new owners per
+    poll, so the established honest publisher keeps >= 90% of its control acceptance."""
+    from swarmnode.config import RunConfig
+    from swarmnode.swarm.gossip import SwarmClient
+    from swarmnode.testing.adversary import HostilePeer
+
+    sid = f"flood-{time.time_ns() % 10**9}"
+    scfg = SwarmConfig(enabled=True, swarm_id=sid, fetch_timeout=FETCH_TIMEOUT, dht_timeout=10.0, bucket_seconds=30.0,
+                       max_external_completion_length=256)
+    ident = Identity.from_private_bytes(hashlib.sha256(b"test_hostile_swarm flood receiver").digest())
+    victim = SwarmClient(RunConfig(swarm=scfg), ident, mix, 256, "model-victim", BYTE_TOKENIZER_ID, None,
+                         tmp_path / "victim", detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=5.0,
+                         dht_kwargs=FAST_DHT)
+    honest = flooder = None
+    try:
+        honest = HostilePeer(victim.scfg, mix, initial_peers=victim.maddrs(), identity=HONEST, cases=[],
+                             dht_kwargs=FAST_DHT)
+        flooder = HostilePeer(victim.scfg, mix, initial_peers=victim.maddrs(), cases=[], dht_kwargs=FAST_DHT, seed=7)
+        assert _wait(lambda: honest.dht.connected and flooder.dht.connected, 120)
+
+        def run_steps(n: int, k0: int) -> tuple[int, int]:
+            """``n`` steps of one honest bundle each: (published, accepted) as the receiver's gather saw them."""
+            published = accepted = 0
+            for k in range(n):
+                digests = honest.publish_bundles([honest.factory.honest_trees(2, 4)])
+                assert digests, "the honest peer could not store its record"
+                published += 1
+                _wait(lambda: set(digests) <= victim.pending_digests() | {a.digest for a in victim.accepted}, 30)
+                got = victim.gather(k0 + k, 0)[0]
+                mine = [t for t in got if t.peer_id == HONEST.peer_id]
+                accepted += any(a.digest in digests for a in victim.accepted)
+                victim.credit(HONEST.peer_id, len(mine))  # what node.py does once it trained on them
+            return published, accepted
+
+        control = run_steps(4, 0)
+        assert control[1] == control[0] and victim.peers.earned(HONEST.peer_id) > 0, control  # established peer
+        before = dict(victim.snapshot()["counts"])
+        bucket = flooder.dht.current_bucket()
+        floods = [flooder.flood_bucket_key(FLOOD_KEYS, bucket=b, seed=b) for b in (bucket, bucket + 1)]
+        assert all(f["stored"] >= FLOOD_KEYS for f in floods), floods
+        # the flood is in the key: a plain read of the shared key returns every fake record
+        plain = victim.dht.read_manifests(sid, [bucket])
+        assert len(plain) >= FLOOD_KEYS
+        flooded_key_bytes = sum(len(v) for _, v in plain)
+        flooded = run_steps(6, 10)
+        after = victim.snapshot()["counts"]
+        polls = after["polls"] - before.get("polls", 0)
+        read_mb = (after["dht_read_bytes"] - before.get("dht_read_bytes", 0)) / 1e6
+        print("flood result:", json.dumps({
+            "keys": FLOOD_KEYS, "record_bytes": floods[0]["record_bytes"], "flooded_key_kb": flooded_key_bytes // 1000,
+            "control": control, "flooded": flooded,
+            "polls": polls, "dht_read_mb": round(read_mb, 2), "read_kb_per_poll": round(1e3 * read_mb / max(polls, 1)),
+            "new_owners_deferred": after.get("new_owners_deferred", 0), "shared_reads_skipped":
+            after.get("shared_reads_skipped", 0), "known_publisher_records": after.get("known_publisher_records", 0),
+            "fetch": {k: v for k, v in after.items() if k.startswith("fetch")}, "rejected":
+            victim.snapshot()["rejected"], "dht": victim.dht.status().num_peers}))
+        # honest bundles of the established peer keep >= 90% of their control acceptance
+        assert flooded[1] / flooded[0] >= 0.9 * control[1] / control[0], (control, flooded)
+        # the flood was live and its cost bounded: most fresh owners deferred each poll, big shared reads spaced out
+        assert after.get("new_owners_deferred", 0) > 0 and after.get("shared_reads_skipped", 0) > 0
+        assert read_mb * 1e6 / max(polls, 1) <= 0.5 * flooded_key_bytes, (read_mb, polls, flooded_key_bytes)
+        # nothing of the flood's keys was accepted (nobody serves their bodies)
+        assert all(a.publisher == HONEST.peer_id for a in victim.accepted)
+    finally:
+        for x in (flooder, honest):
+            if x is not None:
+                x.close()
+        victim.close()

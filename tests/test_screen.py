@@ -98,11 +98,16 @@ def test_screen_keeps_own_kind_and_rejects_a_payload_and_charges(policy):
     assert not book.is_banned("p")  # soft: a screen can err
 
 
-def test_warmup_keeps_everything(policy):
+def test_warmup_trains_nothing_and_charges_no_one(policy):
+    """Outside attack: with fewer local leaves per step than ``min_history`` (e.g. ``prompts_per_step: 2``)
+    every external sample of the first steps was kept, and a payload line trained. In warm-up the screen now keeps
+    nothing (it cannot judge yet) and charges no peer for it."""
     sc = LikelihoodScreen(min_history=32)
     s = Sample([1, 2], [3, 4], [0.0, 0.0], source="external:x")
     res = sc.screen(policy.model, [s])
-    assert res.kept == [s] and res.metrics["screen/warmup"] == 1
+    assert res.kept == [] and res.rejected_by_peer == {}
+    assert res.metrics["screen/warmup"] == 1 and res.metrics["screen/warmup_held"] == 1
+    assert res.metrics["screen/rejected"] == 0
 
 
 def test_screen_config_defaults_on():

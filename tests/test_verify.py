@@ -68,7 +68,8 @@ def clock() -> FakeClock:
 
 
 def make_verifier(mix, clock, *, ban_after=1000, rate=10_000.0, detokenize=byte_detokenize, **kw) -> Verifier:
-    cfg_kw = {k: kw.pop(k) for k in list(kw) if k in ("allowlist", "freshness_seconds", "max_clock_skew")}
+    cfg_kw = {k: kw.pop(k) for k in list(kw)
+              if k in ("allowlist", "freshness_seconds", "max_clock_skew", "replay_window_seconds")}
     cfg = SwarmConfig(swarm_id=SWARM, max_bundle_bytes=CAP, ban_after=ban_after, **cfg_kw)
     peers = PeerBook(ban_after=ban_after, ban_seconds=600.0, rate_limit_per_minute=rate, clock=clock)
     return Verifier(cfg, mix, 256, BYTE_TOKENIZER_ID, peers=peers, clock=clock, detokenize=detokenize, **kw)
@@ -803,8 +804,42 @@ def test_resigned_copy_after_the_old_dedup_window_is_still_a_replay(peer_mix, cl
     clock.advance(3600.0)  # far past freshness + 2·skew (660 s): the copy is re-signed with a fresh time
     r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 1)], ATTACKER, clock), None, "a"))
     assert r.reason == "replay"
-    clock.advance(SwarmConfig().replay_window_seconds)  # forgotten after the configured window (bounded memory)
-    assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 1)], ATTACKER, clock), None, "a")
+    # an outside attack: the same tree re-signed after the old 6 h window was accepted again; the memory is now
+    # bounded by capacity only (a re-signed tree can be trained at any age)
+    clock.advance(21600.0 + 1.0)
+    r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 1)], ATTACKER, clock), None, "a"))
+    assert r.reason == "replay"
+    # an explicit window still forgets (bounded memory, when an operator wants it)
+    w = make_verifier(peer_mix, clock, replay_window_seconds=7200.0)
+    assert w.verify_bundle(_bundle([_honest_tree(peer_mix, 3)], HONEST, clock), None, "h")
+    clock.advance(7201.0)
+    assert w.verify_bundle(_bundle([_honest_tree(peer_mix, 3)], ATTACKER, clock), None, "a")
+
+
+def test_authorship_goes_to_the_earliest_commitment_not_the_first_verified(peer_mix, clock):
+    """Outside attack: a copier re-signing an honest author's fresh trees and verified first took their
+    content and standing. Authorship now goes to the key whose manifest the receiver read first (the copier can
+    only announce after the author did); a tie disputes it; without commitment times nothing changes."""
+    v = make_verifier(peer_mix, clock)
+    pid = {"a": ATTACKER.peer_id, "h": HONEST.peer_id}
+    # the copier's bundle is verified first, but its manifest was read after the author's (t=2.0 > 1.0)
+    assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 30)], ATTACKER, clock), None, "a", committed_at=2.0)
+    assert v.take_authorship_changes() == []
+    r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 30)], HONEST, clock), None, "h",
+                                     committed_at=1.0))
+    assert r.reason == "replay" and not r.charged  # the bytes are still a copy: nothing trains twice
+    assert v.take_authorship_changes() == [(pid["a"], pid["h"])] and v.take_authorship_changes() == []
+    # the copier coming back later changes nothing: the author holds the content now
+    _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 30)], ATTACKER, clock), None, "a", committed_at=3.0))
+    assert v.take_authorship_changes() == []
+    # read in the same poll: disputed, no one keeps it
+    assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 31)], ATTACKER, clock), None, "a", committed_at=5.0)
+    _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 31)], HONEST, clock), None, "h", committed_at=5.0))
+    assert v.take_authorship_changes() == [(pid["a"], None)]
+    # no commitment time: the first verified keeps it
+    assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 32)], ATTACKER, clock), None, "a")
+    _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 32)], HONEST, clock), None, "h", committed_at=0.0))
+    assert v.take_authorship_changes() == []
 
 
 def test_a_copier_who_arrives_first_never_gets_the_author_charged(peer_mix, clock):

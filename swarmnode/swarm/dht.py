@@ -29,6 +29,11 @@ docs/references.md §4.4 and §6.1):
   expiration wins within a subkey). Reads use ``latest=True`` (subkey dictionaries are merged across
   replicas) and validate every entry again, dropping bad entries one by one (hivemind drops a whole
   dictionary when a single subkey is invalid, docs/references.md §4.4).
+* **Publisher keys.** A manifest record is also stored under the publisher's own key
+  ``f"{swarm_id}:publisher:{hex(public key)}"``, where validators accept its owner's entry alone
+  (:func:`~swarmnode.swarm.validator.publisher_key`). A shared bucket key takes any number of fresh keys'
+  entries, and past hivemind's 4 MiB find-reply cap (about 350 entries of 12 KB) every replica's reply fails
+  and the reader sees only its own storage; :meth:`SwarmDHT.read_publishers` reaches known publishers anyway.
 
 The API is synchronous and thread-safe; it never calls the DHT from inside the DHT's own coroutines.
 Values are opaque bytes (the wire codec lives elsewhere).
@@ -65,6 +70,7 @@ from swarmnode.swarm.validator import (
     heartbeat_key,
     manifest_key,
     parse_owner_marker,
+    publisher_key,
     time_bucket,
 )
 
@@ -76,6 +82,7 @@ __all__ = [
     "heartbeat_key",
     "manifest_key",
     "parse_multiaddr",
+    "publisher_key",
     "time_bucket",
 ]
 
@@ -962,10 +969,13 @@ class SwarmDHT:
             ok = all(ok.values())
         return bool(ok)
 
-    def publish_manifest(self, swarm_id: str, bucket: int, manifest_bytes: bytes, timeout: float | None = None) -> bool:
+    def publish_manifest(self, swarm_id: str, bucket: int, manifest_bytes: bytes, timeout: float | None = None,
+                         own_key: bool = True) -> bool:
         """Store our manifest for ``bucket`` under ``f"{swarm_id}:manifests:{bucket}"``, subkey = our owner marker.
 
         One record per publisher per bucket; publishing again replaces ours. Expires ``manifest_ttl`` s from now.
+        With ``own_key`` the same record also replaces the one under our publisher key (pass False when
+        re-publishing an older bucket than the newest one: the publisher key holds the newest record).
 
         :returns: whether at least this node stored it (False on timeout or when no DHT runs; never raises
             for network trouble)
@@ -974,7 +984,11 @@ class SwarmDHT:
         """
         self._check_swarm(swarm_id)
         key = manifest_key(swarm_id, bucket)
-        return self._store(key, self._check_value(manifest_bytes, "manifest_bytes"), self.manifest_ttl, timeout)
+        value = self._check_value(manifest_bytes, "manifest_bytes")
+        ok = self._store(key, value, self.manifest_ttl, timeout)
+        if own_key:
+            ok = self._store(publisher_key(swarm_id, self.public_key), value, self.manifest_ttl, timeout) and ok
+        return ok
 
     def publish_heartbeat(self, swarm_id: str, heartbeat_bytes: bytes, timeout: float | None = None) -> bool:
         """Store our heartbeat under ``f"{swarm_id}:heartbeats"`` (expires ``heartbeat_ttl`` s from now)."""
@@ -1045,6 +1059,24 @@ class SwarmDHT:
         self._check_swarm(swarm_id)
         keys = [manifest_key(swarm_id, b) for b in buckets]
         return [entry for per_key in self._read(keys, timeout) for entry in per_key]
+
+    def read_publishers(self, swarm_id: str, public_keys: Sequence[bytes],
+                        timeout: float | None = None) -> list[tuple[bytes, bytes]]:
+        """The newest manifest record of each given publisher, read from its own publisher key.
+
+        :param public_keys: raw 32-byte Ed25519 public keys (e.g. the peers with earned standing)
+        :param timeout: bound for all lookups together (s; default ``call_timeout``)
+        :returns: ``[(publisher_public_key, record_bytes)]`` in the order of ``public_keys``; an entry whose
+            owner is not the key's publisher is dropped (validators refuse those; a reader checks again)
+        :raises ValueError: unknown ``swarm_id`` or a key that is not 32 bytes
+        """
+        self._check_swarm(swarm_id)
+        pubs = [bytes(p) for p in public_keys]
+        keys = [publisher_key(swarm_id, p) for p in pubs]
+        out = []
+        for pub, per_key in zip(pubs, self._read(keys, timeout)):
+            out.extend(entry for entry in per_key if entry[0] == pub)
+        return out
 
     def read_heartbeats(self, swarm_id: str, timeout: float | None = None) -> list[tuple[bytes, bytes]]:
         """All valid heartbeats: ``[(publisher_public_key, heartbeat_bytes)]``.

@@ -155,6 +155,14 @@ _MAX_UNEARNED_RATE_PEERS = 64
 _PAID_PER_OWNER = 256
 _MAX_PAID_OWNERS = 1024
 _MAX_CARRY_TREES = 64  # verified trees over a per-step cap, carried to the next steps
+# reads a flood cannot blind: the publishers with earned standing are read from their own publisher keys (at most
+# this many, most standing first); of the owners without standing in the shared bucket keys, at most
+# _NEW_OWNERS_PER_POLL (at random) have their records decoded and manifests verified per poll; a shared read over
+# _SHARED_READ_SOFT_BYTES makes the next shared reads wait for the full-read cadence (bytes per poll bounded)
+_KNOWN_PUBLISHERS_READ = 32
+_NEW_OWNERS_PER_POLL = 16
+_SHARED_READ_SOFT_BYTES = 256 * 1024
+_MAX_OWNER_KEYS = 4096
 
 
 _fork_hook_installed = False
@@ -464,14 +472,20 @@ class SwarmClient:
         self._contacts: OrderedDict[str, tuple[str, float]] = OrderedDict()  # owner -> (libp2p PeerID, seen)
         self._paid: OrderedDict[str, OrderedDict[bytes, None]] = OrderedDict()  # owner -> manifests it paid for
         self._inflight_by_pub: Counter[str] = Counter()  # fetches running or queued, per publisher
+        self._unearned_inflight: set[str] = set()  # publishers without standing when their fetch started
+        self._unearned_slots = max(1, max_concurrent_fetches // 2)
         self._spent: Counter[str] = Counter()  # fetch seconds per publisher this step
         # trees over a per-step cap: (first seen, tree, key was young then); gather thread only
         self._carry: list[tuple[float, PeerTree, bool]] = []
+        self._young_served: OrderedDict[str, int] = OrderedDict()  # young key -> the last admission turn it got
+        self._young_turn = 0
         self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
         # when we first read each manifest (monotonic s; bounded like _mstate): a copy of a bundle can only be
         # announced after its publisher's manifest, so among keys of equal standing the earlier one is fetched
         self._first_seen: OrderedDict[bytes, float] = OrderedDict()
+        self._owner_keys: OrderedDict[str, bytes] = OrderedDict()  # record owner's peer id -> its public key
+        self._last_shared_bytes = 0  # bytes the last read of the shared bucket keys returned
         self._wanted: set[str] = set()  # bundle digests in flight or queued
         self._counts: Counter[str] = Counter()
         self._reported: Counter[str] = Counter()
@@ -519,12 +533,15 @@ class SwarmClient:
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """The trainer rejected ``n`` of ``peer_id``'s samples under ``reason`` (node.py ``SwarmHook.charge``,
         e.g. the likelihood screen): ``n`` soft rejections in the peer's PeerBook record (no strike, no ban:
-        a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them. Rejected
-        samples never earn standing (only :meth:`credit` does), so nothing needs taking back."""
+        a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them, and one earned
+        tree taken back per charge (``PeerBook.record_unearned``): a key whose junk is rejected every step cannot
+        keep standing it bought with one copied tree (outside attack: two such keys held the young pool)."""
         n = max(0, min(int(n), 1024))
         peer_id = str(peer_id)
         for _ in range(n):
             self.peers.record_reject(peer_id, str(reason), False, "rejected by the trainer")
+        if n:
+            self.peers.record_unearned(peer_id, 1)
 
     def credit(self, peer_id: str, n: int = 1) -> None:
         """The node trained on ``n`` useful trees of ``peer_id`` this step (node.py ``SwarmHook.credit``): ``n``
@@ -853,11 +870,13 @@ class SwarmClient:
         self._was_connected = connected
         with self._lock:
             dirty = sorted(self._dirty)
+            newest = max(self._outbox, default=None)
         for bucket in dirty:
             data = self._record_bytes(bucket)
             if data is None:
                 continue
-            ok = self.dht.publish_manifest(self.swarm_id, bucket, data, timeout=self.scfg.dht_timeout)
+            ok = self.dht.publish_manifest(self.swarm_id, bucket, data, timeout=self.scfg.dht_timeout,
+                                           own_key=bucket == newest)
             if ok:
                 with self._lock:
                     self._dirty.discard(bucket)
@@ -903,18 +922,34 @@ class SwarmClient:
         buckets = self.dht.recent_buckets(self.scfg.read_buckets)
         with self._lock:
             full = self._counts["polls"] % self._full_read_every == 0
+            shared = full or self._last_shared_bytes <= _SHARED_READ_SOFT_BYTES
         if not full:
             buckets = buckets[-2:]
-        entries = self.dht.read_manifests(self.swarm_id, buckets, timeout=self.scfg.dht_timeout)
+        # known publishers first, from their own keys: no flood of the shared keys can hide them
+        known = self._known_publishers()
+        entries = self.dht.read_publishers(self.swarm_id, known, timeout=self.scfg.dht_timeout) if known else []
+        shared_entries = (self.dht.read_manifests(self.swarm_id, buckets, timeout=self.scfg.dht_timeout)
+                          if shared else [])
         now = time.monotonic()
         with self._lock:
             self._counts["polls"] += 1
-            self._counts["dht_read_bytes"] += sum(len(v) for _, v in entries)
+            self._counts["known_publisher_records"] += len(entries)
+            if shared:
+                self._last_shared_bytes = sum(len(v) for _, v in shared_entries)
+            else:
+                self._counts["shared_reads_skipped"] += 1
+            self._counts["dht_read_bytes"] += sum(len(v) for _, v in entries) + sum(len(v) for _, v in shared_entries)
+        entries = self._poll_entries(entries, shared_entries, set(known))
         candidates: list[tuple[wire.Manifest, bytes, str]] = []
         for owner, value in entries:
             if owner == self.public_key:
                 continue
             owner_id = peer_id_from_public_key(owner)
+            with self._lock:
+                self._owner_keys[owner_id] = owner
+                self._owner_keys.move_to_end(owner_id)
+                while len(self._owner_keys) > _MAX_OWNER_KEYS:
+                    self._owner_keys.popitem(last=False)
             if self.peers.is_banned(owner_id):  # no work and no state for a banned key's records
                 continue
             try:
@@ -980,6 +1015,39 @@ class SwarmClient:
             started += res == "started"
         return started
 
+    def _known_publishers(self) -> list[bytes]:
+        """Public keys of the publishers with earned standing whose keys we saw, most standing first (at most
+        ``_KNOWN_PUBLISHERS_READ``): read from their own publisher keys every poll."""
+        with self._lock:
+            owners = list(self._owner_keys.items())
+        ranked = [(self.peers.earned(pid), pub) for pid, pub in owners]
+        ranked = [(e, pub) for e, pub in ranked if e > 0 and not self.peers.is_banned(peer_id_from_public_key(pub))]
+        ranked.sort(key=lambda x: -x[0])
+        return [pub for _, pub in ranked[:_KNOWN_PUBLISHERS_READ]]
+
+    def _poll_entries(self, own: list[tuple[bytes, bytes]], shared: list[tuple[bytes, bytes]],
+                      known: set[bytes]) -> list[tuple[bytes, bytes]]:
+        """The records one poll looks at: every record of a known publisher (its own key, then the shared keys),
+        then those of at most ``_NEW_OWNERS_PER_POLL`` other owners chosen at random (the rest are looked at in
+        later polls), so a flood of fresh keys costs the reader a bounded number of decodes and verifications
+        per poll and never comes before a publisher with standing. Duplicate (owner, record) pairs are dropped."""
+        seen: set[tuple[bytes, bytes]] = set()
+        first: list[tuple[bytes, bytes]] = []
+        others: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        for owner, value in [*own, *shared]:
+            if (owner, value) in seen:
+                continue
+            seen.add((owner, value))
+            if owner in known:
+                first.append((owner, value))
+            else:
+                others.setdefault(owner, []).append((owner, value))
+        chosen = list(others)
+        if len(chosen) > _NEW_OWNERS_PER_POLL:
+            chosen = random.sample(chosen, _NEW_OWNERS_PER_POLL)
+            self._count("new_owners_deferred", len(others) - _NEW_OWNERS_PER_POLL)
+        return first + [e for owner in chosen for e in others[owner]]
+
     def _one_per_digest(self, candidates: list[tuple[wire.Manifest, bytes, str]],
                         now: float) -> list[tuple[wire.Manifest, bytes, str]]:
         """Keep one manifest per bundle digest, ranked by: its publisher can start a fetch now (under its
@@ -1029,7 +1097,9 @@ class SwarmClient:
     def _start(self, manifest: wire.Manifest, mdigest: bytes, owner_id: str, extra: bool) -> str | None:
         """Start one fetch: ``"started"``, ``"skip"`` (already wanted, or the queue is full), ``"wait"`` (the
         publisher's turn is over: at its concurrency limit or over its budget; ``extra`` starts it anyway, on
-        spare capacity) or None (the pool is shut down)."""
+        spare capacity) or None (the pool is shut down). Publishers without earned standing together hold at most
+        half the fetch workers (at least one)."""
+        unearned = self.peers.earned(owner_id) <= 0
         with self._lock:
             prev = self._mstate.get(mdigest)
             tries = prev.tries if prev else 0
@@ -1046,6 +1116,13 @@ class SwarmClient:
                               or self._spent[owner_id] >= self.publisher_budget_s):
                 self._mstate[mdigest] = _MState("retry", tries, 0.0, manifest.bundle_digest)
                 return "wait"
+            if unearned and sum(n for p, n in self._inflight_by_pub.items()
+                                if p in self._unearned_inflight) >= self._unearned_slots:
+                # keys without standing share half the fetch workers: the rest is always free for known publishers
+                self._mstate[mdigest] = _MState("retry", tries, time.monotonic() + 1.0, manifest.bundle_digest)
+                return "skip"
+            if unearned:
+                self._unearned_inflight.add(owner_id)
             self._wanted.add(bdigest)
             self._mstate[mdigest] = _MState("inflight", tries)
             self._mstate.move_to_end(mdigest)
@@ -1064,8 +1141,9 @@ class SwarmClient:
         return "started"
 
     def _fair_order(self, candidates: list[tuple[wire.Manifest, bytes, str]]) -> list[tuple[wire.Manifest, bytes, str]]:
-        """Round-robin across publishers: publishers that used the least fetch time this step first, then those
-        with more earned standing, ties at random; each publisher's own candidates newest first, with times in
+        """Round-robin across publishers: in each round the publishers with earned standing before those without,
+        then those that used the least fetch time this step, then more earned standing, ties at random; each
+        publisher's own candidates newest first, with times in
         the future clamped to our clock (a future-dated manifest is no newer than one made now)."""
         wall = time.time()
         by_pub: dict[str, list[tuple[wire.Manifest, bytes, str]]] = {}
@@ -1077,7 +1155,8 @@ class SwarmClient:
         random.shuffle(pubs)
         with self._lock:
             spent = dict(self._spent)
-        pubs.sort(key=lambda p: (spent.get(p, 0.0), -self.peers.earned(p)))
+        # publishers with standing before fresh keys within each round, then the least fetch time this step
+        pubs.sort(key=lambda p: (self.peers.earned(p) <= 0, spent.get(p, 0.0), -self.peers.earned(p)))
         out: list[tuple[wire.Manifest, bytes, str]] = []
         depth = max((len(v) for v in by_pub.values()), default=0)
         for i in range(depth):
@@ -1211,6 +1290,7 @@ class SwarmClient:
                 self._inflight_by_pub[publisher] -= 1
                 if self._inflight_by_pub[publisher] <= 0:
                     del self._inflight_by_pub[publisher]
+                    self._unearned_inflight.discard(publisher)
                 # on success "done" was set with the queued body (and "retry" again if it has been dropped since)
                 if not ok:
                     self._wanted.discard(bdigest)
@@ -1280,11 +1360,16 @@ class SwarmClient:
                 break
             received += 1
             try:
+                with self._lock:
+                    committed = self._first_seen.get(item.mdigest) if item.mdigest else None
                 try:
                     vts = self.verifier.verify_bundle(item.body, item.manifest, item.sender,
-                                                      received_at=item.fetched_at, prepaid=True)
+                                                      received_at=item.fetched_at, prepaid=True,
+                                                      committed_at=committed)
                 finally:
+                    changes = self.verifier.take_authorship_changes()
                     self._vlock.release()
+                    self._move_authorship(changes)
             except Rejection as r:
                 self._reject(r, item.manifest.num_leaves)
                 continue
@@ -1337,6 +1422,18 @@ class SwarmClient:
             m["swarm/latency_max_s"] = latencies[-1]
         return out, m
 
+    def _move_authorship(self, changes: list[tuple[str, str | None]]) -> None:
+        """Apply the verifier's authorship changes (``Verifier.take_authorship_changes``): per tree, the key that
+        held its content loses one earned tree, and the key whose manifest we read first (None: a tie, no one)
+        gains one. A copier verified before the author thus earns nothing once the author's bundle arrives, and
+        the author earns what its trees were worth (outside attack: a copier verified first took 32 trained
+        samples and +1 standing a step, the author 0)."""
+        for loser, winner in changes:
+            self.peers.record_unearned(loser, 1)
+            if winner is not None:
+                self.peers.record_earned(winner, 1)
+            self._count("authorship_moved" if winner is not None else "authorship_disputed")
+
     def _admit(self, trees: list[PeerTree]) -> tuple[list[PeerTree], int, int]:
         """The per-step caps on trees per key (Sybil resistance; module docstring, "Young keys").
 
@@ -1344,8 +1441,10 @@ class SwarmClient:
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
         one tree per key per turn (a young key's trees whose rewards do not differ are dropped first: they have
-        nothing to train and must not take a slot), keys with more earned standing first (ties in random order: a flood of fresh
-        keys that never earn cannot crowd out a young key whose trees the node trains on). Admission earns
+        nothing to train and must not take a slot), the key admitted longest ago (or never) first, ties in random
+        order: every young key with something to train gets a turn at least once per ``ceil(young keys /
+        max_young_trees)`` steps, and no standing a copied tree buys moves it ahead (outside attack: two keys with
+        one earned tree each took both slots every step and locked an honest newcomer out). Admission earns
         nothing (standing comes from :meth:`credit`, once the node trained on a tree); the trees of an
         established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
         when the key was already established when the tree first arrived: a tree carried over while its key was
@@ -1388,16 +1487,21 @@ class SwarmClient:
                 for i in idx:
                     items[i][1].established = not items[i][2]
         pool = self.max_young_trees
-        order = list(young)
-        random.shuffle(order)  # ties in a random order; then the young keys with the most standing go first,
-        order.sort(key=self.peers.earned, reverse=True)  # so keys that never earn cannot crowd out one that does
+        order = [p for p in young if young[p]]
+        random.shuffle(order)  # ties in a random order; then the key served longest ago (or never) goes first:
+        order.sort(key=lambda p: self._young_served.get(p, -1))  # turns, not standing a copied tree buys
         n_young = 0
+        self._young_turn += 1
         while pool > 0 and any(young[p] for p in order):
             for p in order:
                 if pool > 0 and young[p]:
                     keep.add(young[p].pop(0))
                     pool -= 1
                     n_young += 1
+                    self._young_served[p] = self._young_turn
+                    self._young_served.move_to_end(p)
+        while len(self._young_served) > _MAX_OWNER_KEYS:
+            self._young_served.popitem(last=False)
         out = [vt for i, (_, vt, _) in enumerate(items) if i in keep]
         carry: list[tuple[float, PeerTree, bool]] = []
         per_peer: Counter[str] = Counter()

@@ -54,7 +54,9 @@ kept by the likelihood screen and the share cap), with reward variance under our
 :meth:`PeerBook.tree_cap` turns that record into a per-step cap, ``min(ceiling, base + earned // per)``, and
 :meth:`PeerBook.is_young` tells keys with fewer than ``established_after`` earned trees apart (the swarm layer caps the trees of all young keys together
 per step). Since only trained trees earn, and admission is itself capped per step, standing grows with
-time and kept work, not with the number of keys. A hard rejection resets the earned record to 0.
+time and kept work, not with the number of keys. A hard rejection resets the earned record to 0; a tree the
+trainer rejects (the likelihood screen) takes one earned tree back (:meth:`PeerBook.record_unearned`), so a key
+whose junk is screened every step keeps no standing.
 
 Bounded memory
 --------------
@@ -389,6 +391,16 @@ class PeerBook:
         with self._lock:
             rec = self._get(peer, self.clock())
             rec.earned += n
+
+    def record_unearned(self, peer: str, n: int = 1) -> None:
+        """Take back ``n`` earned trees of ``peer`` (never below 0): the trainer rejected ``n`` of its samples
+        (e.g. the likelihood screen). Non-positive ``n`` is ignored."""
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            return
+        with self._lock:
+            rec = self._peers.get(peer)
+            if rec is not None:
+                rec.earned = max(0, rec.earned - n)
 
     def earned(self, peer: str) -> int:
         """Useful trees of ``peer`` trained on so far (0 for an unknown peer); reset by a hard rejection."""

@@ -20,14 +20,21 @@ Ed25519 keys never reach the record layer. :class:`Ed25519RecordValidator` mirro
   window in which a record could still be read, and refuses any record under them that is not an
   owner-marked dictionary entry (a plain value with a later expiration would otherwise replace the
   whole dictionary; docs/references.md §4.4 "sender-chosen expiration").
+* **Publisher keys.** Each publisher also stores its newest manifest record under its own key
+  ``{swarm_id}:publisher:{hex(public key)}`` (:func:`publisher_key`). A validator with key spaces accepts a
+  marked record under a key that is not a shared key only when the key is the marker's owner's own
+  publisher key, and refuses every unmarked record: so nobody but the owner can write under a publisher
+  key, and a flood of fresh keys (whose entries can push a shared key's dictionary past the 4 MiB
+  find-reply cap, at about 350 entries of 12 KB) cannot hide a known publisher's record from readers.
+  A node of a swarm therefore stores only its swarms' records; a validator without key spaces keeps
+  hivemind's behaviour (unmarked records and marked ones under any key pass).
 * **Expiration cap.** A marked or protected record expiring later than ``now + max_ttl +
   max_clock_skew`` is refused (hivemind keeps the newest expiration, chosen by the sender with no upper
   bound).
 * **Size cap.** A marked or protected record whose stripped value exceeds ``max_value_bytes`` is
   refused, so one signer cannot push a key's whole dictionary past the 4 MiB find-reply cap.
 
-Records that carry no marker and are not under a protected key pass untouched (other hivemind users
-of the same DHT are not our business), exactly like the RSA validator.
+Without key spaces, records that carry no marker pass untouched, exactly like the RSA validator.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ __all__ = [
     "manifest_key",
     "owner_marker",
     "parse_owner_marker",
+    "publisher_key",
     "time_bucket",
 ]
 
@@ -110,6 +118,21 @@ def heartbeat_key(swarm_id: str) -> str:
     """DHT key of the swarm's heartbeats: ``f"{swarm_id}:heartbeats"``."""
     _check_swarm_id(swarm_id)
     return f"{swarm_id}:heartbeats"
+
+
+def publisher_key(swarm_id: str, public_key: bytes) -> str:
+    """DHT key holding one publisher's newest manifest record: ``f"{swarm_id}:publisher:{public_key.hex()}"``.
+
+    Only the owner of ``public_key`` can write under it (validators with key spaces refuse everyone else),
+    so readers reach the publishers they already know whatever a flood does to the shared bucket keys.
+
+    :param public_key: raw 32-byte Ed25519 public key
+    :raises ValueError: bad ``swarm_id`` or a key that is not 32 bytes
+    """
+    _check_swarm_id(swarm_id)
+    if not isinstance(public_key, (bytes, bytearray)) or len(public_key) != 32:
+        raise ValueError(f"an Ed25519 public key is 32 raw bytes, got {public_key!r:.80}")
+    return f"{swarm_id}:publisher:{bytes(public_key).hex()}"
 
 
 def owner_marker(public_key: bytes) -> bytes:
@@ -204,12 +227,14 @@ class Ed25519RecordValidator(RecordValidatorBase):
         self.max_value_bytes = int(max_value_bytes)
         self._protected_cache: tuple[int, frozenset[bytes]] | None = None
         self._pubkey_cache: dict[bytes, Ed25519PublicKey] = {}
+        self._publisher_ids: dict[bytes, frozenset[bytes]] = {}  # owner hex -> its publisher key ids
 
     # pickling (hivemind's DHT.add_validators sends validators to the DHT process through a local pipe)
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_private_key"] = self._private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         state["_pubkey_cache"] = {}
+        state["_publisher_ids"] = {}
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -257,6 +282,18 @@ class Ed25519RecordValidator(RecordValidatorBase):
             self._protected_cache = (stamp, frozenset(ids))
         return self._protected_cache[1]
 
+    def _is_publisher_key(self, key_id: bytes, owner_hex: bytes) -> bool:
+        """Whether ``key_id`` is the owner's own publisher key in one of our swarms."""
+        ids = self._publisher_ids.get(owner_hex)
+        if ids is None:
+            pub = bytes.fromhex(owner_hex.decode())
+            ids = frozenset(DHTID.generate(source=publisher_key(ks.swarm_id, pub)).to_bytes()
+                            for ks in self.key_spaces)
+            if len(self._publisher_ids) > 4096:
+                self._publisher_ids.clear()
+            self._publisher_ids[owner_hex] = ids
+        return key_id in ids
+
     def is_protected_key(self, key_id: bytes, now: float | None = None) -> bool:
         """Whether the 20-byte DHTID ``key_id`` is one of our swarms' keys in the current window."""
         return key_id in self._protected_ids(time.time() if now is None else now)
@@ -301,11 +338,15 @@ class Ed25519RecordValidator(RecordValidatorBase):
         subkey = record.subkey if isinstance(record.subkey, (bytes, bytearray)) else b""
         owners = set(_OWNER_RE.findall(bytes(subkey)))
         protected = self.is_protected_key(bytes(record.key), now)
-        if not owners:
-            return not protected  # unmarked records under our keys are refused
+        if not owners:  # unmarked records: refused by a swarm's node (they could wipe a publisher key)
+            return not protected and not self.key_spaces
         if len(owners) != 1:
             return False
         owner_hex = next(iter(owners))
+        if self.key_spaces and not protected:
+            if not self._is_publisher_key(bytes(record.key), owner_hex):
+                return False  # a marked record under a key that is neither shared nor its owner's own
+            protected = True  # the owner's publisher key: the same strict rules as a shared key
         if protected and bytes(subkey) != MSGPackSerializer.dumps(_OWNER_PREFIX + owner_hex + b"]"):
             return False  # under our keys the subkey must be exactly one marker (no plain values, no extras)
         if not math.isfinite(record.expiration_time) or record.expiration_time > now + self._horizon():

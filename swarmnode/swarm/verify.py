@@ -124,11 +124,14 @@ whitespace collapsed) texts of its live leaves, equal texts once: a copy re-sign
 another time, with a trailing space, reordered or duplicated leaves has the same key. Each leaf is remembered
 too (:func:`leaf_keys`), and a tree none of whose leaves is new is a copy as well (a subset or regrouping of
 seen leaves; an outside attack earned standing with copies whose one leaf was duplicated). Keys of accepted trees (and of our own published trees,
-:meth:`Verifier.note_published`) are kept for ``replay_window_s`` (``swarm.replay_window_seconds``, far
-longer than the freshness window, so a copy re-signed later with a fresh time is still caught; bounded by
-``seen_capacity``). A copy is dropped without charging anyone -- between two peers the receiver cannot tell
-who was first, and the real author must never pay for a copier who raced ahead -- except a copy of **our own**
-rollouts, which proves the signer copied (soft ``replay``). Leaves marked ``pruned`` are never scored nor
+:meth:`Verifier.note_published`) are kept until ``seen_capacity`` evicts them, oldest first (or for
+``replay_window_s`` when ``swarm.replay_window_seconds`` is set): a copy re-signed with a fresh time can be
+trained at any age, so no time window covers every tree that could still be trained (an outside attack
+replayed trees right after a 6 h window). A copy is dropped without charging anyone (the real author must
+never pay for a copier who raced ahead) except a copy of **our own** rollouts, which proves the signer copied
+(soft ``replay``). Authorship goes to the earliest commitment: a copy from a key whose manifest we read before
+the holder's takes the content's standing over, a tie disputes it (``committed_at`` of
+:meth:`Verifier.verify_bundle`, protocol/SPEC.md §5.1). Leaves marked ``pruned`` are never scored nor
 returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
 caller passes (``received_at``), never the signed policy version (which stays a claim in
 ``PeerTree.policy_version``) or the signed creation time (bounded by the freshness check).
@@ -389,7 +392,8 @@ class Verifier:
         max_bundle_tokens: most tokens of the bundle expanded into samples (our prompt + completion per leaf);
             default ``swarm.max_bundle_tokens``.
         replay_window_s: seconds the normalized content of accepted trees is remembered (default
-            ``swarm.replay_window_seconds``, at least the freshness window).
+            ``swarm.replay_window_seconds``, at least the freshness window; None there = until ``seen_capacity``
+            evicts it).
 
     Not thread-safe (the seen-digest sets are plain ordered dicts): use one verifier from one thread, the
     main thread if reasoning-gym's ``SIGALRM`` time limit on each ``score_answer`` should apply.
@@ -483,10 +487,12 @@ class Verifier:
         self.peers = peers
         ttl = self.freshness + 2.0 * self.skew
         self._seen_bundles = _TTLSet(seen_capacity, ttl, clock)     # envelope digest -> verdict reason
-        window = float(replay_window_s if replay_window_s is not None
-                       else swarm_cfg.replay_window_seconds or 0.0)
-        self.replay_window_s = max(window, ttl)
-        self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)  # content_key -> "own" | "peer"
+        window = replay_window_s if replay_window_s is not None else swarm_cfg.replay_window_seconds
+        # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
+        self.replay_window_s = math.inf if window is None else max(float(window), ttl)
+        # content_key -> "own" | "peer" (leaf keys) | (holder peer id | None, commitment time | None) (tree keys)
+        self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)
+        self._authorship_changes: list[tuple[str, str | None]] = []
         self._seen_manifests = _TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
         self._internal_log = LogLimiter(10.0)
         self.stats: dict[str, Any] = {
@@ -677,7 +683,7 @@ class Verifier:
     # ================================================================== bundles
     def verify_bundle(self, data: bytes, manifest: wire.Manifest | None = None,
                       sender: str | None = None, *, received_at: float | None = None,
-                      prepaid: bool = False) -> list[PeerTree]:
+                      prepaid: bool = False, committed_at: float | None = None) -> list[PeerTree]:
         """Verify a bundle and return its accepted trees with our own re-scored rewards.
 
         Args:
@@ -694,6 +700,12 @@ class Verifier:
                 bundle: charging the manifest and then the bundle again would let new manifests of a peer that
                 publishes faster than the limit drain the bucket before any of its fetched bundles is verified,
                 and no bundle of that honest peer would ever be accepted. Requires ``manifest``.
+            committed_at: when we first read the manifest that announced this bundle (any clock, the same for
+                every call; the swarm client passes its monotonic first-read time). Authorship of a tree's
+                content goes to the earliest commitment: a later copy from a key whose manifest we read
+                *earlier* than the first holder's takes the authorship over, a tie disputes it (no one keeps
+                it); :meth:`take_authorship_changes` hands these changes to the caller, which moves the
+                standing. ``None``: no claim (the first verified keeps the content, as before).
 
         Returns:
             The accepted trees (at least one), in bundle order, minus trees dropped as ``replay``.
@@ -704,10 +716,37 @@ class Verifier:
         hint = sender or (peer_id_from_public_key(manifest.publisher_key)
                           if isinstance(manifest, wire.Manifest) and len(manifest.publisher_key) == 32
                           else UNATTRIBUTED)
-        return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at, prepaid), hint)
+        return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at, prepaid, committed_at),
+                           hint)
+
+    def _claim_authorship(self, key: bytes, seen: Any, signer: str, committed_at: float | None) -> None:
+        """A copy of content ``key`` from ``signer``: move or dispute its authorship (see ``committed_at`` of
+        :meth:`verify_bundle`)."""
+        if not isinstance(seen, tuple) or committed_at is None:
+            return
+        holder, held_at = seen
+        if holder is None or holder == signer or held_at is None:
+            return
+        if committed_at < held_at:
+            self._authorship_changes.append((holder, signer))
+            self._seen_content.add(key, (signer, committed_at))
+        elif committed_at == held_at:
+            self._authorship_changes.append((holder, None))
+            self._seen_content.add(key, (None, held_at))
+        if len(self._authorship_changes) > 4096:  # nobody took them: keep the newest
+            del self._authorship_changes[:-4096]
+
+    def take_authorship_changes(self) -> list[tuple[str, str | None]]:
+        """The authorship changes since the last call, oldest first, and forget them: ``(loser, winner)`` peer
+        ids, one per tree, where ``loser`` held a tree's content and ``winner`` committed to it earlier (its
+        manifest was read first), or ``winner`` is None when both committed at the same time (disputed: no one
+        keeps it). The swarm client takes one earned tree from the loser and gives one to the winner."""
+        out, self._authorship_changes = self._authorship_changes, []
+        return out
 
     def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None,
-                       received_at: float | None = None, prepaid: bool = False) -> list[PeerTree]:
+                       received_at: float | None = None, prepaid: bool = False,
+                       committed_at: float | None = None) -> list[PeerTree]:
         deliverer = sender or UNATTRIBUTED
         publisher_hint = None
         if manifest is not None:
@@ -781,10 +820,11 @@ class Verifier:
             raise final(self._reject(fresh[0], "bundle " + fresh[1], context_peer, False))
         # ---- step 6: tasks, tokens, prompt, replays, re-scoring
         return self._check_content(b, env, digest, signer, final,
-                                   self.clock() if received_at is None else float(received_at))
+                                   self.clock() if received_at is None else float(received_at), committed_at)
 
     def _check_content(self, b: wire.RolloutBundle, env: wire.Envelope, digest: bytes, signer: str,
-                       final: Callable[[Rejection], Rejection], received_at: float) -> list[PeerTree]:
+                       final: Callable[[Rejection], Rejection], received_at: float,
+                       committed_at: float | None = None) -> list[PeerTree]:
         seeds: dict[tuple[str, str], set[int]] = {}
         for i, wt in enumerate(b.trees):
             ref = wt.task
@@ -928,6 +968,7 @@ class Verifier:
                     own_echo += 1
                 else:
                     copies += 1
+                    self._claim_authorship(k, seen, signer, committed_at)
                 continue
             in_bundle.update(lkeys[i])
             keep.append(i)
@@ -989,7 +1030,8 @@ class Verifier:
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
         for i in keep:
-            for k in [ckeys[i], *lkeys[i]]:
+            self._seen_content.add(ckeys[i], (signer, committed_at))
+            for k in lkeys[i]:
                 self._seen_content.add(k, "peer")
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:

@@ -126,7 +126,7 @@ class VoteTally:
 
     Attributes:
         rate: the median of the votes used, in [0, 1]; ``None`` when no trusted vote exists.
-        peers: peer ids whose votes were used (established first, then young keys in the seats left).
+        peers: peer ids whose votes were used (established peers only, by standing).
         trusted: trusted votes used (our own, if any, plus established peers').
     """
 
@@ -159,10 +159,11 @@ def tally_votes(
         max_age_s: seconds; entries with a larger (or non-finite) ``age_s`` are ignored.
         max_voters: most peers counted per task, ranked by ``standing`` (highest first), ties in a per-process
             salted order of the peer id.
-        established_after: useful trained trees (``standing``) that make a peer's vote trusted
-            (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) fill at most
-            ``max(0, trusted - 3)`` of the seats, ``trusted`` = our own vote plus the established peers' votes
-            (a strict honest majority even if one trusted vote lies).
+        established_after: useful trained trees (``standing``) that make a peer's vote count
+            (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) do not vote:
+            any seat they could fill, free keys fill. With ``H`` honest established voters, ``k`` lying ones and
+            our own vote, the median stays within the honest votes' range while ``H + 1 > k`` (so whenever the
+            honest established voters outnumber the liars).
 
     Returns:
         task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote.
@@ -207,7 +208,6 @@ def tally_votes(
     bar = max(1, int(established_after))
     ranked = sorted(best.values(), key=rank)
     established = [pr for pr in ranked if standing(pr) >= bar]
-    young = [pr for pr in ranked if standing(pr) < bar]
     out: dict[str, VoteTally] = {}
     for key in keys:
         mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
@@ -216,10 +216,9 @@ def tally_votes(
         if not trusted:
             out[key] = VoteTally(None)
             continue
-        # young keys: seats so few that the trusted votes keep a strict majority even if one of them lies
-        extra = votes(young, key, min(max_voters - len(peer_votes), max(0, len(trusted) - 3)))
-        used = peer_votes + extra
-        out[key] = VoteTally(_median(trusted + [r for _, r in extra]), tuple(p for p, _ in used), len(trusted))
+        # young keys get no seat: any seat they could fill, free keys fill (outside attack: two established liars
+        # plus Sybils in trusted - 3 young seats owned the median at H = 0..8 honest established peers)
+        out[key] = VoteTally(_median(trusted), tuple(p for p, _ in peer_votes), len(trusted))
     return out
 
 

@@ -837,6 +837,61 @@ def _network_classes() -> tuple[type, type, type]:
     return HostileDHT, HostileServer, BundleStore
 
 
+async def _store_signed_entries(_dht: Any, node: Any, key_id: bytes, path: str) -> tuple[int, int]:
+    """Runs inside a DHT process: store the pre-signed ``(subkey, signed value, expiration)`` dictionary entries
+    pickled in ``path`` (our own temporary file) under ``key_id`` on every peer of the routing table, 20 per
+    request (hivemind's 4 MiB message cap), and in our own storage; returns (accepted stores, peers asked)."""
+    import pickle
+
+    from hivemind.dht.routing import DHTID
+
+    with open(path, "rb") as f:
+        entries = pickle.load(f)
+
+    peers = list(node.protocol.routing_table.peer_id_to_uid.keys())
+    kid = DHTID.from_bytes(key_id)
+    proto = node.protocol
+    ok = 0
+    for marker, value, expiration in entries:  # our own storage too, through our own validator
+        sub = proto.serializer.dumps(marker)
+        if proto._validate_record(key_id, sub, value, expiration):
+            ok += bool(proto.storage.store_subkey(kid, marker, value, expiration))
+    for i in range(0, len(entries), 20):
+        chunk = entries[i:i + 20]
+        for peer in peers:
+            res = await node.protocol.call_store(peer, [kid] * len(chunk), [v for _, v, _ in chunk],
+                                                 [e for _, _, e in chunk], subkeys=[s for s, _, _ in chunk])
+            ok += sum(bool(x) for x in (res or []))
+    return ok, len(peers)
+
+
+def store_signed_entries(dht: Any, key_id: bytes, entries: list[tuple[bytes, bytes, float]],
+                         timeout: float = 120.0) -> tuple[int, int]:
+    """Store pre-signed dictionary entries ``(subkey, signed value, expiration)`` under the 20-byte DHTID
+    ``key_id`` in the local storage of ``dht`` (a :class:`~swarmnode.swarm.dht.SwarmDHT`; through its validator)
+    and on every peer in its routing table.
+
+    The entries reach the DHT process through a temporary file, not its request pipe: hivemind reads that pipe
+    without blocking, and a request split by a busy pipe (anything over a few KiB on a loaded machine) makes
+    the read fail with EAGAIN and the DHT process exit.
+
+    Returns:
+        ``(accepted stores summed over peers, peers asked)``.
+    """
+    import os
+    import pickle
+    import tempfile
+    from functools import partial
+
+    fd, path = tempfile.mkstemp(prefix="swarmnode-flood-", suffix=".pkl")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(list(entries), f)
+        return dht.run_coroutine(partial(_store_signed_entries, key_id=key_id, path=path), timeout=timeout)
+    finally:
+        os.unlink(path)
+
+
 def _bounded_put(d: OrderedDict, key: Any, value: Any, cap: int = _MAP_CAP) -> None:
     d[key] = value
     d.move_to_end(key)
@@ -1346,6 +1401,58 @@ class HostilePeer:
         t = time.time() + float(future_s)
         return self.publish_bundles([self.factory.honest_trees(1, 4) for _ in range(int(n))], created_at=t,
                                     mode="hang", name="hanging")
+
+    def flood_bucket_key(self, n_keys: int, manifests_per_key: int = wire.MAX_RECORD_MANIFESTS,
+                         bucket: int | None = None, seed: int = 0, ttl: float = 300.0) -> dict[str, Any]:
+        """An outside attack: ``n_keys`` free keys each store one full manifest record (``manifests_per_key``
+        signed manifests of honest-looking bundles nobody serves, about 11 KB at 16) under the shared manifest key
+        of ``bucket`` (default: the current one), correctly signed for the DHT by their own keys, so every honest
+        validator accepts them.
+
+        The entries are stored directly on every DHT peer in our routing table (hivemind ``call_store``, 20 per
+        request to stay under its 4 MiB message cap) from inside our DHT process, the way any peer can.
+
+        Returns:
+            ``{"keys": n_keys, "record_bytes": bytes of one record, "stored": accepted stores, "peers": peers
+            asked}``.
+
+        Raises:
+            ConnectionError: no DHT daemon runs here.
+        """
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from hivemind.dht.routing import DHTID
+        from hivemind.dht.validation import DHTRecord
+        from hivemind.utils import MSGPackSerializer
+
+        from swarmnode.swarm.validator import Ed25519RecordValidator, manifest_key, owner_marker
+
+        bucket = self.dht.current_bucket() if bucket is None else int(bucket)
+        key_id = DHTID.generate(source=manifest_key(self.swarm_id, bucket)).to_bytes()
+        contact = self.dht.contact()
+        if contact is None:
+            raise ConnectionError("no DHT daemon runs")
+        trees = self.factory.honest_trees(1, 4)
+        expiration = time.time() + float(ttl)
+        entries: list[tuple[bytes, bytes, float]] = []
+        size = 0
+        now = time.time()
+        for i in range(int(n_keys)):
+            seed_bytes = hashlib.sha256(f"flood {self.peer_id} {seed} {i}".encode()).digest()
+            sk = Ed25519PrivateKey.from_private_bytes(seed_bytes)
+            ident = Identity(sk)
+            menvs = []
+            for j in range(int(manifests_per_key)):
+                b, env = self.factory.bundle(trees, created_at=now - 1.0 + j * 1e-3, identity=ident)
+                menvs.append(self.factory.manifest(env, b, ident)[1])
+            record = wire.encode_manifest_record(wire.ManifestRecord(menvs, contact.peer_id, []))
+            size = len(record)
+            v = Ed25519RecordValidator(sk)
+            marker = owner_marker(ident.public_key_bytes)
+            signed = v.sign_value(DHTRecord(key_id, MSGPackSerializer.dumps(marker), MSGPackSerializer.dumps(record),
+                                            expiration))
+            entries.append((marker, signed, expiration))
+        stored, peers = store_signed_entries(self.dht, key_id, entries)
+        return {"keys": int(n_keys), "record_bytes": size, "stored": stored, "peers": peers}
 
     def publish_garbage_record(self) -> list[str]:
         """``record_garbage``: store bytes that are not msgpack as our record of the current time bucket (replacing

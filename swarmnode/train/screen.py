@@ -17,7 +17,10 @@ under ``log_softmax(logits / temperature)``, the distribution our sampler draws 
 (recorded at sampling time, so no extra forward), in a rolling window of ``swarm.screen.history``
 completions. **Rule**: an external completion is rejected when either statistic is below the reference's
 ``quantile`` (``swarm.screen.quantile``) minus ``margin`` nats (``swarm.screen.margin``). Until the
-reference holds ``min_history`` completions nothing is rejected (counted as ``screen/warmup``).
+reference holds ``min_history`` completions nothing is judged and nothing is kept (counted as
+``screen/warmup`` and ``screen/warmup_held``): no external sample trains before the screen can judge it, and no
+peer is charged for it (an outside attack trained a payload line in the first steps of a node with fewer local
+leaves per step than ``min_history``).
 
 **Groups go whole.** When one completion of an external group (``Sample.group_id``: a task of one source) is
 rejected, that source's other samples of the group are dropped too (``screen/group_dropped``, not charged; other
@@ -240,7 +243,8 @@ class LikelihoodScreen:
             samples: external samples (``source = "external:<peer>"``).
 
         Returns:
-            :class:`ScreenResult`. In warm-up every sample is kept (and still scored, for the metrics).
+            :class:`ScreenResult`. In warm-up no sample is kept and none is charged (all are still scored, for
+            the metrics; ``screen/warmup_held`` counts them).
 
         Raises:
             Whatever the forward raises (RuntimeError / MemoryError / IndexError on bad input): the node
@@ -253,7 +257,9 @@ class LikelihoodScreen:
         rejected: dict[str, int] = {}
         n_claims_dropped = 0
         for s, (mean, win), row in zip(samples, stats, rows):
-            if th is not None and (mean < th[0] or win < th[1]):
+            if th is None:  # warm-up: nothing is judged, so nothing trains
+                continue
+            if mean < th[0] or win < th[1]:
                 peer = s.source.split(":", 1)[1] if s.source.startswith("external:") else s.source
                 rejected[peer] = rejected.get(peer, 0) + 1
                 continue
@@ -273,9 +279,10 @@ class LikelihoodScreen:
         means = sorted(a for a, _ in stats)
         metrics: dict[str, Any] = {
             "screen/checked": len(samples),
-            "screen/rejected": len(samples) - n_before,
+            "screen/rejected": sum(rejected.values()),
             "screen/group_dropped": n_before - len(kept),
             "screen/warmup": int(th is None),
+            "screen/warmup_held": len(samples) if th is None else 0,
             "screen/reference": len(self._ref),
             "screen/threshold_mean": th[0] if th else float("nan"),
             "screen/threshold_window": th[1] if th else float("nan"),
