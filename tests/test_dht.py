@@ -596,3 +596,26 @@ def test_a_flood_past_the_reply_cap_blinds_the_bucket_key_but_not_publisher_keys
     finally:
         for n in (reader, b, a):
             n.shutdown()
+
+
+def test_a_loopback_swarm_starts_p2pd_without_nat_port_mapping_or_autonat():
+    """``swarm up`` runs every node on 127.0.0.1: p2pd used to start NAT port mapping and AutoNAT there anyway."""
+    from swarmnode.swarm.dht import loopback_only
+
+    assert loopback_only(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.3/tcp/31337/p2p/QmX", "/ip6/::1/tcp/4001"])
+    assert not loopback_only([])
+    assert not loopback_only(["/ip4/127.0.0.1/tcp/0", "/ip4/0.0.0.0/tcp/31337"])
+    assert not loopback_only(["/dns4/localhost/tcp/1"])
+    assert not loopback_only(["/ip4/not-an-address/tcp/1", "garbage"])
+
+    key = Ed25519PrivateKey.generate()
+    local = SwarmDHT(key, initial_peers=["/ip4/127.0.0.1/tcp/31337/p2p/12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc"], start=False)
+    kw = local.hivemind_kwargs(local.initial_peers)
+    assert kw["auto_nat"] is False and kw["nat_port_map"] is False
+    public = SwarmDHT(key, host_maddrs=["/ip4/0.0.0.0/tcp/0"], start=False)
+    kw = public.hivemind_kwargs([])
+    assert "auto_nat" not in kw and "nat_port_map" not in kw  # hivemind's defaults (on) stay for a reachable node
+    remote = SwarmDHT(key, initial_peers=["/ip4/192.0.2.7/tcp/31337/p2p/12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc"], start=False)
+    assert "auto_nat" not in remote.hivemind_kwargs(remote.initial_peers)
+    forced = SwarmDHT(key, dht_kwargs={"auto_nat": True}, start=False)
+    assert forced.hivemind_kwargs([])["auto_nat"] is True  # the constructor's dht_kwargs override

@@ -42,6 +42,7 @@ Values are opaque bytes (the wire codec lives elsewhere).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import concurrent.futures
 import logging
 import math
@@ -80,6 +81,7 @@ __all__ = [
     "end_stale_children",
     "SwarmDHTStatus",
     "heartbeat_key",
+    "loopback_only",
     "manifest_key",
     "parse_multiaddr",
     "publisher_key",
@@ -192,6 +194,25 @@ def _watch_parent(parent_pid: int, interval: float = PARENT_WATCH_INTERVAL) -> N
                 os._exit(0)
 
     threading.Thread(target=loop, name="swarm-dht-parent-watch", daemon=True).start()
+
+
+def loopback_only(maddrs: Sequence[str]) -> bool:
+    """Whether every multiaddr in ``maddrs`` (strings such as ``/ip4/127.0.0.1/tcp/0`` or ``/ip6/::1/tcp/4001/p2p/…``)
+    names a loopback address: ``/ip4/127.x.x.x`` or ``/ip6/::1``. Names (``/dns4/…``), other addresses and an empty
+    list give False."""
+    if not maddrs:
+        return False
+    for m in maddrs:
+        parts = str(m).split("/")
+        if len(parts) < 3:
+            return False
+        proto, addr = parts[1], parts[2]
+        try:
+            if proto not in ("ip4", "ip6") or not ipaddress.ip_address(addr).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return True
 
 
 class _NodeBoundDHT(DHT):
@@ -523,7 +544,14 @@ class SwarmDHT:
             self._watchdog.start()
         return ok
 
-    def _make_dht(self, initial_peers: list[str]) -> DHT:
+    def hivemind_kwargs(self, initial_peers: list[str]) -> dict[str, Any]:
+        """Keyword arguments of the hivemind ``DHT`` (and through it of p2pd) for these ``initial_peers``.
+
+        A swarm that lives on loopback only (every listen address, announced address and initial peer on
+        127.0.0.0/8 or ::1, as ``swarmnode swarm up`` runs it) starts p2pd without NAT port mapping and AutoNAT:
+        there is no router to map a port on and no outside peer to ask. ``dht_kwargs`` given to the constructor
+        override everything here (``dht_kwargs={"auto_nat": True}`` turns AutoNAT back on).
+        """
         kwargs: dict[str, Any] = dict(
             host_maddrs=self.host_maddrs,
             startup_timeout=self.startup_timeout,
@@ -535,7 +563,13 @@ class SwarmDHT:
             kwargs["announce_maddrs"] = self.announce_maddrs
         if self.p2p_identity_path is not None:
             kwargs["identity_path"] = self.p2p_identity_path
+        if loopback_only([*self.host_maddrs, *(self.announce_maddrs or []), *initial_peers]):
+            kwargs.update(auto_nat=False, nat_port_map=False)
         kwargs.update(self.dht_kwargs)
+        return kwargs
+
+    def _make_dht(self, initial_peers: list[str]) -> DHT:
+        kwargs = self.hivemind_kwargs(initial_peers)
         dht = _NodeBoundDHT(
             initial_peers=initial_peers or None,
             start=False,
