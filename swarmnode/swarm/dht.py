@@ -118,7 +118,7 @@ def _pipe_room(dht: DHT) -> int | None:
 
 # --------------------------------------------------------------------------- child processes
 # The DHT runs in a forked child that starts p2pd. Both must end with the node: ``kill -9`` of the node (or
-# the OOM killer) must not leave them holding the node's status port, its p2p identity or ~400 MB (issue 15).
+# the OOM killer) must not leave them holding the node's status port, its p2p identity or ~400 MB.
 # * p2pd gets PR_SET_PDEATHSIG(SIGKILL): the kernel kills it when the DHT child (its parent) dies.
 # * The DHT child watches its parent (``os.getppid()``) and exits when it changes (a parent-death signal
 #   would be wrong here: it fires when the *thread* that forked the child ends, and restarts fork from

@@ -39,7 +39,7 @@ Fetcher thread (every ``poll_interval`` seconds)
     publisher holding the most places -- ties: the least earned standing -- is dropped and its manifest fetched
     again later).
 
-Fair fetching (issue 12, finding 5: future-dated manifests won a newest-first order, hanging bodies held every
+Fair fetching (an outside attack: future-dated manifests won a newest-first order, hanging bodies held every
 fetch worker, and three such keys cut a victim's accepted honest bundles from 28/28 to 0/27)
     candidates are fetched **round-robin across publishers** (publishers that used the least fetch time this
     step first, then those with more earned standing, ties at random), each publisher's own newest first with
@@ -52,7 +52,7 @@ fetch worker, and three such keys cut a victim's accepted honest bundles from 28
     needs go to publishers over theirs, but never the last one, so an honest publisher that shows up next
     finds a free worker at once.
 
-Young keys (issue 12, finding 7: four fresh keys took all four external slots)
+Young keys (an outside attack: four fresh keys took all four external slots)
     keys are free to mint, so :meth:`SwarmClient.gather` admits per step at most
     ``PeerBook.tree_cap`` trees of a young key (``swarm.young_key_trees``, growing by one per
     ``swarm.trees_per_earned_tree`` useful trees it had admitted before) and at most ``swarm.max_young_trees``
@@ -1207,7 +1207,7 @@ class SwarmClient:
 
     def _note_contact(self, owner_id: str, rec: wire.ManifestRecord) -> None:
         """Remember the record owner's libp2p PeerID. The record's ``addrs`` are **never** used for dialling
-        (issue 12, finding 9): fetches go by PeerID and libp2p routes them to addresses it observed itself."""
+        (an address in a peer's record can point anywhere): fetches go by PeerID and libp2p routes them to addresses it observed itself."""
         try:
             parse_multiaddr(f"/ip4/127.0.0.1/tcp/1/p2p/{rec.libp2p_peer_id}")
         except ValueError:

@@ -46,7 +46,7 @@ before any decoding work; a refusal is counted under ``rate_limited`` but does n
 
 Earned standing (Sybil resistance)
 ----------------------------------
-Keys are free to mint, so a fresh key must not get the share of an established one (issue 12, finding 7:
+Keys are free to mint, so a fresh key must not get the share of an established one (an outside attack:
 four fresh keys took all four external slots). :meth:`PeerBook.record_earned` counts the *useful* trees of
 a peer: trees the node trained on (accepted by the verifier, admitted, selected within the token budget,
 kept by the likelihood screen and the share cap), with reward variance under our own re-score

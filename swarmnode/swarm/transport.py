@@ -13,14 +13,14 @@ Stream protocol ``/swarmnode/bundle/1.0.0`` (one request per stream):
 * response: one status byte -- ``0x00`` found, ``0x01`` not found, ``0x02`` busy, ``0x03`` bad request --
   and, when found, an 8-byte big-endian body length followed by exactly that many body bytes.
 
-The server bounds what any one peer can hold (issue 12, finding 6: 24 idle streams from one peer took the
+The server bounds what any one peer can hold (measured: 24 idle streams from one peer took the
 16 shared slots, and an honest peer's fetches went from 17 ok to 0 ok): at most ``max_concurrent_serves``
 streams at once in total and ``max_serves_per_peer`` per remote libp2p PeerID (more get ``busy`` at once),
 and a stream whose 36-byte request has not arrived ``first_byte_timeout`` seconds after it opened is closed
 (an honest client writes its request right after opening the stream).
 
-Dialling: the client never dials addresses taken from a peer's record (issue 12, finding 9: any
-``addrs`` entry of a manifest record whose ``/p2p/`` part matched was dialled, which made every node a
+Dialling: the client never dials addresses taken from a peer's record (an earlier
+version dialled any ``addrs`` entry of a manifest record whose ``/p2p/`` part matched, which made every node a
 scanning / reflection tool for whoever writes a record). It opens the stream by PeerID only and lets
 libp2p route it to the addresses libp2p itself observed for that PeerID (an open connection, the
 identify exchange, the daemon's peer routing).

@@ -51,7 +51,7 @@ garbage records and records under other publishers' subkeys, and replays / flood
 already accepted. :data:`NETWORK_CASES` lists every class with the stage where an honest node stops it and the
 reason it is counted under (``tests/test_hostile_swarm.py``; ``swarmnode bench swarm --hostile``).
 
-Two attacks of issue 12 are network-level and not bad bytes at all, so they are not :data:`NETWORK_CASES`
+Two of the trust attacks are network-level and not bad bytes at all, so they are not :data:`NETWORK_CASES`
 (an honest node *should* accept the bytes; what it must not do is starve its honest peers):
 :meth:`HostilePeer.publish_hanging` (finding 5: honest-looking bundles dated just inside the receivers' clock
 skew, whose bodies hang on the stream) and :meth:`HostilePeer.publish_bundles` with
@@ -256,7 +256,7 @@ class HostileFactory:
 
     def contrast_trees(self, n_trees: int = 2) -> list[RolloutTree]:
         """``n_trees`` honest 2-leaf trees, one correct and one wrong leaf ([1, 0]): the highest reward variance a
-        tree can have, so a ``contrast`` ranking puts them first (what a Sybil publishes, issue 12 finding 7).
+        tree can have, so a ``contrast`` ranking puts them first (what a Sybil publishes).
 
         The tasks come from a task stream named by this factory's key, so several Sybil keys publish different
         content (identical trees from two keys would be caught as copies, which is not the attack here)."""
@@ -266,7 +266,7 @@ class HostileFactory:
 
     def poison_tree(self, ref: TaskRef, payload: str, n_leaves: int = 8, correct_leaves: int = 4, *,
                     eos_id: int | None = None, policy_version: int = 3) -> RolloutTree:
-        """A *poisoned but correct* group for ``ref`` (issue 12; docs/design.md §6, "Hail to the Thief").
+        """A *poisoned but correct* group for ``ref`` (docs/design.md §6, "Hail to the Thief").
 
         The first ``correct_leaves`` leaves are ``payload + "\\n" + worked solution`` (the task's own reasoning lines
         and ``<answer>{true answer}</answer>``, :func:`swarmnode.tasks.solutions.worked_solution`), so every one
@@ -901,7 +901,7 @@ def _bounded_put(d: OrderedDict, key: Any, value: Any, cap: int = _MAP_CAP) -> N
 
 class HostilePeer:
     """A hostile peer on a real swarm: its own Ed25519 identity and libp2p daemon in the swarm's hivemind DHT,
-    publishing every class of :data:`NETWORK_CASES` it can deliver over the network (docs/design.md §6; issue 5).
+    publishing every class of :data:`NETWORK_CASES` it can deliver over the network (docs/design.md §6).
 
     The bytes come from :class:`HostileFactory`; the network parts are the real ones (a
     :class:`~swarmnode.swarm.dht.SwarmDHT` whose record validator forges signatures under other publishers'

@@ -62,7 +62,7 @@ def tree_sample_tokens(
     """Tokens the trainer would see from ``ext``: the sum over its leaves of (prompt + kept completion).
 
     A tree is costed by the samples it expands into, not by its bytes: 255 leaves sharing one 16k-token
-    segment cost 255 × 16k (issue 12 finding 1). Leaves with an empty completion cost 0; with
+    segment cost 255 × 16k (measured: docs/benchmarks.md, "Bounded by construction"). Leaves with an empty completion cost 0; with
     ``length_policy="drop"`` a leaf longer than ``max_len`` costs 0 (it will be dropped), with
     ``"truncate"`` it costs ``max_len``. Prompts count at most ``max_prompt_len``. Reads segment lengths
     only; builds no per-leaf list.
@@ -124,7 +124,7 @@ def select_external(
        every call), and take turns, one tree per turn. A peer with
        ``max(1, ceil(max_peer_share * num_external))`` trees is done (its other trees count as
        ``select/dropped_peer_cap``). So a 2-leaf ``[1, 0]`` tree (the highest variance there is) wins
-       nothing over other peers' trees: ranking never crosses publishers (issue 12 finding 7).
+       nothing over other peers' trees: ranking never crosses publishers (Sybil keys: docs/benchmarks.md, "Sybil keys").
     5. **Token budget** (``max_tokens``, config ``swarm.max_external_tokens_per_step``): a tree whose
        :func:`tree_sample_tokens` exceeds what is left is skipped (``select/dropped_token_budget``), costed
        before anything is decoded.

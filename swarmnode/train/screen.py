@@ -1,4 +1,4 @@
-"""Likelihood screen of external completions under our own policy (issue 12 finding 4; docs/benchmarks.md).
+"""Likelihood screen of external completions under our own policy ("Hail to the Thief", arXiv 2511.09780; docs/benchmarks.md, "Likelihood screen").
 
 A correct completion can carry a payload: text before or after the answer that the verifier ignores.
 "Hail to the Thief" (arXiv 2511.09780) shows that such poisoned-but-correct completions, shared in
@@ -135,7 +135,7 @@ class LikelihoodScreen:
         max_claim_gap: nats/token (``swarm.screen.max_claim_gap``). A kept sample whose claimed behaviour
             log-probs differ from our own scores by more than this on average loses them
             (``behaviour_logprobs = None``), so ``tis`` treats it with ratio 1 instead of the capped weight
-            ``min(π/μ, C)`` that an extreme claimed μ saturates at C (issue 12, "also noted"). ``None``: off.
+            ``min(π/μ, C)`` that an extreme claimed μ saturates at C. ``None``: off.
 
     Raises:
         ValueError: a parameter out of range.
