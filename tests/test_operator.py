@@ -696,3 +696,29 @@ def test_a_swarm_node_says_when_its_last_peer_leaves_and_when_one_comes_back():
     assert seen[0] is None and seen[1] is None and seen[3] is None and seen[5] is None and seen[6] is None
     assert "1 peer(s)" in seen[2]
     assert "trains alone" in seen[4]
+
+
+def test_a_dead_node_shows_no_peers_and_a_killed_node_says_which_signal(tmp_path):
+    """``top`` of a swarm showed ``peers 1`` for a node killed with ``kill -9``, and ``swarm up`` gave the node's
+    last progress line as the reason it exited."""
+    import signal as _signal
+    import time
+    from types import SimpleNamespace
+
+    from swarmnode.monitor.status import StatusTracker, Verdict
+    from swarmnode.monitor.top import render_swarm
+    from swarmnode.swarm.local import exit_reason
+
+    doc = StatusTracker("runs/swarm/node-1", steps_total=40).document()
+    doc.update({"state": "training", "step": 10, "updated_at": time.time()})
+    doc["swarm"].update({"enabled": True, "peers": 7, "bundles": {"published": 3, "accepted": 4}})
+    dead = _render80(render_swarm([("node-1", doc, Verdict("dead", "gone", 1))], "swarm"))
+    live = _render80(render_swarm([("node-1", doc, Verdict("live", "live", 0))], "swarm"))
+    assert any(" 7 " in ln or ln.rstrip().endswith("7") for ln in live), "\n".join(live)
+    assert not any(" 7 " in ln for ln in dead), "\n".join(dead)
+
+    log = tmp_path / "stdout.log"
+    log.write_text("step 10/40 reward 0.31 loss 0.1\n")
+    node = SimpleNamespace(log_path=log)
+    assert exit_reason(node, returncode=-_signal.SIGKILL).startswith("killed by SIGKILL")
+    assert exit_reason(node, returncode=1).startswith("step 10/40")  # no signal: the node's last line

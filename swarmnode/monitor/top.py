@@ -283,7 +283,7 @@ def render_swarm(rows: list[tuple[str, dict[str, Any] | None, Verdict]], title: 
             stack(_f(r.get("local")), _f(r.get("external"))),
             stack(_f((doc.get("accuracy") or {}).get("heldout"), pct=True),
                   _f((doc.get("throughput") or {}).get("tokens_per_s"), ".0f")),
-            stack(str(sw.get("peers", 0)) if sw.get("enabled") else "solo",
+            stack(("-" if verdict.kind in ("stopped", "dead") else str(sw.get("peers", 0))) if sw.get("enabled") else "solo",
                   f"{b.get('published', 0)}/{b.get('accepted', 0)}/{sum((sw.get('rejected') or {}).values())}"),
             stack(fmt_bytes((doc.get("memory") or {}).get("rss_bytes")),
                   str((doc.get("checkpoint") or {}).get("step") or "-")),

@@ -61,9 +61,17 @@ class NodesLeftError(LockedError):
     the message names each node directory and its PID, and how to stop them."""
 
 
-def exit_reason(node: "LocalNode", max_chars: int = 300) -> str:
-    """Why ``node`` exited, for the launcher's terminal: the last ``error:`` line of its ``stdout.log`` (the
-    node's own message), else its last non-empty line, else a pointer to the log; at most ``max_chars``."""
+def exit_reason(node: "LocalNode", max_chars: int = 300, returncode: int | None = None) -> str:
+    """Why ``node`` exited, for the launcher's terminal: ``killed by SIGKILL`` (the signal's name) when
+    ``returncode`` is negative, since a killed node writes nothing; else the last ``error:`` line of its
+    ``stdout.log`` (the node's own message), else its last non-empty line, else a pointer to the log; at most
+    ``max_chars``."""
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} (log: {node.log_path})"
     try:
         lines = [ln.strip() for ln in node.log_path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
@@ -334,7 +342,7 @@ class LocalSwarm:
                 "reward": m.get("reward"),
                 "samples_external": m.get("samples_external"),
                 "external_total": n.metrics.external_total,
-                "peers": m.get("swarm/peers"),
+                "peers": m.get("swarm/peers") if rc is None else None,  # an exited node has no peers
                 "accuracy": ev.get("accuracy"),
                 "age_s": (now - m["unix_time"]) if isinstance(m.get("unix_time"), (int, float)) else None,
             })
@@ -350,7 +358,7 @@ class LocalSwarm:
             if rc is None or n.proc is None or n.index in self._reported:
                 continue
             self._reported.add(n.index)
-            out.append(f"node-{n.index} exited {rc}: {'finished' if rc == 0 else exit_reason(n)}")
+            out.append(f"node-{n.index} exited {rc}: {'finished' if rc == 0 else exit_reason(n, returncode=rc)}")
             alive = [x for x in self.nodes if x.proc is not None and x.returncode is None]
             if len(alive) == 1 and len(self.nodes) > 1:
                 out.append(f"node-{alive[0].index} is now alone in the swarm: it trains solo, with no peer to "
