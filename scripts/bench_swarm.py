@@ -1,4 +1,4 @@
-"""Swarm vs isolated learning at equal generation compute per node (issue 6; docs/design.md §8).
+"""Swarm vs isolated learning at equal generation compute per node (docs/design.md §8).
 
 Same as ``swarmnode bench swarm`` (see ``swarmnode/bench.py`` for the method): N nodes in a loopback swarm
 versus N isolated nodes, splits I/J local/external prompts per step, per-source vs joint normalization,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark of a node's hot paths on a Qwen2.5-0.5B-shaped random-weight model (issue 8).
+"""GPU benchmark of a node's hot paths on a Qwen2.5-0.5B-shaped random-weight model.
 
 Measures, on one device, in one run:
 

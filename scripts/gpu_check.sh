@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for issue 8: GPU tests, the Qwen2.5-0.5B-shape benchmark table, then (optional) the default run
+# GPU check: GPU tests, the Qwen2.5-0.5B-shape benchmark table, then (optional) the default run
 # end to end on the GPU. Finishes in < 9 minutes with the defaults below.
 #
 #   bash scripts/gpu_check.sh --prepare   # on a machine WITH PyPI (a developer's): download the wheels the

@@ -1,4 +1,4 @@
-"""Compatibility names for the benchmarks, which live in :mod:`swarmnode.benchmarks` (issue 13).
+"""Compatibility names for the benchmarks, which live in :mod:`swarmnode.benchmarks` (so that `swarmnode bench` works from an installed wheel).
 
 ``from swarmnode.bench import run_bench, Arm, ...`` keeps working (the swarm benchmark is
 :mod:`swarmnode.benchmarks.swarm`); :func:`load_script` / :func:`run_script` import or run a benchmark module by

@@ -18,6 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from swarmnode.config import ConfigError, RunConfig, load_config
+from swarmnode.policy.threads import passive_openmp_wait
+
+passive_openmp_wait()  # before anything imports torch: waiting OpenMP threads sleep instead of spinning
 
 if TYPE_CHECKING:  # the heavy modules load lazily, inside the commands that need them
     from swarmnode.evaluation import EvalResult
@@ -41,6 +44,19 @@ def _main_callback() -> None:
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def peer_change_notice(before: int | None, now: int) -> str | None:
+    """What to tell the operator when a swarm node's DHT peer count crosses zero, else ``None``.
+
+    ``before`` is the previous step's count (``None`` on the first step seen): losing the last peer means the node
+    trains alone from now on (its own samples only) until one joins; gaining one after that says so too.
+    """
+    if before and now == 0:
+        return "no peer left in the swarm: this node now trains alone on its own samples until a peer joins"
+    if before == 0 and now > 0:
+        return f"{now} peer(s) in the swarm: peers' samples can join the batch"
+    return None
 
 
 def _nullcontext():
@@ -172,6 +188,8 @@ def run(
     eval_size: Optional[int] = typer.Option(None, "--eval-size", help="held-out tasks for before/after accuracy"),
     no_eval: bool = typer.Option(False, "--no-eval", help="skip the before/after held-out evaluation"),
     status_port: Optional[int] = typer.Option(None, "--status-port", help="serve status/metrics on 127.0.0.1:PORT"),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", min=1, help="torch CPU threads (default: one per core, at most the CPUs this process may use)"),
     swarm: Optional[bool] = typer.Option(None, "--swarm/--no-swarm", help="join a swarm (default: swarm.enabled)"),
     initial_peers: Optional[list[str]] = typer.Option(
         None, "--initial-peers", help="bootstrap multiaddr /ip4/…/tcp/…/p2p/<PeerID> (repeatable)"),
@@ -187,6 +205,9 @@ def run(
     fresh: bool = typer.Option(
         False, "--fresh", help="start from step 0 when every checkpoint of the run dir is corrupt (they are kept, "
         "moved to checkpoints/quarantine/)"),
+    allow_config_change: bool = typer.Option(
+        False, "--allow-config-change", help="resume with changed training keys (learning rate, tasks, sampling, "
+        "...): apply them from the checkpoint's step on and list them; without it such a resume is refused"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Train a policy with RL on verifiable tasks (solo unless the config enables the swarm)."""
@@ -198,6 +219,7 @@ def run(
         "model.device": device,
         "tasks.eval_size": eval_size,
         "status_port": status_port,
+        "threads": threads,
         "swarm.enabled": swarm,
         "swarm.initial_peers": initial_peers or None,
         "swarm.host_maddrs": host_maddrs or None,
@@ -207,10 +229,13 @@ def run(
     }
     cfg = _load(config, overrides)
     rd = Path(cfg.run_dir)
-    if identity is not None and cfg.swarm.enabled and not create_identity and not identity.expanduser().exists():
+    if identity is not None and not create_identity and not identity.expanduser().exists():
         _fail(f"--identity {identity}: no such key file. A mistyped path would make this node a new peer; check "
               "the path, or pass --create-identity to create a new identity there (or run `swarmnode keygen "
               f"--path {identity}`)")
+    if identity is not None and not cfg.swarm.enabled:
+        console.print(f"note: --identity {identity} is used only in a swarm; this run is solo (add --swarm to join "
+                      "one)", style="yellow", markup=False, highlight=False)
     # the task sources are part of the config: one that cannot be built (e.g. a max_answer_share its answers
     # cannot meet) is refused before the run directory is touched; their log records wait for node.log
     with _held_logs(logging.DEBUG if verbose else logging.INFO) as held:
@@ -228,7 +253,8 @@ def run(
 
     console.print(f"[bold]swarmnode[/] run → {rd}  (model: {cfg.model.name_or_path}, steps: {cfg.steps})")
     try:
-        node = Node(cfg, fresh=fresh, tasks=tasks, probes=probes, require_steps_left=True)
+        node = Node(cfg, fresh=fresh, tasks=tasks, probes=probes, require_steps_left=True,
+                    allow_config_change=allow_config_change)
     except NothingToTrainError as e:  # refused before the model loads: nothing in the run dir has changed
         asked = (f"--steps {e.steps}" if steps is not None
                  else f"steps: {e.steps} (of {config or 'the packaged default'})")
@@ -242,6 +268,10 @@ def run(
               "included), or another --run-dir to start from step 0")
         return
     except (FileNotFoundError, ValueError, OSError, LockedError, CheckpointError) as e:
+        from swarmnode.monitor.status import mark_start_failure
+
+        mark_start_failure(rd, 2, str(e))  # `status` then says why, not "killed or crashed"
+        logging.getLogger("swarmnode").error("did not start: %s", e)  # node.log keeps the reason too
         _fail(str(e))
         return
     _replay_logs(held)  # the task sources' records (e.g. their answer balance), now that node.log is ours
@@ -256,14 +286,16 @@ def run(
                       highlight=False)
     if node.resumed_from:
         console.print(f"resumed from [cyan]{node.resumed_from}[/] at step {node.step}")
+        for k, old, new in node.config_changes:
+            console.print(f"  applied from step {node.step} on: {k}: {old!r} -> {new!r}", markup=False,
+                          highlight=False)
     if cfg.swarm.enabled:
         _attach_swarm(node, cfg, rd)
 
     before = None
     if not no_eval and cfg.eval_at_start and node.step == 0:
         try:
-            with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (before training)…"):
-                before = node.evaluate()
+            before = _evaluate_with_progress(node, "before training")
         except KeyboardInterrupt:  # a stop forced by a repeated signal: no training, the summary says why
             console.print("[yellow]interrupted during the held-out eval[/]")
         else:
@@ -291,8 +323,15 @@ def run(
     with progress if progress is not None else _nullcontext():
         task = progress.add_task("train", total=cfg.steps, completed=node.step, info="") if progress else None
 
+        peers_seen: list[int] = []  # DHT peer count of the previous step, when the node is in a swarm
+
         def on_step(res) -> None:
             m = res.metrics
+            if isinstance(m.get("swarm/peers"), int):
+                notice = peer_change_notice(peers_seen[-1] if peers_seen else None, m["swarm/peers"])
+                if notice:
+                    logging.getLogger("swarmnode.node").warning("step %d: %s", res.step, notice)
+                peers_seen[:] = [m["swarm/peers"]]
             if progress is not None:
                 progress.update(task, completed=res.step, info=info_of(m))
                 return
@@ -310,8 +349,7 @@ def run(
     after = None
     if not no_eval and not node.stop_requested:
         try:
-            with console.status(f"held-out eval on {cfg.tasks.eval_size} tasks (after training)…"):
-                after = node.evaluate()
+            after = _evaluate_with_progress(node, "after training")
         except KeyboardInterrupt:  # a signal during it asks to stop, a repeated one forces it: the run is saved
             console.print("[yellow]interrupted during the held-out eval[/]")
         else:
@@ -340,10 +378,38 @@ def run(
                               f"({100 * (a.accuracy - b.accuracy):+.1f} points)", highlight=False)
     console.print(f"checkpoints: {rd / 'checkpoints'}\nmetrics:     {rd / 'metrics.jsonl'}")
     if node.monitor.exit_code:  # the memory watchdog stopped the node (it checkpointed first), or a repeated signal
-        console.print(node.monitor.exit_reason or "stopped by the watchdog", style="bold red", markup=False)
+        if node.disk_error is not None and node.monitor.exit_reason == node.disk_error:  # logged once, above
+            console.print(f"exit code {node.monitor.exit_code}: the disk error above", style="bold red", markup=False)
+        else:
+            console.print(node.monitor.exit_reason or "stopped by the watchdog", style="bold red", markup=False)
         raise typer.Exit(node.monitor.exit_code)
     if node.stop_requested:
         console.print("stopped by signal after checkpointing; run the same command to resume")
+
+
+def _evaluate_with_progress(node: Node, when: str) -> EvalResult:
+    """``node.evaluate()`` with its progress on the terminal: a bar with questions done/total, elapsed time and
+    ETA on a terminal; otherwise one plain line per decoding batch (never a wrapped or redrawn line)."""
+    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
+
+    label = f"held-out eval ({when})"
+    if not console.is_terminal:
+        t0 = time.monotonic()
+
+        def plain(done: int, total: int) -> None:
+            if done == 0:
+                console.print(f"{label}: {total} questions…", markup=False, highlight=False)
+                return
+            el = time.monotonic() - t0
+            console.print(f"{label}: {done}/{total} questions, {el:.0f}s elapsed, ETA {el / done * (total - done):.0f}s",
+                          markup=False, highlight=False)
+
+        return node.evaluate(progress=plain)
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("questions"),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("eval", total=None)
+        return node.evaluate(progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:
@@ -365,8 +431,12 @@ def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:
             return
     node.swarm = swarm
     st = swarm.dht.status()
-    state = "[yellow]solo (joining in the background)[/]" if st.solo_fallback or not st.connected else (
-        f"{st.num_peers} DHT peer(s)")
+    if st.connected and st.num_peers:
+        state = f"{st.num_peers} DHT peer(s)"
+    elif not cfg.swarm.initial_peers:  # the first node of a swarm: the others bootstrap from it
+        state = "[yellow]waiting for peers (the first node: others join with --initial-peers, below)[/]"
+    else:
+        state = "[yellow]no peer reached yet: training solo, joining in the background[/]"
     console.print(f"swarm [cyan]{cfg.swarm.swarm_id}[/]  peer {swarm.peer_id}  {state}")
     for m in swarm.maddrs():
         console.print(f"  bootstrap others with --initial-peers {m}", highlight=False)
@@ -417,6 +487,9 @@ def eval_cmd(
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(str(e))
         return
+    from swarmnode.policy.threads import apply_threads
+
+    apply_threads(cfg.threads)
     res = evaluate_mix(pol.model, pol.tokenizer, tasks, lambda t: pol.prompt(t.question),
                        max_new_tokens=cfg.sampling.max_completion_length, n=n or cfg.tasks.eval_size, probes=probes)
     if json_out:
@@ -462,7 +535,7 @@ def id_cmd(
     try:
         ident = Identity.load(p)
     except FileNotFoundError:
-        _fail(f"no identity at {p}; create one with `swarmnode keygen`")
+        _fail(f"no identity at {p}; create one with `swarmnode keygen{f' --path {p}' if path is not None else ''}`")
         return
     except IdentityError as e:
         _fail(str(e))
@@ -475,16 +548,19 @@ app.add_typer(swarm_app, name="swarm")
 
 
 def _swarm_table(rows: list[dict], title: str) -> Table:
-    t = Table(title=title)
-    for col in ("node", "state", "step", "reward", "ext samples (last/total)", "peers", "accuracy", "updated"):
-        t.add_column(col, justify="left" if col in ("node", "state") else "right")
+    """The ``swarm up`` view: one row per node, two values stacked per cell (fits 80 columns)."""
+    from swarmnode.monitor.tables import narrow_table, stack
+
+    t = narrow_table(title, ["node\nstate", "step\nupdated", "reward\naccuracy", "ext samples\nlast/total",
+                             "peers"], left=["node\nstate"])
     for r in rows:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         t.add_row(
-            f"node-{r['node']}", r["state"], fmt(r["step"], "d"), fmt(r["reward"], ".2f"),
-            f"{fmt(r['samples_external'], 'd')}/{r['external_total']}", fmt(r["peers"], "d"),
-            "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
-            "-" if r["age_s"] is None else f"{r['age_s']:.0f}s ago",
+            stack(f"node-{r['node']}", r["state"]),
+            stack(fmt(r["step"], "d"), "-" if r["age_s"] is None else f"{r['age_s']:.0f}s ago"),
+            stack(fmt(r["reward"], ".2f"), "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%"),
+            stack(fmt(r["samples_external"], "d"), str(r["external_total"])),
+            fmt(r["peers"], "d"),
         )
     return t
 
@@ -498,6 +574,10 @@ def swarm_up(
     run_dir: Path = typer.Option(Path("runs/swarm"), "--run-dir", help="node i runs in <run-dir>/node-i"),
     swarm_id: Optional[str] = typer.Option(None, "--swarm-id", help="private swarm id (no ':')"),
     no_eval: bool = typer.Option(False, "--no-eval", help="skip each node's before/after held-out evaluation"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="node i runs with seed + i (default: the config's seed)"),
+    status_port: Optional[int] = typer.Option(
+        None, "--status-port", min=1, max=65535 - 256,
+        help="node i serves status/metrics on 127.0.0.1:(PORT + i) (default: none)"),
     refresh: float = typer.Option(1.0, "--refresh", help="seconds between live-view updates"),
 ) -> None:
     """Start N local nodes on loopback as one private swarm; Ctrl-C stops them all cleanly (they checkpoint)."""
@@ -508,13 +588,17 @@ def swarm_up(
     from swarmnode.swarm.local import LocalSwarm
 
     cfg = _load(config, {"model.name_or_path": model, "steps": steps, "swarm.swarm_id": swarm_id,
-                         "swarm.enabled": True})
+                         "swarm.enabled": True, "seed": seed})
     _build_tasks(cfg, config)  # a task source that cannot be built fails here, before N node dirs exist
     from swarmnode.rundir import LockedError
+    from swarmnode.swarm.local import NodesLeftError
 
     try:
         swarm = LocalSwarm(nodes, run_dir, config=config, model=model, steps=steps, base_seed=cfg.seed,
-                           swarm_id=swarm_id, no_eval=no_eval)
+                           swarm_id=swarm_id, no_eval=no_eval, status_port=status_port)
+    except NodesLeftError as e:
+        _fail(str(e))
+        return
     except LockedError as e:
         _fail(f"{e} (a swarm is already up there)")
         return
@@ -532,12 +616,16 @@ def swarm_up(
         with Live(_swarm_table(swarm.status(), title), console=console, refresh_per_second=4) as live:
             while swarm.running():
                 time.sleep(refresh)
+                for line in swarm.notices():  # a node exited (and why), one left alone
+                    live.console.print(line, markup=False, highlight=False)
                 live.update(_swarm_table(swarm.status(), title))
     except KeyboardInterrupt:
         console.print("[yellow]stopping all nodes (each finishes its step and checkpoints)…[/]")
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C must not leave orphans behind
     finally:
         codes = swarm.stop(timeout=120)
+    for line in swarm.notices():
+        console.print(line, markup=False, highlight=False)
     console.print(_swarm_table(swarm.status(), title))
     console.print(f"exit codes: {codes}   run dirs: {run_dir}/node-*   resume: run the same command again")
     if any(c not in (0, None) for c in codes):
@@ -550,18 +638,18 @@ def peers_table(sid: str, rows: list[dict]) -> Table:
     Every cell comes from a peer's signed heartbeat, which is hostile input: the model string is shown as plain
     text (no rich markup, links or styles) with non-printable characters (terminal escapes) removed.
     """
-    t = Table(title=f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat")
-    for col in ("peer id", "model", "step", "reward", "accuracy", "samples published", "samples accepted",
-                "samples rejected", "last seen"):
-        t.add_column(col, justify="left" if col in ("peer id", "model") else "right")
+    from swarmnode.monitor.tables import narrow_table, stack
+
+    t = narrow_table(f"swarm {sid}: {len(rows)} peer(s) with a live heartbeat",
+                     ["peer id\nmodel", "step\nlast seen", "reward\naccuracy", "samples\npub/acc/rej"],
+                     left=["peer id\nmodel"])
     for r in rows:
         # a peer's heartbeat is hostile input: no rich markup, no terminal control characters
         model = Text("".join(c for c in str(r["model_id"]) if c.isprintable()))
-        t.add_row(r["peer_id"], model, str(r["step"]),
-                  "-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
-                  "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
-                  str(r["samples_published"]), str(r["samples_accepted"]), str(r["samples_rejected"]),
-                  f"{r['last_seen_s']:.0f}s ago")
+        t.add_row(stack(r["peer_id"], model), stack(str(r["step"]), f"{r['last_seen_s']:.0f}s ago"),
+                  stack("-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}",
+                        "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%"),
+                  f"{r['samples_published']}/{r['samples_accepted']}/{r['samples_rejected']}")
     return t
 
 
@@ -581,9 +669,16 @@ def peers(
     sid = cfg.swarm.swarm_id
     boot = list(initial_peers or [])
     if run_dir is not None:
-        info = read_swarm_info(run_dir) or read_swarm_info(Path(run_dir) / "node-0")
+        node_dir = Path(run_dir) if read_swarm_info(run_dir) is not None else Path(run_dir) / "node-0"
+        info = read_swarm_info(node_dir)
         if info is None:
             _fail(f"{run_dir} has no swarm.json (expected the run dir of a node started with the swarm enabled)")
+        from swarmnode.monitor.top import load_node
+
+        _, verdict = load_node(node_dir)
+        if verdict.kind in ("dead", "stopped") and not initial_peers:  # nothing answers at its addresses
+            _fail(f"the node of {node_dir} is {verdict.kind} ({verdict.reason}), so nothing answers at its swarm "
+                  "addresses. Start it again, or ask a running node: --initial-peers <its multiaddr>")
         boot += info.get("maddrs") or []
         sid = swarm_id or info.get("swarm_id") or sid
     boot = boot or list(cfg.swarm.initial_peers)
@@ -645,11 +740,23 @@ def status(
             sw, ck, mem = doc.get("swarm") or {}, doc.get("checkpoint") or {}, doc.get("memory") or {}
             fmt = lambda v, spec=".2f": "-" if not isinstance(v, (int, float)) else format(v, spec)  # noqa: E731
             heldout = "-" if acc.get("heldout") is None else f"{100 * acc['heldout']:.1f}%"
+            ev = doc.get("evaluation") if isinstance(doc.get("evaluation"), dict) else None
+            if ev is not None and verdict.kind == "live":  # a running held-out evaluation: how far, how long
+                from swarmnode.monitor.top import fmt_age
+
+                eta = ev.get("eta_s")
+                console.print(f"  held-out evaluation: {ev.get('done')}/{ev.get('total')} questions, "
+                              f"{fmt_age(doc.get('phase_seconds'))} so far"
+                              + (f", ETA {fmt_age(eta)}" if isinstance(eta, (int, float)) else ""),
+                              markup=False, highlight=False)
+            sw_line = sw.get("reason")
+            if verdict.kind in ("dead", "stopped") and sw.get("enabled"):  # a stopped node is connected to nothing
+                sw_line = f"not connected (the node is {verdict.kind}; last seen: {sw_line})"
             console.print(
                 f"  step {doc.get('step')}/{doc.get('steps_total')}  state {doc.get('state')}  "
                 f"reward local {fmt(r.get('local'))} external {fmt(r.get('external'))}  held-out {heldout}  "
                 f"tok/s {fmt(tp.get('tokens_per_s'), '.0f')}\n"
-                f"  swarm: {sw.get('reason')}\n"
+                f"  swarm: {sw_line}\n"
                 f"  last checkpoint: {('step ' + str(ck.get('step'))) if ck.get('path') else 'none'}  "
                 f"RSS {fmt((mem.get('rss_bytes') or 0) / 2**20, '.0f')} MiB  "
                 f"updated {fmt(time.time() - doc.get('updated_at', time.time()), '.0f')} s ago",
@@ -706,18 +813,24 @@ def report(
     if json_out:  # stdout is the JSON alone (the table would make it unparseable)
         print(json.dumps(rows))
         return
-    t = Table(title=f"runs ({path})")
-    for col in ("run", "steps", "reward (last 10)", "cumulative reward", "held-out first → last (best)", "tokens",
-                "hours", "external samples"):
-        t.add_column(col, justify="left" if col == "run" else "right")
+    console.print(report_table(f"runs ({path})", rows))
+    console.print(f"wrote {path}", highlight=False)
+
+
+def report_table(title: str, rows: list[dict]) -> Table:
+    """The ``swarmnode report`` table of ``RunData.summary()`` rows, two values stacked per cell (80 columns)."""
+    from swarmnode.monitor.tables import narrow_table, stack
+
+    t = narrow_table(title, ["run", "steps\nhours", "reward last 10\ncumulative", "held-out first → last\n(best)",
+                             "tokens\nexternal samples"], left=["run"])
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     for r in rows:
-        t.add_row(r["run"], str(r["steps"]), "-" if r["reward_last"] is None else f"{r['reward_last']:.3f}",
-                  "-" if r["reward_cumulative"] is None else f"{r['reward_cumulative']:.1f}",
-                  f"{pct(r['accuracy_first'])} → {pct(r['accuracy_last'])} ({pct(r['accuracy_best'])})",
-                  f"{r['tokens']:.0f}", f"{r['hours']:.2f}", str(r["external_samples"]))
-    console.print(t)
-    console.print(f"wrote {path}", highlight=False)
+        t.add_row(Text(str(r["run"])), stack(str(r["steps"]), f"{r['hours']:.2f}"),
+                  stack("-" if r["reward_last"] is None else f"{r['reward_last']:.3f}",
+                        "-" if r["reward_cumulative"] is None else f"{r['reward_cumulative']:.1f}"),
+                  stack(f"{pct(r['accuracy_first'])} → {pct(r['accuracy_last'])}", f"({pct(r['accuracy_best'])})"),
+                  stack(f"{r['tokens']:.0f}", str(r["external_samples"])))
+    return t
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: swarm vs isolated learning, tree sampling, gossip, verify.")
@@ -752,7 +865,7 @@ def bench_swarm(
     first_repeat: int = typer.Option(0, "--first-repeat", help="index of the first repeat: with --repeats R runs "
                                      "repeats K..K+R-1, to add repeats to an earlier benchmark in the same --work-dir "
                                      "(scripts/swarm_bench_report.py reports them together)"),
-    levers: str = typer.Option("none", "--levers", help="swarm arms with the issue-16 levers: a comma-separated "
+    levers: str = typer.Option("none", "--levers", help="swarm arms with the swarm levers: a comma-separated "
                                "subset of none,curriculum,expansion,both,specialize (swarm.curriculum / "
                                "swarm.expansion; specialize: node i weights task source i mod T by 4)"),
     arm_timeout: float = typer.Option(1800.0, "--arm-timeout", help="seconds an arm's nodes may run before they "

@@ -115,6 +115,10 @@ class ProbeConfig(TaskSourceConfig):
     label: str | None = Field(
         None, description="name of the probe in reports (e.g. 'three_terms'); None = the dataset name or file stem"
     )
+    eval_size: int | None = Field(
+        None, ge=1, description="most held-out questions of this probe per evaluation (distinct by content); "
+        "None = as many as the evaluation's n (tasks.eval_size by default). The default probes use 125 each"
+    )
 
 
 class TasksConfig(_Strict):
@@ -129,12 +133,12 @@ class TasksConfig(_Strict):
                 "allow_parentheses": False, "allow_negation": False}),
             TaskSourceConfig(name="leg_counting", config={"min_animals": 3, "max_animals": 4, "min_instances": 1,
                                                            "max_instances": 12}),
-            TaskSourceConfig(name="letter_counting", config={"min_words": 5, "max_words": 7}),
+            TaskSourceConfig(name="letter_counting", config={"min_words": 5, "max_words": 7}, max_answer_share=0.2),
         ],
         min_length=1,
         description="the task sources of the mix (at least one); default: the embedded model's worked-solution mix "
         "(chain_sum of 10-14 one-digit terms, 7-8-digit addition, leg_counting with 3-4 kinds, letter_counting with 5-7 "
-        "words; "
+        "words and no answer above 20% of its questions; the hard end of the range the embedded models are built on; "
         "docs/embedded_model.md)",
     )
     seed: int = Field(0, ge=0, description="seed of the training task stream")
@@ -156,15 +160,29 @@ class TasksConfig(_Strict):
     )
     probes: list[ProbeConfig] = Field(
         default_factory=lambda: [
-            ProbeConfig(name="chain_sum", label="one_more_term",
+            ProbeConfig(name="chain_sum", label="easier_chain_sum", eval_size=125,
+                        config={"min_terms": 9, "max_terms": 9, "min_digits": 1, "max_digits": 1}),
+            ProbeConfig(name="chain_sum", label="harder_chain_sum", eval_size=125,
                         config={"min_terms": 15, "max_terms": 15, "min_digits": 1, "max_digits": 1}),
-            ProbeConfig(name="basic_arithmetic", label="one_more_digit", config={
+            ProbeConfig(name="basic_arithmetic", label="easier_basic_arithmetic", eval_size=125, config={
+                "min_terms": 2, "max_terms": 2, "min_digits": 6, "max_digits": 6, "operators": ["+"],
+                "allow_parentheses": False, "allow_negation": False}),
+            ProbeConfig(name="basic_arithmetic", label="harder_basic_arithmetic", eval_size=125, config={
                 "min_terms": 2, "max_terms": 2, "min_digits": 9, "max_digits": 9, "operators": ["+"],
                 "allow_parentheses": False, "allow_negation": False}),
+            ProbeConfig(name="leg_counting", label="easier_leg_counting", eval_size=125,
+                        config={"min_animals": 2, "max_animals": 2, "min_instances": 1, "max_instances": 12}),
+            ProbeConfig(name="leg_counting", label="harder_leg_counting", eval_size=125,
+                        config={"min_animals": 5, "max_animals": 5, "min_instances": 1, "max_instances": 12}),
+            ProbeConfig(name="letter_counting", label="easier_letter_counting", eval_size=125,
+                        config={"min_words": 4, "max_words": 4}, max_answer_share=0.2),
+            ProbeConfig(name="letter_counting", label="harder_letter_counting", eval_size=125,
+                        config={"min_words": 8, "max_words": 8}, max_answer_share=0.2),
         ],
-        description="nearby-distribution task sources (e.g. one more term, one more digit) "
-        "evaluated on their held-out questions and reported separately as generalization; never trained on. "
-        "Default: 15-term chain_sum (one more term) and 9-digit addition (one more digit)"
+        description="nearby-distribution task sources evaluated on their held-out questions and reported "
+        "separately as generalization; never trained on. Default: every task of the default mix one step easier "
+        "(9 terms, 6 digits, 2 kinds of animals, 4 words) and one step harder (15 terms, 9 digits, 5 kinds, 8 words), "
+        "125 questions each (swarmnode/tasks/solutions.py DEFAULT_PROBES)"
     )
     format_reward: float = Field(
         0.0, ge=0, le=1, description="extra reward for a well-formed <answer>…</answer> (0 disables)"
@@ -592,6 +610,11 @@ class MonitorConfig(_Strict):
     )
     memory_soft_fraction: float = Field(0.8, gt=0, le=1, description="warn above this share of the hard limit")
     watchdog_interval: float = Field(2.0, gt=0, description="seconds between watchdog checks")
+    no_signal_steps: int = Field(
+        20, ge=0,
+        description="warn once when this many steps in a row had no learning signal: every group's rewards equal "
+                    "(e.g. no completion reaches an answer: max_completion_length too short, tasks too hard); "
+                    "0 = never. Default 20")
 
 
 class RunConfig(_Strict):
@@ -607,6 +630,18 @@ class RunConfig(_Strict):
         description="when stdout is not a terminal (nohup, systemd, a pipe): print one line every N steps (step, "
                     "reward, held-out accuracy, tokens/s, peers) instead of the progress bar. Default 10")
     status_port: int | None = Field(None, ge=0, le=65535, description="status/metrics HTTP port; None = off")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description="metric sinks beside metrics.jsonl and Prometheus (TRL's report_to): tensorboard (event files "
+                    "in <run_dir>/tensorboard) and/or wandb (offline in <run_dir>/wandb unless WANDB_MODE=online); "
+                    "optional extras: pip install 'swarmnode[tensorboard]' / 'swarmnode[wandb]'. Default [] (none)")
+    threads: int | None = Field(
+        None, ge=1,
+        description="intra-op CPU threads of torch (--threads). None (default) = OMP_NUM_THREADS when the environment "
+                    "sets it, else torch's default (one per physical core) capped at the CPUs this process may use "
+                    "(affinity and cgroup quota). Waiting threads sleep (OMP_WAIT_POLICY=PASSIVE unless the "
+                    "environment sets it), which keeps a busy machine from slowing a step 30-fold "
+                    "(docs/benchmarks.md); 1 leaves the other cores to other work")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy (model.*)")
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="task sources and mix (tasks.*)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling (sampling.*)")

@@ -114,7 +114,8 @@ def _flat(r: EvalResult) -> dict:
 
 @torch.no_grad()
 def greedy_completions(
-    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 64
+    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 64,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
     """Greedy-decode a completion for every prompt with ``model.generate`` (left padding, length-sorted batches).
 
@@ -124,6 +125,7 @@ def greedy_completions(
         prompts: prompt strings (chat template already applied).
         max_new_tokens: tokens generated at most per prompt.
         batch_size: prompts per ``generate`` call (>= 1).
+        progress: called as ``progress(done, total)`` (prompts) before the first batch and after each one.
 
     Returns:
         The decoded completions (special tokens removed), in prompt order.
@@ -142,6 +144,8 @@ def greedy_completions(
     order = sorted(range(len(prompts)), key=lambda i: (lengths[i], i))
     out: list[str | None] = [None] * len(prompts)
     try:
+        if progress is not None:
+            progress(0, len(order))
         for i in range(0, len(order), batch_size):
             idx = order[i : i + batch_size]
             enc = tokenizer([prompts[j] for j in idx], return_tensors="pt", padding=True,
@@ -156,6 +160,8 @@ def greedy_completions(
             new = gen[:, enc["input_ids"].shape[1] :]
             for j, text in zip(idx, tokenizer.batch_decode(new, skip_special_tokens=True)):
                 out[j] = text
+            if progress is not None:
+                progress(min(i + batch_size, len(order)), len(order))
     finally:
         tokenizer.padding_side = old_side
         if was_training:
@@ -343,6 +349,7 @@ def evaluate_mix(
     probes: Mapping[str, TaskMix] | None = None,
     batch_size: int = 64,
     keep_examples: int = 4,
+    progress: Callable[[int, int], None] | None = None,
 ) -> EvalResult:
     """Held-out exact accuracy of ``model`` on a task mix, plus each generalization probe, in one decoding pass.
 
@@ -350,9 +357,11 @@ def evaluate_mix(
         mix: the training :class:`~swarmnode.tasks.mix.TaskMix`; its :meth:`eval_refs` ``(n)`` are evaluated.
         prompt_fn: ``Task -> str`` (the node's prompt, chat template applied).
         max_new_tokens: decoding cap.
-        n: held-out questions (default the mix's ``eval_size``); probes use the same ``n``.
+        n: held-out questions (default the mix's ``eval_size``); probes use the same ``n``, capped at a probe's
+            own ``eval_size`` (``TaskMix.probe_eval_size``, from ``tasks.probes[i].eval_size``) when it has one.
         probes: probe name -> single-source held-out mix (:meth:`TaskMix.probes_from_config`); ``None`` = none.
         batch_size, keep_examples: as :func:`evaluate`.
+        progress: ``progress(done, total)`` questions (probes included), as :func:`greedy_completions`.
 
     Returns:
         The mix's :class:`EvalResult` with ``generalization[name]`` for every probe; ``seconds`` covers all.
@@ -362,9 +371,11 @@ def evaluate_mix(
     t0 = time.perf_counter()
     groups: list[tuple[str | None, TaskMix, list[Task]]] = [(None, mix, [mix.get(r) for r in mix.eval_refs(n)])]
     for name, pm in (probes or {}).items():
-        groups.append((name, pm, [pm.get(r) for r in pm.eval_refs(n)]))
+        cap = getattr(pm, "probe_eval_size", None)
+        pn = n if cap is None else min(cap, n if n is not None else mix.eval_size)
+        groups.append((name, pm, [pm.get(r) for r in pm.eval_refs(pn)]))
     prompts = [prompt_fn(t) for _, _, ts in groups for t in ts]
-    comps = greedy_completions(model, tokenizer, prompts, max_new_tokens, batch_size) if prompts else []
+    comps = greedy_completions(model, tokenizer, prompts, max_new_tokens, batch_size, progress) if prompts else []
     results: list[EvalResult] = []
     k = 0
     for _, m, ts in groups:

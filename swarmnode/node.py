@@ -43,8 +43,9 @@ from swarmnode.monitor.metrics import MetricsWriter, PhaseTimer, node_memory_byt
 from swarmnode.monitor.runtime import WATCHED_CALL_THREAD, NodeMonitor
 from swarmnode.monitor.status import SwarmProbe
 from swarmnode.policy.backends import generate_rollouts, make_generation_backend, sync_weights
-from swarmnode.policy.loading import Policy, load_policy
+from swarmnode.policy.loading import Policy, check_context, load_policy
 from swarmnode.policy.memory import plan_for_model
+from swarmnode.policy.threads import apply_threads
 from swarmnode.rollout.advantages import compute_advantages
 from swarmnode.rollout.step_credit import StepCredit, apply_step_credit, step_reports, step_reward_bonus
 from swarmnode.rollout.expansion import Expansion, Fork, expand_forks, select_forks
@@ -72,12 +73,16 @@ from swarmnode.train.external import process_external
 from swarmnode.train.off_policy import make_token_weight_fn
 from swarmnode.train.screen import SCREEN_REASON, LikelihoodScreen
 from swarmnode.train.checkpoint import (
+    ALLOW_CHANGE_FLAG,
     QUARANTINE_DIR,
     CheckpointError,
+    apply_optimizer_config,
     corrupt_checkpoints,
     load_latest_checkpoint,
     load_training_state,
     restore_rng,
+    resync_learning_rate,
+    resume_config_changes,
     save_checkpoint,
 )
 from swarmnode.train.samples import Sample
@@ -204,7 +209,7 @@ class Node:
 
     def __init__(self, cfg: RunConfig, swarm: SwarmHook | None = None, *, fresh: bool = False,
                  tasks: TaskMix | None = None, probes: dict[str, TaskMix] | None = None,
-                 require_steps_left: bool = False) -> None:
+                 require_steps_left: bool = False, allow_config_change: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.swarm = swarm
@@ -230,12 +235,13 @@ class Node:
         self.locks: list[ExclusiveLock] = [self.run_lock]
         try:
             end_stale_children(self.run_dir / CHILDREN_FILE)
-            self._load(cfg, fresh, require_steps_left)
+            self._load(cfg, fresh, require_steps_left, allow_config_change)
         except BaseException:  # a Node that failed to start does not keep the run directory
             self.run_lock.release()
             raise
 
-    def _load(self, cfg: RunConfig, fresh: bool, require_steps_left: bool = False) -> None:
+    def _load(self, cfg: RunConfig, fresh: bool, require_steps_left: bool = False,
+              allow_config_change: bool = False) -> None:
         """The rest of ``__init__`` (under the run directory's lock): checkpoint, monitor, model, trainer."""
         ckpt = load_latest_checkpoint(self.run_dir, quarantine=True)
         if ckpt is None and corrupt_checkpoints(self.run_dir) and not fresh:
@@ -248,12 +254,23 @@ class Node:
                                   "would later delete it. Use another --run-dir to start from step 0")
         if require_steps_left and ckpt is not None and ckpt.step >= cfg.steps:  # before anything is written
             raise NothingToTrainError(self.run_dir, ckpt.path, ckpt.step, cfg.steps)
+        # training-defining keys changed since the checkpoint: refused (ConfigChangedError), or applied and listed
+        self.config_changes = resume_config_changes(ckpt, cfg, allow_config_change) if ckpt is not None else []
         # status.json (written from here on), status endpoint, stall/memory watchdogs (monitor/)
         self.monitor = NodeMonitor(self)
         model_cfg = cfg.model
         if ckpt is not None:
             model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt.model_path)})
-        self.policy: Policy = load_policy(model_cfg)
+        # prompts + max_completion_length should fit the model's positions: checked before the weights load
+        questions = [self.tasks.get(r).question for r in self.tasks.eval_refs(64)]
+
+        def context_check(tok: Any, system: str | None, positions: int | None, source: str) -> None:
+            problem = check_context(tok, system, positions, questions, cfg.sampling.max_completion_length, source)
+            if problem:
+                log.warning("%s", problem)
+
+        self.policy: Policy = load_policy(model_cfg, check=context_check)
+        apply_threads(cfg.threads)
         plan = None
         if self.policy.device.type == "cuda":  # size micro-batches and decode rows to the GPU; refuse what cannot fit
             plan = plan_for_model(self.policy.model, self.policy.device, cfg.sampling,
@@ -276,8 +293,17 @@ class Node:
         if ckpt is not None:
             self.step = int(ckpt.step)
             load_training_state(ckpt, self.trainer.optimizer, self.trainer.scheduler)
+            resync_learning_rate(self.trainer.optimizer, self.trainer.scheduler)  # this run's horizon (--steps)
             self.trainer.step_count = self.step
             restore_rng(ckpt)
+            if self.config_changes:  # applied for real: the optimizer's and the RNG's restored state included
+                t = cfg.train
+                apply_optimizer_config(self.trainer.optimizer, self.trainer.scheduler, t.learning_rate,
+                                       t.weight_decay, (t.adam_beta1, t.adam_beta2))
+                if any(k == "seed" for k, _, _ in self.config_changes):
+                    self._seed_everything(cfg.seed)
+                log.warning("resumed with a changed config (%s): %s", ALLOW_CHANGE_FLAG, "; ".join(
+                    f"{k}: {old!r} -> {new!r}" for k, old, new in self.config_changes))
             self.tokens_generated = int(ckpt.extra.get("tokens_generated", 0))
             self.base_model_id = str(ckpt.extra.get("base_model_id", self.base_model_id))
             log.info("resumed from %s at step %d", ckpt.path, self.step)
@@ -712,11 +738,19 @@ class Node:
         return StepResult(self.step, m, trees)
 
     # ------------------------------------------------------------------ evaluation / checkpoints
-    def evaluate(self, n: int | None = None) -> EvalResult:
+    def evaluate(self, n: int | None = None, progress: Callable[[int, int], None] | None = None) -> EvalResult:
         """Exact greedy pass@1 on ``n`` held-out questions (default ``tasks.eval_size``), per task, with the
-        ``tasks.probes`` generalization probes (swarmnode/evaluation.py)."""
+        ``tasks.probes`` generalization probes (swarmnode/evaluation.py). ``progress(done, total)`` is called
+        after each decoding batch (questions, probes included); the monitor counts each batch as progress and
+        shows ``done/total`` and an ETA in the status."""
         if self._probes is None:
             self._probes = TaskMix.probes_from_config(self.cfg.tasks, base_dir=Path.cwd())
+
+        def on_progress(done: int, total: int) -> None:
+            self.monitor.eval_progress(done, total)
+            if progress is not None:
+                progress(done, total)
+
         with self.monitor.activity("evaluating"):
             return evaluate_mix(
                 self.policy.model,
@@ -726,6 +760,7 @@ class Node:
                 max_new_tokens=self.cfg.sampling.max_completion_length,
                 n=n or self.cfg.tasks.eval_size,
                 probes=self._probes,
+                progress=on_progress,
             )
 
     def log_eval(self, res: EvalResult, tag: str) -> None:

@@ -1,7 +1,7 @@
 """Exclusive use of a run directory (and of an identity file) by one process at a time.
 
 Two processes sharing a run directory write every metrics row twice and overwrite each other's checkpoints;
-two nodes with one identity are one peer twice (issue 15). :class:`ExclusiveLock` takes an ``fcntl.flock``
+two nodes with one identity are one peer twice. :class:`ExclusiveLock` takes an ``fcntl.flock``
 on a lock file (``<run_dir>/.lock``, ``<identity>.lock``) for as long as the process uses it and writes its
 PID into the file, so that a second process is refused with a message naming the holder. The kernel drops
 a flock when its holder dies (``kill -9`` included), so a stale lock never blocks a restart; the lock's
@@ -67,15 +67,18 @@ class ExclusiveLock:
     Args:
         path: the lock file.
         what: what the lock protects, for messages (e.g. ``"run directory runs/x"``).
+        advice: what to do when it is held, for the message.
 
     Raises (from :meth:`acquire`):
         LockedError: another process holds it.
         OSError: the lock file cannot be created (e.g. a read-only directory).
     """
 
-    def __init__(self, path: str | os.PathLike, what: str) -> None:
+    def __init__(self, path: str | os.PathLike, what: str,
+                 advice: str = "stop that process first, or use another directory") -> None:
         self.path = Path(path)
         self.what = what
+        self.advice = advice
         self.fd: int | None = None
 
     def acquire(self) -> "ExclusiveLock":
@@ -92,8 +95,7 @@ class ExclusiveLock:
                 raise
             who = f"process {holder}" if holder is not None else "another process"
             raise LockedError(
-                f"{self.what} is in use by {who} (lock file {self.path}); stop that process first, or use "
-                "another directory", holder) from None
+                f"{self.what} is in use by {who} (lock file {self.path}); {self.advice}", holder) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n{' '.join(sys.argv)[:500]}\n".encode())
         self.fd = fd
@@ -147,7 +149,9 @@ def lock_identity(path: str | os.PathLike) -> ExclusiveLock:
         LockedError: another node uses this identity (the message names its PID).
     """
     p = Path(path)
-    return ExclusiveLock(p.with_name(p.name + ".lock"), f"identity {p}").acquire()
+    return ExclusiveLock(p.with_name(p.name + ".lock"), f"identity {p}",
+                         "one identity is one peer, so two nodes cannot share it: stop that node first, or give this "
+                         "node its own identity (--identity NEW.pem --create-identity)").acquire()
 
 
 # ------------------------------------------------------------------ child processes left by a killed node

@@ -12,7 +12,7 @@ import pytest
 from swarmnode.config import ModelConfig
 from swarmnode.policy.loading import build_prompt, check_embedded_roundtrip, load_policy
 from swarmnode.tasks.partition import is_heldout_question
-from swarmnode.tasks.solutions import DEFAULT_MIX, worked_solution
+from swarmnode.tasks.solutions import BUILD_MIX, DEFAULT_MIX, DEFAULT_PROBES, worked_solution
 
 from monitor_helpers import load_script
 
@@ -58,6 +58,60 @@ def test_tiny_build_is_deterministic_and_loads(build, tmp_path):
         assert pol.tokenizer.unk_token_id not in ids
 
 
+TINY_BPE = ["--preset", "bpe-qwen2", "--steps", "2", "--batch-size", "8", "--micro-batch", "4", "--hidden", "32",
+            "--layers", "1", "--warmup", "1", "--no-eval", "--vocab", "600"]
+
+
+def test_tiny_bpe_qwen2_build_is_deterministic_with_a_chatml_template(build, tmp_path, monkeypatch):
+    """The second preset: a byte-level BPE trained here (same corpus -> same merges -> same tokenizer.json),
+    a Qwen2 model with grouped-query attention, loaded through load_policy like any local directory; the
+    tokenizer that transformers' Auto class builds encodes exactly like the saved tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    import reasoning_gym as rg
+
+    monkeypatch.setattr(build, "BPE_CORPUS_EXAMPLES", 1500)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert build.main(TINY_BPE + ["--out", str(a)]) == 0
+    assert build.main(TINY_BPE + ["--out", str(b)]) == 0
+    assert _sha(a / "tokenizer.json") == _sha(b / "tokenizer.json")
+    assert _sha(a / "model.safetensors") == _sha(b / "model.safetensors")
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["num_key_value_heads"] < cfg["num_attention_heads"]
+    info = json.loads((a / "build_info.json").read_text())
+    assert info["preset"] == "bpe-qwen2" and info["tokenizer"] == "bpe"
+
+    pol = load_policy(ModelConfig(name_or_path=str(a), device="cpu"))
+    tok = pol.tokenizer
+    assert type(pol.model).__name__ == "Qwen2ForCausalLM"
+    assert len(tok) == 600
+    # special tokens: eos <|im_end|>, pad <|endoftext|>, both single special ids; ChatML template
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    from swarmnode.swarm.verify import special_token_ids
+
+    specials = special_token_ids(tok)  # what the trust layer refuses inside a completion
+    for t in build.BPE_SPECIAL_TOKENS:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1 and ids[0] in specials, t
+    assert tok.decode(tok("<|im_start|>user", add_special_tokens=False)["input_ids"], skip_special_tokens=True) == "user"
+    prompt = build_prompt(tok, "What is 2 + 3?", None)
+    assert prompt == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    assert build_prompt(tok, "Q", "Be brief.").startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
+    check_embedded_roundtrip(tok)
+    raw = Tokenizer.from_file(str(a / "tokenizer.json"))
+    merged = 0
+    for spec in DEFAULT_MIX + DEFAULT_PROBES:  # byte-level: every text round-trips, and it is really BPE
+        e = rg.create_dataset(spec["name"], seed=11, size=1, **spec["config"])[0]
+        text = e["question"] + "\n" + worked_solution(spec["name"], e)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+        assert ids == raw.encode(text, add_special_tokens=False).ids
+        merged += len(ids) < len(text.encode("utf-8"))
+    assert merged == len(DEFAULT_MIX + DEFAULT_PROBES)
+    # digits are single tokens (Qwen2's pre-tokenizer): the column steps stay one digit a token
+    assert tok.convert_ids_to_tokens(tok("12345", add_special_tokens=False)["input_ids"]) == list("12345")
+
+
 def test_training_stream_never_yields_heldout_questions(build):
     stream = build.TrainStream(DEFAULT_MIX, seed=0)
     for _ in range(4000):
@@ -68,6 +122,23 @@ def test_training_stream_never_yields_heldout_questions(build):
     assert len(held) == 20 * len(DEFAULT_MIX)
     assert all(is_heldout_question(e["question"]) for _, e, _ in held)
     assert not {e["question"] for _, e, _ in held} & set().union(*stream.seen)
+    # the easier/harder probes the build reports are held-out questions too, within the answer balance
+    probes = build.heldout_tasks(DEFAULT_PROBES, per_task=10)
+    assert len(probes) == 10 * len(DEFAULT_PROBES) and all(is_heldout_question(e["question"]) for _, e, _ in probes)
+    for i, e, _ in probes:
+        bal = build.answer_balance(DEFAULT_PROBES[i])
+        assert bal is None or bal.accepts(e["question"], e["answer"])
+    assert not {e["question"] for _, e, _ in probes} & set().union(*stream.seen)
+
+
+def test_build_stream_covers_the_range_of_difficulties(build):
+    """The warm start sees easy and hard questions of every task (BUILD_MIX), not only the RL default's range."""
+    stream = build.TrainStream(BUILD_MIX, seed=0)
+    counts = [0] * len(BUILD_MIX)
+    for _ in range(1500):
+        i, _ = stream.next()
+        counts[i] += 1
+    assert all(c > 40 for c in counts), counts
 
 
 def test_lr_schedule(build):

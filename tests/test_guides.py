@@ -1,4 +1,4 @@
-"""The guides' commands work as written: every ```bash block of docs/{volunteer,researcher,operations}.md.
+"""The guides' commands work as written: every ```bash block of docs/guide/{volunteer,researcher,operations}.md.
 
 Each guide runs top to bottom in a fresh directory (with ``configs/`` linked from the repository, as in a
 clone), every block as ``bash -e -c <block>`` with the package's ``swarmnode`` on ``PATH``. A block may be
@@ -42,7 +42,7 @@ from monitor_helpers import ROOT, child_env, test_model, wait_for
 from swarmnode.monitor.status import read_status_file
 from swarmnode.swarm.local import free_port
 
-GUIDES = ["volunteer.md", "researcher.md", "operations.md"]
+GUIDES = ["guide/volunteer.md", "guide/researcher.md", "guide/operations.md"]
 _BLOCK = re.compile(r"(?:<!--\s*test:\s*(?P<mark>[^>]*?)\s*-->[ \t]*\n[ \t]*)?```bash[ \t]*\n(?P<code>.*?)\n[ \t]*```",
                     re.S)
 

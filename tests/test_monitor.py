@@ -195,9 +195,9 @@ def test_port_in_use_is_a_clear_error():
 def test_every_prometheus_metric_is_documented():
     names = metric_names()
     assert "swarmnode_step" in names and "swarmnode_bundles_total" in names and "swarmnode_node_info" in names
-    ops = (ROOT / "docs" / "operations.md").read_text()
+    ops = (ROOT / "docs" / "guide" / "operations.md").read_text()
     missing = [n for n in names if f"`{n}`" not in ops]
-    assert not missing, f"docs/operations.md does not document {missing}"
+    assert not missing, f"docs/guide/operations.md does not document {missing}"
 
 
 # ------------------------------------------------------------------------------------------ watchdogs (pure)

@@ -16,6 +16,7 @@ import torch
 from swarmnode.config import ModelConfig
 from swarmnode.policy.loading import (
     DEFAULT_SYSTEM_PROMPT,
+    EMBEDDED_BPE_DIR,
     EMBEDDED_DIR,
     Policy,
     PolicyLoadError,
@@ -47,6 +48,36 @@ def test_embedded_dir_is_small_and_complete():
     # the generic fast class (TokenizersBackend in transformers 5): no model family's pre-tokenizer is applied
     assert tcfg["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert "<|user|>" in tcfg["chat_template"]
+
+
+def test_second_packaged_model_loads_by_short_name_through_the_same_code():
+    """``--model embedded-bpe``: a Qwen2 model with a byte-level BPE tokenizer, packaged small, loaded by
+    ``load_policy`` with the Auto classes; text round-trips exactly, digits are single tokens, the ChatML prompt,
+    no system prompt (it was trained without one), and it answers a held-out question in the worked-solution form."""
+    from swarmnode.tasks.solutions import worked_solution
+
+    names = {p.name for p in EMBEDDED_BPE_DIR.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert sum(p.stat().st_size for p in EMBEDDED_BPE_DIR.iterdir() if p.is_file()) < 10 * 1024 * 1024
+    pol = load_policy(ModelConfig(name_or_path="embedded-bpe", device="cpu"))
+    assert pol.is_embedded and pol.system_prompt is None and pol.model_id.startswith("swarmnode/embedded-bpe@")
+    assert type(pol.model).__name__ == "Qwen2ForCausalLM" and pol.model.config.model_type == "qwen2"
+    tok = pol.tokenizer
+    assert 1000 <= len(tok) <= 8192 and tok.eos_token == "<|im_end|>"
+    assert build_prompt(tok, "Q?", None) == "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"
+    text = "8+7=15 5\n4+4+1=9 95\nbutterfly 8*6=48\n<answer>6257695</answer>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and len(ids) < len(text)  # byte-level BPE: exact, and merged
+    assert tok.convert_ids_to_tokens(tok("6257695", add_special_tokens=False)["input_ids"]) == list("6257695")
+    assert pol.model_id != load_policy(ModelConfig(name_or_path="embedded", device="cpu")).model_id
+    import reasoning_gym as rg
+
+    e = rg.create_dataset("chain_sum", seed=5, size=1, min_terms=3, max_terms=3, min_digits=1, max_digits=1)[0]
+    enc = tok([build_prompt(tok, e["question"], None)], return_tensors="pt", add_special_tokens=False)
+    out = pol.model.generate(**enc, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)
+    completion = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    first_line = worked_solution("chain_sum", e).split("\n")[0]
+    assert completion.startswith(first_line.split("=")[0] + "=") and "<answer>" in completion
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,9 @@ import yaml
 
 from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
 from swarmnode.tasks.solutions import (
+    BUILD_MIX,
     DEFAULT_MIX,
+    DEFAULT_PROBES,
     UnsupportedTaskError,
     column_addition_steps,
     letter_counting_space,
@@ -116,12 +118,53 @@ def test_question_space_formulas_match_the_generators_on_small_configs():
 
 
 def test_default_configs_use_the_worked_solution_mix():
-    """swarmnode/default.yaml (and configs/default.yaml, tree.yaml) train on exactly DEFAULT_MIX."""
-    want = [(s["name"], s["config"], s["weight"]) for s in DEFAULT_MIX]
-    for path in (REPO / "swarmnode" / "default.yaml", REPO / "configs" / "default.yaml", REPO / "configs" / "tree.yaml"):
+    """swarmnode/default.yaml (and configs/default.yaml, tree.yaml, swarm.yaml) train on exactly DEFAULT_MIX, answer
+    balance included, and the default config's probes are DEFAULT_PROBES."""
+    want = [(s["name"], s["config"], s["weight"], s.get("max_answer_share")) for s in DEFAULT_MIX]
+    for path in (REPO / "swarmnode" / "default.yaml", REPO / "configs" / "default.yaml", REPO / "configs" / "tree.yaml",
+                 REPO / "configs" / "swarm.yaml"):
         cfg = yaml.safe_load(path.read_text())
-        got = [(s["name"], s.get("config", {}), s.get("weight", 1.0)) for s in cfg["tasks"]["sources"]]
+        got = [(s["name"], s.get("config", {}), s.get("weight", 1.0), s.get("max_answer_share"))
+               for s in cfg["tasks"]["sources"]]
         assert got == want, path
+    cfg = yaml.safe_load((REPO / "swarmnode" / "default.yaml").read_text())
+    got = [(p["name"], p["label"], p["config"], p.get("max_answer_share")) for p in cfg["tasks"]["probes"]]
+    assert got == [(p["name"], p["label"], p["config"], p.get("max_answer_share")) for p in DEFAULT_PROBES]
+
+
+def _range(name: str, config: dict) -> tuple[int, int]:
+    key = {"chain_sum": "terms", "basic_arithmetic": "digits", "leg_counting": "animals", "letter_counting": "words"}[name]
+    return config[f"min_{key}"], config[f"max_{key}"]
+
+
+def test_build_mix_spans_a_range_up_to_the_default_and_probes_sit_one_step_either_side():
+    """BUILD_MIX covers every task from its easiest setting up to DEFAULT_MIX's hard end; the probes are one step
+    below DEFAULT_MIX's range (inside the build range) and one step above it (outside everything trained on)."""
+    for spec in DEFAULT_MIX:
+        name = spec["name"]
+        lo, hi = _range(name, spec["config"])
+        build = [_range(name, s["config"]) for s in BUILD_MIX if s["name"] == name]
+        assert min(b[0] for b in build) <= 2 and max(b[1] for b in build) == hi, name
+        covered = set().union(*[set(range(a, b + 1)) for a, b in build])
+        assert covered == set(range(min(b[0] for b in build), hi + 1)), name  # no gap in the range
+        probes = {p["label"]: _range(name, p["config"]) for p in DEFAULT_PROBES if p["name"] == name}
+        assert probes == {f"easier_{name}": (lo - 1, lo - 1), f"harder_{name}": (hi + 1, hi + 1)}
+        assert lo - 1 in covered and hi + 1 not in covered
+
+
+def test_no_letter_counting_answer_is_worth_more_than_a_fifth():
+    """With the default answer balance no single answer (a constant reply) is right on more than ~20% of the
+    letter_counting questions; without it the answer 1 is about 47% (the balance is what changed)."""
+    from collections import Counter
+
+    spec = next(s for s in DEFAULT_MIX if s["name"] == "letter_counting")
+    src = ReasoningGymSource(spec["name"], spec["config"], max_answer_share=spec["max_answer_share"])
+    ds = rg.create_dataset(spec["name"], seed=77, size=6000, **spec["config"])
+    raw = Counter(e["answer"] for e in ds)
+    kept = Counter(e["answer"] for e in ds if src.balance.accepts(e["question"], e["answer"]))
+    assert raw.most_common(1)[0][1] / len(ds) > 0.4
+    n = sum(kept.values())
+    assert n > 600 and kept.most_common(1)[0][1] / n < 0.23
 
 
 def test_default_completion_length_fits_every_worked_solution():

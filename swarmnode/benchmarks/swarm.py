@@ -1,4 +1,4 @@
-"""``swarmnode bench swarm``: does a swarm learn faster than the same nodes alone? (issue 6; docs/design.md §8)
+"""``swarmnode bench swarm``: does a swarm learn faster than the same nodes alone? (docs/design.md §8)
 
 The learning benchmark of SAPO (arXiv 2509.08721, "I local / J external" splits, cumulative reward) run with
 our own stack: N nodes in a private loopback swarm (real hivemind DHT, signed bundles, local re-verification,
@@ -27,7 +27,7 @@ swarm (its own process, ``python -m swarmnode.benchmarks.swarm hostile spec.json
 with every class of ``NETWORK_CASES`` in rounds), labelled ``… +hostile``, so that the honest nodes' curves with
 and without it can be compared; the report adds, per hostile arm, the honest nodes' rejections of the hostile
 peer's input by reason, what they accepted from it (must be 0), bans, and the transport failures it caused.
-``--hostile poison`` runs the *poisoned but correct* attack instead (issue 12): the hostile peer publishes valid,
+``--hostile poison`` runs the *poisoned but correct* attack instead: the hostile peer publishes valid,
 truthful groups whose correct leaves carry a payload string; every node counts the payload in what it screened
 and trained and in its greedy held-out completions (:class:`PayloadCounter`), and the report adds attack
 success and the screen's false-positive rate on honest peers (:func:`poison_report`). ``--repeats`` runs every
@@ -94,7 +94,7 @@ __all__ = [
 NORMALIZATIONS = ("per_source", "joint")
 OFF_POLICY_MODES = ("none", "luffy", "tis")
 LEVERS = ("none", "curriculum", "expansion", "both", "specialize")
-"""``--levers``: the issue-16 levers a swarm arm runs with (``swarm.curriculum``, ``swarm.expansion``, or
+"""``--levers``: the swarm levers an arm runs with (``swarm.curriculum``, ``swarm.expansion``, or
 ``specialize``: heterogeneous task weights, :data:`SPECIALIZE_WEIGHT`)."""
 SPECIALIZE_WEIGHT = 4.0
 """``--levers specialize``: node ``i`` multiplies the weight of task source ``i mod T`` (``T`` sources) by this
@@ -424,7 +424,7 @@ class PayloadCounter:
     the run: external samples the screen checked and rejected, per peer id and by whether they carry the
     payload; and external samples that reached a training batch, by whether they carry it. After training,
     :meth:`held_out` greedy-decodes the held-out questions and counts completions that contain the payload
-    (the attack success of issue 12).
+    (the attack success of "Poisoned but correct", docs/lab/benchmarks.md).
 
     Args:
         node: a :class:`swarmnode.node.Node` (before its first step).

@@ -1,4 +1,4 @@
-"""Tree vs chain sampling: held-out accuracy at equal generated tokens (issue 3's learning check; docs/design.md §5).
+"""Tree vs chain sampling: held-out accuracy at equal generated tokens (the learning check of tree sampling; docs/design.md §5).
 
 Every arm trains the same model from the same start on the same task stream with the same optimizer and loss;
 only the sampler (``tree.mode`` chain or tree) and the advantage estimator differ. Each run stops once it has

@@ -6,8 +6,8 @@
   ``logger``, ``pid``, ``thread``, ``msg``, and ``exc`` with the traceback when there is one); rotated at
   ``max_bytes`` with ``backups`` old files (``node.log.1`` ...), so a node running for weeks never fills the
   disk. ``jq`` reads it: ``jq -r 'select(.level=="WARNING") | .msg' node.log``.
-* the terminal gets WARNING and above (human-readable; through rich when a console is given, so it does not
-  break the progress bar).
+* the terminal gets WARNING and above, one line each in one format (``WARNING name: message``, never wrapped,
+  whatever the width; through rich when a console is given, so it does not break the progress bar).
 * :class:`RateLimitFilter` on every handler: noise -- records of third-party loggers (hivemind, asyncio,
   p2p...) and disconnect errors (``BrokenPipeError``, ``ConnectionResetError``, stream resets) -- passes at
   most ``burst`` times per ``window`` seconds per message template; the next one that passes says how many
@@ -169,6 +169,38 @@ class RateLimitFilter(logging.Filter):
         record.msg, record.args = msg, None
 
 
+LEVEL_NAMES = {logging.CRITICAL: "CRITICAL", logging.ERROR: "ERROR", logging.WARNING: "WARNING",
+               logging.INFO: "INFO", logging.DEBUG: "DEBUG"}
+"""The one name of each level in every output (hivemind renames WARNING to ``WARN`` process-wide)."""
+
+TERMINAL_FORMAT = "%(levelname)s %(name)s: %(message)s"
+"""The one format of log lines on the terminal (``node.log`` holds JSON with the time)."""
+
+
+def canonical_level(record: logging.LogRecord) -> bool:
+    """Handler filter: set ``record.levelname`` from :data:`LEVEL_NAMES` (always passes the record)."""
+    record.levelname = LEVEL_NAMES.get(record.levelno, record.levelname)
+    return True
+
+
+class ConsoleHandler(logging.Handler):
+    """Log lines through a ``rich`` console (so they print above a live progress bar), never wrapped: a line
+    longer than the terminal stays one line (``soft_wrap``), and rich markup in a message is printed as text."""
+
+    _STYLES = {logging.WARNING: "yellow", logging.ERROR: "bold red", logging.CRITICAL: "bold red"}
+
+    def __init__(self, console: Any, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True,
+                               style=self._STYLES.get(record.levelno))
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time``, ``ts``, ``level``, ``logger``, ``pid``, ``thread``, ``msg``, ``exc``."""
 
@@ -229,8 +261,9 @@ def setup_logging(run_dir: str | Path | None = None, verbose: bool = False, *, c
     Args:
         run_dir: where ``node.log`` goes (created); ``None``: terminal only (INFO, or DEBUG when verbose).
         verbose: DEBUG level for the file (and the terminal without a run dir).
-        console: a ``rich.console.Console`` for the terminal handler (works under rich progress bars);
-            ``None`` writes plain lines to stderr.
+        console: a ``rich.console.Console`` for the terminal handler (:class:`ConsoleHandler`: works under rich
+            progress bars, never wraps a line); ``None`` writes plain lines to stderr. Both use
+            :data:`TERMINAL_FORMAT` and the level names of :data:`LEVEL_NAMES`.
         swarm: route hivemind's records through our handlers now (call before the DHT starts).
         max_bytes / backups: rotation of ``node.log``.
     """
@@ -245,22 +278,13 @@ def setup_logging(run_dir: str | Path | None = None, verbose: bool = False, *, c
         fh.setLevel(level)
         handlers.append(fh)
     term_level = logging.WARNING if run_dir is not None else level
-    th: logging.Handler
-    if console is not None:
-        try:
-            from rich.logging import RichHandler
-
-            th = RichHandler(console=console, show_path=False, show_time=False, rich_tracebacks=False, markup=False)
-            th.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-        except Exception:  # noqa: BLE001 - pragma: no cover
-            th = logging.StreamHandler(sys.stderr)
-    else:
-        th = logging.StreamHandler(sys.stderr)
-        th.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    th: logging.Handler = ConsoleHandler(console) if console is not None else logging.StreamHandler(sys.stderr)
+    th.setFormatter(logging.Formatter(TERMINAL_FORMAT))  # one format, never wrapped
     th.setLevel(term_level)
     handlers.append(th)
     for h in handlers:
         h.addFilter(flt)
+        h.addFilter(canonical_level)
     logging.basicConfig(level=level, handlers=handlers, force=True)
     logging.captureWarnings(True)
     for name in NOISY_LOGGERS:

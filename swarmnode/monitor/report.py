@@ -92,7 +92,7 @@ def load_run(path: str | os.PathLike, name: str | None = None) -> RunSeries:
         elif _finite(rec.get("reward")):
             if by_step and step <= max(by_step):
                 # a resumed run re-does the steps after its checkpoint: the dead run's rows from here on are not
-                # part of the surviving history (nodes since issue 15 remove them on resume; older files hold them)
+                # part of the surviving history (nodes that hold the run-directory lock remove them on resume; older files hold them)
                 by_step = {k: v for k, v in by_step.items() if k < step}
                 evals = [e for e in evals if e[0] < step]
             by_step[step] = rec

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 
 from swarmnode.monitor.metrics import PhaseTimer, gpu_memory, node_memory_bytes
+from swarmnode.monitor.reporters import Reporters
 from swarmnode.monitor.status import NodeMetrics, StatusServer, StatusTracker, SwarmProbe, write_status_file
 from swarmnode.monitor.watchdog import (
     EXIT_MEMORY,
@@ -151,6 +152,10 @@ class NodeMonitor:
             float(memory_soft_fraction if memory_soft_fraction is not None else knob(cfg, "memory_soft_fraction")),
         )
         self.write_file = write_file
+        sinks = list(getattr(cfg, "report_to", None) or [])  # TensorBoard / W&B (monitor/reporters.py)
+        self.reporters = Reporters(sinks, self.run_dir, cfg.model_dump(mode="json") if sinks else None)
+        self.no_signal_steps = int(knob(cfg, "no_signal_steps"))
+        self._no_signal: list[tuple[float, float]] = []  # (reward, format) of the current run of signal-less steps
         self.tracker = StatusTracker(self.run_dir, steps_total=cfg.steps,
                                      save_steps=cfg.checkpoint.save_steps)
         self.tracker.update(lambda d: d["memory"].update(
@@ -160,6 +165,7 @@ class NodeMonitor:
         self.exit_code = 0
         self.exit_reason: str | None = None
         self.activity_name: str | None = None
+        self.activity_since: float | None = None  # time.monotonic() when the activity began
         self.base_state = "starting"  # starting -> training (in Node.run's loop) -> stopping (after it)
         self.last_progress = time.monotonic()
         self._stop = threading.Event()
@@ -226,6 +232,7 @@ class NodeMonitor:
             return
         self._closed = True
         self._stop.set()
+        self.reporters.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval + 5)
         if self._started:
@@ -313,7 +320,7 @@ class NodeMonitor:
             state = self.base_state
         timer = node.timer
         phase = timer.current or self.activity_name
-        since = timer.current_since if timer.current else None
+        since = timer.current_since if timer.current else (self.activity_since if self.activity_name else None)
         now_m = time.monotonic()
         self.tracker.set(state=state, phase=phase, phase_seconds=(now_m - since) if since is not None else 0.0,
                          progress_at=time.time() - max(0.0, now_m - self._last_progress()))
@@ -321,17 +328,28 @@ class NodeMonitor:
     @contextmanager
     def activity(self, name: str) -> Iterator[None]:
         """Mark a long activity outside the step phases (``evaluating``) for the status and the stall watchdog."""
-        prev = self.activity_name
-        self.activity_name = name
+        prev, prev_since = self.activity_name, self.activity_since
+        self.activity_name, self.activity_since = name, time.monotonic()
         self.mark_progress()
         self._refresh_state()
         self.publish()
         try:
             yield
         finally:
-            self.activity_name = prev
+            self.activity_name, self.activity_since = prev, prev_since
+            self.tracker.update(lambda d: d.update({"evaluation": None}))
             self.mark_progress()
             self._refresh_state()
+
+    def eval_progress(self, done: int, total: int) -> None:
+        """An evaluation decoded ``done`` of ``total`` questions: progress for the stall watchdog, and
+        ``evaluation {done, total, eta_s}`` in the status (the ETA extrapolates the time per question so far;
+        None before the first batch)."""
+        self.mark_progress()
+        elapsed = time.monotonic() - (self.activity_since or time.monotonic())
+        eta = elapsed / done * (total - done) if done > 0 else None
+        self.tracker.update(lambda d: d.update({"evaluation": {"done": int(done), "total": int(total), "eta_s": eta}}))
+        self._refresh_state()
 
     def begin_training(self) -> None:
         """Called by ``Node.run`` before its loop: starts the monitor if needed; state ``training``."""
@@ -356,6 +374,8 @@ class NodeMonitor:
         self.mark_progress()
         self.tracker.observe_step(m)
         self.metrics.observe_step(m)
+        self.reporters.step(m)
+        self._check_signal(m)
         self.tracker.observe_swarm(self.node.swarm)
         if isinstance((m.get("time") or {}).get("checkpoint"), (int, float)):
             self.tracker.note_checkpoint()
@@ -363,12 +383,35 @@ class NodeMonitor:
         self._refresh_state()
         self.publish()
 
+    def _check_signal(self, m: dict[str, Any]) -> None:
+        """Warn once per streak when ``no_signal_steps`` steps in a row had groups and none with a reward spread
+        (``zero_variance_groups == groups``): such a run cannot learn (advantages are all 0)."""
+        groups, flat = m.get("groups"), m.get("zero_variance_groups")
+        if not isinstance(groups, int) or not isinstance(flat, int) or groups == 0:
+            return
+        if flat < groups:
+            self._no_signal.clear()
+            return
+        self._no_signal.append((float(m.get("reward") or 0.0), float(m.get("format") or 0.0)))
+        if self.no_signal_steps and len(self._no_signal) == self.no_signal_steps:
+            n = len(self._no_signal)
+            reward = sum(r for r, _ in self._no_signal) / n
+            fmt = sum(f for _, f in self._no_signal) / n
+            hint = ("no completion has the answer format: is sampling.max_completion_length long "
+                    "enough for the model to reach its answer?" if fmt == 0.0 else
+                    "the tasks may be too hard or too easy for this model (every sample scores the same)")
+            log.warning("no learning signal for %d steps in a row (through step %d): every group's rewards were "
+                        "equal, so every advantage is 0 and the model does not change (mean reward %.2f, format "
+                        "%.2f). %s (monitor.no_signal_steps sets this warning)", n, int(self.node.step), reward,
+                        fmt, hint)
+
     def observe_eval(self, tag: str, res: Any) -> None:
         """Record a held-out evaluation (``EvalResult``) tagged ``before``/``periodic``/``after``."""
         self.mark_progress()
         self.tracker.observe_eval(tag, int(self.node.step), float(res.accuracy),
                                   getattr(res, "per_task", None), getattr(res, "n", None))
         self.metrics.observe_eval(float(res.accuracy))
+        self.reporters.evaluation(tag, int(self.node.step), float(res.accuracy), getattr(res, "per_task", None))
         self.publish()
 
     def request_stop(self, code: int, reason: str) -> None:
@@ -434,9 +477,11 @@ class NodeMonitor:
         if ev is not None and ev.kind == "stalled":
             recoverable = ev.phase in SWARM_PHASES and swarm is not None
             advice = stall_advice(ev.phase, recoverable)
-            log.warning("round stalled: no progress for %.0f s in phase %s at step %d -- %s\nmain thread:\n%s%s",
-                        ev.seconds, ev.phase, int(self.node.step), advice, _thread_stack(),
-                        _watched_call_stack())
+            # one line for the terminal; the stacks go to node.log only (INFO: the terminal shows warnings)
+            log.warning("round stalled: no progress for %.0f s in phase %s at step %d -- %s (stacks in node.log)",
+                        ev.seconds, ev.phase, int(self.node.step), advice)
+            log.info("stacks of the stalled round (phase %s):\nmain thread:\n%s%s", ev.phase, _thread_stack(),
+                     _watched_call_stack())
             self.tracker.update(lambda d: d["stall"].update({"advice": advice}))
             if recoverable:
                 self.flag_swarm_recovery(f"round stalled in phase {ev.phase} for {ev.seconds:.0f} s")

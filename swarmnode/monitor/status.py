@@ -306,6 +306,7 @@ class StatusTracker:
         memory {rss_bytes, soft_limit_bytes, hard_limit_bytes, gpu {allocated, reserved, total}},
         checkpoint {path, step, save_steps, resumed_from},
         exit {code, reason} | null,
+        evaluation {done, total, eta_s} | null   (questions of a running held-out evaluation; eta_s None at first)
         warnings [{time, level, message}]   (the last few)
     """
 
@@ -350,6 +351,7 @@ class StatusTracker:
             "memory": {"rss_bytes": None, "soft_limit_bytes": None, "hard_limit_bytes": None, "gpu": {}},
             "checkpoint": {"path": None, "step": None, "save_steps": int(save_steps), "resumed_from": None},
             "exit": None,
+            "evaluation": None,
             "warnings": [],
         }
         self._step_times: list[tuple[float, int]] = []
@@ -618,6 +620,26 @@ def is_status_document(data: Any) -> bool:
     """Whether ``data`` is a swarmnode node's status document (``kind`` :data:`STATUS_KIND`, a ``node`` with a pid)."""
     return (isinstance(data, dict) and data.get("kind") == STATUS_KIND and isinstance(data.get("node"), dict)
             and isinstance(data["node"].get("pid"), int) and isinstance(data.get("state"), str))
+
+
+def mark_start_failure(run_dir: str | os.PathLike, code: int, reason: str) -> bool:
+    """Record in ``status.json`` that this process exited at start-up with ``code`` because of ``reason`` (a
+    configuration or environment error, already printed): state ``stopped`` with ``exit {code, reason}``, so that
+    ``swarmnode status`` says why instead of "killed or crashed".
+
+    Only a document written by this process (its ``node.pid``) is changed; returns whether it was."""
+    doc = read_status_file(run_dir)
+    if not doc or (doc.get("node") or {}).get("pid") != os.getpid():
+        return False
+    if doc.get("state") == "stopped" and (doc.get("exit") or {}).get("code") not in (None, 0):
+        return False  # a stop with its own non-zero reason (signal, disk) stays; a clean close on the way out does not
+    doc.update({"state": "stopped", "phase": None, "updated_at": time.time(),
+                "exit": {"code": int(code), "reason": f"did not start: {reason}"}})
+    try:
+        write_status_file(run_dir, doc)
+    except OSError:
+        return False
+    return True
 
 
 def read_status_file(run_dir: str | os.PathLike) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from swarmnode.monitor.status import Verdict, assess_status, fetch_status, read_status_file
+from swarmnode.monitor.tables import narrow_table, stack
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -156,6 +157,11 @@ def _header(name: str, doc: dict[str, Any], verdict: Verdict, now: float) -> Tex
     t.append(f"  step {doc.get('step')}/{doc.get('steps_total')}")
     if doc.get("phase"):
         t.append(f"  phase {doc['phase']} {fmt_age(doc.get('phase_seconds'))}")
+    ev = doc.get("evaluation")
+    if isinstance(ev, dict) and isinstance(ev.get("done"), int) and isinstance(ev.get("total"), int):
+        eta = ev.get("eta_s")
+        t.append(f" {ev['done']}/{ev['total']} questions"
+                 + (f", ETA {fmt_age(eta)}" if isinstance(eta, (int, float)) else ""))
     t.append(f"  updated {fmt_age(now - doc.get('updated_at', now))} ago")
     node = doc.get("node") or {}
     t.append(f"  pid {node.get('pid')}", style="dim")
@@ -210,7 +216,9 @@ def render_node(name: str, doc: dict[str, Any], verdict: Verdict, history: list[
     b = sw.get("bundles") or {}
     rej = sw.get("rejected") or {}
     swarm_rows: list[tuple[str, Any]] = [
-        ("state", Text(sw.get("reason") or "-", style="green" if sw.get("connected") else "yellow")),
+        ("state", Text(sw.get("reason") or "-", style="green" if sw.get("connected") else "yellow")
+         if verdict.kind not in ("dead", "stopped") else
+         Text(f"not connected (the node is {verdict.kind}; last seen: {sw.get('reason') or '-'})", style="dim")),
     ]
     if sw.get("enabled"):
         swarm_rows += [
@@ -255,31 +263,30 @@ def render_node(name: str, doc: dict[str, Any], verdict: Verdict, history: list[
 # ------------------------------------------------------------------------------------------ a swarm
 def render_swarm(rows: list[tuple[str, dict[str, Any] | None, Verdict]], title: str,
                  now: float | None = None) -> Table:
-    """One row per node: state, step, rewards, accuracy, tokens/s, peers, bundles, rejections, memory, checkpoint."""
+    """One row per node: state, step, rewards, accuracy, tokens/s, peers, bundles, rejections, memory, checkpoint
+    (two values stacked per cell, so that a row fits 80 columns: :mod:`swarmnode.monitor.tables`)."""
     now = time.time() if now is None else now
-    t = Table(title=title)
-    cols = ("node", "state", "step", "reward", "ext reward", "held-out", "tok/s", "peers", "pub/acc/rej", "RSS",
-            "ckpt", "updated")
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("node", "state") else "right", no_wrap=True)
+    t = narrow_table(title, ["node\nstate", "step\nupdated", "reward\next reward", "held-out\ntok/s",
+                             "peers\npub/acc/rej", "RSS\nckpt"], left=["node\nstate"])
     for name, doc, verdict in rows:
         if doc is None:
-            t.add_row(name, Text(verdict.kind, style=_VERDICT_STYLE.get(verdict.kind, "")), *["-"] * (len(cols) - 2))
+            t.add_row(stack(name, Text(verdict.kind, style=_VERDICT_STYLE.get(verdict.kind, ""))),
+                      *[stack("-", "-")] * 5)
             continue
         r = doc.get("rewards") or {}
         sw = doc.get("swarm") or {}
         b = sw.get("bundles") or {}
         state = doc.get("state", "?") if verdict.kind == "live" else verdict.kind
         t.add_row(
-            name, Text(state, style=_VERDICT_STYLE.get(verdict.kind, "")),
-            f"{doc.get('step')}/{doc.get('steps_total')}", _f(r.get("local")), _f(r.get("external")),
-            _f((doc.get("accuracy") or {}).get("heldout"), pct=True),
-            _f((doc.get("throughput") or {}).get("tokens_per_s"), ".0f"),
-            str(sw.get("peers", 0)) if sw.get("enabled") else "solo",
-            f"{b.get('published', 0)}/{b.get('accepted', 0)}/{sum((sw.get('rejected') or {}).values())}",
-            fmt_bytes((doc.get("memory") or {}).get("rss_bytes")),
-            str((doc.get("checkpoint") or {}).get("step") or "-"),
-            fmt_age(now - doc.get("updated_at", now)) + " ago",
+            stack(name, Text(state, style=_VERDICT_STYLE.get(verdict.kind, ""))),
+            stack(f"{doc.get('step')}/{doc.get('steps_total')}", fmt_age(now - doc.get("updated_at", now)) + " ago"),
+            stack(_f(r.get("local")), _f(r.get("external"))),
+            stack(_f((doc.get("accuracy") or {}).get("heldout"), pct=True),
+                  _f((doc.get("throughput") or {}).get("tokens_per_s"), ".0f")),
+            stack(str(sw.get("peers", 0)) if sw.get("enabled") else "solo",
+                  f"{b.get('published', 0)}/{b.get('accepted', 0)}/{sum((sw.get('rejected') or {}).values())}"),
+            stack(fmt_bytes((doc.get("memory") or {}).get("rss_bytes")),
+                  str((doc.get("checkpoint") or {}).get("step") or "-")),
         )
     return t
 

@@ -50,6 +50,7 @@ _CASTS: dict[str, Callable[[str], Any]] = {
     "memory_limit_bytes": lambda s: None if s.strip().lower() in ("", "none", "0") else int(float(s)),
     "memory_soft_fraction": float,
     "watchdog_interval": float,
+    "no_signal_steps": int,
 }
 
 

@@ -1,14 +1,16 @@
 """Loading a policy (causal LM + tokenizer) for a node, including the embedded default.
 
 One code path serves every model: ``model.name_or_path: embedded`` resolves to the directory shipped
-inside the package (:data:`EMBEDDED_DIR`, built by ``scripts/build_tiny_model.py``), anything else is a
+inside the package (:data:`EMBEDDED_DIR`, built by ``scripts/build_tiny_model.py``), ``embedded-bpe`` to the
+second packaged model (:data:`EMBEDDED_BPE_DIR`, ``--preset bpe-qwen2`` of the same script), anything else is a
 local Hugging Face directory or a hub id. All of them go through ``AutoTokenizer.from_pretrained`` and
 ``AutoModelForCausalLM.from_pretrained``, so the embedded default is loaded exactly the way a user's
 model is.
 
 Identity on the wire (docs/design.md §4, RolloutBundle header):
 
-* ``model_id`` -- ``"swarmnode/embedded-tiny@<sha256(weights)[:12]>"`` for the embedded model;
+* ``model_id`` -- ``"swarmnode/embedded-tiny@<sha256(weights)[:12]>"`` for the embedded model
+  (``"swarmnode/embedded-bpe@…"`` for the second one);
   ``"<hub id or local directory name>@<sha256(config.json)[:12]>"`` otherwise (a local directory is
   named by its last path component so that no user's home path goes onto the network).
 * ``tokenizer_id`` -- ``"tokenizer@<sha256[:12]>"`` of the tokenizer's canonical content (the
@@ -29,7 +31,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,6 +42,17 @@ log = logging.getLogger(__name__)
 EMBEDDED_NAME = "embedded"
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 EMBEDDED_MODEL_NAME = "swarmnode/embedded-tiny"
+#: Short name of the second packaged model: a Qwen2-style model with a byte-level BPE tokenizer
+#: (docs/embedded_model.md), for heterogeneous swarms and the cross-tokenizer path.
+EMBEDDED_BPE_NAME = "embedded-bpe"
+EMBEDDED_BPE_DIR = Path(__file__).parent / "embedded_bpe"
+
+#: Short ``model.name_or_path`` names of the packaged models -> (directory, ``model_id`` prefix). Each is a
+#: normal Hugging Face directory loaded with the same Auto classes as any local directory or hub id.
+EMBEDDED_MODELS: dict[str, tuple[Path, str]] = {
+    EMBEDDED_NAME: (EMBEDDED_DIR, EMBEDDED_MODEL_NAME),
+    EMBEDDED_BPE_NAME: (EMBEDDED_BPE_DIR, "swarmnode/embedded-bpe"),
+}
 
 #: reasoning-gym's ``SYSTEM_PROMPTS["default"]`` (reasoning_gym/utils.py), copied verbatim so that the
 #: prompt a real model sees does not change if that package is upgraded. It asks for the final answer
@@ -79,7 +92,7 @@ class Policy:
             ``model.system_prompt`` when set (``""`` means none); otherwise ``None`` for the embedded
             model (it was trained without one, and a 400-character prompt would cost a character-level
             model 400 tokens) and :data:`DEFAULT_SYSTEM_PROMPT` for every other model.
-        is_embedded: whether this is the packaged default.
+        is_embedded: whether this is one of the packaged models (:data:`EMBEDDED_MODELS`).
         path: the directory or hub id it was loaded from.
     """
 
@@ -246,7 +259,7 @@ def default_system_prompt(model_cfg: ModelConfig, is_embedded: bool, model_dir: 
     2. the one a swarmnode checkpoint's model directory was trained with (``model_dir/swarmnode.json``), so a
        resumed run or ``swarmnode eval`` of a checkpoint prompts the model as it was trained (a checkpoint of
        the embedded model is a local directory, but it was trained without a system prompt);
-    3. ``None`` for the embedded model, :data:`DEFAULT_SYSTEM_PROMPT` (reasoning-gym's answer-tag prompt) otherwise.
+    3. ``None`` for the packaged models, :data:`DEFAULT_SYSTEM_PROMPT` (reasoning-gym's answer-tag prompt) otherwise.
 
     A checkpoint written before ``swarmnode.json`` existed gets ``None``: nodes of that version prompted without
     a system prompt. An unreadable or malformed ``swarmnode.json`` is ignored (rule 3 applies).
@@ -331,13 +344,13 @@ def _looks_like_path(name: str) -> bool:
 def check_model_source(name: str) -> None:
     """Fail fast on a ``model.name_or_path`` that names a local path which is not a saved model directory.
 
-    ``"embedded"`` and hub ids pass (a hub id is only resolved when loading). Used by launchers (``bench swarm``)
+    The short names of :data:`EMBEDDED_MODELS` and hub ids pass (a hub id is only resolved when loading). Used by launchers (``bench swarm``)
     before they start processes.
 
     Raises:
         PolicyLoadError: the path does not exist, is not a directory, or has no ``config.json``.
     """
-    if name == EMBEDDED_NAME:
+    if name in EMBEDDED_MODELS:
         return
     local = Path(name).expanduser()
     if local.exists() or _looks_like_path(name):
@@ -359,7 +372,7 @@ def _check_model_dir(path: Path, what: str) -> None:
 def check_embedded_roundtrip(tokenizer: Any, text: str = ROUNDTRIP_PROBE) -> None:
     """Raise :class:`PolicyLoadError` unless ``decode(encode(text)) == text`` exactly.
 
-    Guards the embedded character-level tokenizer against the transformers-5 trap (docs/design.md §10):
+    Guards the embedded tokenizers (character level and byte-level BPE) against the transformers-5 trap (docs/design.md §10):
     ``AutoTokenizer`` rebuilding a custom tokenizer with a model family's pre-tokenizer and silently
     dropping spaces and newlines.
     """
@@ -390,12 +403,57 @@ def _from_pretrained(cls: Any, source: str, hub: bool, **kwargs: Any) -> Any:
     return cls.from_pretrained(source, **kwargs)
 
 
-def load_policy(model_cfg: ModelConfig) -> Policy:
+def context_positions(model_config: Any) -> int | None:
+    """The longest sequence (positions) a transformers model config allows, or None when it names none."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(model_config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def check_context(tokenizer: Any, system_prompt: str | None, positions: int | None, questions: list[str],
+                  max_completion_length: int, source: str) -> str | None:
+    """Whether a run's prompts plus ``max_completion_length`` fit the model's positions.
+
+    Past its positions a model with rotary positions still runs, but on positions it never saw (it learns far
+    worse: the embedded model's reward fell from about 0.2 to 0.02), and one with learned absolute positions
+    fails outright.
+
+    Args:
+        tokenizer: the policy's tokenizer; ``system_prompt``: the one its prompts carry (:func:`build_prompt`).
+        positions: :func:`context_positions` of the model config (None: not checked).
+        questions: a sample of the task questions (prompts are built from them as the node builds them).
+        max_completion_length: ``sampling.max_completion_length``.
+        source: the model's directory or hub id, for the message.
+
+    Returns:
+        ``None`` when they fit, else the message: the numbers, the keys involved and what to change.
+    """
+    longest = max((len(encode_prompt(tokenizer, build_prompt(tokenizer, q, system_prompt))) for q in questions),
+                  default=0)
+    if positions is None or longest + max_completion_length <= positions:
+        return None
+    sp = "" if not system_prompt else (f" (it includes a {len(encode_prompt(tokenizer, system_prompt))}-token "
+                                       "system prompt: model.system_prompt: \"\" drops it)")
+    return (f"prompts do not fit the model {source}: the longest of {len(questions)} sampled prompts has {longest} "
+            f"tokens{sp}, plus sampling.max_completion_length {max_completion_length} = "
+            f"{longest + max_completion_length} > the model's {positions} positions (max_position_embeddings); "
+            "past them the model runs on positions it never saw and learns little or nothing. "
+            + (f"Lower sampling.max_completion_length to at most {positions - longest}, use shorter tasks, or a "
+               "model with a longer context" if longest < positions else
+               "The prompt alone is too long: shorten it (system prompt, tasks) or use a model with a longer "
+               "context"))
+
+
+def load_policy(model_cfg: ModelConfig,
+                check: Callable[[Any, str | None, int | None, str], None] | None = None) -> Policy:
     """Load the policy named by ``model_cfg``.
 
     Args:
         model_cfg: :class:`swarmnode.config.ModelConfig`. ``name_or_path``: ``"embedded"`` (the packaged
-            tiny model in :data:`EMBEDDED_DIR`), a local directory saved with ``save_pretrained``, or a
+            tiny model in :data:`EMBEDDED_DIR`), ``"embedded-bpe"`` (the packaged Qwen2-style model with a
+            byte-level BPE tokenizer, :data:`EMBEDDED_BPE_DIR`), a local directory saved with ``save_pretrained``, or a
             hub id (``org/name``; needs the model in the local HF cache or network access).
 
     Returns:
@@ -406,9 +464,13 @@ def load_policy(model_cfg: ModelConfig) -> Policy:
             on a non-CUDA device; ``backend: vllm`` without vllm installed; a missing local directory or
             one without ``config.json``; a hub id that cannot be fetched; a tokenizer with neither pad nor
             eos token; a tokenizer larger than the model's embedding; an embedded tokenizer that does not
-            round-trip text exactly.
+            round-trip text exactly; or what ``check`` raises.
+
+    ``check``, when given, runs after the tokenizer and the model config are read and before the weights load,
+    as ``check(tokenizer, system_prompt, positions, source)`` (the node warns with :func:`check_context`'s
+    message there).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(model_cfg, ModelConfig):
         raise TypeError(f"load_policy expects a swarmnode.config.ModelConfig, got {type(model_cfg).__name__}")
@@ -434,14 +496,15 @@ def load_policy(model_cfg: ModelConfig) -> Policy:
     name = model_cfg.name_or_path
     if not isinstance(name, str) or not name.strip():
         raise PolicyLoadError("model.name_or_path is empty (expected 'embedded', a local directory or a hub id)")
-    is_embedded = name == EMBEDDED_NAME
+    is_embedded = name in EMBEDDED_MODELS
     if is_embedded:
-        path = EMBEDDED_DIR
-        _check_model_dir(path, "the embedded model directory")
+        path, id_prefix = EMBEDDED_MODELS[name]
+        _check_model_dir(path, f"the packaged model directory of {name!r}")
         if not list(path.glob("*.safetensors")):
+            preset = " --preset bpe-qwen2" if name == EMBEDDED_BPE_NAME else ""
             raise PolicyLoadError(
-                f"the embedded model directory {path} holds no weights; rebuild it with "
-                "python scripts/build_tiny_model.py --out swarmnode/policy/embedded"
+                f"the packaged model directory {path} of {name!r} holds no weights; rebuild it with "
+                f"python scripts/build_tiny_model.py{preset} --out swarmnode/policy/{path.name}"
             )
         source: str = str(path)
     else:
@@ -461,6 +524,13 @@ def load_policy(model_cfg: ModelConfig) -> Policy:
         if tokenizer.eos_token is None:
             raise PolicyLoadError(f"the tokenizer of {source!r} has neither a pad token nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
+    if check is not None:  # e.g. the prompts against the context, before the weights load
+        try:
+            positions = context_positions(_from_pretrained(AutoConfig, source, hub, trust_remote_code=trust))
+        except Exception as e:
+            raise PolicyLoadError(f"cannot read the model config of {source!r}: {type(e).__name__}: {e}") from e
+        check(tokenizer, default_system_prompt(model_cfg, is_embedded, source if Path(source).is_dir() else None),
+              positions, source)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust}
     if model_cfg.attn_implementation is not None:
         kwargs["attn_implementation"] = model_cfg.attn_implementation
@@ -485,7 +555,7 @@ def load_policy(model_cfg: ModelConfig) -> Policy:
     tok_id = f"tokenizer@{tokenizer_digest(tokenizer)[:12]}"
     if is_embedded:
         check_embedded_roundtrip(tokenizer)
-        model_id = f"{EMBEDDED_MODEL_NAME}@{weights_digest(EMBEDDED_DIR)[:12]}"
+        model_id = f"{id_prefix}@{weights_digest(path)[:12]}"
     else:
         label = Path(source).name if Path(source).exists() else name
         model_id = f"{label}@{config_digest(model.config)[:12]}"

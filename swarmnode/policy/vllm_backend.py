@@ -26,7 +26,7 @@ segment is cut after the first token that triggers one.
 
 Behaviour log-probs: vLLM is built with ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2) so the
 returned log-prob is taken after temperature scaling, the convention of
-:func:`swarmnode.policy.decode.sample_next` and TRL (raw log-probs ignore the temperature; TRL issue 4159).
+:func:`swarmnode.policy.decode.sample_next` and TRL (raw log-probs ignore the temperature; huggingface/trl#4159).
 With ``top_p < 1`` or ``top_k > 0`` vLLM's processed log-probs may be renormalized over the kept tokens
 while the HF engine's are not; set ``top_p: 1, top_k: 0`` (the defaults) when the two must agree. An older
 vLLM without ``logprobs_mode`` is accepted only at ``temperature == 1``.

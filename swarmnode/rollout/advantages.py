@@ -85,7 +85,7 @@ STD_FLOOR = 0.1
 
 Without it ``(r - mean) / (std + 1e-4)`` turns any tiny reward difference into a full-size advantage:
 rewards ``[0.02, 0]`` give ``±0.707`` and ``[0.02, 0, 0, 0]`` give ``+1.5``, as strong as a correct answer
-(a farmable partial-credit score, issue 12 finding 2). With the floor, the divisor is
+(a farmable partial-credit score, found by an outside attack). With the floor, the divisor is
 ``max(std, floor) + eps``. For binary rewards the smallest non-zero unbiased std of a group of G leaves is
 ``sqrt(1/G)`` (one success), so a floor of 0.1 never binds for G < 100 and binary training is unchanged."""
 

@@ -11,7 +11,11 @@
   ``--model``;
 * children run in their own sessions, so a Ctrl-C reaches only the launcher, which then sends each node
   SIGTERM (a node finishes its step, checkpoints and exits; the same command resumes) and SIGKILLs a node that
-  has not exited after ``timeout`` seconds.
+  has not exited after ``timeout`` seconds;
+* the nodes end with their launcher: on Linux each child asks the kernel for SIGTERM when the launcher dies
+  (``PR_SET_PDEATHSIG``), so a ``kill -9`` of ``swarm up`` or a closed terminal stops them like Ctrl-C
+  (they checkpoint); a node still running from an earlier launcher (another OS, or an older version) is named
+  by PID when the swarm is started again (:func:`live_nodes`).
 
 :class:`MetricsTail` follows a node's ``metrics.jsonl`` incrementally for the live view. Nothing here
 imports torch or the model stack: the launcher stays light beside N training processes.
@@ -19,6 +23,7 @@ imports torch or the model stack: the launcher stays light beside N training pro
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -30,7 +35,64 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["LocalNode", "LocalSwarm", "MetricsTail", "bootstrap_identity", "free_port"]
+from swarmnode.rundir import LockedError, lock_run_dir
+
+__all__ = ["LocalNode", "LocalSwarm", "MetricsTail", "NodesLeftError", "bootstrap_identity", "exit_reason",
+           "free_port", "live_nodes"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _end_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child between fork and exec
+    """``preexec_fn`` of a node: SIGTERM when the launcher ``parent`` dies (Linux), or at once if it already has."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the rerun check (live_nodes) names what is left behind
+        return
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class NodesLeftError(LockedError):
+    """Nodes of an earlier ``swarm up`` still run in the directory (a :class:`swarmnode.rundir.LockedError`);
+    the message names each node directory and its PID, and how to stop them."""
+
+
+def exit_reason(node: "LocalNode", max_chars: int = 300) -> str:
+    """Why ``node`` exited, for the launcher's terminal: the last ``error:`` line of its ``stdout.log`` (the
+    node's own message), else its last non-empty line, else a pointer to the log; at most ``max_chars``."""
+    try:
+        lines = [ln.strip() for ln in node.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    errs = [ln for ln in lines if ln.startswith("error:")]
+    text = errs[-1] if errs else (lines[-1] if lines else "")
+    if not text:
+        return f"no output (see {node.log_path})"
+    return (text if len(text) <= max_chars else text[: max_chars - 1] + "…") + f" (log: {node.log_path})"
+
+
+def live_nodes(run_dir: str | os.PathLike) -> list[tuple[Path, int | None]]:
+    """Node directories ``<run_dir>/node-*`` whose run-directory lock another live process holds.
+
+    Returns:
+        ``(node directory, holder PID or None)`` pairs, sorted by directory: nodes left running by an earlier
+        ``swarm up`` (e.g. one killed where the kernel could not end its children), or started by hand.
+    """
+    out = []
+    for d in sorted(Path(run_dir).glob("node-*")):
+        if not d.is_dir():
+            continue
+        try:
+            lock_run_dir(d).release()
+        except LockedError as e:
+            out.append((d, e.pid))
+        except OSError:
+            continue
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -147,6 +209,7 @@ class LocalSwarm:
         extra_args: more ``swarmnode run`` arguments for every node.
         host: loopback address to listen on.
         python: interpreter of the children.
+        status_port: node ``i`` serves its status endpoint on ``status_port + i`` (None: no endpoint).
         env: extra environment variables; ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` default to
             ``max(1, cpu_count // nodes)`` so N nodes do not oversubscribe the CPU.
 
@@ -154,6 +217,7 @@ class LocalSwarm:
         ValueError: ``nodes < 1``.
         swarmnode.rundir.LockedError: another launcher runs a swarm in ``run_dir`` (the message names its PID);
             the lock is held until :meth:`stop`.
+        NodesLeftError: a node of an earlier launcher still runs in ``run_dir/node-i`` (named with its PID).
     """
 
     def __init__(
@@ -171,15 +235,24 @@ class LocalSwarm:
         host: str = "127.0.0.1",
         python: str = sys.executable,
         env: dict[str, str] | None = None,
+        status_port: int | None = None,
     ) -> None:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
             raise ValueError(f"nodes must be an int >= 1, got {nodes!r}")
         self.run_dir = Path(run_dir)
         self.host = host
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        from swarmnode.rundir import lock_run_dir
-
         self.lock = lock_run_dir(self.run_dir)  # a second `swarm up` on this directory is refused (LockedError)
+        left = live_nodes(self.run_dir)  # nodes of an earlier launcher that are still running
+        if left:
+            self.lock.release()
+            pids = [str(pid) for _, pid in left if pid is not None]
+            raise NodesLeftError(
+                "node(s) of an earlier `swarm up` in this directory are still running: "
+                + ", ".join(f"{d.name} (PID {pid if pid is not None else 'unknown'})" for d, pid in left)
+                + (f". Stop them first (`kill {' '.join(pids)}`: each checkpoints and exits), then run this "
+                   "command again" if pids else ". Stop them first, then run this command again"),
+                int(pids[0]) if pids else None)
         d0 = self.run_dir / "node-0"
         from swarmnode.swarm.gossip import P2P_KEY_FILE
 
@@ -197,6 +270,7 @@ class LocalSwarm:
         self.env.setdefault("MKL_NUM_THREADS", threads)
         self.env.update(env or {})
         self.nodes: list[LocalNode] = []
+        self._reported: set[int] = set()  # nodes whose exit :meth:`notices` reported
         for i in range(nodes):
             rd = self.run_dir / f"node-{i}"
             cmd = [python, "-m", "swarmnode.cli", "run", "--swarm", "--run-dir", str(rd),
@@ -211,6 +285,8 @@ class LocalSwarm:
                 cmd += ["--swarm-id", swarm_id]
             if no_eval:
                 cmd.append("--no-eval")
+            if status_port is not None:
+                cmd += ["--status-port", str(status_port + i)]
             if i == 0:
                 cmd += ["--host-maddrs", f"/ip4/{host}/tcp/{port}"]
             else:
@@ -227,7 +303,8 @@ class LocalSwarm:
             log = open(n.log_path, "ab")
             try:
                 n.proc = subprocess.Popen(n.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=self.env, start_new_session=True)
+                                          env=self.env, start_new_session=True,
+                                          preexec_fn=functools.partial(_end_with_parent, os.getpid()))
             finally:
                 log.close()
 
@@ -262,6 +339,23 @@ class LocalSwarm:
                 "age_s": (now - m["unix_time"]) if isinstance(m.get("unix_time"), (int, float)) else None,
             })
         return rows
+
+    def notices(self) -> list[str]:
+        """Lines for the launcher's terminal about what changed since the last call: each node that exited (with
+        the reason of a failure, :func:`exit_reason`), and, when one node is left running, that it is alone
+        (it trains solo from then on). Each event is reported once."""
+        out = []
+        for n in self.nodes:
+            rc = n.returncode
+            if rc is None or n.proc is None or n.index in self._reported:
+                continue
+            self._reported.add(n.index)
+            out.append(f"node-{n.index} exited {rc}: {'finished' if rc == 0 else exit_reason(n)}")
+            alive = [x for x in self.nodes if x.proc is not None and x.returncode is None]
+            if len(alive) == 1 and len(self.nodes) > 1:
+                out.append(f"node-{alive[0].index} is now alone in the swarm: it trains solo, with no peer to "
+                           "exchange samples with, until its steps are done (Ctrl-C stops it)")
+        return out
 
     def stop(self, timeout: float = 60.0) -> list[int | None]:
         """SIGTERM every running node, wait up to ``timeout`` s, SIGKILL the rest; returns the exit codes."""

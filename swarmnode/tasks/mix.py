@@ -194,6 +194,9 @@ class TaskMix:
         self.seed = seed
         self.eval_seed = eval_seed
         self.eval_size = eval_size
+        #: Cap on this mix's questions when it is evaluated as a probe (``tasks.probes[i].eval_size``);
+        #: ``None`` = the evaluation's ``n``.
+        self.probe_eval_size: int | None = None
         self.format_reward = float(format_reward)
         self.eval_fraction = float(eval_fraction)
         self.partial_credit = bool(partial_credit)
@@ -280,7 +283,8 @@ class TaskMix:
         """One held-out mix per ``tasks.probes`` entry (nearby-distribution generalization probes).
 
         Each probe is a single-source mix with the same seeds, ``eval_fraction`` and ``eval_size`` as the
-        training mix; only its held-out questions (:meth:`eval_refs`) are used. A probe's name is its
+        training mix; only its held-out questions (:meth:`eval_refs`) are used. A probe's own ``eval_size``
+        (when set) caps its questions in every evaluation (:attr:`probe_eval_size`). A probe's name is its
         ``label`` or, by default, ``"<dataset or file stem>"`` plus ``"#<i>"`` when that name repeats.
 
         Raises:
@@ -294,6 +298,7 @@ class TaskMix:
                 name = f"{name}#{i}"
             out[name] = cls([src], [1.0], seed=cfg.seed, eval_seed=cfg.eval_seed, eval_size=cfg.eval_size,
                             format_reward=cfg.format_reward, eval_fraction=cfg.eval_fraction)
+            out[name].probe_eval_size = getattr(pc, "eval_size", None)
         return out
 
     # ------------------------------------------------------------------ seeds

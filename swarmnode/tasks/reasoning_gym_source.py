@@ -247,8 +247,8 @@ class ReasoningGymSource:
         ``1.0`` only when the dataset's full score (:meth:`score_raw`) is 1.0 (within :data:`EXACT_TOL`), else
         ``0.0``. reasoning-gym's own scores can be partial -- its base rule gives ``len(oracle)/len(answer)``
         when the answer merely *contains* the oracle, so a completion listing many numbers collects 0.01-0.03,
-        which per-group normalization turns into an advantage as large as a correct answer's (issue 12,
-        finding 2). Partial credit is therefore no reward unless ``partial_credit=True`` (config
+        which per-group normalization turns into an advantage as large as a correct answer's (a
+        farmable score found by an outside attack). Partial credit is therefore no reward unless ``partial_credit=True`` (config
         ``tasks.partial_credit``, for *local* rewards only; re-scores of peers' leaves are always exact), which
         returns the raw score in [0, 1].
         """

@@ -7,7 +7,8 @@ computed here from the reasoning-gym entry (its question and metadata), never co
 field: the answer written inside the tags is the result of the steps, so a test that re-scores every worked
 solution with the task's own ``score_answer`` checks the steps' arithmetic too.
 
-The default mix (:data:`DEFAULT_MIX`), one writer per task:
+The RL default mix (:data:`DEFAULT_MIX`; the models are built on :data:`BUILD_MIX`, the same tasks over a
+range of difficulties from the easiest up to this), one writer per task:
 
 * ``chain_sum`` (10-14 one-digit terms, ``+``/``-``): running partial sums, one operation per line:
   ``"3+5=8\\n8-2=6\\n6+7=13\\n13-4=9\\n"``.
@@ -16,7 +17,7 @@ The default mix (:data:`DEFAULT_MIX`), one writer per task:
   ``"7+6=13 3\\n4+8+1=13 33\\n3+5+1=9 933\\n"``.
 * ``leg_counting`` (3-4 kinds of animals, 1-12 of each): legs per kind, then running sums:
   ``"duck 7*2=14\\ncat 3*4=12\\n14+12=26\\n"``.
-* ``letter_counting`` (spans of 5-7 words): every word with the letter's count in it and the running total:
+* ``letter_counting`` (spans of 5-7 words, no answer above 20%): every word with the letter's count in it and the running total:
   ``"hundred +1=1\\nthousand +1=2\\nnames +0=2\\n"``.
 
 Question-space sizes (:func:`question_space_size`, from the generators' parameters in reasoning-gym 0.1.19):
@@ -29,8 +30,11 @@ import math
 import re
 from typing import Any
 
-#: The embedded model's task mix: reasoning-gym dataset name, config (keyword arguments of the dataset's
-#: config dataclass) and sampling weight. swarmnode/default.yaml lists the same sources.
+#: The RL default task mix (``swarmnode run`` with no flags): reasoning-gym dataset name, config (keyword
+#: arguments of the dataset's config dataclass), sampling weight and, for letter_counting, the answer balance
+#: ``max_answer_share`` (swarmnode/tasks/balance.py: no answer is more than 20% of its questions; without it the
+#: answer ``1`` is 47% of 5-7-word spans). It is the hard end of :data:`BUILD_MIX`. swarmnode/default.yaml lists
+#: the same sources.
 DEFAULT_MIX: list[dict[str, Any]] = [
     {"name": "chain_sum", "config": {"min_terms": 10, "max_terms": 14, "min_digits": 1, "max_digits": 1},
      "weight": 1.0},
@@ -40,7 +44,55 @@ DEFAULT_MIX: list[dict[str, Any]] = [
      "weight": 1.0},
     {"name": "leg_counting", "config": {"min_animals": 3, "max_animals": 4, "min_instances": 1, "max_instances": 12},
      "weight": 1.0},
+    {"name": "letter_counting", "config": {"min_words": 5, "max_words": 7}, "weight": 1.0, "max_answer_share": 0.2},
+]
+
+#: The embedded models' supervised warm-start mix (scripts/build_tiny_model.py): every task over a *range* of
+#: difficulties, from the easiest question the generator writes up to the hard end that :data:`DEFAULT_MIX`
+#: trains with RL (chain sums of 2-14 terms, additions of 1-8 digits, 1-4 kinds of animals, spans of 1-7 words),
+#: so that the model learns the procedure rather than one length. Each task is two sources: the easier part at
+#: a lower weight and the RL default's range at weight 1.0. No answer balance here: the worked solutions teach
+#: the procedure whatever the answer.
+BUILD_MIX: list[dict[str, Any]] = [
+    {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 9, "min_digits": 1, "max_digits": 1},
+     "weight": 0.5},
+    DEFAULT_MIX[0],
+    {"name": "basic_arithmetic",
+     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 6, "operators": ["+"],
+                "allow_parentheses": False, "allow_negation": False},
+     "weight": 0.5},
+    DEFAULT_MIX[1],
+    {"name": "leg_counting", "config": {"min_animals": 1, "max_animals": 2, "min_instances": 1, "max_instances": 12},
+     "weight": 0.5},
+    DEFAULT_MIX[2],
+    {"name": "letter_counting", "config": {"min_words": 1, "max_words": 4}, "weight": 0.4},
     {"name": "letter_counting", "config": {"min_words": 5, "max_words": 7}, "weight": 1.0},
+]
+
+#: The default generalization probes (``tasks.probes`` of swarmnode/default.yaml): every task of
+#: :data:`DEFAULT_MIX` one step **easier** (below its range: 9 terms, 6 digits, 2 kinds of animals, 4 words) and
+#: one step **harder** (above it: 15 terms, 9 digits, 5 kinds, 8 words), evaluated on held-out-partition
+#: questions only and never trained on by RL. The easier probes lie inside :data:`BUILD_MIX`'s range (the
+#: warm start saw other questions of that shape); the harder ones lie outside everything the models trained on.
+DEFAULT_PROBES: list[dict[str, Any]] = [
+    {"name": "chain_sum", "label": "easier_chain_sum",
+     "config": {"min_terms": 9, "max_terms": 9, "min_digits": 1, "max_digits": 1}},
+    {"name": "chain_sum", "label": "harder_chain_sum",
+     "config": {"min_terms": 15, "max_terms": 15, "min_digits": 1, "max_digits": 1}},
+    {"name": "basic_arithmetic", "label": "easier_basic_arithmetic",
+     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 6, "max_digits": 6, "operators": ["+"],
+                "allow_parentheses": False, "allow_negation": False}},
+    {"name": "basic_arithmetic", "label": "harder_basic_arithmetic",
+     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 9, "max_digits": 9, "operators": ["+"],
+                "allow_parentheses": False, "allow_negation": False}},
+    {"name": "leg_counting", "label": "easier_leg_counting",
+     "config": {"min_animals": 2, "max_animals": 2, "min_instances": 1, "max_instances": 12}},
+    {"name": "leg_counting", "label": "harder_leg_counting",
+     "config": {"min_animals": 5, "max_animals": 5, "min_instances": 1, "max_instances": 12}},
+    {"name": "letter_counting", "label": "easier_letter_counting", "config": {"min_words": 4, "max_words": 4},
+     "max_answer_share": 0.2},
+    {"name": "letter_counting", "label": "harder_letter_counting", "config": {"min_words": 8, "max_words": 8},
+     "max_answer_share": 0.2},
 ]
 
 #: Tasks :func:`worked_solution` can write.

@@ -208,7 +208,7 @@ def external_samples(
       peers) plus ``local_rewards_by_task[task key]`` (keys: ``TaskRef.key()`` strings or TaskRefs);
       ``A = (r - mean_pool) / (max(std_pool, floor) + 1e-4)``.
     * the floor is ``std_floor`` (config ``train.advantage_std_floor``), shared with the local estimators
-      (:func:`swarmnode.rollout.advantages.source_advantages`, issue 12 finding 2).
+      (:func:`swarmnode.rollout.advantages.source_advantages`).
     * ``scale_rewards``: ``"group"`` as above; ``"batch"`` divides by the unbiased std of every reward in
       every pool of the call (TRL's batch scaling; mean still per group); ``"none"`` only centres.
 

@@ -34,6 +34,16 @@ def lr_lambda_factory(scheduler_type: str, warmup_steps: int, total_steps: int) 
     ``p = (s - W) / (T - W)`` — the decay shapes of ``transformers.get_scheduler``, reaching 0 at
     ``s = total_steps`` and clamped at 0 beyond.
 
+    Why not ``transformers.get_scheduler`` itself: with ``warmup_steps = 0`` (the default) the two give the
+    same learning rate at every step ``0 … total_steps`` for all three types (``tests/test_lr_schedule.py``
+    compares them step by step), but they differ where a run can notice:
+
+    - warm-up: ``get_scheduler``'s multiplier is ``s / W``, so its first update runs at learning rate 0 and
+      wastes a generated batch; here the first update already moves (``(s + 1) / W``). Switching would change
+      the learning rate of every warm-up step of every run with ``warmup_steps > 0``;
+    - past ``total_steps`` its cosine rises again (it is a full period of ``cos``); here it stays at 0;
+    - its ``constant`` ignores ``warmup_steps`` (warm-up is a separate ``constant_with_warmup``).
+
     Raises:
         ValueError: unknown ``scheduler_type`` or negative step counts.
     """
