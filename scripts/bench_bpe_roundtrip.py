@@ -10,8 +10,10 @@ default ``sampling``; ``transformers`` ``generate``), one group per prompt as a 
 completion (ids up to and without one final EOS) it counts, with the rules of ``swarmnode/swarm/verify.py``:
 
 * ``special``: a special token id inside the completion (``special_token``: the tree is dropped);
-* ``not_roundtrip``: ``encode(decode(ids)) != ids`` for a peer with the same tokenizer (``not_roundtrip``:
-  the whole tree is dropped, uncharged) -- reported per sample and as the share of samples lost with their tree;
+* ``not_roundtrip``: ``encode(decode(ids)) != ids`` for a peer with the same tokenizer (the receiver
+  re-encodes such a tree; until 2026-12-06 it dropped it whole) -- reported per sample, and
+  ``samples_lost_with_their_tree`` counts the samples of trees with a special token or a non-canonical leaf
+  (what the old whole-tree rule dropped);
 * the cross-tokenizer path: the decoded text re-tokenized by the ``--other`` model's tokenizer
   (``retokenize``): ``unk`` when that yields the unknown token (a special id: the tree is dropped), and
   ``text_changed`` when the re-tokenized ids do not decode back to the same text (scored text != trained ids).

@@ -41,8 +41,10 @@ step  check                                                      reason (hard/so
       no special token in a completion but one final EOS         ``special_token`` (uncharged; that tree is dropped,
                                                                  the bundle only when no tree is left)
       text == detokenize(ids) (same tokenizer, when given)       ``text_mismatch`` (soft)
-      encode(decode(ids)) == ids (same tokenizer)                ``not_roundtrip`` (not charged; that tree is
-                                                                 dropped, the bundle only when no tree is left)
+      encode(decode(ids)) == ids (same tokenizer), else that     ``not_roundtrip`` (not charged) only when the
+      tree is re-encoded with ``encode`` (segment by segment,    re-encoded ids decode to another text or break
+      log-probs dropped); its new ids pass the special-token     a token cap: that tree is dropped, the bundle
+      check and both token caps again                            only when no tree is left
       normalized tree content seen before (copy / re-signing)    ``replay`` (not charged, the tree is dropped;
                                                                  soft when it copies OUR rollouts)
       EVERY live leaf re-scored with ``tasks.rescore``           ``reward_mismatch`` (hard, whole bundle)
@@ -95,13 +97,25 @@ What we score is the text a leaf's ids decode to **with special tokens included*
 skip them), after one final EOS id (``eos_ids``) is stripped; any other special token id (``special_ids``,
 see :func:`special_token_ids`) rejects the bundle (``special_token``). With the tokenizer id equal to ours,
 ids must be ``< our_vocab_size`` (hard ``vocab``), the leaf's text fields must equal the decoded text
-(``text_mismatch``) and the ids must round-trip, ``encode(decode(ids)) == ids`` (``not_roundtrip``): the
-reward belongs to the ids we train on, and ids our tokenizer never emits for their text are not trained. A
-tree with a ``special_token`` or ``not_roundtrip`` leaf is dropped and counted, the rest of the bundle stays
-(honest samplers produce both now and then; ``not_roundtrip`` is therefore not charged). With
-another tokenizer every segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviour
-log-probs are dropped, ``same_tokenizer`` is False, and we score what *our* ids decode to (characters our
-tokenizer cannot represent become its unknown token, a special token: rejected). **Without** ``detokenize``
+(``text_mismatch``), and the ids are trained as they are only when they round-trip, ``encode(decode(ids)) ==
+ids``: the reward belongs to the ids we train on, and ids our tokenizer never emits for their text are not
+trained. A byte-level BPE sampler emits such ids honestly (``Ġlobsters`` + ``ty`` where the tokenizer writes
+``Ġlobster`` + ``st`` + ``y``; 7.7% of the embedded BPE model's samples at temperature 1), so a tree with a leaf
+that does not round-trip takes the foreign-tokenizer path instead of being dropped: every segment text is
+re-encoded with ``encode`` (tree structure kept, a segment's final EOS id kept), behaviour log-probs are
+dropped (no off-policy ratio uses the peer's claims for ids it did not sample), ``same_tokenizer`` is False,
+and the new ids go through the same checks as any ids: no special token (a text that spells ``<|im_end|>`` in
+ordinary tokens re-encodes to the special token: ``special_token``), they must decode to exactly the text
+already decoded from the sender's ids and compared with its text fields (a text our normalizer changes is
+``not_roundtrip``), and both token caps are recounted on them (a tree pushed over ``max_completion_tokens``, or
+pushing the bundle over ``max_bundle_tokens``, largest growth first, is ``not_roundtrip``). What trains is
+therefore always our encoding of the scored text, and the sender's non-canonical ids carry nothing past the
+checks but that text. A tree with a ``special_token`` or ``not_roundtrip`` leaf is dropped and counted, the
+rest of the bundle stays (honest samplers produce both now and then; neither is charged);
+``stats["canonicalized_trees"]`` counts the re-encoded trees that were accepted. With another tokenizer every
+segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviour log-probs are dropped,
+``same_tokenizer`` is False, and we score what *our* ids decode to (characters our tokenizer cannot represent
+become its unknown token, a special token: rejected). **Without** ``detokenize``
 the ids are trusted to match the text (bare test setups only). Lengths are counted in tokens of our
 vocabulary: ``max_completion_tokens`` per leaf (``swarm.max_external_completion_length``, the node's
 ``sampling.max_completion_length`` by default) and ``max_bundle_tokens`` for the bundle expanded into samples
@@ -248,9 +262,10 @@ UNCHARGED_REASONS = frozenset({"rate_limited", "banned", "tokenizer_mismatch", "
                                "not_roundtrip", "special_token"})
 """Reasons never charged to a peer (counted by the verifier only): the PeerBook already counted the refusal,
 or it is our configuration / our bug, or (``not_roundtrip``, ``special_token``) honest samplers do it too: a
-model may sample a token sequence that its tokenizer would have merged (``"<answer>"`` letter by letter) or a
-special token such as ``<|user|>`` inside a completion; such trees are dropped, which is all an attacker could
-be denied. ``replay`` is uncharged except for copies of our own rollouts."""
+model may sample a special token such as ``<|user|>`` inside a completion, or a token sequence that its
+tokenizer would have merged (``"<answer>"`` letter by letter; such a tree is re-encoded, and ``not_roundtrip``
+remains only when the re-encoded ids decode to another text or break a token cap); such trees are dropped,
+which is all an attacker could be denied. ``replay`` is uncharged except for copies of our own rollouts."""
 
 _ENVELOPE_HARD = frozenset({"bad_signature"})
 _RECORD_HARD = frozenset({"bad_signature", "malformed", "schema", "non_canonical", "key_mismatch"})
@@ -377,7 +392,8 @@ class Verifier:
         seen_capacity: capacity of each seen-digest set (bundle digests, tree digests, manifest digests).
         timer: monotonic seconds for the re-scoring budget (``time.monotonic``).
         encode: ``text -> list[int]`` of OUR tokenizer (no special tokens added; default ``retokenize``): builds
-            our prompts and checks that same-tokenizer ids round-trip (``encode(decode(ids)) == ids``).
+            our prompts, checks that same-tokenizer ids round-trip (``encode(decode(ids)) == ids``) and re-encodes
+            the trees whose ids do not.
         special_ids: our tokenizer's special token ids (``tokenizer.all_special_ids``): a completion holding one
             is rejected (``special_token``), except one final EOS.
         eos_ids: ids that may end a completion (one, last); stripped before the text is decoded and scored.
