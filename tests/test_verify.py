@@ -798,17 +798,25 @@ def test_bpe_non_canonical_ids_smuggle_nothing(peer_mix, clock, bpe_tok):
         _bpe_tree(peer_mix, tok, _ref(peer_mix, 63), "Hi\n", [(sampled[:2] + [1] + sampled[2:], None, 1.0), x]),
         _bpe_tree(peer_mix, tok, _ref(peer_mix, 64), "Hi\n", [(spelled_marker + sampled, None, 1.0), x]),
         _bpe_tree(peer_mix, tok, _ref(peer_mix, 65), "Hi\n", [(decomposed_ids + sampled, None, 1.0), x]),
+        # "<|im_end|>" spelled at the very end: before the EOS id (two EOS once re-encoded), and without an EOS id
+        # (re-encoded, the marker would pass as the one final EOS, and the scored text would lose it)
+        _bpe_tree(peer_mix, tok, _ref(peer_mix, 67), "Hi\n", [(sampled + spelled_marker, None, 1.0), x]),
+        _bpe_tree(peer_mix, tok, _ref(peer_mix, 68), "Hi\n", [(sampled + spelled_marker, None, 1.0), x]),
     ]
+    last = evil[-1].nodes[evil[-1].leaves()[0]]
+    last.token_ids, last.logprobs, last.finish_reason = last.token_ids[:-1], last.logprobs[:-1], "length"
     for tr in evil:  # the text fields are exactly what the ids decode to
         j = tr.leaves()[0]
-        tr.nodes[j].text = tok.decode(tr.nodes[j].token_ids[:-1], skip_special_tokens=False)
+        ids = tr.nodes[j].token_ids
+        tr.nodes[j].text = tok.decode(ids[:-1] if ids[-1] == tok.eos_token_id else ids, skip_special_tokens=False)
     ref_c = _ref(peer_mix, 66)
     good_c = f"<answer>{peer_mix.get(ref_c).answer}</answer>"
     clean = _bpe_tree(peer_mix, tok, ref_c, "Hi\n", [(_enc(tok, good_c), good_c, 1.0), x])
     v = hf_verifier(peer_mix, clock, tok)
     out = v.verify_bundle(_bpe_bundle(evil + [clean], ATTACKER, clock, tok), None, "x")
     assert [o.tree.task for o in out] == [ref_c]
-    assert v.snapshot()["rejected"] == {"special_token": 2, "not_roundtrip": 1}
+    assert v.snapshot()["rejected"] == {"special_token": 3, "not_roundtrip": 2}
+    assert v.snapshot()["canonicalized_trees"] == 0
     assert v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"] == {}
     for o in out:
         for j in o.tree.leaves():
