@@ -516,10 +516,11 @@ def test_rereading_a_manifest_is_never_charged(peer_mix, clock):
 # (protocol/SPEC.md §5.1) and signed with a real Ed25519 Identity.
 from transformers import AutoTokenizer  # noqa: E402
 
-from swarmnode.policy.loading import EMBEDDED_DIR, build_prompt, tokenizer_digest  # noqa: E402
+from swarmnode.policy.loading import EMBEDDED_BPE_DIR, EMBEDDED_DIR, build_prompt, tokenizer_digest  # noqa: E402
 from swarmnode.rollout.tree import RolloutTree  # noqa: E402
 from swarmnode.swarm.verify import content_key, special_token_ids  # noqa: E402
 from swarmnode.tasks.base import config_digest  # noqa: E402
+from swarmnode.train.batch import external_samples  # noqa: E402
 
 
 def _bundle(trees, ident, clock, *, tokenizer_id=BYTE_TOKENIZER_ID, vocab=256, created_at=None, pv=3) -> bytes:
@@ -669,30 +670,194 @@ def test_special_tokens_hidden_in_the_ids_are_rejected(peer_mix, clock, hf_tok, 
     assert v.peers.snapshot()["peers"].get(ATTACKER.peer_id, {}).get("rejected", {}) == {}
 
 
-def test_ids_that_do_not_round_trip_are_rejected(peer_mix, clock, hf_tok):
+def test_ids_that_do_not_round_trip_are_re_encoded(peer_mix, clock, hf_tok):
+    """Same tokenizer, "<answer>" spelled char by char: the tree is kept, trained as our encoding of its text."""
     v = hf_verifier(peer_mix, clock, hf_tok)
     ref = _ref(peer_mix, 5)
     good = f"<answer>{peer_mix.get(ref).answer}</answer>"
     canonical = _enc(hf_tok, good)
     spelled = [hf_tok.convert_tokens_to_ids(c) for c in "<answer>"] + canonical[1:]  # "<answer>" char by char
     assert hf_tok.decode(spelled) == good and spelled != canonical
-    t = _hf_tree(peer_mix, hf_tok, ref, [(spelled, good, 1.0), (_enc(hf_tok, "<answer>x</answer>"),
-                                                                "<answer>x</answer>", 0.0)])
-    r = _rej(lambda: v.verify_bundle(_bundle([t], ATTACKER, clock, tokenizer_id=tokenizer_digest(hf_tok),
-                                             vocab=len(hf_tok)), None, "x"))
-    assert r.reason == "not_roundtrip" and not r.hard and not r.charged  # honest samplers do this too
-    # beside a clean tree, only the spelled tree is dropped (and counted); the clean one is accepted
     ref2 = _ref(peer_mix, 40)
     good2 = f"<answer>{peer_mix.get(ref2).answer}</answer>"
     clean = _hf_tree(peer_mix, hf_tok, ref2, [(_enc(hf_tok, good2), good2, 1.0),
                                              (_enc(hf_tok, "<answer>x</answer>"), "<answer>x</answer>", 0.0)])
-    t = _hf_tree(peer_mix, hf_tok, _ref(peer_mix, 41), [(spelled, good, 0.0), (_enc(hf_tok, "<answer>x</answer>"),
-                                                                            "<answer>x</answer>", 0.0)])
+    t = _hf_tree(peer_mix, hf_tok, ref, [(spelled, good, 1.0), (_enc(hf_tok, "<answer>x</answer>"),
+                                                                "<answer>x</answer>", 0.0)])
     out = v.verify_bundle(_bundle([t, clean], HONEST, clock, tokenizer_id=tokenizer_digest(hf_tok),
                                   vocab=len(hf_tok)), None, "x")
-    assert [o.tree.task for o in out] == [ref2]
-    assert v.snapshot()["rejected"] == {"not_roundtrip": 2}
-    assert v.peers.snapshot()["peers"].get(HONEST.peer_id, {}).get("rejected", {}) == {}
+    assert [o.tree.task for o in out] == [ref, ref2]
+    assert [o.same_tokenizer for o in out] == [False, True]  # the re-encoded tree's ids are ours, not the peer's
+    assert out[0].tree.completion_ids(out[0].tree.leaves()[0]) == canonical
+    assert [out[0].tree.nodes[j].reward for j in out[0].tree.leaves()] == [1.0, 0.0]
+    assert v.snapshot()["rejected"] == {} and v.snapshot()["canonicalized_trees"] == 1
+    assert v.peers.snapshot()["peers"][HONEST.peer_id]["rejected"] == {}
+
+
+# ---- the byte-level BPE model (embedded-bpe): honest samplers emit non-canonical ids; they are re-encoded
+@pytest.fixture(scope="module")
+def bpe_tok():
+    return AutoTokenizer.from_pretrained(str(EMBEDDED_BPE_DIR))
+
+
+def _split_a_token(tok, ids: list[int]) -> list[int]:
+    """``ids`` with the first token that splits into two vocabulary tokens split (what a sampler may emit)."""
+    vocab = tok.get_vocab()
+    for k, t in enumerate(tok.convert_ids_to_tokens(ids)):
+        for cut in range(1, len(t)):
+            if t[:cut] in vocab and t[cut:] in vocab:
+                return ids[:k] + [vocab[t[:cut]], vocab[t[cut:]]] + ids[k + 1:]
+    raise AssertionError("no token of the text splits into two vocabulary tokens")
+
+
+def _bpe_tree(mix, tok, ref, prefix: str, leaves, *, prefix_ids=None):
+    """A tree with one shared segment ``prefix`` and leaves ``(ids, text, claim)``, every segment with log-probs,
+    every leaf ended by EOS (as the node's sampler writes them)."""
+    task = mix.get(ref)
+    ptext = build_prompt(tok, task.question)
+    t = RolloutTree(task=ref, prompt_ids=_enc(tok, ptext), prompt_text=ptext)
+    pids = _enc(tok, prefix) if prefix_ids is None else prefix_ids
+    h = t.add_child(0, pids, text=prefix, logprobs=[-0.25] * len(pids), policy_version=3)
+    for ids, text, r in leaves:
+        full = list(ids) + [tok.eos_token_id]
+        j = t.add_child(h, full, text=text, logprobs=[-0.5] * len(full), policy_version=3, finish_reason="eos")
+        t.nodes[j].reward = r
+    return t
+
+
+def _bpe_bundle(trees, ident, clock, tok) -> bytes:
+    return _bundle(trees, ident, clock, tokenizer_id=tokenizer_digest(tok), vocab=len(tok))
+
+
+def test_bpe_non_canonical_ids_of_an_honest_sampler_train_as_canonical_ids(peer_mix, clock, bpe_tok):
+    """An honest BPE peer's non-canonical ids: kept (not dropped, not charged), structure kept, trained as our
+    encoding of exactly the scored text, behaviour log-probs dropped (no off-policy ratio on ids it never sampled)."""
+    v = hf_verifier(peer_mix, clock, bpe_tok)
+    ref = _ref(peer_mix, 60)
+    answer = peer_mix.get(ref).answer
+    prefix, good, bad = "Adding the numbers one by one.\n", f"<answer>{answer}</answer>", "<answer>12345</answer>"
+    sampled = _split_a_token(bpe_tok, _enc(bpe_tok, good))
+    assert bpe_tok.decode(sampled) == good and sampled != _enc(bpe_tok, good)
+    t = _bpe_tree(peer_mix, bpe_tok, ref, prefix, [(sampled, good, 1.0), (_enc(bpe_tok, bad), bad, 0.0)])
+    out = v.verify_bundle(_bpe_bundle([t], HONEST, clock, bpe_tok), None, "x")
+    assert len(out) == 1
+    vt = out[0]
+    assert vt.same_tokenizer is False and vt.tokenizer_id == tokenizer_digest(bpe_tok)
+    assert len(vt.tree.nodes) == 4 and [vt.tree.nodes[j].parent for j in vt.tree.leaves()] == [1, 1]
+    eos = bpe_tok.eos_token_id
+    for j, text in zip(vt.tree.leaves(), (good, bad)):
+        ids = vt.tree.completion_ids(j)
+        assert ids == _enc(bpe_tok, prefix) + _enc(bpe_tok, text) + [eos]  # canonical per segment, the EOS kept
+        assert bpe_tok.decode(ids[:-1], skip_special_tokens=False) == prefix + text  # the ids ARE the scored text
+    assert [vt.tree.nodes[j].reward for j in vt.tree.leaves()] == [1.0, 0.0]  # our re-score of that text
+    assert all(n.logprobs == [] for n in vt.tree.nodes)
+    assert v.snapshot()["canonicalized_trees"] == 1 and v.snapshot()["rejected"] == {}
+    assert v.peers.snapshot()["peers"][HONEST.peer_id]["rejected"] == {}
+    # the trainer: no behaviour log-probs for it, even under tis with our own model and tokenizer id
+    samples, m = external_samples(out, off_policy="tis", our_model_id="outsider/model",
+                                  our_tokenizer_id=tokenizer_digest(bpe_tok))
+    assert len(samples) == 2 and all(s.behaviour_logprobs is None for s in samples)
+    assert m["external/tis_fallback_samples"] == 2
+    assert samples[0].completion_ids == vt.tree.completion_ids(vt.tree.leaves()[0])
+
+
+def test_bpe_canonical_trees_keep_their_ids_and_log_probs(peer_mix, clock, bpe_tok):
+    v = hf_verifier(peer_mix, clock, bpe_tok)
+    ref = _ref(peer_mix, 61)
+    good = f"<answer>{peer_mix.get(ref).answer}</answer>"
+    t = _bpe_tree(peer_mix, bpe_tok, ref, "So:\n", [(_enc(bpe_tok, good), good, 1.0),
+                                                    (_enc(bpe_tok, "<answer>0</answer>"), "<answer>0</answer>", 0.0)])
+    out = v.verify_bundle(_bpe_bundle([t], HONEST, clock, bpe_tok), None, "x")
+    assert out[0].same_tokenizer is True and v.snapshot()["canonicalized_trees"] == 0
+    assert out[0].tree.nodes[1].logprobs == [pytest.approx(-0.25)] * len(out[0].tree.nodes[1].token_ids)
+
+
+def test_bpe_non_canonical_ids_smuggle_nothing(peer_mix, clock, bpe_tok):
+    """Non-canonical ids carrying anything but their text: another text (text_mismatch, charged), a special id
+    (special_token), a special token's string spelled in ordinary tokens, which re-encodes to the special token
+    itself (special_token), a text the tokenizer's NFC normalizer changes (not_roundtrip): never trained; only
+    the clean tree beside them is."""
+    tok = bpe_tok
+    ref = _ref(peer_mix, 62)
+    good = f"<answer>{peer_mix.get(ref).answer}</answer>"
+    sampled = _split_a_token(tok, _enc(tok, good))
+    x = (_enc(tok, "<answer>x</answer>"), "<answer>x</answer>", 0.0)
+    # 1. the text fields say more than the ids: the whole bundle, charged as before
+    v = hf_verifier(peer_mix, clock, tok)
+    t = _bpe_tree(peer_mix, tok, ref, "Hi\n", [(sampled, good + " BUY NOW", 1.0), x])
+    r = _rej(lambda: v.verify_bundle(_bpe_bundle([t], ATTACKER, clock, tok), None, "x"))
+    assert r.reason == "text_mismatch" and r.charged
+    # 2.-4. a tree each; a clean tree beside them is accepted, the attacker is not charged (honest samplers
+    # produce all three now and then), nothing of the three trees trains
+    spelled_marker = _enc(tok, "ok <|im") + _enc(tok, "_end|>")
+    assert tok.decode(spelled_marker) == "ok <|im_end|>" and 2 not in spelled_marker
+    composed = "\u00e9"
+    decomposed_ids = [tok.convert_tokens_to_ids(c) for c in ("e", "\u00cc", "\u0123")]  # "e" + U+0301, byte-level
+    assert tok.decode(decomposed_ids) == "e\u0301" and tok.decode(_enc(tok, "e\u0301")) == composed
+    evil = [
+        _bpe_tree(peer_mix, tok, _ref(peer_mix, 63), "Hi\n", [(sampled[:2] + [1] + sampled[2:], None, 1.0), x]),
+        _bpe_tree(peer_mix, tok, _ref(peer_mix, 64), "Hi\n", [(spelled_marker + sampled, None, 1.0), x]),
+        _bpe_tree(peer_mix, tok, _ref(peer_mix, 65), "Hi\n", [(decomposed_ids + sampled, None, 1.0), x]),
+        # "<|im_end|>" spelled at the very end: before the EOS id (two EOS once re-encoded), and without an EOS id
+        # (re-encoded, the marker would pass as the one final EOS, and the scored text would lose it)
+        _bpe_tree(peer_mix, tok, _ref(peer_mix, 67), "Hi\n", [(sampled + spelled_marker, None, 1.0), x]),
+        _bpe_tree(peer_mix, tok, _ref(peer_mix, 68), "Hi\n", [(sampled + spelled_marker, None, 1.0), x]),
+    ]
+    last = evil[-1].nodes[evil[-1].leaves()[0]]
+    last.token_ids, last.logprobs, last.finish_reason = last.token_ids[:-1], last.logprobs[:-1], "length"
+    for tr in evil:  # the text fields are exactly what the ids decode to
+        j = tr.leaves()[0]
+        ids = tr.nodes[j].token_ids
+        tr.nodes[j].text = tok.decode(ids[:-1] if ids[-1] == tok.eos_token_id else ids, skip_special_tokens=False)
+    ref_c = _ref(peer_mix, 66)
+    good_c = f"<answer>{peer_mix.get(ref_c).answer}</answer>"
+    clean = _bpe_tree(peer_mix, tok, ref_c, "Hi\n", [(_enc(tok, good_c), good_c, 1.0), x])
+    v = hf_verifier(peer_mix, clock, tok)
+    out = v.verify_bundle(_bpe_bundle(evil + [clean], ATTACKER, clock, tok), None, "x")
+    assert [o.tree.task for o in out] == [ref_c]
+    assert v.snapshot()["rejected"] == {"special_token": 3, "not_roundtrip": 2}
+    assert v.snapshot()["canonicalized_trees"] == 0
+    assert v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"] == {}
+    for o in out:
+        for j in o.tree.leaves():
+            assert tok.special_tokens_map["eos_token"] not in tok.decode(o.tree.completion_ids(j)[:-1],
+                                                                         skip_special_tokens=False)
+
+
+def test_bpe_re_encoded_ids_are_counted_against_the_caps(peer_mix, clock, bpe_tok):
+    """Re-encoding may lengthen a completion ("Ġwoodlouse" + "ronomical", 2 ids, is 5 canonical ids): the caps hold
+    for the ids that train. Over max_external_completion_length or max_bundle_tokens after re-encoding, the tree
+    is dropped (uncharged: an honest sampler at the cap can do it), the rest of the bundle stands."""
+    tok = bpe_tok
+    grow = [tok.convert_tokens_to_ids("\u0120woodlouse"), tok.convert_tokens_to_ids("ronomical")]
+    text = tok.decode(grow)
+    assert len(_enc(tok, text)) == 5
+    x = (_enc(tok, "<answer>x</answer>"), "<answer>x</answer>", 0.0)
+    long_ids = grow * 10 + _enc(tok, "<answer>1</answer>")
+    long_text = text * 10 + "<answer>1</answer>"
+    n_prefix = len(_enc(tok, "Hi\n"))
+    cap = n_prefix + len(long_ids) + 1  # the sampled ids (and EOS) fit exactly; the re-encoded ones do not
+    ref_c = _ref(peer_mix, 71)
+    good_c = f"<answer>{peer_mix.get(ref_c).answer}</answer>"
+    clean = _bpe_tree(peer_mix, tok, ref_c, "Hi\n", [(_enc(tok, good_c), good_c, 1.0), x])
+    v = hf_verifier(peer_mix, clock, tok, max_completion_tokens=cap)
+    t = _bpe_tree(peer_mix, tok, _ref(peer_mix, 70), "Hi\n", [(long_ids, long_text, 0.0), x])
+    out = v.verify_bundle(_bpe_bundle([t, clean], ATTACKER, clock, tok), None, "x")
+    assert [o.tree.task for o in out] == [ref_c]
+    assert v.snapshot()["rejected"] == {"not_roundtrip": 1}
+    assert v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"] == {}
+    # the bundle cap: the sampled ids fit, the re-encoded ones push the bundle over: the growing tree is dropped
+    t = _bpe_tree(peer_mix, tok, _ref(peer_mix, 72), "Hi\n", [(long_ids, long_text, 0.0), x])
+    probe = hf_verifier(peer_mix, clock, tok, max_completion_tokens=10 * cap)
+    probe_out = probe.verify_bundle(_bpe_bundle([t, clean], ATTACKER, clock, tok), None, "x")
+    trained = sum(len(o.tree.prompt_ids) + len(o.tree.completion_ids(j)) for o in probe_out for j in o.tree.leaves())
+    assert probe.snapshot()["canonicalized_trees"] == 1
+    clock.advance(1.0)
+    v = hf_verifier(peer_mix, clock, tok, max_completion_tokens=10 * cap, max_bundle_tokens=trained - 1)
+    out = v.verify_bundle(_bpe_bundle([t, clean], ATTACKER, clock, tok), None, "x")
+    assert [o.tree.task for o in out] == [ref_c]
+    assert v.snapshot()["rejected"] == {"not_roundtrip": 1}
+    assert sum(len(o.tree.prompt_ids) + len(o.tree.completion_ids(j)) for o in out for j in o.tree.leaves()) < trained
 
 
 def test_foreign_tokenizer_text_is_scored_as_our_ids_decode(peer_mix, clock, hf_tok):

@@ -41,8 +41,10 @@ step  check                                                      reason (hard/so
       no special token in a completion but one final EOS         ``special_token`` (uncharged; that tree is dropped,
                                                                  the bundle only when no tree is left)
       text == detokenize(ids) (same tokenizer, when given)       ``text_mismatch`` (soft)
-      encode(decode(ids)) == ids (same tokenizer)                ``not_roundtrip`` (not charged; that tree is
-                                                                 dropped, the bundle only when no tree is left)
+      encode(decode(ids)) == ids (same tokenizer), else that     ``not_roundtrip`` (not charged) only when the
+      tree is re-encoded with ``encode`` (segment by segment,    re-encoded ids decode to another text or break
+      log-probs dropped); its new ids pass the special-token     a token cap: that tree is dropped, the bundle
+      check and both token caps again                            only when no tree is left
       normalized tree content seen before (copy / re-signing)    ``replay`` (not charged, the tree is dropped;
                                                                  soft when it copies OUR rollouts)
       EVERY live leaf re-scored with ``tasks.rescore``           ``reward_mismatch`` (hard, whole bundle)
@@ -95,13 +97,25 @@ What we score is the text a leaf's ids decode to **with special tokens included*
 skip them), after one final EOS id (``eos_ids``) is stripped; any other special token id (``special_ids``,
 see :func:`special_token_ids`) rejects the bundle (``special_token``). With the tokenizer id equal to ours,
 ids must be ``< our_vocab_size`` (hard ``vocab``), the leaf's text fields must equal the decoded text
-(``text_mismatch``) and the ids must round-trip, ``encode(decode(ids)) == ids`` (``not_roundtrip``): the
-reward belongs to the ids we train on, and ids our tokenizer never emits for their text are not trained. A
-tree with a ``special_token`` or ``not_roundtrip`` leaf is dropped and counted, the rest of the bundle stays
-(honest samplers produce both now and then; ``not_roundtrip`` is therefore not charged). With
-another tokenizer every segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviour
-log-probs are dropped, ``same_tokenizer`` is False, and we score what *our* ids decode to (characters our
-tokenizer cannot represent become its unknown token, a special token: rejected). **Without** ``detokenize``
+(``text_mismatch``), and the ids are trained as they are only when they round-trip, ``encode(decode(ids)) ==
+ids``: the reward belongs to the ids we train on, and ids our tokenizer never emits for their text are not
+trained. A byte-level BPE sampler emits such ids honestly (``Ġlobsters`` + ``ty`` where the tokenizer writes
+``Ġlobster`` + ``st`` + ``y``; 7.7% of the embedded BPE model's samples at temperature 1), so a tree with a leaf
+that does not round-trip takes the foreign-tokenizer path instead of being dropped: every segment text is
+re-encoded with ``encode`` (tree structure kept, a segment's final EOS id kept), behaviour log-probs are
+dropped (no off-policy ratio uses the peer's claims for ids it did not sample), ``same_tokenizer`` is False,
+and the new ids go through the same checks as any ids: no special token (a text that spells ``<|im_end|>`` in
+ordinary tokens re-encodes to the special token: ``special_token``), they must decode to exactly the text
+already decoded from the sender's ids and compared with its text fields (a text our normalizer changes is
+``not_roundtrip``), and both token caps are recounted on them (a tree pushed over ``max_completion_tokens``, or
+pushing the bundle over ``max_bundle_tokens``, largest growth first, is ``not_roundtrip``). What trains is
+therefore always our encoding of the scored text, and the sender's non-canonical ids carry nothing past the
+checks but that text. A tree with a ``special_token`` or ``not_roundtrip`` leaf is dropped and counted, the
+rest of the bundle stays (honest samplers produce both now and then; neither is charged);
+``stats["canonicalized_trees"]`` counts the re-encoded trees that were accepted. With another tokenizer every
+segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviour log-probs are dropped,
+``same_tokenizer`` is False, and we score what *our* ids decode to (characters our tokenizer cannot represent
+become its unknown token, a special token: rejected). **Without** ``detokenize``
 the ids are trusted to match the text (bare test setups only). Lengths are counted in tokens of our
 vocabulary: ``max_completion_tokens`` per leaf (``swarm.max_external_completion_length``, the node's
 ``sampling.max_completion_length`` by default) and ``max_bundle_tokens`` for the bundle expanded into samples
@@ -248,9 +262,10 @@ UNCHARGED_REASONS = frozenset({"rate_limited", "banned", "tokenizer_mismatch", "
                                "not_roundtrip", "special_token"})
 """Reasons never charged to a peer (counted by the verifier only): the PeerBook already counted the refusal,
 or it is our configuration / our bug, or (``not_roundtrip``, ``special_token``) honest samplers do it too: a
-model may sample a token sequence that its tokenizer would have merged (``"<answer>"`` letter by letter) or a
-special token such as ``<|user|>`` inside a completion; such trees are dropped, which is all an attacker could
-be denied. ``replay`` is uncharged except for copies of our own rollouts."""
+model may sample a special token such as ``<|user|>`` inside a completion, or a token sequence that its
+tokenizer would have merged (``"<answer>"`` letter by letter; such a tree is re-encoded, and ``not_roundtrip``
+remains only when the re-encoded ids decode to another text or break a token cap); such trees are dropped,
+which is all an attacker could be denied. ``replay`` is uncharged except for copies of our own rollouts."""
 
 _ENVELOPE_HARD = frozenset({"bad_signature"})
 _RECORD_HARD = frozenset({"bad_signature", "malformed", "schema", "non_canonical", "key_mismatch"})
@@ -377,7 +392,8 @@ class Verifier:
         seen_capacity: capacity of each seen-digest set (bundle digests, tree digests, manifest digests).
         timer: monotonic seconds for the re-scoring budget (``time.monotonic``).
         encode: ``text -> list[int]`` of OUR tokenizer (no special tokens added; default ``retokenize``): builds
-            our prompts and checks that same-tokenizer ids round-trip (``encode(decode(ids)) == ids``).
+            our prompts, checks that same-tokenizer ids round-trip (``encode(decode(ids)) == ids``) and re-encodes
+            the trees whose ids do not.
         special_ids: our tokenizer's special token ids (``tokenizer.all_special_ids``): a completion holding one
             is rejected (``special_token``), except one final EOS.
         eos_ids: ids that may end a completion (one, last); stripped before the text is decoded and scored.
@@ -497,7 +513,8 @@ class Verifier:
         self._internal_log = LogLimiter(10.0)
         self.stats: dict[str, Any] = {
             "manifests_accepted": 0, "bundles_accepted": 0, "trees_accepted": 0, "leaves_accepted": 0,
-            "trees_replayed": 0, "retokenized_trees": 0, "leaves_pruned_dropped": 0, "rejected": {},
+            "trees_replayed": 0, "retokenized_trees": 0, "canonicalized_trees": 0, "leaves_pruned_dropped": 0,
+            "rejected": {},
         }
 
     # ================================================================== helpers
@@ -931,19 +948,27 @@ class Verifier:
                                      f"(prompt + completion per leaf), over max_bundle_tokens {self.max_bundle_tokens}",
                                      signer, False))
         # the text each leaf's ids decode to: this is what we score (the ids are the truth)
-        # A tree with a leaf whose ids hide special tokens or do not round-trip is dropped (not trained), the rest
-        # of the bundle stands: an honest sampler can emit both now and then (a sampled chat marker; "<answer>"
-        # spelled character by character), so one such leaf must not cost an honest peer its whole bundle.
+        # A tree with a leaf whose ids hide special tokens is dropped (not trained), the rest of the bundle stands:
+        # an honest sampler can emit one now and then (a sampled chat marker), so it must not cost an honest peer
+        # its whole bundle. A same-tokenizer tree whose ids are not the canonical encoding of their own text (an
+        # honest sampler's "<answer" + ">" where the tokenizer writes "<" + "answer>") is re-encoded: every
+        # segment text through our encoder, as a foreign tree, so what trains is our encoding of the scored text.
         texts: dict[tuple[int, int], str] = {}
         bad_trees: dict[int, tuple[str, str]] = {}
+        canon: dict[int, str] = {}  # tree -> why its ids are re-encoded (the first non-canonical leaf)
         for i, tree in enumerate(rolled):
             wt = b.trees[i]
             for j in live[i]:
                 text, why = self._leaf_text(i, j, tree, wt, same_tok, signer, final)
-                if why is not None:
+                if why is not None and why[0] == "not_roundtrip":
+                    canon.setdefault(i, why[1])  # every leaf is still decoded and compared with its text
+                elif why is not None:
                     bad_trees[i] = why
+                    canon.pop(i, None)
                     break
                 texts[(i, j)] = text
+        if canon:
+            self._canonicalize(canon, rolled, b, live, texts, path_tokens, bad_trees, prompts, signer, final)
         if bad_trees and len(bad_trees) == sum(1 for lv in live if lv):
             reason, detail = next(iter(bad_trees.values()))
             raise final(self._reject(reason, detail + f" (every tree of the bundle: {len(bad_trees)})", signer,
@@ -1025,7 +1050,8 @@ class Verifier:
             tree.update_stats()
             out.append(PeerTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
                                 model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
-                                same_tokenizer=same_tok, digest=digest.hex(), received_at=float(received_at),
+                                same_tokenizer=same_tok and i not in canon, digest=digest.hex(),
+                                received_at=float(received_at),
                                 verified=True))
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
@@ -1052,6 +1078,8 @@ class Verifier:
         self.stats["leaves_accepted"] += n_scored
         if not same_tok:
             self.stats["retokenized_trees"] += len(out)
+        else:
+            self.stats["canonicalized_trees"] += sum(1 for i in keep if i in canon)
         return out
 
     def _our_prompt(self, task: Task, tree: RolloutTree, signer: str,
@@ -1078,9 +1106,10 @@ class Verifier:
     def _leaf_text(self, i: int, j: int, tree: RolloutTree, wt: wire.WireTree, same_tok: bool, signer: str,
                    final: Callable[[Rejection], Rejection]) -> tuple[str, tuple[str, str] | None]:
         """``(text, None)``: the completion text of leaf ``j`` of tree ``i`` as its ids (in our vocabulary)
-        decode, special tokens included, without one final EOS; or ``("", (reason, detail))`` when the ids hold
-        another special token (``special_token``) or do not round-trip (``not_roundtrip``): the caller drops the
-        tree. Other failures raise the bundle's rejection."""
+        decode, special tokens included, without one final EOS; ``("", ("special_token", detail))`` when the ids
+        hold another special token (the caller drops the tree); ``(text, ("not_roundtrip", detail))`` when the text
+        matches but the ids are not what ``encode`` makes of it (the caller re-encodes the tree). Other failures
+        (``text_mismatch`` first of all) raise the bundle's rejection."""
         ids = tree.completion_ids(j)
         if ids and ids[-1] in self.eos_ids:
             ids = ids[:-1]
@@ -1109,21 +1138,28 @@ class Verifier:
                                              charge=False))
                 if back != ids:
                     k = next((n for n, (x, y) in enumerate(zip(ids, back)) if x != y), min(len(ids), len(back)))
-                    return "", ("not_roundtrip", f"trees[{i}].nodes[{j}]: the ids are not what our tokenizer makes of "
+                    return dtext, ("not_roundtrip", f"trees[{i}].nodes[{j}]: the ids are not what our tokenizer makes of "
                                                  f"their own text (encode(decode(ids)) != ids; first difference at "
                                                  f"token {k}: {ids[k:k + 4]} vs {back[k:k + 4]})")
         return dtext, None
 
     def _retokenized(self, wt: wire.WireTree, b: wire.RolloutBundle, signer: str,
-                     final: Callable[[Rejection], Rejection]) -> RolloutTree:
+                     final: Callable[[Rejection], Rejection], encoder: Callable[[str], list[int]] | None = None,
+                     keep_eos: bool = False) -> RolloutTree:
         """The tree in our vocabulary: every segment text re-tokenized (structure kept), log-probs dropped.
 
+        Args:
+            encoder: ``text -> ids`` (default ``retokenize``; a same-tokenizer tree is re-encoded with ``encode``).
+            keep_eos: the sender's ids are in our vocabulary (same tokenizer): a segment whose ids end with one of
+                ``eos_ids`` keeps that id after its re-encoded text (segment texts never hold the EOS).
+
         The prompt is not re-tokenized: the tree gets our own prompt for its TaskRef later."""
-        assert self.retokenize is not None
+        encoder = encoder if encoder is not None else self.retokenize
+        assert encoder is not None
 
         def tok(text: str, what: str) -> list[int]:
             try:
-                ids = self.retokenize(text)
+                ids = encoder(text)
             except Exception as e:  # noqa: BLE001
                 raise final(self._reject("retokenize_failed", f"{what}: {type(e).__name__}: {str(e)[:120]}", signer,
                                          False, charge=False))
@@ -1138,9 +1174,63 @@ class Verifier:
         tree.nodes[0].policy_version = wt.nodes[0].policy_version
         for k, n in enumerate(wt.nodes[1:], start=1):
             assert n.parent is not None
-            tree.add_child(n.parent, tok(n.text, f"nodes[{k}].text") if n.text else [], text=n.text,
-                           logprobs=None, policy_version=n.policy_version, finish_reason=n.finish_reason)
+            ids = tok(n.text, f"nodes[{k}].text") if n.text else []
+            if keep_eos and n.token_ids and n.token_ids[-1] in self.eos_ids:
+                ids.append(int(n.token_ids[-1]))
+            tree.add_child(n.parent, ids, text=n.text, logprobs=None, policy_version=n.policy_version,
+                           finish_reason=n.finish_reason)
         return tree
+
+    def _canonicalize(self, canon: dict[int, str], rolled: list[RolloutTree], b: wire.RolloutBundle,
+                      live: list[list[int]], texts: dict[tuple[int, int], str], path_tokens: list[dict[int, int]],
+                      bad_trees: dict[int, tuple[str, str]], prompts: list[tuple[str, list[int]]], signer: str,
+                      final: Callable[[Rejection], Rejection]) -> None:
+        """Re-encode the same-tokenizer trees ``canon`` (tree index -> detail) whose ids are not the canonical
+        encoding of their text, in place: ``rolled[i]`` becomes the tree of :meth:`_retokenized` with ``encode``
+        (structure kept, log-probs dropped, a final EOS kept), whose ids are then checked as any ids are.
+
+        A re-encoded tree is dropped into ``bad_trees`` (uncharged, the rest of the bundle stands) when a leaf's
+        new ids hold a special token (``special_token``: a text that spells a special token's string), do not
+        decode to exactly the text already decoded from the sender's ids and compared with its text fields
+        (``not_roundtrip``: e.g. a text the normalizer changes), or exceed ``max_completion_tokens``
+        (``not_roundtrip``); and, largest growth first, while re-encoding pushes the bundle's sample tokens over
+        ``max_bundle_tokens`` (``not_roundtrip``). ``path_tokens`` is recounted for every kept tree, so the caps
+        hold for the ids that train."""
+        grew: dict[int, int] = {}
+        for i, detail in canon.items():
+            wt = b.trees[i]
+            tree = self._retokenized(wt, b, signer, final, encoder=self.encode, keep_eos=True)
+            ntok = [0] * len(tree.nodes)
+            for k in range(1, len(tree.nodes)):
+                ntok[k] = ntok[tree.nodes[k].parent] + len(tree.nodes[k].token_ids)  # type: ignore[index]
+            why: tuple[str, str] | None = None
+            for j in live[i]:
+                if ntok[j] > self.max_completion_tokens:
+                    why = ("not_roundtrip", f"{detail}; re-encoded, trees[{i}].nodes[{j}] is {ntok[j]} tokens, over "
+                                            f"max_external_completion_length {self.max_completion_tokens}")
+                    break
+                text, bad = self._leaf_text(i, j, tree, wt, False, signer, final)
+                if bad is not None:
+                    why = bad
+                    break
+                if text != texts[(i, j)]:
+                    why = ("not_roundtrip", f"{detail}; re-encoded, trees[{i}].nodes[{j}] decodes to another text")
+                    break
+            if why is not None:
+                bad_trees[i] = why
+                continue
+            rolled[i] = tree
+            old = sum(path_tokens[i].values())
+            path_tokens[i] = {j: ntok[j] for j in live[i]}
+            grew[i] = sum(path_tokens[i].values()) - old
+        cost = sum(len(prompts[i][1]) * len(live[i]) + sum(path_tokens[i].values())
+                   for i in range(len(rolled)) if i not in bad_trees)
+        for i in sorted(grew, key=lambda x: -grew[x]):
+            if cost <= self.max_bundle_tokens:
+                break
+            cost -= len(prompts[i][1]) * len(live[i]) + sum(path_tokens[i].values())
+            bad_trees[i] = ("not_roundtrip", f"{canon[i]}; re-encoded, the bundle's samples would exceed "
+                                             f"max_bundle_tokens {self.max_bundle_tokens}")
 
 
 def _one_format_weight(claims: list[tuple[int, int, float, float, float]]) -> bool:
