@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """How often honestly sampled token ids are not the canonical encoding of their own text, and what the trust
-layer's tokenization rules do with them (docs/embedded_model.md, "The BPE path measured").
+layer's tokenization rules do with them (docs/reference/embedded_model.md, "The BPE path measured").
 
     python scripts/bench_bpe_roundtrip.py --model embedded-bpe --other embedded --prompts 200
 

@@ -1,4 +1,4 @@
-"""Swarm vs isolated learning at equal generation compute per node (docs/design.md §8).
+"""Swarm vs isolated learning at equal generation compute per node (docs/reference/design.md §8).
 
 Same as ``swarmnode bench swarm`` (see ``swarmnode/bench.py`` for the method): N nodes in a loopback swarm
 versus N isolated nodes, splits I/J local/external prompts per step, per-source vs joint normalization,
@@ -6,10 +6,10 @@ off-policy modes; writes a markdown table and PNG plots under ``--out``. ``--hos
 the same arm with one hostile peer in the swarm (``swarmnode.testing.adversary.HostilePeer``) and reports the honest
 nodes' rejections of its input by reason.
 
-Example (the bounded run recorded in docs/benchmarks.md):
+Example (the bounded run recorded in docs/lab/benchmarks.md):
 
     nice python scripts/bench_swarm.py --nodes 2 --steps 200 --splits 8/0,4/4 \
-        --normalization per_source,joint --off-policy none,luffy --eval-size 100 --eval-every 50 --out docs
+        --normalization per_source,joint --off-policy none,luffy --eval-size 100 --eval-every 50 --out docs/lab
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--off-policy", default="none", help="none,luffy,tis")
     ap.add_argument("--eval-size", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--out", default="docs")
+    ap.add_argument("--out", default="docs/lab")
     ap.add_argument("--work-dir", default="runs/bench_swarm")
     ap.add_argument("--prefix", default="swarm_bench_results")
     ap.add_argument("--hostile", default="none", choices=["none", "network", "poison"],

@@ -20,7 +20,7 @@ What it does (deterministic given --seed, --steps, --threads and the torch/token
    a Jinja chat template ``<|system|>{system}<|user|>{question}<|assistant|>``), saved with
    ``tokenizer_class: PreTrainedTokenizerFast`` so that transformers 5 loads it as the generic
    ``TokenizersBackend`` and 4.x as ``PreTrainedTokenizerFast`` -- no model family's pre-tokenizer is
-   applied, text round-trips exactly (docs/embedded_model.md);
+   applied, text round-trips exactly (docs/reference/embedded_model.md);
    for ``bpe-qwen2`` the byte-level BPE above, trained on the prompts and worked solutions of
    :data:`BPE_CORPUS_EXAMPLES` training-partition questions of the build mix;
 2. builds the model (``LlamaForCausalLM`` or ``Qwen2ForCausalLM``, :data:`PRESETS`, tied embeddings);

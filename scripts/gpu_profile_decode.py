@@ -13,7 +13,7 @@ Usage (on a GPU machine; ``--tiny --device cpu`` is a CPU smoke run whose timing
 Order matters: the engine path runs first and meets every KV length (``ctx + 1`` ... ``ctx + 2 + 2·steps``,
 after a ``ctx``-token prefill) for the first time; the plain path runs the same lengths again. On an H200 on
 2026-12-04 the first path spent 2.3–3.0 ms of host time per cuDNN attention call and the second 0.1 ms
-(docs/benchmarks.md); whether that is per-shape setup paid on first sight (the hypothesis) or something about
+(docs/lab/benchmarks.md); whether that is per-shape setup paid on first sight (the hypothesis) or something about
 the path is not settled, since no run swapped the order.
 
 Prints, for each of the two paths: wall ms per step (after warm-up, synchronized), the profiler's

@@ -849,7 +849,7 @@ def bench_swarm(
     off_policy: str = typer.Option("none", "--off-policy", help="none,luffy,tis"),
     eval_size: int = typer.Option(100, "--eval-size", help="held-out tasks per evaluation"),
     eval_every: int = typer.Option(50, "--eval-every", help="held-out evaluation every K steps (0: before/after)"),
-    out: Path = typer.Option(Path("docs"), "--out", help="directory of the markdown table and PNG plots"),
+    out: Path = typer.Option(Path("docs/lab"), "--out", help="directory of the markdown table and PNG plots"),
     work_dir: Path = typer.Option(Path("runs/bench_swarm"), "--work-dir", help="run directories of the nodes"),
     prefix: str = typer.Option("swarm_bench_results", "--prefix", help="file name prefix of the outputs"),
     hostile: str = typer.Option("none", "--hostile", help="also run every swarm arm with one hostile peer "

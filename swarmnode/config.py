@@ -139,7 +139,7 @@ class TasksConfig(_Strict):
         description="the task sources of the mix (at least one); default: the embedded model's worked-solution mix "
         "(chain_sum of 10-14 one-digit terms, 7-8-digit addition, leg_counting with 3-4 kinds, letter_counting with 5-7 "
         "words and no answer above 20% of its questions; the hard end of the range the embedded models are built on; "
-        "docs/embedded_model.md)",
+        "docs/reference/embedded_model.md)",
     )
     seed: int = Field(0, ge=0, description="seed of the training task stream")
     stream: int | None = Field(
@@ -250,9 +250,9 @@ class SamplingConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    """Loss, advantages and optimizer (docs/design.md §5)."""
+    """Loss, advantages and optimizer (docs/reference/design.md §5)."""
 
-    learning_rate: float = Field(5e-5, gt=0, description="AdamW peak learning rate; default 5e-5 (2e-4 collapsed the embedded model's answer format within 80 steps, docs/results.md)")
+    learning_rate: float = Field(5e-5, gt=0, description="AdamW peak learning rate; default 5e-5 (2e-4 collapsed the embedded model's answer format within 80 steps, docs/lab/results_log.md)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay; default 0")
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1; default 0.9")
     adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2; default 0.99")
@@ -261,13 +261,13 @@ class TrainConfig(_Strict):
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
         "cosine", description="LR schedule after warm-up, over RunConfig.steps (TRL names): constant, linear or "
         "cosine (to 0 at the last step); default cosine (+3.5 +- 1.3 points held-out over constant at 300 steps, 3 "
-        "seeds, docs/results.md)"
+        "seeds, docs/lab/results_log.md)"
     )
     beta: float = Field(0.0, ge=0, description="k3 KL weight to the frozen reference; 0 loads no reference")
     epsilon: float = Field(0.2, gt=0, lt=1, description="lower clip")
     epsilon_high: float = Field(0.28, gt=0, description="upper clip (DAPO clip-higher)")
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = Field(
-        "dapo", description="token-loss aggregation (TRL names; docs/design.md §5): grpo = mean per sequence then "
+        "dapo", description="token-loss aggregation (TRL names; docs/reference/design.md §5): grpo = mean per sequence then "
         "over sequences, dapo = sum / active tokens of the batch, dr_grpo = sum / (B * max_len); default dapo"
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
@@ -275,7 +275,7 @@ class TrainConfig(_Strict):
         "(TRL); default group"
     )
     advantage_estimator: Literal["grpo", "mc_grpo", "treepo", "tree_grpo", "treerl"] = Field(
-        "grpo", description="advantage estimator over each prompt's tree (docs/design.md §5): grpo, mc_grpo "
+        "grpo", description="advantage estimator over each prompt's tree (docs/reference/design.md §5): grpo, mc_grpo "
         "(median/MAD), treepo, tree_grpo, treerl; default grpo"
     )
     num_iterations: int = Field(1, ge=1, description="optimizer passes over each generated batch (mu)")
@@ -286,7 +286,7 @@ class TrainConfig(_Strict):
     )
     step_credit: Literal["none", "mask"] = Field(
         "mask", description="per-line credit for tasks whose reasoning lines a program checks (the default mix, in "
-        "the embedded model's line format; swarmnode/rollout/step_credit.py, docs/step_credit.md): mask = a token "
+        "the embedded model's line format; swarmnode/rollout/step_credit.py, docs/reference/step_credit.md): mask = a token "
         "of a valid line never gets a negative advantage and a token of an invalid line never a positive one; the "
         "answer keeps its outcome advantage; tasks without a checker keep outcome credit. none = outcome "
         "advantages only (TRL) with step_reward_weight 0; with a step reward, none leaves valid lines unclipped and "
@@ -352,7 +352,7 @@ class ScreenConfig(_Strict):
 
 
 class CurriculumConfig(_Strict):
-    """Swarm curriculum (swarmnode/tasks/curriculum.py; docs/swarm.md "Swarm curriculum").
+    """Swarm curriculum (swarmnode/tasks/curriculum.py; docs/guide/swarm.md "Swarm curriculum").
 
     Heartbeats carry the per-task success counts of the sender's recent local samples; a node combines the
     swarm's rates robustly (one vote per peer id, its own included, the median) and reweights its task mix
@@ -390,7 +390,7 @@ class CurriculumConfig(_Strict):
 
 
 class ExpansionConfig(_Strict):
-    """Cross-node tree expansion (swarmnode/rollout/expansion.py; docs/swarm.md "Cross-node tree expansion").
+    """Cross-node tree expansion (swarmnode/rollout/expansion.py; docs/guide/swarm.md "Cross-node tree expansion").
 
     A node picks, among this step's re-verified peer trees, an inner node whose subtree has mixed outcomes (our
     own re-scores), and continues that prefix with its own policy under its own prompt: the peer's prefix is
@@ -467,12 +467,12 @@ class SwarmConfig(_Strict):
         "or jointly with local ones; default per_source"
     )
     off_policy: Literal["none", "luffy", "tis"] = Field(
-        "none", description="correction for external samples (docs/design.md §5): none = ratio 1 under our policy "
+        "none", description="correction for external samples (docs/reference/design.md §5): none = ratio 1 under our policy "
         "(SAPO), luffy = f = p/(p+gamma) shaping, tis = capped importance ratio (same model id only); default none"
     )
     external_step_credit: bool = Field(
         True, description="give peers' completions the step-checked credit of our own (train.step_credit and "
-        "train.step_reward_weight, checked by us on the re-verified text; docs/step_credit.md). False: external "
+        "train.step_reward_weight, checked by us on the re-verified text; docs/reference/step_credit.md). False: external "
         "samples get outcome credit only. Default true"
     )
     luffy_gamma: float = Field(0.1, gt=0, description="gamma of off_policy luffy; default 0.1")
@@ -620,7 +620,7 @@ class MonitorConfig(_Strict):
 class RunConfig(_Strict):
     """The whole node configuration."""
 
-    steps: int = Field(600, ge=0, description="optimizer steps to run (total, counting resumed ones); default 600 (about 11 minutes of training on 2 idle cores with the embedded model, docs/results.md)")
+    steps: int = Field(600, ge=0, description="optimizer steps to run (total, counting resumed ones); default 600 (about 11 minutes of training on 2 idle cores with the embedded model, docs/lab/results_log.md)")
     seed: int = Field(0, ge=0, description="seed of the node's RNGs (sampling, selection, init); default 0")
     run_dir: str = Field("runs/default", description="run directory: checkpoints, metrics.jsonl, logs")
     eval_every: int = Field(0, ge=0, description="held-out eval every N steps (0: only before and after)")
@@ -641,7 +641,7 @@ class RunConfig(_Strict):
                     "sets it, else torch's default (one per physical core) capped at the CPUs this process may use "
                     "(affinity and cgroup quota). Waiting threads sleep (OMP_WAIT_POLICY=PASSIVE unless the "
                     "environment sets it), which keeps a busy machine from slowing a step 30-fold "
-                    "(docs/benchmarks.md); 1 leaves the other cores to other work")
+                    "(docs/lab/benchmarks.md); 1 leaves the other cores to other work")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy (model.*)")
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="task sources and mix (tasks.*)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling (sampling.*)")

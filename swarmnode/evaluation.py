@@ -14,7 +14,7 @@
 * **What a constant answer would score.** Per task, the share of the held-out questions whose answer is that
   task's commonest answer (``constant_answer``): a policy that always writes that one answer scores exactly this,
   with no reasoning at all. Where a task's accuracy sits at this number, RL may have found the constant answer
-  instead of the skill (letter counting, whose answer is mostly ``1``: docs/results.md).
+  instead of the skill (letter counting, whose answer is mostly ``1``: docs/lab/results_log.md).
 * **Where it goes wrong.** For tasks whose reasoning lines a program can check
   (:data:`~swarmnode.tasks.steps.CHECKED_TASKS`), every wrong completion is filed under its first invalid line
   (``first_wrong_step``), and the share of valid reasoning lines is reported (``step_validity``): which step a

@@ -1,4 +1,4 @@
-"""The node: one round loop, read top to bottom (docs/design.md §1).
+"""The node: one round loop, read top to bottom (docs/reference/design.md §1).
 
 Each step:
 

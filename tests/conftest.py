@@ -2,7 +2,7 @@
 
 One intra-op thread per process, and sleeping (not spinning) OpenMP waits: the suite runs many processes at
 once (nodes, swarms, p2pd) on small CI machines, where torch's default of one spinning thread per core makes
-every process wait on descheduled threads (docs/benchmarks.md, "Threads on a busy machine"). Set here, at
+every process wait on descheduled threads (docs/lab/benchmarks.md, "Threads on a busy machine"). Set here, at
 import, before any test module imports torch; the child processes the tests start inherit the environment.
 A value already in the environment is kept.
 """

@@ -1,11 +1,11 @@
-"""The dependency rules of docs/design.md §3, checked for every module of the package by parsing its imports.
+"""The dependency rules of docs/reference/design.md §3, checked for every module of the package by parsing its imports.
 
 Every ``import`` and ``from ... import`` statement of every ``swarmnode/**/*.py`` file counts, wherever it stands
 (module level, inside a function, under ``TYPE_CHECKING``): a lazy import is still a dependency. Modules are
 grouped into *rooms*: the top-level modules (``cli``, ``node``, ``config``, ``evaluation``) and the
 subpackages (``tasks``, ``policy``, ``rollout``, ``train``, ``swarm``, ``monitor``, ``benchmarks``).
 
-Rules (docs/design.md §3, docs/architecture.md):
+Rules (docs/reference/design.md §3, docs/reference/architecture.md):
 
 1. ``cli -> node -> {rollout, train, swarm, tasks, policy, monitor}``: nothing imports ``cli``; only the entry
    rooms (``cli``, and ``benchmarks``, which ``swarmnode bench`` runs) import ``node``;
@@ -113,7 +113,7 @@ def test_every_module_was_parsed():
 def test_dependency_rules_hold_for_every_module():
     found = _violations()
     unexpected = [f"{m} imports {i}: {why}" for m, i, why in found if (m, i) not in KNOWN]
-    assert not unexpected, "dependency rules broken (docs/design.md §3):\n" + "\n".join(unexpected)
+    assert not unexpected, "dependency rules broken (docs/reference/design.md §3):\n" + "\n".join(unexpected)
     gone = [k for k in KNOWN if k not in {(m, i) for m, i, _ in found}]
     assert not gone, f"KNOWN lists violations that are fixed now; remove them: {gone}"
 

@@ -1,5 +1,5 @@
 """scripts/bench_vs_trl.py: the report's table and the arms' argument checks (the arms themselves train models
-and run in docs/benchmarks.md's commands, not here)."""
+and run in docs/lab/benchmarks.md's commands, not here)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def test_every_shipped_config_validates(path):
 
 
 def test_tree_config_is_the_default_with_only_the_sampler_changed():
-    """configs/tree.yaml is what docs/results.md and docs/benchmarks.md compare with the default: it may differ
+    """configs/tree.yaml is what docs/lab/results_log.md and docs/lab/benchmarks.md compare with the default: it may differ
     from it in the tree sampler (and its run directory) only."""
     default = load_config(None).model_dump()
     tree = load_config(ROOT / "configs" / "tree.yaml").model_dump()

@@ -151,7 +151,7 @@ def test_two_established_liars_and_their_sybils_move_no_median_the_honest_outvot
     against our own and H honest established ones, and the median became the liars' value for every H in 0..8
     (a target task's share 0.25 -> 0.571). Young keys now get no seat: the median is an honest vote whenever the
     honest side (our own vote plus H) outnumbers the two liars, i.e. H >= 2; at H = 1 it is the mean of an honest
-    and a lying vote; at H = 0 the liars hold it (measured here, reported in docs/swarm.md)."""
+    and a lying vote; at H = 0 the liars hold it (measured here, reported in docs/guide/swarm.md)."""
     own = {"rg:a#1": (16, 8)}
     hp = peers(honest, {"rg:a#1": (16, 8)}, standing=20, prefix="honest")
     for lie in (0, 16):

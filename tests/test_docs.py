@@ -72,8 +72,6 @@ def _code_files() -> list[Path]:
                           if p.is_file() and p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts)]
 
 
-@pytest.mark.xfail(strict=True, reason="code citations still name the pre-move doc paths until the post-merge "
-                   "rewrite of docs/ citations has run over swarmnode/ tests/ scripts/ configs/ protocol/")
 def test_code_cites_existing_docs():
     stale = []
     for p in _code_files():

@@ -488,7 +488,7 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
     the young-key caps (``SYBIL_CAPS``), one without (``established_after=0``, the old behaviour). The trainer's
     own selection (``select_external``, 4 groups, contrast, max_peer_share 0.5) then gives the honest peer at
     least its fair share (1 of 4 keys) on the capped receiver, and nothing on the uncapped one. Numbers in
-    docs/benchmarks.md ("Sybil keys")."""
+    docs/lab/benchmarks.md ("Sybil keys")."""
     from swarmnode.config import RunConfig
     from swarmnode.testing.adversary import HostilePeer
     from swarmnode.swarm.gossip import SwarmClient
@@ -649,7 +649,7 @@ def test_payload_start_probability_separates_the_models_own_start_from_a_payload
         payload_start_probability(pol.model, pol.tokenizer, [], "x")
 
 
-FLOOD_KEYS = int(os.environ.get("SWARMNODE_TEST_FLOOD_KEYS", "300"))  # 1000 for the measurement in docs/swarm.md
+FLOOD_KEYS = int(os.environ.get("SWARMNODE_TEST_FLOOD_KEYS", "300"))  # 1000 for the measurement in docs/guide/swarm.md
 
 
 @pytest.mark.slow

@@ -287,12 +287,12 @@ def test_top_header_shows_evaluation_progress_and_eta():
 
 # ------------------------------------------------------------------------------------------ runs that cannot learn
 def _researcher_example() -> str:
-    """The text of ``experiments/tree.yaml`` as docs/researcher.md writes it (its heredoc)."""
+    """The text of ``experiments/tree.yaml`` as docs/guide/researcher.md writes it (its heredoc)."""
     import re
 
-    text = (ROOT / "docs" / "researcher.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "guide" / "researcher.md").read_text(encoding="utf-8")
     m = re.search(r"cat > experiments/tree.yaml <<'EOF'\n(.*?)\nEOF\n", text, re.S)
-    assert m, "docs/researcher.md no longer writes experiments/tree.yaml"
+    assert m, "docs/guide/researcher.md no longer writes experiments/tree.yaml"
     return m.group(1)
 
 
@@ -312,7 +312,7 @@ def _run_steps(tmp_path: Path, yaml_text: str, steps: int, **over) -> list[dict]
 
 
 def test_researcher_example_produces_formatted_answers(tmp_path):
-    """docs/researcher.md's experiment, run for a few steps, writes answers in the required format (before, its
+    """docs/guide/researcher.md's experiment, run for a few steps, writes answers in the required format (before, its
     16-token completions never reached one: format 0.0, every group without variance)."""
     rows = _run_steps(tmp_path, _researcher_example(), 3)
     assert len(rows) == 3

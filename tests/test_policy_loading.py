@@ -144,7 +144,7 @@ def test_embedded_policy_fields(embedded):
 
 def test_embedded_reasons_in_lines_then_answers(embedded):
     """The embedded default writes worked steps (lines ending in "\\n") and then <answer>…</answer> + EOS
-    (docs/embedded_model.md), greedy and sampled at temperature 1, within the default completion length."""
+    (docs/reference/embedded_model.md), greedy and sampled at temperature 1, within the default completion length."""
     from swarmnode.tasks.verifiers import extract_answer
 
     tok, model = embedded.tokenizer, embedded.model

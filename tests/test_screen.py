@@ -131,7 +131,7 @@ def test_extreme_behaviour_claims_are_discarded_before_tis(policy):
 
 def test_a_group_that_loses_a_member_is_dropped_whole(policy):
     """Poisoned-but-correct groups: the payload leaves are rejected; their payload-free wrong siblings carry
-    advantages normalized against them and must not train alone (docs/benchmarks.md)."""
+    advantages normalized against them and must not train alone (docs/lab/benchmarks.md)."""
     prompt, rows = _own_samples(policy, 48, seed=1)
     sc = LikelihoodScreen(window=4, min_history=32, temperature=1.0)
     sc.observe([[lp for _, lp in r] for r in rows[:40]])

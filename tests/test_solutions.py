@@ -52,7 +52,7 @@ def test_every_worked_solution_is_rescored_fully_correct(spec):
     assert n >= 2000
     lengths.sort()
     # character-level tokenizer: characters are tokens. Measured 10th / 50th / 90th percentiles and maximum of the
-    # reasoning (docs/embedded_model.md): chain_sum 65/82/102/126, basic_arithmetic 83/94/107/115, leg_counting
+    # reasoning (docs/reference/embedded_model.md): chain_sum 65/82/102/126, basic_arithmetic 83/94/107/115, leg_counting
     # 56/74/91/106, letter_counting 50/64/79/102 -- longer than the 20-60 of the first mixes: the harder mix that
     # puts the full-budget build inside the 15-50% start window needs more steps per question
     assert 40 <= lengths[len(lengths) // 2] <= 100, lengths[len(lengths) // 2]

@@ -1,4 +1,4 @@
-"""Benchmarks, as modules of the package (docs/design.md §8): they run from an installed wheel as from a checkout.
+"""Benchmarks, as modules of the package (docs/reference/design.md §8): they run from an installed wheel as from a checkout.
 
 =================  ==========================================  ============================================
 module             what it measures                            run it
@@ -16,7 +16,7 @@ module             what it measures                            run it
 
 Every module has ``main(argv=None)`` (or reads ``sys.argv``) and runs as ``python -m swarmnode.benchmarks.<name>``;
 :func:`run_module` and :func:`load_module` are what the CLI uses. ``scripts/bench_*.py`` are one-line wrappers
-kept for the commands recorded in docs/benchmarks.md. Results go into docs/benchmarks.md with their command.
+kept for the commands recorded in docs/lab/benchmarks.md. Results go into docs/lab/benchmarks.md with their command.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``swarmnode bench swarm``: does a swarm learn faster than the same nodes alone? (docs/design.md §8)
+"""``swarmnode bench swarm``: does a swarm learn faster than the same nodes alone? (docs/reference/design.md §8)
 
 The learning benchmark of SAPO (arXiv 2509.08721, "I local / J external" splits, cumulative reward) run with
 our own stack: N nodes in a private loopback swarm (real hivemind DHT, signed bundles, local re-verification,
@@ -1314,7 +1314,7 @@ class BenchResult:
 
 def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, config: str | None = None,
               splits: str = "8/0,4/4", normalization: str = "per_source,joint", off_policy: str = "none",
-              eval_size: int = 100, eval_every: int = 25, out: str | os.PathLike = "docs",
+              eval_size: int = 100, eval_every: int = 25, out: str | os.PathLike = "docs/lab",
               work_dir: str | os.PathLike = "runs/bench_swarm", prefix: str = "swarm_bench",
               arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
               hostile: bool | str = False, isolated: bool = True, screen_off: bool = False,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: tree rollouts vs independent (chain) sampling at an equal number of leaves (docs/design.md §8).
+"""Benchmark: tree rollouts vs independent (chain) sampling at an equal number of leaves (docs/reference/design.md §8).
 
 Same model, prompts and leaves per prompt, both modes in one run, both through the same
 :class:`swarmnode.policy.decode.DecodeEngine` (so chain sampling also prefills each prompt once and shares the
@@ -9,7 +9,7 @@ distinct final answers (text inside the last ``<answer>…</answer>``, else the 
 line), leaves per 1000 generated tokens; then the same at an equal per-prompt token budget (the most tokens the
 tree used for one prompt): chain admits ``budget // max_completion_length`` samples per prompt.
 
-Usage (the numbers in docs/benchmarks.md come from these):
+Usage (the numbers in docs/lab/benchmarks.md come from these):
 
     nice swarmnode bench tree --model tiny-llama      # or: python -m swarmnode.benchmarks.tree ...
     nice swarmnode bench tree --model qwen2.5-0.5b-shape --prompts 4 --num-generations 8
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok, desc = load_model(args.model, args.seed)
     print(f"model: {desc} (loaded in {time.perf_counter() - t0:.1f}s)", flush=True)
     prompts = None
-    if args.model == "embedded":  # the embedded model's own prompt format and task (docs/embedded_model.md)
+    if args.model == "embedded":  # the embedded model's own prompt format and task (docs/reference/embedded_model.md)
         from swarmnode.policy.loading import build_prompt
 
         prompts = [build_prompt(tok, f"Calculate {1 + (3 * i) % 9} {'+-'[i % 2]} {(5 * i + 2) % 10}.")

@@ -1,4 +1,4 @@
-"""Tree vs chain sampling: held-out accuracy at equal generated tokens (the learning check of tree sampling; docs/design.md §5).
+"""Tree vs chain sampling: held-out accuracy at equal generated tokens (the learning check of tree sampling; docs/reference/design.md §5).
 
 Every arm trains the same model from the same start on the same task stream with the same optimizer and loss;
 only the sampler (``tree.mode`` chain or tree) and the advantage estimator differ. Each run stops once it has
@@ -11,7 +11,7 @@ torch thread each, one child process per (arm, seed); a run's metrics land in
 ``<work-dir>/<arm>/seed-<s>/metrics.jsonl``. Outputs: ``<out>/<prefix>.md`` (table, command) and
 ``<out>/<prefix>.png`` (accuracy vs generated tokens, mean over seeds, thin lines per seed).
 
-Example (the run recorded in docs/benchmarks.md):
+Example (the run recorded in docs/lab/benchmarks.md):
 
     nice swarmnode bench tree-learning --seeds 0,1 --tokens 140000 --evals 7 \
         --arms chain:grpo,tree:grpo,tree:treepo,tree:tree_grpo,tree:treerl,tree:mc_grpo

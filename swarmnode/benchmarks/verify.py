@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Verification throughput: bundles per second per core for 8-tree x 8-leaf bundles (docs/design.md §8).
+"""Verification throughput: bundles per second per core for 8-tree x 8-leaf bundles (docs/reference/design.md §8).
 
 Builds ``--bundles`` distinct honest bundles (real reasoning-gym chain_sum tasks, byte-level token ids, a
 two-level tree per prompt: root -> 2 thinking segments -> 8 answer leaves), then times, in one process

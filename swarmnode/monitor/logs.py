@@ -54,7 +54,7 @@ HINTS: list[tuple[re.Pattern[str], str]] = [
      "port is reachable; the node trains solo meanwhile"),
     (re.compile(r"p2pd|P2PDaemonError|daemon", re.I),
      "the libp2p daemon failed; the DHT watchdog restarts it. If it keeps failing, check that the listen port "
-     "is free and see docs/operations.md"),
+     "is free and see docs/guide/operations.md"),
     (re.compile(r"out of memory|CUDA error: out of memory|OutOfMemoryError", re.I),
      "lower sampling.num_generations, sampling.max_completion_length or train.micro_batch_size"),
 ]

@@ -3,7 +3,7 @@
 ``GET /status`` returns the node's status document (:class:`StatusTracker`: step, policy version, rewards and
 accuracy by source, tokens/s, step-time breakdown, peers, bundles published/received/rejected by reason,
 bans, memory, last checkpoint, state, swarm connectivity with a reason). ``GET /metrics`` returns the same
-numbers in the Prometheus text format (prometheus-client; every name is listed in ``docs/operations.md``).
+numbers in the Prometheus text format (prometheus-client; every name is listed in ``docs/guide/operations.md``).
 ``GET /healthz`` answers ``200 ok`` while the node is live and ``503 <reason>`` when it is stalled or
 stopping. The server binds 127.0.0.1 by default; binding elsewhere is an explicit choice of the caller.
 
@@ -103,7 +103,7 @@ class NodeMetrics:
 
     Updated from each step's metrics record (:meth:`observe_step`, the dict ``Node.run_step`` writes to
     ``metrics.jsonl``), from held-out evaluations (:meth:`observe_eval`) and from the live status document
-    (:meth:`observe_status`: state, stall, memory, swarm gauges). Names and units: ``docs/operations.md``.
+    (:meth:`observe_status`: state, stall, memory, swarm gauges). Names and units: ``docs/guide/operations.md``.
     """
 
     def __init__(self) -> None:
@@ -231,7 +231,7 @@ class NodeMetrics:
 def metric_names(metrics: NodeMetrics | None = None) -> list[str]:
     """Every sample name :class:`NodeMetrics` exposes (e.g. ``swarmnode_bundles_total``), sorted.
 
-    Used by the test that keeps ``docs/operations.md`` complete.
+    Used by the test that keeps ``docs/guide/operations.md`` complete.
     """
     metrics = metrics or NodeMetrics()
     names = set()

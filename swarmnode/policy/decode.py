@@ -1,4 +1,4 @@
-"""Batched decoding with real KV-prefix sharing, for tree-structured rollouts (docs/design.md §5).
+"""Batched decoding with real KV-prefix sharing, for tree-structured rollouts (docs/reference/design.md §5).
 
 :class:`DecodeEngine` drives any Hugging Face causal LM whose cache is a :class:`transformers.DynamicCache`
 of full-attention layers (Llama, Qwen2, Qwen3, Mistral without sliding window, GPT-NeoX, ...):
@@ -10,8 +10,8 @@ of full-attention layers (Llama, Qwen2, Qwen3, Mistral without sliding window, G
   decodes up to ``max_new[i]`` tokens for each row ``i`` of a :class:`KVBatch`, one batched forward per
   step;
 * **forks** -- a row is forked by copying its KV rows (``index_select`` on the batch dimension, as
-  LATR's ``MixedCache.append_dup_kt_rows`` does; docs/references.md §1.4 step 4). A fork *inside* an already
-  decoded stretch (TreeRL's surprisal forks, TreePO's fallback cut; docs/references.md §1.1 step 6, §1.2 step 3)
+  LATR's ``MixedCache.append_dup_kt_rows`` does; docs/reference/references.md §1.4 step 4). A fork *inside* an already
+  decoded stretch (TreeRL's surprisal forks, TreePO's fallback cut; docs/reference/references.md §1.1 step 6, §1.2 step 3)
   masks the cache slots after the cut (:meth:`DecodeEngine.branch`) and re-feeds the single token before
   the cut to recover the next-token distribution: one token of compute, never a re-prefill of the shared
   prefix.
@@ -25,14 +25,14 @@ forward over the whole sequence (``tests/test_decode.py`` checks this to 1e-4 in
 Per sampled token the engine returns the token id, the behaviour log-prob
 ``log_softmax(logits / temperature)[token]`` (the unfiltered tempered distribution, the convention of
 vLLM's returned logprobs and of TRL's ``old_per_token_logps``), the surprisal ``-log p`` of the sampled
-token under that same distribution (TreeRL's fork score, docs/references.md §1.2 step 2) and, on request, the
-top-2 token ids and probabilities of the *untempered* softmax (LATR's branch test, docs/references.md §1.4
+token under that same distribution (TreeRL's fork score, docs/reference/references.md §1.2 step 2) and, on request, the
+top-2 token ids and probabilities of the *untempered* softmax (LATR's branch test, docs/reference/references.md §1.4
 step 1).
 
 Stop conditions per row: an EOS token (``"eos"``), a finished answer tag such as ``"</answer>"`` in the
 decoded completion (``"answer"``), a block of 1..``repetition_max_period`` tokens repeated back to back
 ``repetition_count`` times (``"repetition"``; TreePO's rule is the character version, a 32-char substring
-repeated >= 8 times, docs/references.md §1.1 step 3), and ``max_completion_length`` (``"length"``).
+repeated >= 8 times, docs/reference/references.md §1.1 step 3), and ``max_completion_length`` (``"length"``).
 
 Limitations: sliding-window / hybrid / recurrent cache layers are refused (their cache cannot be forked
 by row copy with holes); requires transformers with the layered ``DynamicCache`` API (>= 4.56).
@@ -163,7 +163,7 @@ def is_repetition(completion: Sequence[int], count: int, max_period: int = 16) -
     """True when ``completion`` ends with a block of 1..``max_period`` tokens repeated ``count`` times back to back.
 
     Example: ``[5, 1, 2, 1, 2, 1, 2]`` with ``count=3`` is a repetition (block ``[1, 2]`` three times).
-    The token-level counterpart of TreePO's repetition stop (docs/references.md §1.1 step 3).
+    The token-level counterpart of TreePO's repetition stop (docs/reference/references.md §1.1 step 3).
 
     Raises:
         ValueError: ``count < 2`` or ``max_period < 1``.

@@ -7,7 +7,7 @@ local Hugging Face directory or a hub id. All of them go through ``AutoTokenizer
 ``AutoModelForCausalLM.from_pretrained``, so the embedded default is loaded exactly the way a user's
 model is.
 
-Identity on the wire (docs/design.md §4, RolloutBundle header):
+Identity on the wire (docs/reference/design.md §4, RolloutBundle header):
 
 * ``model_id`` -- ``"swarmnode/embedded-tiny@<sha256(weights)[:12]>"`` for the embedded model
   (``"swarmnode/embedded-bpe@…"`` for the second one);
@@ -43,7 +43,7 @@ EMBEDDED_NAME = "embedded"
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 EMBEDDED_MODEL_NAME = "swarmnode/embedded-tiny"
 #: Short name of the second packaged model: a Qwen2-style model with a byte-level BPE tokenizer
-#: (docs/embedded_model.md), for heterogeneous swarms and the cross-tokenizer path.
+#: (docs/reference/embedded_model.md), for heterogeneous swarms and the cross-tokenizer path.
 EMBEDDED_BPE_NAME = "embedded-bpe"
 EMBEDDED_BPE_DIR = Path(__file__).parent / "embedded_bpe"
 
@@ -372,7 +372,7 @@ def _check_model_dir(path: Path, what: str) -> None:
 def check_embedded_roundtrip(tokenizer: Any, text: str = ROUNDTRIP_PROBE) -> None:
     """Raise :class:`PolicyLoadError` unless ``decode(encode(text)) == text`` exactly.
 
-    Guards the embedded tokenizers (character level and byte-level BPE) against the transformers-5 trap (docs/design.md §10):
+    Guards the embedded tokenizers (character level and byte-level BPE) against the transformers-5 trap (docs/reference/design.md §10):
     ``AutoTokenizer`` rebuilding a custom tokenizer with a model family's pre-tokenizer and silently
     dropping spaces and newlines.
     """

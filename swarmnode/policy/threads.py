@@ -3,7 +3,7 @@
 Why: torch's CPU kernels run on an OpenMP pool. With the OpenMP runtime's default wait policy its threads spin
 for a while after every parallel region; on a busy machine (a volunteer's desktop, CI) those spinning threads
 compete with the process's own main thread and with everything else, and a run of the embedded model took 42-71 s
-a step beside two busy processes instead of 1-2 s (docs/benchmarks.md, "Threads on a busy machine"). So:
+a step beside two busy processes instead of 1-2 s (docs/lab/benchmarks.md, "Threads on a busy machine"). So:
 
 * waiting OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``, :func:`passive_openmp_wait`),
   which must be set before torch starts its pool: the CLI calls it before it imports torch; an
@@ -14,7 +14,7 @@ a step beside two busy processes instead of 1-2 s (docs/benchmarks.md, "Threads 
 * ``threads`` in the config (``--threads``) overrides both.
 
 One thread was tried as the default for small models and measured slower beside busy processes than two
-sleeping threads (docs/benchmarks.md); ``--threads 1`` is the way to leave the other cores alone.
+sleeping threads (docs/lab/benchmarks.md); ``--threads 1`` is the way to leave the other cores alone.
 """
 
 from __future__ import annotations

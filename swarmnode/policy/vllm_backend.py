@@ -3,7 +3,7 @@
 vLLM is imported lazily, inside :class:`VLLMBackend`; importing this module never needs it, and where it
 is missing the backend refuses with ``pip install 'swarmnode[gpu]'``.
 
-**Segment protocol.** A rollout tree (docs/design.md §4) is grown one segment at a time. Every live path of every
+**Segment protocol.** A rollout tree (docs/reference/design.md §4) is grown one segment at a time. Every live path of every
 prompt becomes one request: ``prompt_token_ids = prompt + path tokens so far``, ``n = 1``,
 ``max_tokens = segment length``, ``logprobs = 0`` (vLLM then returns the log-prob of the sampled token, the
 behaviour log-prob). vLLM's automatic prefix caching (``enable_prefix_caching=True``) finds the KV blocks of

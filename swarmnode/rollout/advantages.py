@@ -1,4 +1,4 @@
-"""Advantage estimators over rollout trees (docs/design.md §5, docs/references.md §1 and §2.2).
+"""Advantage estimators over rollout trees (docs/reference/design.md §5, docs/reference/references.md §1 and §2.2).
 
 Every estimator takes a list of :class:`~swarmnode.rollout.tree.RolloutTree` and returns, per tree, a
 per-token advantage list for each leaf: the leaf's completion is the concatenation of the segments on its
@@ -10,7 +10,7 @@ Groups
 ------
 A **prompt group** is every leaf of every tree whose group key is equal; the key defaults to
 ``tree.task.key()`` (the TaskRef), so several trees sampled for the same task form one group. Callers that
-must normalize sources separately (ERILS / SAPO per-source processing, docs/design.md §5) either call
+must normalize sources separately (ERILS / SAPO per-source processing, docs/reference/design.md §5) either call
 :func:`compute_advantages` once per source or pass ``group_key`` (e.g. ``lambda t: t.task.key() + "|peer"``).
 
 A group whose leaf rewards have zero variance (population/unbiased std below ``1e-8``, TRL's
@@ -53,7 +53,7 @@ Estimators and ``scale_rewards``
   (no intra-tree contrast), so on independent group sampling ``tree_grpo`` equals ``grpo`` with eps 1e-6.
   ``batch`` divides both centred terms by the batch std; ``none`` only centres.
 * ``treerl`` (TreeRL / EPTree, arXiv 2506.11902, paper formula — not the code's leave-one-out variant,
-  see docs/references.md §1.2): ``V(s)`` = mean reward of the leaves under node s; a segment s with parent p gets
+  see docs/reference/references.md §1.2): ``V(s)`` = mean reward of the leaves under node s; a segment s with parent p gets
   ``((V(s) - V(root)) + (V(s) - V(p))) / sqrt(|L(s)|)`` applied to all its tokens. ``V(root)`` is the mean
   of the whole prompt group; when several RolloutTrees share a prompt, a first-level segment's parent is
   its own tree's root, whose value is that tree's leaf mean. ``group`` / ``batch`` divide every value by

@@ -1,4 +1,4 @@
-"""The segment-engine interface the tree sampler runs on (docs/design.md §3, §5).
+"""The segment-engine interface the tree sampler runs on (docs/reference/design.md §3, §5).
 
 The tree sampler (:func:`swarmnode.rollout.sampler.sample_rollouts`) grows every prompt's tree one segment at a
 time. It never touches a model: it talks to a :class:`SegmentEngine`, which holds the decoding state of a batch

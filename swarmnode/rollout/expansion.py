@@ -1,4 +1,4 @@
-"""Cross-node tree expansion: continue a peer's promising prefix with our own policy (docs/swarm.md).
+"""Cross-node tree expansion: continue a peer's promising prefix with our own policy (docs/guide/swarm.md).
 
 A peer's tree tells us where its policy's outcomes split: a prefix shared by right and wrong leaves (by OUR
 re-scores) -- an inner node of a tree, or the first steps a flat chain group's leaves have in common, cut at
@@ -7,7 +7,7 @@ re-verified) as context and sample ``num_generations`` continuations from
 it with our own policy under **our own prompt** for the TaskRef. The new leaves share one prefix and differ
 from the fork on, so their group has contrast exactly at the step that matters.
 
-What is trained (the simplest sound choice, docs/swarm.md "Cross-node tree expansion"):
+What is trained (the simplest sound choice, docs/guide/swarm.md "Cross-node tree expansion"):
 
 * the peer's prefix is **context only**: it becomes part of the prompt of the new samples, so no loss, no
   ratio and no behaviour log-prob of another policy is ever involved;
@@ -15,7 +15,7 @@ What is trained (the simplest sound choice, docs/swarm.md "Cross-node tree expan
   log-probs; they train as on-policy (``local``) samples;
 * every new leaf is scored by our verifier on the whole completion the model produced for the task -- the
   prefix's text followed by our continuation, decoded from the ids;
-* only trees that passed the verification pipeline (``PeerTree.verified``, every check of docs/design.md §6,
+* only trees that passed the verification pipeline (``PeerTree.verified``, every check of docs/reference/design.md §6,
   leaves re-scored by us) and came from an established key (``PeerTree.established``) are expanded, at most
   one fork per peer per step, ties in a salted random order (:func:`select_forks`), only for tasks our training
   stream can produce; expanded trees are never published (their prompt carries another node's tokens).

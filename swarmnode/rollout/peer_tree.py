@@ -3,7 +3,7 @@
 A received bundle takes these forms: bytes -> signed envelope -> wire bundle (``swarm/wire.py``) ->
 :class:`PeerTree` (``swarm/verify.py`` builds it, after every check) -> :class:`~swarmnode.train.samples.Sample`
 (``train/`` consumes it). ``PeerTree`` lives in ``rollout/`` because both the swarm layer (which produces it)
-and the trainer (which consumes it) may import ``rollout`` but never each other (docs/architecture.md).
+and the trainer (which consumes it) may import ``rollout`` but never each other (docs/reference/architecture.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class PeerTree:
         digest: hex SHA-256 of the bundle envelope it came in (``""`` outside the swarm).
         received_at: the receiver's wall clock (unix seconds) when the bundle body arrived (0.0 = unknown).
         verified: ``True`` only when the verification pipeline (``swarm/verify.py``) built it after every check
-            of docs/design.md §6 passed; cross-node expansion (``rollout/expansion.py``) continues only such trees.
+            of docs/reference/design.md §6 passed; cross-node expansion (``rollout/expansion.py``) continues only such trees.
         established: ``True`` when the swarm layer admitted it from an established key (at least
             ``swarm.established_after`` useful trees admitted before this step, ``swarm/gossip.py``); by default
             cross-node expansion continues only such trees (a fresh key's prefix steers none of our groups).

@@ -1,4 +1,4 @@
-"""The one tree sampler: tree-structured and independent (chain) rollouts over a segment engine (docs/design.md §1
+"""The one tree sampler: tree-structured and independent (chain) rollouts over a segment engine (docs/reference/design.md §1
 step 2, §5).
 
 Entry point: :func:`sample_rollouts`. It returns one :class:`~swarmnode.rollout.tree.RolloutTree` per prompt
@@ -12,7 +12,7 @@ fallback, pruning, the budget -- is written here once; the engines only decode.
 copied to ``num_generations`` rows, and all rows of all prompts decode together; each completion is one
 child of the root.
 
-``tree.mode == "tree"`` -- TreePO's segment-wise tree (docs/references.md §1.1, ``generate_sequences_tree_deepth_
+``tree.mode == "tree"`` -- TreePO's segment-wise tree (docs/reference/references.md §1.1, ``generate_sequences_tree_deepth_
 first_vanilla_mode``):
 
 1. root fork: each prompt's prefilled row is copied ``min(b, w)`` times (``b = branching_factor``,
@@ -29,7 +29,7 @@ first_vanilla_mode``):
    * ``uniform`` -- copies at the segment boundary, spread evenly (``floor(total/|live|)`` each, the
      remainder to randomly chosen paths; TreePO's ``fixed_avg`` gives the whole remainder to the last path);
    * ``surprisal`` -- TreeRL/EPTree: forks at the tokens of this step's segments with the highest surprisal
-     ``-log p`` of the sampled token (docs/references.md §1.2 step 2), never at a branch's first token and never
+     ``-log p`` of the sampled token (docs/reference/references.md §1.2 step 2), never at a branch's first token and never
      inside or after the answer tag; the fork resamples that token. Slots left without an eligible token
      fall back to uniform copies;
    * ``step`` -- step boundaries (TreeRL's segments; "each step is a node"): forks right after a token whose
@@ -42,7 +42,7 @@ first_vanilla_mode``):
    * ``lookahead`` -- LATR: during decoding, a row whose untempered top-2 probabilities satisfy
      ``p2 > tau_abs`` and ``p1 - p2 < tau_rel`` forks, and the new branch takes the near-tied alternative
      (the second-ranked token, or the first-ranked one if the row itself sampled the second) while a leaf
-     slot and token budget remain (docs/references.md §1.4 steps 1-5). No boundary copies in this mode;
+     slot and token budget remain (docs/reference/references.md §1.4 steps 1-5). No boundary copies in this mode;
 6. fallback (TreePO step 6): a prompt with no live path and fewer than ``w`` leaves re-forks a finished
    leaf (EOS/answer leaves first, else any) at a random segment boundary before its answer began, with
    ``min(b, w - leaves)`` copies; at most ``w`` fallbacks per prompt. (Re-forking all ``w - leaves`` missing
@@ -50,7 +50,7 @@ first_vanilla_mode``):
    embedded default under ``lookahead``, zero-variance groups rose from 38% to 41-48% and held-out accuracy
    fell, so the TreePO rule stays.)
 
-Pruning (LATR's lookahead filter, docs/references.md §1.4 step 6): a new branch is compared with its sibling
+Pruning (LATR's lookahead filter, docs/reference/references.md §1.4 step 6): a new branch is compared with its sibling
 (the path it forked from, or the first copy of a boundary fork) once it has decoded ``prune_min_tokens``
 tokens (LATR's r; default ``segment_length``); if ``difflib.SequenceMatcher(None, a, b).ratio() >= prune_similarity`` on the texts of the two
 continuations (cut to equal token counts) the branch stops with ``finish_reason="pruned"``. Pruned leaves
@@ -214,7 +214,7 @@ class SampledTrees(list):
 
 # ============================================================================ branching rules (pure functions)
 def treepo_total_copies(width: int, finished_total: int, finished_now: int, live: int, branching_factor: int) -> int:
-    """TreePO budget transfer (docs/references.md §1.1 step 4): how many paths continue after this step.
+    """TreePO budget transfer (docs/reference/references.md §1.1 step 4): how many paths continue after this step.
 
     ``remaining = max(width - finished_total, 0)``; ``total = max(min(remaining, b*finished_now + b*live), live)``.
     ``finished_total`` includes ``finished_now``. Returns 0 when ``live == 0``.
@@ -255,7 +255,7 @@ def surprisal_fork_points(
     eligible: Sequence[Sequence[bool]],
     n: int,
 ) -> list[tuple[int, int]]:
-    """TreeRL/EPTree fork selection (docs/references.md §1.2 step 2): the ``n`` eligible tokens with the highest
+    """TreeRL/EPTree fork selection (docs/reference/references.md §1.2 step 2): the ``n`` eligible tokens with the highest
     surprisal ``-log p(sampled token)`` across all given segments.
 
     Args:
@@ -315,7 +315,7 @@ def lookahead_alternative(
     tau_abs: float,
     tau_rel: float,
 ) -> int | None:
-    """LATR's branch test (docs/references.md §1.4 step 2): branch when ``p2 > tau_abs`` and ``p1 - p2 < tau_rel``.
+    """LATR's branch test (docs/reference/references.md §1.4 step 2): branch when ``p2 > tau_abs`` and ``p1 - p2 < tau_rel``.
 
     Args:
         top2_ids: the two most likely token ids (untempered softmax), most likely first.
@@ -339,7 +339,7 @@ def near_duplicate(a: str, b: str, threshold: float) -> bool:
 
 
 def prune_near_duplicates(paths: Sequence, decode_text, threshold: float, min_tokens: int) -> int:
-    """LATR's lookahead pruning (docs/references.md §1.4 step 6) of the live paths of one decoding step, in place.
+    """LATR's lookahead pruning (docs/reference/references.md §1.4 step 6) of the live paths of one decoding step, in place.
 
     Each path (any object with ``completion: list[int]``, ``born_at: int``, ``ref`` (the sibling it is compared
     with, or ``None``), ``finish_reason`` and ``pruned``) that is a new branch is compared once, as soon as it

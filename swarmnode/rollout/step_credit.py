@@ -21,7 +21,7 @@ down and a wrong one never up.
 
 This is a process-supervision mask in the spirit of step-level verification (Lightman et al., "Let's Verify
 Step by Step", 2023), with a program in place of a learned process reward model; the rewards, the groups and
-the advantage estimator are unchanged (docs/step_credit.md).
+the advantage estimator are unchanged (docs/reference/step_credit.md).
 
 Tokens are mapped to lines by the character where each token's text starts in the completion (a token that
 spans a line end belongs to the line it starts in).

@@ -1,4 +1,4 @@
-"""The RolloutTree data model (docs/design.md §4).
+"""The RolloutTree data model (docs/reference/design.md §4).
 
 One prompt; nodes are token segments (token ids, text, behaviour log-probs, the policy version that
 produced them); leaves are finished responses with a verified reward. Independent group sampling is the
@@ -266,7 +266,7 @@ class RolloutTree:
         """This tree without the sampler's pruned leaves (and the segments only they used): what is scored
         and trained on.
 
-        A pruned leaf is an unfinished copy of a sibling's continuation. LATR (arXiv 2510.24302; docs/references.md
+        A pruned leaf is an unfinished copy of a sibling's continuation. LATR (arXiv 2510.24302; docs/reference/references.md
         §1.4 step 6) drops pruned branches instead of training on them: scoring one would give an unfinished
         answer a reward of 0 and push down a prefix that its sibling may finish correctly. Returns ``self``
         when nothing was pruned.

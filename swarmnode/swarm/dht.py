@@ -1,8 +1,8 @@
 """The swarm's DHT: signed, time-bucketed manifest and heartbeat records on a hivemind DHT.
 
 :class:`SwarmDHT` wraps ``hivemind.DHT`` (a Kademlia DHT running in a forked child process that owns a
-go-libp2p daemon, ``p2pd``) and survives the failures public bug reports describe (docs/design.md §7,
-docs/references.md §4.4 and §6.1):
+go-libp2p daemon, ``p2pd``) and survives the failures public bug reports describe (docs/reference/design.md §7,
+docs/reference/references.md §4.4 and §6.1):
 
 * **Bootstrap failure never crashes the node.** ``p2pd`` itself refuses to start when none of its
   bootstrap peers answers (``Daemon failed to start: ... failed to connect to bootstrap peers``, hivemind
@@ -28,7 +28,7 @@ docs/references.md §4.4 and §6.1):
   :class:`~swarmnode.swarm.validator.Ed25519RecordValidator`. A re-publish replaces our own entry (later
   expiration wins within a subkey). Reads use ``latest=True`` (subkey dictionaries are merged across
   replicas) and validate every entry again, dropping bad entries one by one (hivemind drops a whole
-  dictionary when a single subkey is invalid, docs/references.md §4.4).
+  dictionary when a single subkey is invalid, docs/reference/references.md §4.4).
 * **Publisher keys.** A manifest record is also stored under the publisher's own key
   ``f"{swarm_id}:publisher:{hex(public key)}"``, where validators accept its owner's entry alone
   (:func:`~swarmnode.swarm.validator.publisher_key`). A shared bucket key takes any number of fresh keys'

@@ -5,7 +5,7 @@
 BundleServer` (bundle bodies over libp2p streams), :mod:`~swarmnode.swarm.wire` (the only byte codec),
 :class:`~swarmnode.swarm.verify.Verifier` (trust nothing) and :mod:`~swarmnode.swarm.prune`.
 
-SAPO-style and asynchronous (Swarm sAmpling Policy Optimization, arXiv 2509.08721; docs/design.md §7): there are
+SAPO-style and asynchronous (Swarm sAmpling Policy Optimization, arXiv 2509.08721; docs/reference/design.md §7): there are
 no global rounds. A node publishes whenever it finishes a step and trains on whatever its peers published
 recently; the network never blocks the round loop for longer than the configured timeouts.
 
@@ -77,7 +77,7 @@ Gather (main thread, :meth:`SwarmClient.gather`)
     same tokenizer or not, carries *our* prompt for its TaskRef (``prompt_for``, built by the verifier): the
     sender's prompt text and ids never reach a Sample.
 
-Bootstrap robustness (docs/design.md §7): several initial peers may be given; :class:`SwarmDHT` starts solo when
+Bootstrap robustness (docs/reference/design.md §7): several initial peers may be given; :class:`SwarmDHT` starts solo when
 none answers and keeps joining with backoff, so the node trains solo meanwhile; the state shows up in the
 metrics (``swarm/connected``, ``swarm/solo``, ``swarm/peers``). A dead DHT is restarted by its watchdog; the
 bundle server re-attaches and our records are re-stored.

@@ -1,4 +1,4 @@
-"""Node identity: one persistent Ed25519 key per node (protocol/SPEC.md §2; docs/design.md §6).
+"""Node identity: one persistent Ed25519 key per node (protocol/SPEC.md §2; docs/reference/design.md §6).
 
 The key signs every envelope a node publishes (RFC 8032 Ed25519, via ``cryptography``). It lives in one
 PEM file (unencrypted PKCS#8, file mode 0600). Losing the file means losing the identity, so this module

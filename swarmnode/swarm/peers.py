@@ -1,4 +1,4 @@
-"""Per-peer accounting: accepted / rejected counters, reputation, bans and rate limits (docs/design.md §6 step 7).
+"""Per-peer accounting: accepted / rejected counters, reputation, bans and rate limits (docs/reference/design.md §6 step 7).
 
 Every item a peer sends ends in exactly one verdict, recorded here by the verification pipeline
 (:mod:`swarmnode.swarm.verify`): :meth:`PeerBook.record_accept` or :meth:`PeerBook.record_reject` with a

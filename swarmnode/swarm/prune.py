@@ -1,4 +1,4 @@
-"""Pruned subtrees: what a node publishes of each rollout tree (docs/design.md §1 step 4; issue "The swarm").
+"""Pruned subtrees: what a node publishes of each rollout tree (docs/reference/design.md §1 step 4; issue "The swarm").
 
 A receiver learns from *contrast* -- leaves of one prompt whose rewards differ -- not from bulk (SAPO
 drops zero-advantage rollouts before sharing them; TreePO/LATR prune near-duplicate branches). Each

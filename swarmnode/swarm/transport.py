@@ -1,6 +1,6 @@
 """Bundle bodies over hivemind P2P streams: a content-addressed server and a bounded fetch client.
 
-The DHT holds only small manifests (hivemind caps a lookup reply at about 4 MiB; docs/references.md §4.3);
+The DHT holds only small manifests (hivemind caps a lookup reply at about 4 MiB; docs/reference/references.md §4.3);
 bundle bodies travel here, over libp2p streams of the same ``p2pd`` the DHT uses. The host process gets
 a replica of the DHT's daemon (``hivemind.P2P.replicate`` on the control socket reported by
 :attr:`SwarmDHT.daemon_listen_maddr`, which is what ``DHT.replicate_p2p`` does in hivemind 1.1.12) and
@@ -29,7 +29,7 @@ The client enforces, in order: a total ``timeout`` (stream open, request, readin
 the stream and never answers costs at most ``timeout``); bounded concurrency (semaphore); the declared
 length against ``max_bytes`` before reading (abort = close the stream); reading at most the declared
 length in 64 KiB chunks; ``sha256(body) == digest`` after reading. Any failure returns ``None`` (the
-reason is in :class:`FetchResult`), never an exception (docs/design.md §6: no input from a peer can crash,
+reason is in :class:`FetchResult`), never an exception (docs/reference/design.md §6: no input from a peer can crash,
 stall or OOM a node).
 
 Gossip: a fetched body is cached in the bounded :class:`BundleStore` (LRU by total bytes) and served to

@@ -2,12 +2,12 @@
 
 hivemind 1.1.12 protects records only with RSA (``hivemind.dht.crypto.RSASignatureValidator``); libp2p's
 Ed25519 keys never reach the record layer. :class:`Ed25519RecordValidator` mirrors the RSA validator
-(docs/design.md §7, docs/references.md §4.2 "Ed25519 blueprint") with these rules:
+(docs/reference/design.md §7, docs/reference/references.md §4.2 "Ed25519 blueprint") with these rules:
 
 * **Owner marker in the subkey.** A protected subkey is the bytes ``b"[ed25519:" + hex(pubkey) + b"]"``
   (74 bytes; 32-byte raw public key as 64 lowercase hex digits). It cannot collide with the RSA
   validator's ``b"[owner:"`` marker. Validators only ever see the SHA-1 DHTID of a *key*
-  (docs/references.md §4.4 "validators see key hashes only"), so ownership lives in the subkey.
+  (docs/reference/references.md §4.4 "validators see key hashes only"), so ownership lives in the subkey.
 * **Signature suffix.** :meth:`Ed25519RecordValidator.sign_value` appends
   ``b"[ed25519sig:" + sig(64 raw bytes) + b"]"`` (77 bytes) to the serialized value, where ``sig`` is an
   Ed25519 signature over ``DOMAIN + msgpack([key_id, subkey, value, expiration_time])`` (key_id is the
@@ -19,7 +19,7 @@ Ed25519 keys never reach the record layer. :class:`Ed25519RecordValidator` mirro
   are registered as :class:`SwarmKeySpace`; the validator precomputes their DHTIDs for the bucket
   window in which a record could still be read, and refuses any record under them that is not an
   owner-marked dictionary entry (a plain value with a later expiration would otherwise replace the
-  whole dictionary; docs/references.md §4.4 "sender-chosen expiration").
+  whole dictionary; docs/reference/references.md §4.4 "sender-chosen expiration").
 * **Publisher keys.** Each publisher also stores its newest manifest record under its own key
   ``{swarm_id}:publisher:{hex(public key)}`` (:func:`publisher_key`). A validator with key spaces accepts a
   marked record under a key that is not a shared key only when the key is the marker's owner's own
@@ -91,7 +91,7 @@ def time_bucket(t: float, bucket_seconds: float) -> int:
     :param t: seconds since the Unix epoch (``time.time()`` / ``hivemind.get_dht_time()``)
     :param bucket_seconds: bucket width in seconds, > 0
     :returns: ``floor(t / bucket_seconds)`` as int (buckets are global: every node maps the same instant to
-        the same bucket, so no lock-step rounds are needed; docs/design.md §7)
+        the same bucket, so no lock-step rounds are needed; docs/reference/design.md §7)
     :raises ValueError: if ``bucket_seconds`` is not a positive finite number or ``t`` is not finite
     """
     if not (isinstance(bucket_seconds, (int, float)) and math.isfinite(bucket_seconds) and bucket_seconds > 0):

@@ -1,10 +1,10 @@
-"""Trust nothing: the layered verification of manifests and bundles from peers (docs/design.md §6).
+"""Trust nothing: the layered verification of manifests and bundles from peers (docs/reference/design.md §6).
 
 Every byte from the network is hostile until proven otherwise. :class:`Verifier` runs the checks cheapest
 first and stops at the first failure, raising :class:`Rejection` (the only exception that leaves
 :meth:`Verifier.verify_manifest` / :meth:`Verifier.verify_bundle`) after charging it to a peer in the
-:class:`~swarmnode.swarm.peers.PeerBook`. The order follows docs/design.md §6 and the staged verifiers in
-docs/references.md §5 (grail's pipeline: schema -> tokens -> prompt -> environment re-run -> reward within
+:class:`~swarmnode.swarm.peers.PeerBook`. The order follows docs/reference/design.md §6 and the staged verifiers in
+docs/reference/references.md §5 (grail's pipeline: schema -> tokens -> prompt -> environment re-run -> reward within
 abs 1e-6; prime-rl: re-derive what the task was, never take it from the worker):
 
 ====  =========================================================  ==============================================
@@ -974,7 +974,7 @@ class Verifier:
             raise final(self._reject(reason, detail + f" (every tree of the bundle: {len(bad_trees)})", signer,
                                      False, charge=reason != "not_roundtrip"))
         # replays and copies: normalized content (TaskRef + normalized leaf texts), remembered replay_window_seconds
-        # and trees with no new leaf (a copy with leaves duplicated, dropped or regrouped: outside attack helper-14)
+        # and trees with no new leaf (a copy with leaves duplicated, dropped or regrouped: an outside attack)
         ckeys = [content_key(wt.task, [texts[(i, j)] for j in live[i]]) if live[i] and i not in bad_trees else None
                  for i, wt in enumerate(b.trees)]
         lkeys = {i: leaf_keys(b.trees[i].task, [texts[(i, j)] for j in live[i]]) for i, k in enumerate(ckeys)

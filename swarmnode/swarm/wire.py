@@ -14,14 +14,14 @@ bins), so the same message always gives the same bytes and a decoder can reject 
 The envelope is ``{"body": bin, "kind": str, "pk": bin(32), "sig": bin(64), "v": int}`` with
 ``sig = Ed25519(sk, b"swarmnode/v<v>/<kind>\\x00" + body)``.
 
-Decoding treats bytes as hostile (docs/design.md §6): the size cap is checked before decoding; msgpack runs
+Decoding treats bytes as hostile (docs/reference/design.md §6): the size cap is checked before decoding; msgpack runs
 with explicit limits (buffer, str, bin, array, map lengths, no ext, a cap on the number of containers);
 the signature is verified before the body is parsed; the body is then validated field by field and must
 re-encode to exactly the received bytes. Every failure raises :class:`WireError` with a reason code from
 :data:`REASONS`; no other exception type leaves a ``decode_*`` or :func:`open_envelope` call.
 
 Claimed rewards in a bundle are the publisher's claims. Receivers must not trust them: they re-score every
-leaf (docs/design.md §6 step 6). :func:`trees_from_bundle` therefore leaves ``TreeNode.reward`` unset and the
+leaf (docs/reference/design.md §6 step 6). :func:`trees_from_bundle` therefore leaves ``TreeNode.reward`` unset and the
 claims stay in :attr:`WireNode.claimed_reward`.
 """
 
@@ -194,7 +194,7 @@ class WireTree:
 
 @dataclass
 class RolloutBundle:
-    """What a node publishes: a header and one or more rollout trees (docs/design.md §4).
+    """What a node publishes: a header and one or more rollout trees (docs/reference/design.md §4).
 
     Attributes:
         swarm_id: the swarm this bundle is for.
@@ -225,7 +225,7 @@ class RolloutBundle:
 
 @dataclass
 class Manifest:
-    """The small DHT record that announces a bundle; the body travels over P2P streams (docs/design.md §7).
+    """The small DHT record that announces a bundle; the body travels over P2P streams (docs/reference/design.md §7).
 
     Attributes:
         swarm_id: swarm of the bundle.

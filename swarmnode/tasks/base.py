@@ -1,7 +1,7 @@
 """Task identity and the task interface shared by every task source.
 
 A :class:`TaskRef` names one task so that *any* node can regenerate the exact question and ground truth
-locally (docs/design.md §4): reasoning-gym datasets are deterministic given (name, config, seed), and a JSONL
+locally (docs/reference/design.md §4): reasoning-gym datasets are deterministic given (name, config, seed), and a JSONL
 file is named by its SHA-256. Shared rollouts carry TaskRefs, never a trusted answer.
 """
 

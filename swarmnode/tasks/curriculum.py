@@ -1,4 +1,4 @@
-"""Swarm curriculum: draw more of the tasks the swarm finds about half solvable (docs/swarm.md "Swarm curriculum").
+"""Swarm curriculum: draw more of the tasks the swarm finds about half solvable (docs/guide/swarm.md "Swarm curriculum").
 
 A group of binary rewards carries a policy gradient only when its rewards differ: with success rate ``p`` a
 group of ``G`` leaves has variance with probability ``1 - p^G - (1-p)^G``, and the expected reward variance

@@ -2,7 +2,7 @@
 
 Each non-blank line is a JSON object ``{"question": str, "answer": str, "metadata": {...}?}`` (other keys are
 ignored; a numeric ``answer`` is accepted and turned into a string). The file is named by the SHA-256 of its
-bytes (docs/design.md §4): ``source_id = "jsonl:<64 hex>"``, so a node can only verify a JSONL task when it holds
+bytes (docs/reference/design.md §4): ``source_id = "jsonl:<64 hex>"``, so a node can only verify a JSONL task when it holds
 the very same file, and any edit to the file makes a new source.
 """
 

@@ -4,7 +4,7 @@ Every node with the same ``tasks`` config regenerates the same stream: the TaskR
 a pure function of ``(tasks.seed, s, n, stream)``, and the held-out refs a pure function of ``(eval_seed,
 eval_fraction)``.
 A peer's TaskRef is accepted for training only if :meth:`TaskMix.contains` says the training stream can
-produce it, which keeps held-out tasks out of training even when a peer offers them (docs/design.md §6 step 6).
+produce it, which keeps held-out tasks out of training even when a peer offers them (docs/reference/design.md §6 step 6).
 
 Held-out separation (by content)
 --------------------------------

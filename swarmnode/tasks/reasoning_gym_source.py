@@ -3,7 +3,7 @@
 reasoning-gym (https://github.com/open-thought/reasoning-gym) builds every item deterministically from the
 dataset name, its config and ``(seed, index)``: ``reasoning_gym.create_dataset(name, seed=seed, size=size,
 **config)[index]`` is ``{"question", "answer", "metadata"}``. A node therefore never needs a peer's answer:
-it regenerates the entry from the TaskRef and scores with the dataset's own ``score_answer`` (docs/design.md §4,
+it regenerates the entry from the TaskRef and scores with the dataset's own ``score_answer`` (docs/reference/design.md §4,
 §6 step 6).
 
 Two facts about reasoning-gym that matter here (checked against reasoning-gym 0.1.25):

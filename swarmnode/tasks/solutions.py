@@ -1,6 +1,6 @@
 """Worked solutions written by a program, for the embedded model's task mix.
 
-The embedded default model (``scripts/build_tiny_model.py``, docs/embedded_model.md) is warm-started on
+The embedded default model (``scripts/build_tiny_model.py``, docs/reference/embedded_model.md) is warm-started on
 completions that reason in short steps and then answer: every reasoning step is one line ending in ``"\\n"``
 (the tree sampler's step-boundary rule forks there), followed by ``<answer>…</answer>``. The steps are
 computed here from the reasoning-gym entry (its question and metadata), never copied from its ``answer``

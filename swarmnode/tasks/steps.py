@@ -5,7 +5,7 @@ The embedded model writes one reasoning step per line, then ``<answer>…</answe
 task's own metadata (the reasoning-gym entry the task regenerates from), so the verifier can say *which* line of
 a wrong completion went wrong, not only that the answer is wrong. :func:`check_steps` does that for the four
 tasks of the default mix; the trainer uses it to keep a correct line of a wrong completion from being pushed
-down (``train.step_credit``, :mod:`swarmnode.rollout.step_credit`, docs/step_credit.md).
+down (``train.step_credit``, :mod:`swarmnode.rollout.step_credit`, docs/reference/step_credit.md).
 
 A line is **valid** when it is the step the worked-solution writer would write *from the completion's own
 previous line*: an error is charged to the line that makes it, and a later line that correctly continues from a

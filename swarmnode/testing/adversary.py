@@ -3,7 +3,7 @@
 :class:`HostileFactory` plays a peer with its own Ed25519 identity and the swarm's real task mix. It builds
 honest bundles (real regenerated tasks, completions scored by the real verifier, so their claimed rewards
 are right) and, from them, one :class:`HostileInput` per attack class, each with the reason an honest
-:class:`~swarmnode.swarm.verify.Verifier` must reject it with (docs/design.md §6; docs/references.md §6.1/§6.2:
+:class:`~swarmnode.swarm.verify.Verifier` must reject it with (docs/reference/design.md §6; docs/reference/references.md §6.1/§6.2:
 RL Swarm trusted sender-chosen answers and rewards, had no size caps before decoding, no per-peer quotas):
 
 ====================  ==============================================================  =====================
@@ -266,7 +266,7 @@ class HostileFactory:
 
     def poison_tree(self, ref: TaskRef, payload: str, n_leaves: int = 8, correct_leaves: int = 4, *,
                     eos_id: int | None = None, policy_version: int = 3) -> RolloutTree:
-        """A *poisoned but correct* group for ``ref`` (docs/design.md §6, "Hail to the Thief").
+        """A *poisoned but correct* group for ``ref`` (docs/reference/design.md §6, "Hail to the Thief").
 
         The first ``correct_leaves`` leaves are ``payload + "\\n" + worked solution`` (the task's own reasoning lines
         and ``<answer>{true answer}</answer>``, :func:`swarmnode.tasks.solutions.worked_solution`), so every one
@@ -901,7 +901,7 @@ def _bounded_put(d: OrderedDict, key: Any, value: Any, cap: int = _MAP_CAP) -> N
 
 class HostilePeer:
     """A hostile peer on a real swarm: its own Ed25519 identity and libp2p daemon in the swarm's hivemind DHT,
-    publishing every class of :data:`NETWORK_CASES` it can deliver over the network (docs/design.md §6).
+    publishing every class of :data:`NETWORK_CASES` it can deliver over the network (docs/reference/design.md §6).
 
     The bytes come from :class:`HostileFactory`; the network parts are the real ones (a
     :class:`~swarmnode.swarm.dht.SwarmDHT` whose record validator forges signatures under other publishers'

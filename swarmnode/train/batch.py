@@ -10,7 +10,7 @@
   (what earns a peer standing, ``swarm/peers.py``);
 * :func:`leaf_completion_length`, :func:`leaf_prefix` — cost a leaf in tokens before building it.
 
-Lives in ``train`` because ``rollout`` never imports ``train`` (docs/architecture.md).
+Lives in ``train`` because ``rollout`` never imports ``train`` (docs/reference/architecture.md).
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def external_samples(
     * ``scale_rewards``: ``"group"`` as above; ``"batch"`` divides by the unbiased std of every reward in
       every pool of the call (TRL's batch scaling; mean still per group); ``"none"`` only centres.
 
-    **Step-checked credit** (``step_credit``, :class:`~swarmnode.rollout.step_credit.StepCredit`; docs/step_credit.md):
+    **Step-checked credit** (``step_credit``, :class:`~swarmnode.rollout.step_credit.StepCredit`; docs/reference/step_credit.md):
     each kept completion's lines are checked by us. The checked lines' tokens get the advantage of
     ``r + weight * progress`` (so a group whose rewards differ only by the bonus is not zero-variance), masked
     by the line verdicts when ``mask`` is on (a checked-right line is never pushed down, a wrong one never up);
@@ -395,7 +395,7 @@ def compose_batch(
     external: Sequence[Sample],
     max_external_share: float,
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """Mix local and external samples with the external share of the batch capped (SAPO; docs/design.md §5).
+    """Mix local and external samples with the external share of the batch capped (SAPO; docs/reference/design.md §5).
 
     1. Zero-advantage external samples (every loss-masked advantage is 0, or no loss token) are dropped
        first — they carry no policy gradient.

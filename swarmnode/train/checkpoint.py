@@ -537,7 +537,7 @@ def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str
 
 def check_resume_config(info: CheckpointInfo, new: dict[str, Any], saved: dict[str, Any],
                         allow: bool) -> list[tuple[str, Any, Any]]:
-    """Compare the config of a resumed run with its checkpoint's (docs/operations.md, "Resuming").
+    """Compare the config of a resumed run with its checkpoint's (docs/guide/operations.md, "Resuming").
 
     Args:
         info: the checkpoint resumed from (named in messages).

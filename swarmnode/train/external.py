@@ -1,4 +1,4 @@
-"""Which peer trees a step trains on, and the one call that turns them into samples (docs/design.md §5-§6).
+"""Which peer trees a step trains on, and the one call that turns them into samples (docs/reference/design.md §5-§6).
 
 A node trains on its own rollouts plus rollouts gossiped by peers (SAPO: I local + J external groups per
 step). This module only *selects* and *orchestrates*; each job lives beside the code it belongs with:
@@ -20,7 +20,7 @@ step). This module only *selects* and *orchestrates*; each job lives beside the 
    per turn, so no key can buy first place; ``contrast`` (highest reward variance first) or ``random``
    ranks trees only *within* one peer; each peer gets at most ``max(1, ceil(max_peer_share * J))`` trees.
 
-Nothing here imports ``swarm``: the swarm layer builds :class:`PeerTree` s (docs/architecture.md).
+Nothing here imports ``swarm``: the swarm layer builds :class:`PeerTree` s (docs/reference/architecture.md).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def tree_sample_tokens(
     """Tokens the trainer would see from ``ext``: the sum over its leaves of (prompt + kept completion).
 
     A tree is costed by the samples it expands into, not by its bytes: 255 leaves sharing one 16k-token
-    segment cost 255 × 16k (measured: docs/benchmarks.md, "Bounded by construction"). Leaves with an empty completion cost 0; with
+    segment cost 255 × 16k (measured: docs/lab/benchmarks.md, "Bounded by construction"). Leaves with an empty completion cost 0; with
     ``length_policy="drop"`` a leaf longer than ``max_len`` costs 0 (it will be dropped), with
     ``"truncate"`` it costs ``max_len``. Prompts count at most ``max_prompt_len``. Reads segment lengths
     only; builds no per-leaf list.
@@ -104,7 +104,7 @@ def select_external(
     max_age_seconds: float | None = None,
     now: float | None = None,
 ) -> list[PeerTree]:
-    """Pick at most ``num_external`` external groups for this step (SAPO's J; docs/design.md §5).
+    """Pick at most ``num_external`` external groups for this step (SAPO's J; docs/reference/design.md §5).
 
     Order of filters:
 
@@ -124,7 +124,7 @@ def select_external(
        every call), and take turns, one tree per turn. A peer with
        ``max(1, ceil(max_peer_share * num_external))`` trees is done (its other trees count as
        ``select/dropped_peer_cap``). So a 2-leaf ``[1, 0]`` tree (the highest variance there is) wins
-       nothing over other peers' trees: ranking never crosses publishers (Sybil keys: docs/benchmarks.md, "Sybil keys").
+       nothing over other peers' trees: ranking never crosses publishers (Sybil keys: docs/lab/benchmarks.md, "Sybil keys").
     5. **Token budget** (``max_tokens``, config ``swarm.max_external_tokens_per_step``): a tree whose
        :func:`tree_sample_tokens` exceeds what is left is skipped (``select/dropped_token_budget``), costed
        before anything is decoded.

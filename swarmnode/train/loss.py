@@ -1,4 +1,4 @@
-"""Per-token log-probs and the clipped policy-gradient loss (docs/design.md §5, docs/references.md §2.2–§2.3, §3.3–§3.4).
+"""Per-token log-probs and the clipped policy-gradient loss (docs/reference/design.md §5, docs/reference/references.md §2.2–§2.3, §3.3–§3.4).
 
 * :func:`sequence_logprobs` — one forward pass of a Hugging Face causal LM over prompt + completion,
   returning the log-prob of every completion token (TRL ``_get_per_token_logps``).
@@ -282,7 +282,7 @@ def policy_loss(
 def tis_token_weights(
     old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float = 2.0
 ) -> torch.Tensor:
-    """Truncated importance-sampling weights ``min(π_old/μ, cap)`` (Yao et al. 2025; docs/references.md §3.4).
+    """Truncated importance-sampling weights ``min(π_old/μ, cap)`` (Yao et al. 2025; docs/reference/references.md §3.4).
 
     Args:
         old_logprobs: [B, T] log-probs of the trainer's policy. behaviour_logprobs: [B, T] log-probs of the
@@ -297,7 +297,7 @@ def tis_token_weights(
 
 
 def luffy_token_weights(logprobs: torch.Tensor, gamma: float = 0.1) -> torch.Tensor:
-    """LUFFY shaping as a weight: ``γπ/(π+γ)²`` with ``π = exp(logprobs)`` (arXiv 2504.14945; docs/references.md §3.3).
+    """LUFFY shaping as a weight: ``γπ/(π+γ)²`` with ``π = exp(logprobs)`` (arXiv 2504.14945; docs/reference/references.md §3.3).
 
     Used with ``old_logprobs = logprobs.detach()`` in :func:`policy_loss`, the gradient equals that of
     ``-A · π/(π+γ)`` (no clip), which up-weights low-probability tokens.

@@ -1,4 +1,4 @@
-"""Off-policy correction of external (peer) samples, beside the loss (docs/design.md §5, last bullet).
+"""Off-policy correction of external (peer) samples, beside the loss (docs/reference/design.md §5, last bullet).
 
 External rollouts come from another policy, so the PPO ratio is not π_θ/π_old. Three modes (config
 ``swarm.off_policy``):
@@ -57,7 +57,7 @@ def effective_off_policy_mode(
     """The mode actually applied to one external sample group.
 
     ``tis`` is only valid when the producer's model id **and** tokenizer id equal ours (both non-empty) and
-    behaviour log-probs are present (docs/references.md §3.6: never importance-weight against a foreign model);
+    behaviour log-probs are present (docs/reference/references.md §3.6: never importance-weight against a foreign model);
     otherwise it falls back to ``none``. ``none`` and ``luffy`` need nothing and are returned unchanged.
 
     Raises:

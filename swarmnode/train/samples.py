@@ -1,4 +1,4 @@
-"""The Sample: what the trainer consumes (docs/design.md §4)."""
+"""The Sample: what the trainer consumes (docs/reference/design.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Likelihood screen of external completions under our own policy ("Hail to the Thief", arXiv 2511.09780; docs/benchmarks.md, "Likelihood screen").
+"""Likelihood screen of external completions under our own policy ("Hail to the Thief", arXiv 2511.09780; docs/lab/benchmarks.md, "Likelihood screen").
 
 A correct completion can carry a payload: text before or after the answer that the verifier ignores.
 "Hail to the Thief" (arXiv 2511.09780) shows that such poisoned-but-correct completions, shared in
@@ -26,7 +26,7 @@ leaves per step than ``min_history``).
 rejected, that source's other samples of the group are dropped too (``screen/group_dropped``, not charged; other
 peers' samples of a ``joint`` group stay, or one peer's rejected leaf would drop every peer's samples of the task): their advantages
 were normalized against the rejected members, so without them the rest is no longer a fair contrast. The
-poisoned-but-correct benchmark showed why (docs/benchmarks.md): with only the payload leaves removed, the
+poisoned-but-correct benchmark showed why (docs/lab/benchmarks.md): with only the payload leaves removed, the
 same groups' payload-free *wrong* leaves -- the task's correct worked reasoning with a wrong final answer --
 kept their negative advantages, taught the receivers to avoid correct reasoning, and held-out accuracy fell
 from 52.5% to 28.3% in 200 steps although no payload was ever trained.
@@ -36,7 +36,7 @@ micro-batched by padded tokens like the trainer (:func:`swarmnode.train.trainer.
 samples were already cut to our length caps, so this forward is bounded. For a foreign tokenizer the
 verification layer re-tokenized the text into our vocabulary; the screen scores those ids under our policy
 just the same: text a model of another family writes in another style scores low under ours and is
-rejected more often (the screen is a same-family defence; docs/benchmarks.md "Likelihood screen").
+rejected more often (the screen is a same-family defence; docs/lab/benchmarks.md "Likelihood screen").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The optimizer step: clipped policy gradient over a batch of :class:`Sample` s (docs/design.md §5).
+"""The optimizer step: clipped policy gradient over a batch of :class:`Sample` s (docs/reference/design.md §5).
 
 One :meth:`Trainer.step` call consumes one generation batch and performs ``num_iterations`` (μ, TRL's name)
 optimizer updates on it. Each update walks the batch in micro-batches of ``micro_batch_size`` sequences
@@ -6,7 +6,7 @@ optimizer updates on it. Each update walks the batch in micro-batches of ``micro
 the *global* counts of the batch, so the accumulated gradient equals the full-batch gradient for every
 ``loss_type`` (see :func:`swarmnode.train.loss.policy_loss`).
 
-Old log-probs follow TRL's rule (docs/references.md §2.2): with μ = 1 the ratio is taken against
+Old log-probs follow TRL's rule (docs/reference/references.md §2.2): with μ = 1 the ratio is taken against
 ``logprobs.detach()`` (ρ ≡ 1, pure on-policy gradient); with μ > 1 the log-probs of the policy *before*
 the first update are computed once under ``torch.no_grad()`` and reused for every pass.
 """
