@@ -472,6 +472,29 @@ def test_young_keys_take_turns_and_no_standing_locks_out_a_newcomer(n_sybils, sy
         c.close()
 
 
+@pytest.mark.parametrize("fresh_per_step", [2, 3, 8])
+def test_fresh_keys_minted_every_step_queue_behind_a_waiting_newcomer(fresh_per_step):
+    """Outside attack on the turns: "never served goes first" let two brand-new keys a step, each with one valid
+    tree with contrast, take both young-pool slots, and the honest newcomer was admitted 1 step in 12. A key's place
+    is now the turn it last got a slot, or the turn it first waited: fresh keys queue behind it."""
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, num_external=4, young_key_trees=1, established_after=16)
+    try:
+        steps = 12
+        newcomer, trees = _peer_trees(mix, f"newcomer fresh {fresh_per_step}", steps)
+        admitted = []
+        for step in range(steps):
+            fresh = [_peer_trees(mix, f"fresh {fresh_per_step} {step} {i}", 1) for i in range(fresh_per_step)]
+            out, _, _ = c._admit([ts[0] for _, ts in fresh] + [trees[step]])
+            admitted.append(sum(1 for t in out if t.peer_id == newcomer))
+            c._carry = []
+        # the first step is a random draw among keys that all arrived together; from then on the newcomer waits
+        # longest (it was served, or queued, before any key minted later)
+        assert all(admitted[1:]), admitted
+    finally:
+        c.close()
+
+
 def test_a_flood_of_flat_trees_takes_no_young_pool_slot():
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
     # helper-14: Sybils sending trees without reward contrast (nothing to train) take no pool slot at all

@@ -478,6 +478,7 @@ class SwarmClient:
         # trees over a per-step cap: (first seen, tree, key was young then); gather thread only
         self._carry: list[tuple[float, PeerTree, bool]] = []
         self._young_served: OrderedDict[str, int] = OrderedDict()  # young key -> the last admission turn it got
+        self._young_waiting: OrderedDict[str, int] = OrderedDict()  # young key never served -> turn it first waited
         self._young_turn = 0
         self._budget_reset_at = time.monotonic()
         self._mstate: OrderedDict[bytes, _MState] = OrderedDict()
@@ -1441,10 +1442,13 @@ class SwarmClient:
         trees; a young key up to ``PeerBook.tree_cap`` (``swarm.young_key_trees + earned //
         swarm.trees_per_earned_tree``), and all young keys together up to ``swarm.max_young_trees``, handed out
         one tree per key per turn (a young key's trees whose rewards do not differ are dropped first: they have
-        nothing to train and must not take a slot), the key admitted longest ago (or never) first, ties in random
-        order: every young key with something to train gets a turn at least once per ``ceil(young keys /
-        max_young_trees)`` steps, and no standing a copied tree buys moves it ahead (outside attack: two keys with
-        one earned tree each took both slots every step and locked an honest newcomer out). Admission earns
+        nothing to train and must not take a slot), the key that has waited longest first: a key's place is the
+        turn it last got a slot, or, never served, the turn it first waited; ties in random order. Every young key
+        with something to train gets a turn at least once per ``ceil(young keys / max_young_trees)`` steps; no
+        standing a copied tree buys moves it ahead (outside attack: two keys with one earned tree each took both
+        slots every step and locked an honest newcomer out), and fresh keys minted every step queue behind a key
+        that has been waiting (outside attack: with "never served goes first", two fresh keys a step took both
+        slots and an honest newcomer was admitted 1 step in 12). Admission earns
         nothing (standing comes from :meth:`credit`, once the node trained on a tree); the trees of an
         established key are marked ``PeerTree.established`` (what cross-node expansion requires), but only
         when the key was already established when the tree first arrived: a tree carried over while its key was
@@ -1488,10 +1492,15 @@ class SwarmClient:
                     items[i][1].established = not items[i][2]
         pool = self.max_young_trees
         order = [p for p in young if young[p]]
-        random.shuffle(order)  # ties in a random order; then the key served longest ago (or never) goes first:
-        order.sort(key=lambda p: self._young_served.get(p, -1))  # turns, not standing a copied tree buys
-        n_young = 0
         self._young_turn += 1
+        for p in order:  # a key's place in the queue: the turn it last got a slot, else the turn it first waited
+            if p not in self._young_served and p not in self._young_waiting \
+                    and len(self._young_waiting) < _MAX_OWNER_KEYS:  # full: a new key waits at the back
+                self._young_waiting[p] = self._young_turn
+        random.shuffle(order)  # ties in a random order; then the key that has waited longest goes first:
+        order.sort(key=lambda p: (self._young_served[p], 1) if p in self._young_served  # waiting since after turn t
+                   else (self._young_waiting.get(p, self._young_turn), 0))  # waiting since before turn t
+        n_young = 0
         while pool > 0 and any(young[p] for p in order):
             for p in order:
                 if pool > 0 and young[p]:
@@ -1500,6 +1509,7 @@ class SwarmClient:
                     n_young += 1
                     self._young_served[p] = self._young_turn
                     self._young_served.move_to_end(p)
+                    self._young_waiting.pop(p, None)
         while len(self._young_served) > _MAX_OWNER_KEYS:
             self._young_served.popitem(last=False)
         out = [vt for i, (_, vt, _) in enumerate(items) if i in keep]
