@@ -446,3 +446,23 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
     # our own counts went to the swarm layer for our heartbeats: 2 prompts x 4 leaves per step
     assert len(sw.shared) == 2 and sum(n for n, _ in sw.shared[-1].values()) == 16
     assert all(0 <= k <= n for n, k in sw.shared[-1].values())
+
+
+@pytest.mark.parametrize("honest", [2, 5, 8])
+def test_two_liars_cannot_set_a_rare_tasks_rate_while_honest_peers_abstain(honest):
+    """Outside attack: on a task with fewer than ``min_samples`` leaves in our window and the honest peers'
+    windows, two established liars claiming 16 leaves were the only votes and owned its rate (factor 0.5 instead of
+    2.0) for any number of honest established peers. Abstaining seats now repeat our own vote, or, without one,
+    leave the task without a swarm rate."""
+    rare = "rg:a#1"
+    hp = [PeerRates(f"h{i}", {rare: (6, 3)}, standing=16) for i in range(honest)]  # too few leaves: abstain
+    liars = [PeerRates(f"liar{i}", {rare: (16, 16)}, standing=16) for i in range(2)]
+    t = tally_votes([rare], {rare: (8, 4)}, hp + liars, min_samples=8, established_after=16)[rare]
+    assert t.rate == 0.5, t  # our own 0.5 holds against the liars' 1.0
+    assert t.trusted == 3 and set(t.peers) == {"liar0", "liar1"}
+    t = tally_votes([rare], {rare: (4, 2)}, hp + liars, min_samples=8, established_after=16)[rare]
+    assert t.rate is None, t  # no vote of ours, 2 of honest + 2 seats voted: not a majority
+    # control: when the honest peers have their samples, they outvote the liars as before
+    hv = [PeerRates(f"h{i}", {rare: (16, 8)}, standing=16) for i in range(honest)]
+    t = tally_votes([rare], {rare: (16, 8)}, hv + liars, min_samples=8, established_after=16)[rare]
+    assert t.rate == 0.5 and t.trusted == honest + 3, t

@@ -163,7 +163,10 @@ def tally_votes(
             (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) do not vote:
             any seat they could fill, free keys fill. With ``H`` honest established voters, ``k`` lying ones and
             our own vote, the median stays within the honest votes' range while ``H + 1 > k`` (so whenever the
-            honest established voters outnumber the liars).
+            honest established voters outnumber the liars). Only the ``max_voters`` highest-ranked established
+            peers hold seats; a seated peer without ``min_samples`` leaves of a task abstains on it: with our own
+            vote, each abstention repeats our vote; without it, the task has a rate only when more than half of
+            the seats voted. So a few peers claiming samples of a rare task cannot set its rate.
 
     Returns:
         task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote.
@@ -211,14 +214,24 @@ def tally_votes(
     out: dict[str, VoteTally] = {}
     for key in keys:
         mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
-        peer_votes = votes(established, key, max_voters)
-        trusted = ([mine] if mine is not None else []) + [r for _, r in peer_votes]
-        if not trusted:
-            out[key] = VoteTally(None)
+        seated = established[:max(0, int(max_voters))]
+        peer_votes = votes(seated, key, len(seated))
+        # a seated peer without enough samples of this task abstains, and an abstention is not a free seat for
+        # whoever claims samples (outside attack: two liars owned a rare task's rate for any number of honest
+        # established peers): with our own vote, each abstaining seat repeats it; without it, the task gets a rate
+        # only when most seats voted
+        abstain = len(seated) - len(peer_votes)
+        if mine is not None:
+            trusted = [mine] * (1 + abstain) + [r for _, r in peer_votes]
+        elif peer_votes and 2 * len(peer_votes) > len(seated):
+            trusted = [r for _, r in peer_votes]
+        else:
+            out[key] = VoteTally(None, tuple(p for p, _ in peer_votes), len(peer_votes))
             continue
         # young keys get no seat: any seat they could fill, free keys fill (outside attack: two established liars
         # plus Sybils in trusted - 3 young seats owned the median at H = 0..8 honest established peers)
-        out[key] = VoteTally(_median(trusted), tuple(p for p, _ in peer_votes), len(trusted))
+        out[key] = VoteTally(_median(trusted), tuple(p for p, _ in peer_votes),
+                             len(peer_votes) + (mine is not None))
     return out
 
 
