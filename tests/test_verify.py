@@ -981,6 +981,35 @@ def test_resigned_copy_after_the_old_dedup_window_is_still_a_replay(peer_mix, cl
     assert w.verify_bundle(_bundle([_honest_tree(peer_mix, 3)], ATTACKER, clock), None, "a")
 
 
+def test_a_flood_of_free_keys_cannot_evict_an_established_authors_trees_from_the_replay_memory(peer_mix, clock):
+    """Outside attack: the replay memory is bounded by capacity, and 64 free keys with one 1,024-leaf bundle each
+    emptied it, after which an honest tree re-signed by another key was fresh again (trained twice, credited to the
+    copier). Young signers' trees now fill a part of their own: the flood evicts only that part."""
+    v = make_verifier(peer_mix, clock, seen_capacity=64)
+    est = v._young_after
+    v.peers.record_earned(HONEST.peer_id, est)  # an established author
+    assert not v.peers.is_young(HONEST.peer_id, est)
+    young_author = Identity.from_private_bytes(hashlib.sha256(b"young author").digest())
+    assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 40)], HONEST, clock), None, "h")
+    assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 41)], young_author, clock), None, "y")
+    # the flood: fresh keys, each one valid bundle of 4 trees x 8 distinct leaves (36 memory keys a bundle)
+    for i in range(8):
+        sybil = Identity.from_private_bytes(hashlib.sha256(f"evict {i}".encode()).digest())
+        trees = []
+        for j in range(4):
+            ref = _ref(peer_mix, 200 + 4 * i + j)
+            ans = peer_mix.get(ref).answer
+            trees.append(_tree(peer_mix, ref, [(f"s{i}.{j}.{k} <answer>{ans if k == 0 else 'no'}</answer>",
+                                                 1.0 if k == 0 else 0.0, "eos") for k in range(8)]))
+        assert len(v.verify_bundle(_bundle(trees, sybil, clock), None, f"s{i}")) == 4
+        clock.advance(1.0)
+    assert len(v._seen_content.young) == 64  # the young part is full and has evicted its oldest keys
+    r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 40)], ATTACKER, clock), None, "a"))
+    assert r.reason == "replay"  # the established author's tree is still remembered
+    # the stated limit: a young author's tree shares its part with the flood, so it can be evicted
+    assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 41)], ATTACKER, clock), None, "a")
+
+
 def test_authorship_goes_to_the_earliest_commitment_not_the_first_verified(peer_mix, clock):
     """Outside attack: a copier re-signing an honest author's fresh trees and verified first took their
     content and standing. Authorship now goes to the key whose manifest the receiver read first (the copier can

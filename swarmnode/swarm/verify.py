@@ -331,11 +331,52 @@ class _TTLSet:
     def __len__(self) -> int:
         return len(self._d)
 
+    def discard(self, key: Any) -> None:
+        self._d.pop(key, None)
+
     def clear(self) -> None:
         self._d.clear()
 
 
 _MISSING = object()
+
+
+class _ReplayMemory:
+    """The content keys of trees seen (ours, and accepted peers'), in two bounded parts of ``capacity`` keys each.
+
+    Keys of our own trees and of trees from established signers live in the *protected* part; keys of trees from
+    young signers (free keys) live in the *young* part, so that a flood of bundles from fresh keys evicts only other
+    young keys' memory, never ours or an established peer's (outside attack: 64 free keys with one 1,024-leaf bundle
+    each emptied the one shared memory, after which an honest tree re-signed by another key was fresh again). A key
+    already remembered keeps its part when its value changes (authorship moves); a young key's entry that an
+    established signer's tree also holds moves to the protected part.
+    """
+
+    def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
+        self.protected = _TTLSet(capacity, ttl, clock)
+        self.young = _TTLSet(capacity, ttl, clock)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        v = self.protected.get(key, _MISSING)
+        return v if v is not _MISSING else self.young.get(key, default)
+
+    def add(self, key: Any, value: Any, young: bool | None = False) -> None:
+        """Remember ``key``; ``young``: True for a young signer's tree, False for ours or an established
+        signer's, None to keep the part the key is already in (the protected one for a new key)."""
+        if young is None:
+            young = key not in self.protected and key in self.young
+        if young and key not in self.protected:
+            self.young.add(key, value)
+        else:
+            self.young.discard(key)  # the key now lives in the protected part
+            self.protected.add(key, value)
+
+    def __len__(self) -> int:
+        return len(self.protected) + len(self.young)
+
+    def clear(self) -> None:
+        self.protected.clear()
+        self.young.clear()
 _U32 = "I" if array("I").itemsize == 4 else "L"  # a 4-byte unsigned typecode (token ids are < 2^32)
 
 
@@ -507,7 +548,8 @@ class Verifier:
         # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
         self.replay_window_s = math.inf if window is None else max(float(window), ttl)
         # content_key -> "own" | "peer" (leaf keys) | (holder peer id | None, commitment time | None) (tree keys)
-        self._seen_content = _TTLSet(seen_capacity, self.replay_window_s, clock)
+        self._seen_content = _ReplayMemory(seen_capacity, self.replay_window_s, clock)
+        self._young_after = int(swarm_cfg.established_after)  # standing that puts a signer's trees in protected memory
         self._authorship_changes: list[tuple[str, str | None]] = []
         self._seen_manifests = _TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
         self._internal_log = LogLimiter(10.0)
@@ -746,10 +788,10 @@ class Verifier:
             return
         if committed_at < held_at:
             self._authorship_changes.append((holder, signer))
-            self._seen_content.add(key, (signer, committed_at))
+            self._seen_content.add(key, (signer, committed_at), young=None)
         elif committed_at == held_at:
             self._authorship_changes.append((holder, None))
-            self._seen_content.add(key, (None, held_at))
+            self._seen_content.add(key, (None, held_at), young=None)
         if len(self._authorship_changes) > 4096:  # nobody took them: keep the newest
             del self._authorship_changes[:-4096]
 
@@ -1055,10 +1097,11 @@ class Verifier:
                                 verified=True))
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
+        young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
-            self._seen_content.add(ckeys[i], (signer, committed_at))
+            self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer)
             for k in lkeys[i]:
-                self._seen_content.add(k, "peer")
+                self._seen_content.add(k, "peer", young=young_signer)
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:
             self.stats["leaves_pruned_dropped"] += n_pruned
