@@ -13,7 +13,7 @@ count): compare only rows of one invocation.
 
 Usage::
 
-    python scripts/bench_threads.py --before /tmp/swarmnode-before --steps 10 --eval-size 40 --also-threads 2
+    python scripts/bench_threads.py --before runs/swarmnode-before --steps 10 --eval-size 40 --also-threads 2
 """
 
 from __future__ import annotations
