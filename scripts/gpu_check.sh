@@ -15,7 +15,7 @@
 #                                         # $GPU_CHECK_RUN_STEPS steps (0, the default, skips it)
 #
 # Time limits (seconds, environment): GPU_CHECK_PYTEST_S (200), GPU_CHECK_BENCH_S (290),
-# GPU_CHECK_RUN_S (240); GPU_CHECK_RUN_DIR (/tmp/gpu_check_run) is where the run's metrics.jsonl lands
+# GPU_CHECK_RUN_S (240); GPU_CHECK_RUN_DIR ($TMPDIR or /tmp, then gpu_check_run) is where the run's metrics.jsonl lands
 # (replaced on every check; a non-empty directory that an earlier check did not make is refused);
 # GPU_CHECK_RUN_ARGS: more `swarmnode run` options (for example "--eval-size 200").
 #
@@ -36,7 +36,8 @@ PYTEST_S=${GPU_CHECK_PYTEST_S:-200}
 BENCH_S=${GPU_CHECK_BENCH_S:-290}
 RUN_S=${GPU_CHECK_RUN_S:-240}
 RUN_STEPS=${GPU_CHECK_RUN_STEPS:-0}
-RUN_DIR=${GPU_CHECK_RUN_DIR:-/tmp/gpu_check_run}
+SCRATCH=${TMPDIR:-/tmp}
+RUN_DIR=${GPU_CHECK_RUN_DIR:-$SCRATCH/gpu_check_run}
 
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -65,8 +66,8 @@ if [[ "${GPU_CHECK_ALLOW_CPU:-0}" != "1" ]] && ! python3 -c "import sys, torch; 
   exit 4
 fi
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site" .whl/*.whl \
+    && export PYTHONPATH="$SCRATCH/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 python3 - <<'EOF' || { echo "missing Python packages: run 'bash scripts/gpu_check.sh --prepare' where PyPI is reachable and carry .whl"; exit 3; }
