@@ -77,16 +77,14 @@ def test_suite_runs_one_thread_per_process():
 
 # ------------------------------------------------------------------------------------------ swarm up
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (exited, not yet reaped by its new parent) is gone for our purpose."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    # a zombie (exited, not yet reaped by its new parent) is gone for our purpose
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
+    except psutil.AccessDenied:  # another user's process: it exists
         return True
 
 
