@@ -329,8 +329,9 @@ def run(
             m = res.metrics
             if isinstance(m.get("swarm/peers"), int):
                 notice = peer_change_notice(peers_seen[-1] if peers_seen else None, m["swarm/peers"])
-                if notice:
-                    logging.getLogger("swarmnode.node").warning("step %d: %s", res.step, notice)
+                if notice:  # a loss is a warning; a peer joining is news
+                    logging.getLogger("swarmnode.node").log(
+                        logging.WARNING if m["swarm/peers"] == 0 else logging.INFO, "step %d: %s", res.step, notice)
                 peers_seen[:] = [m["swarm/peers"]]
             if progress is not None:
                 progress.update(task, completed=res.step, info=info_of(m))
