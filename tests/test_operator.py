@@ -143,9 +143,11 @@ def test_swarm_up_nodes_end_with_a_killed_launcher(tmp_path):
                  proc=launcher, log=tmp_path / "launcher.log")
         pids = [p for p in (_lock_pid(n) for n in nodes) if p is not None]
         assert len(pids) == 2
-        # the first node is waiting for peers, not "solo (joining in the background)"
+        # the first node is waiting for peers, not "solo (joining in the background)"; on a loaded machine the
+        # second node may already have joined by the time the first prints its state, which then counts its peers
         first = " ".join((nodes[0] / "stdout.log").read_text(errors="replace").split())
-        assert "waiting for peers" in first and "solo (joining" not in first, first[-2000:]
+        assert "solo (joining" not in first and "training solo" not in first, first[-2000:]
+        assert "waiting for peers" in first or re.search(r"\b[1-9][0-9]* DHT peer\(s\)", first), first[-2000:]
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
         deadline = time.monotonic() + 240
