@@ -293,14 +293,20 @@ def test_three_node_swarm_end_to_end(setup):
         # 3. swarmnode peers: the swarm as its heartbeats show it
         # the three nodes spin here (every group has zero variance: no update, ~0 s per step) and keep both
         # cores busy, so the one-shot query process gets a small share of the CPU: a generous bound
-        t_peers = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "swarmnode.cli", "peers", "--run-dir", str(rd["a"]), "--json"],
-                             capture_output=True, text=True, env=ENV, timeout=420)
-        print(f"swarmnode peers took {time.monotonic() - t_peers:.0f} s")
-        assert out.returncode == 0, out.stdout + out.stderr
-        listed = json.loads(out.stdout.strip().splitlines()[-1])
-        assert {p["peer_id"] for p in listed["peers"]} == set(pid.values())
-        assert all(p["step"] >= 1 and p["samples_published"] > 0 for p in listed["peers"])
+        # a heartbeat is published on its own cadence, so the one read may predate a node's first publish: read
+        # again (at most 3 times) until every heartbeat shows it
+        for attempt in range(3):
+            t_peers = time.monotonic()
+            out = subprocess.run([sys.executable, "-m", "swarmnode.cli", "peers", "--run-dir", str(rd["a"]),
+                                  "--json"], capture_output=True, text=True, env=ENV, timeout=420)
+            print(f"swarmnode peers took {time.monotonic() - t_peers:.0f} s")
+            assert out.returncode == 0, out.stdout + out.stderr
+            listed = json.loads(out.stdout.strip().splitlines()[-1])
+            assert {p["peer_id"] for p in listed["peers"]} == set(pid.values())
+            if all(p["step"] >= 1 and p["samples_published"] > 0 for p in listed["peers"]):
+                break
+            time.sleep(10.0)
+        assert all(p["step"] >= 1 and p["samples_published"] > 0 for p in listed["peers"]), listed
 
         # 4. kill B: A and C keep training, on each other's samples
         kill_group(procs["b"])
