@@ -844,6 +844,8 @@ def bench_swarm(
     nodes: int = typer.Option(2, "--nodes", help="N nodes in the swarm and N isolated nodes"),
     steps: int = typer.Option(200, "--steps", help="optimizer steps (rounds) per node"),
     model: Optional[str] = typer.Option(None, "--model", help='"embedded" (default), a local HF model dir or a hub id'),
+    models: Optional[str] = typer.Option(None, "--models", help="a model per node, comma-separated (node i runs the "
+                                         "i mod len-th, in every arm), e.g. embedded,embedded-bpe; wins over --model"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config of every node (default: packaged)"),
     splits: str = typer.Option("8/0,4/4", "--splits", help="local/external prompts per step, e.g. 8/0,6/2,4/4,2/6"),
     normalization: str = typer.Option("per_source,joint", "--normalization", help="per_source,joint"),
@@ -881,7 +883,7 @@ def bench_swarm(
                         eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
                         hostile="" if hostile == "none" else hostile, isolated=isolated, screen_off=screen_off,
                         payload=payload, repeats=repeats, levers=levers, arm_timeout=arm_timeout,
-                        first_repeat=first_repeat,
+                        first_repeat=first_repeat, models=models,
                         log=lambda s: console.print(s, highlight=False, markup=False))
     except (ValueError, RuntimeError) as e:
         _fail(str(e))

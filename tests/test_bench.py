@@ -63,6 +63,25 @@ def test_node_config_equal_generation_compute(tmp_path):
     assert sw.swarm.initial_peers == ["/ip4/127.0.0.1/tcp/1/p2p/Qm"]
 
 
+def test_node_config_models_gives_node_i_its_own_model_in_every_arm(tmp_path):
+    base = load_config(None)
+    models = ["embedded", "embedded-bpe"]
+    for arm in (Arm(8, 0, False), Arm(8, 8, True)):
+        got = [node_config(base, arm, i, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / f"{arm.name}{i}",
+                           swarm_id="x", models=models).model.name_or_path for i in range(3)]
+        assert got == ["embedded", "embedded-bpe", "embedded"]  # node i runs models[i mod 2], swarm or isolated
+    plain = node_config(base, Arm(8, 0, False), 1, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "p",
+                        swarm_id="x")
+    assert plain.model.name_or_path == base.model.name_or_path
+
+
+def test_run_bench_refuses_an_empty_model_in_models(tmp_path):
+    from swarmnode.benchmarks.swarm import run_bench
+
+    with pytest.raises(ValueError, match="--models"):
+        run_bench(nodes=2, steps=1, models="embedded,,embedded-bpe", work_dir=tmp_path, out=tmp_path)
+
+
 def test_rounds_to_reach():
     curve = [(0, 0.10), (25, 0.30), (50, 0.29), (75, 0.50)]
     assert rounds_to_reach(curve, 0.30) == 25

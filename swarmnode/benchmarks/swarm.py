@@ -280,10 +280,12 @@ def specialized_sources(sources: Sequence[dict[str, Any]], index: int,
 
 def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int, eval_size: int,
                 run_dir: str | os.PathLike, swarm_id: str, host_maddrs: Sequence[str] = (),
-                initial_peers: Sequence[str] = (), repeat: int = 0) -> Any:
+                initial_peers: Sequence[str] = (), repeat: int = 0, models: Sequence[str] = ()) -> Any:
     """The :class:`swarmnode.config.RunConfig` of node ``index`` of ``arm`` (a validated copy of ``base``).
 
-    Sets seed = index (+ 1000 x ``repeat``), prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
+    With ``models`` (``--models``, a heterogeneous swarm) node ``index`` runs ``models[index % len(models)]``
+    (``model.name_or_path``: ``embedded``, ``embedded-bpe``, a local directory or a hub id) in every arm, so swarm
+    node ``i`` and isolated node ``i`` run the same model. Sets seed = index (+ 1000 x ``repeat``), prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
     swarm arms ``swarm.enabled``, ``num_external = J``, ``max_external_share = J / (I + J)``, the
     normalization and off-policy mode, the levers (curriculum, expansion, and with ``arm.specialize`` the task
     weights of :func:`specialized_sources`), the node's identity file and its listen/bootstrap addresses.
@@ -291,6 +293,8 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
     from swarmnode.config import RunConfig
 
     d = base.model_dump(mode="json")
+    if models:
+        d["model"]["name_or_path"] = str(models[int(index) % len(models)])
     d["seed"] = int(index) + 1000 * int(repeat)
     d["steps"] = int(steps)
     d["eval_every"] = int(eval_every)
@@ -700,7 +704,8 @@ def _sigterm_raises() -> Iterator[None]:
 
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
             eval_size: int, timeout: float | None = 1800.0, nice: int = 10, threads: int = 1,
-            hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0) -> Path:
+            hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0,
+            models: Sequence[str] = ()) -> Path:
     """Run ``nodes`` processes of ``arm`` concurrently under ``out_root/<arm.name>/node-<i>``; return the arm dir.
 
     Repeat ``k > 0`` runs in ``out_root/<arm.name>-r<k>`` with other seeds (``seed = i + 1000k``) and other
@@ -750,7 +755,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
                 rd.mkdir(parents=True, exist_ok=True)
                 cfg = node_config(base, arm, i, steps=steps, eval_every=eval_every, eval_size=eval_size,
                                   run_dir=rd, swarm_id=swarm_id, host_maddrs=host_maddrs if i == 0 else (),
-                                  initial_peers=boot if i > 0 else (), repeat=repeat)
+                                  initial_peers=boot if i > 0 else (), repeat=repeat, models=models)
                 spec = {"config": cfg.model_dump(mode="json"), "index": i, "nodes": nodes,
                         "stream": i + repeat * nodes, "arm_dir": str(arm_dir), "threads": threads, "payload": payload}
                 sp = rd / "spec.json"
@@ -1319,13 +1324,15 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
               hostile: bool | str = False, isolated: bool = True, screen_off: bool = False,
               payload: str = DEFAULT_PAYLOAD, repeats: int = 1, levers: str = "none", first_repeat: int = 0,
-              log: Any = print) -> BenchResult:
+              models: str | None = None, log: Any = print) -> BenchResult:
     """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
 
     Args:
         nodes: N (>= 2 for a swarm to exist).
         steps: optimizer steps (rounds) per node.
         model: ``model.name_or_path`` override (None: the config's, i.e. the embedded default).
+        models: comma-separated models, node ``i`` runs the ``i mod len``-th (``--models embedded,embedded-bpe``:
+            a heterogeneous pair); wins over ``model``; None: every node runs ``model``.
         config: YAML config for every node (None: the packaged default).
         splits / normalization / off_policy: comma-separated lists (see :func:`plan_arms`).
         eval_size / eval_every: held-out tasks per evaluation and the evaluation cadence in steps (0: before and
@@ -1374,7 +1381,11 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
                      levers=levers.split(","), isolated=isolated, screen_off=screen_off)
     counting = any(a.hostile == "poison" for a in arms)
     base = load_config(config, {"model.name_or_path": model})
-    check_model_source(base.model.name_or_path)  # a bad local path fails here, not in N worker processes
+    per_node = [m.strip() for m in models.split(",")] if models else []
+    if per_node and not all(per_node):
+        raise ValueError(f"--models must be a comma-separated list of models without empty entries; got {models!r}")
+    for m in per_node or [base.model.name_or_path]:
+        check_model_source(m)  # a bad local path fails here, not in N worker processes
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
     res = BenchResult(command=cmd)
     labelled = repeats > 1 or first_repeat > 0
@@ -1385,7 +1396,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             f"{nodes} nodes x {steps} steps …")
         try:
             arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
-                              timeout=arm_timeout or None, nice=nice, repeat=rep_k,
+                              timeout=arm_timeout or None, nice=nice, repeat=rep_k, models=per_node,
                               payload=payload if counting and arm.swarm else None)
         except RuntimeError as e:
             if not res.results:
