@@ -87,9 +87,11 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
         r = merged[0]
         assert r["rescue/merged_samples"] >= 2 and r["samples_external"] >= 1
         assert r["rescue/rescued_total"] >= 1 and r["rescue/all_wrong_total"] >= r["rescue/rescued_total"]
-        assert rows_b[-1]["rescue/answered_leaves_correct"] >= 0
+        assert sum(rb["rescue/answered_leaves_correct"] for rb in rows_b) >= 1
         # B trained on none of its answers: its local samples are its own step's groups only
-        assert all(rb.get("samples_external", 0) == 0 or rb.get("swarm/external_trees", 0) > 0 for rb in rows_b)
+        own_leaves = node_b.cfg.sampling.prompts_per_step * node_b.cfg.sampling.num_generations
+        assert all(rb.get("train/sequences", 0) <= own_leaves + rb["samples_external"]
+                   for rb in rows_b if rb["rescue/answered"])
         # A credited B for the rescued group (B's standing in A's book)
         assert node_a_swarm.peers.earned(node_b.swarm.peer_id) >= 1
         # the metrics file has one row per step with every rescue key
