@@ -324,3 +324,20 @@ def test_rescue_answers_without_contrast_are_published_and_admitted_when_asked(m
         assert c._admit([PeerTree(flat, "young-peer-2")])[0]
     finally:
         c.close()
+
+
+def test_a_heartbeat_over_the_byte_limit_drops_rescue_refs_from_the_end():
+    from swarmnode.swarm.gossip import _fitting_heartbeat
+
+    a = _ident("big")
+    refs = [TaskRef("rg:" + "x" * 250 + f"{i:03d}", "f" * 64, 2**62, 2**62) for i in range(wire.MAX_RESCUE_REFS)]
+    rates = {f"{i:02d}" + "k" * 126: (wire.MAX_RATE_COUNT, 1) for i in range(wire.MAX_RATE_TASKS)}
+    beat = _beat(a, rescue=list(refs), rates=rates)
+    beat.model_id = "m" * wire.MAX_ID_BYTES
+    with pytest.raises(wire.WireError) as e:
+        wire.encode_heartbeat(beat, a)
+    assert e.value.reason == "too_large"
+    data = _fitting_heartbeat(beat, a)
+    assert data is not None and len(data) <= wire.MAX_HEARTBEAT_BYTES
+    got = wire.decode_heartbeat(data)
+    assert got.task_rates == rates and got.rescue and got.rescue == refs[: len(got.rescue)] and len(got.rescue) < 8
