@@ -632,7 +632,9 @@ class Node:
                         m["rescue/answered_leaves_correct"] += n_ok
                 self.rescue_helper.record(outcomes, step)
                 if answers:
-                    pm = swarm.publish_rescue(answers, step, policy_version=step)
+                    # as publish: off the main thread, watched (it waits for the verifier's lock)
+                    pm = self._watched(lambda: swarm.publish_rescue(answers, step, policy_version=step),
+                                       "publish_rescue", dict)
                     m.update(pm)
                     m["rescue/answered"] = int(pm.get("rescue/published_trees", len(answers)))
         except _EXTERNAL_FAILURES as e:

@@ -341,3 +341,25 @@ def test_a_heartbeat_over_the_byte_limit_drops_rescue_refs_from_the_end():
     assert data is not None and len(data) <= wire.MAX_HEARTBEAT_BYTES
     got = wire.decode_heartbeat(data)
     assert got.task_rates == rates and got.rescue and got.rescue == refs[: len(got.rescue)] and len(got.rescue) < 8
+
+
+def test_the_node_skips_rescue_with_a_swarm_hook_that_lacks_the_methods(mix):
+    """A SwarmHook without announce_rescue / rescue_requests / publish_rescue (e.g. a wrapper written before them)
+    runs without rescue; the real SwarmClient has them."""
+    from types import SimpleNamespace
+
+    from swarmnode.node import Node, RescueSwarm
+
+    class OldHook:
+        def publish(self, trees, step, policy_version):
+            return {}
+
+    on = RunConfig(swarm=SwarmConfig(enabled=True, rescue={"enabled": True}))
+    c = _client(mix)
+    try:
+        assert isinstance(c, RescueSwarm) and not isinstance(OldHook(), RescueSwarm)
+        assert Node._rescue_swarm(SimpleNamespace(swarm=OldHook(), cfg=on)) is None
+        assert Node._rescue_swarm(SimpleNamespace(swarm=c, cfg=on)) is c
+        assert Node._rescue_swarm(SimpleNamespace(swarm=c, cfg=RunConfig())) is None  # rescue off
+    finally:
+        c.close()
