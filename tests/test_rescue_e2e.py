@@ -101,6 +101,12 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
                 "rescue/refused_heldout", "rescue/refused_task", "rescue/refused_standing", "rescue/refused_budget",
                 "rescue/all_wrong_total", "rescue/rescued_total"}
         assert all(keys <= set(x) for x in rec if "eval" not in x)
+        print("rescue e2e:", json.dumps({  # for the record (pytest -s)
+            "steps": len(rows_a), "a_asked": sum(x["rescue/asked"] for x in rows_a),
+            "b_requests_seen": sum(seen), "b_answered_trees": sum(answered),
+            "b_answered_leaves_correct": sum(rb["rescue/answered_leaves_correct"] for rb in rows_b),
+            "a_merged_samples": r["rescue/merged_samples"], "a_all_wrong_total": rows_a[-1]["rescue/all_wrong_total"],
+            "a_rescued_total": rows_a[-1]["rescue/rescued_total"]}))
     finally:
         for n in (node_b, node_a):
             if n is not None:
