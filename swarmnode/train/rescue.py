@@ -159,7 +159,7 @@ class RescueHelper:
     answered_ttl_steps: int = 16
     _served: OrderedDict = field(default_factory=OrderedDict)     # asker -> last step it was answered
     _answered: OrderedDict = field(default_factory=OrderedDict)   # (asker, task key) -> step answered
-    _fails: OrderedDict = field(default_factory=OrderedDict)      # asker -> answered steps in a row without a correct leaf
+    _fails: OrderedDict = field(default_factory=OrderedDict)      # asker -> answered steps in a row, none correct
     _skip_until: OrderedDict = field(default_factory=OrderedDict)  # asker -> first step it is answered again
     _salt: bytes = field(default_factory=lambda: os.urandom(8))
 
