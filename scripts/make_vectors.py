@@ -137,6 +137,13 @@ def mutate_body(env: bytes, fn: Callable[[dict], Any], **pack_kw: Any) -> bytes:
     return resign(pack(raw, **pack_kw))
 
 
+def _mutate_heartbeat(env: bytes, fn: Callable[[dict], Any]) -> bytes:
+    """:func:`mutate_body` for a heartbeat: re-signed under the heartbeat domain prefix."""
+    raw = unpack(unpack(env)["body"])
+    fn(raw)
+    return resign(pack(raw), "heartbeat")
+
+
 # ---------------------------------------------------------------------------------------- vectors
 def accept(name: str, desc: str, env: bytes, seed: bytes, expected_kind: str | None = None) -> dict:
     envelope, msg = wire.decode(env, expected_kind=expected_kind)
@@ -207,6 +214,21 @@ def build_vectors() -> dict[str, dict]:
     hb_env = wire.encode_heartbeat(heartbeat(a), a)
     out["heartbeat_valid"] = accept("heartbeat_valid", "A heartbeat with an unknown accuracy (nil).", hb_env, SEED_A,
                                     "heartbeat")
+    rescue_hb = heartbeat(a)
+    rescue_hb.rescue = [TaskRef("rg:chain_sum", "1a2b3c4d5e6f7a8b", 7, 42), TaskRef("jsonl:" + "ab" * 32, "", 0, 3)]
+    rescue_env = wire.encode_heartbeat(rescue_hb, a)
+    out["heartbeat_rescue_valid"] = accept(
+        "heartbeat_rescue_valid", "A heartbeat with the optional key 'rescue': two TaskRefs the sender asks peers "
+        "to answer (placed between 'peer' and 'rmean').", rescue_env, SEED_A, "heartbeat")
+    out["reject_rescue_empty"] = reject(
+        "reject_rescue_empty", "heartbeat_rescue_valid with an empty 'rescue' array (a sender leaves the key out).",
+        _mutate_heartbeat(rescue_env, lambda r: r.__setitem__("rescue", [])), "schema", expected_kind="heartbeat")
+    out["reject_rescue_too_many"] = reject(
+        "reject_rescue_too_many", f"heartbeat_rescue_valid with {wire.MAX_RESCUE_REFS + 1} TaskRefs in 'rescue', one "
+        "more than MAX_RESCUE_REFS.",
+        _mutate_heartbeat(rescue_env, lambda r: r.__setitem__(
+            "rescue", [["rg:chain_sum", "1a2b3c4d5e6f7a8b", 7, i] for i in range(wire.MAX_RESCUE_REFS + 1)])),
+        "too_large", expected_kind="heartbeat")
 
     # ---- envelope-level rejections
     e = unpack(chain_env)

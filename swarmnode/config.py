@@ -408,6 +408,51 @@ class ExpansionConfig(_Strict):
     )
 
 
+class RescueConfig(_Strict):
+    """Rescue of all-wrong groups (swarmnode/train/rescue.py; docs/guide/swarm.md "Rescue").
+
+    An own group (tree) with at least two leaves and no exact-correct leaf has no reward variance: it teaches
+    nothing. The node announces such questions (TaskRefs) in its heartbeats (SPEC.md §5.3 ``rescue``); a peer
+    with spare budget samples them with its own policy and publishes the trees that have a correct leaf as
+    ordinary signed bundles; the asker re-scores them and merges the correct leaves into its own all-wrong group
+    (Mutual RL, arXiv 2605.07244; LUFFY arXiv 2504.14945: off-policy correct completions mixed into on-policy
+    groups). The helper does not train on what it answers."""
+
+    enabled: bool = Field(
+        False, description="announce our all-wrong questions in heartbeats (the optional heartbeat key 'rescue', "
+        "SPEC.md §5.3), answer peers' and merge their correct completions. Default false"
+    )
+    max_requests: int = Field(
+        4, ge=1, le=8, description="questions (TaskRefs) announced per heartbeat, the newest pending ones (at most "
+        "the wire limit MAX_RESCUE_REFS = 8). Default 4"
+    )
+    max_age_steps: int = Field(
+        4, ge=1, description="steps an own all-wrong group waits for a peer's answer before it expires. Default 4"
+    )
+    answer_prompts: int = Field(
+        2, ge=0, description="spare budget: peers' questions this node samples per step (each one group of "
+        "sampling.num_generations completions); 0 = never answer. Default 2"
+    )
+    max_answers_per_peer: int = Field(
+        1, ge=1, description="questions of one asker answered per step. Default 1"
+    )
+    max_merged: int = Field(
+        4, ge=1, description="peer completions our verifier finds exactly correct merged into one own all-wrong "
+        "group. Default 4"
+    )
+    min_standing: int = Field(
+        1, ge=0, description="earned standing (useful trees we trained on, swarm/peers.py) an asker needs to be "
+        "answered; 0 answers anyone. Default 1"
+    )
+    skip_after_failures: int = Field(
+        3, ge=1, description="an asker whose answered questions got no correct leaf from us this many times in a "
+        "row is skipped for skip_steps steps (questions no one can solve cost the asker, not us). Default 3"
+    )
+    skip_steps: int = Field(
+        8, ge=1, description="steps such an asker is skipped. Default 8"
+    )
+
+
 class SwarmConfig(_Strict):
     """Swarm membership and gossip (off for a solo node)."""
 
@@ -515,6 +560,10 @@ class SwarmConfig(_Strict):
         default_factory=lambda: ExpansionConfig(),
         description="cross-node tree expansion: continue re-verified peer prefixes with our policy "
         "(rollout/expansion.py)",
+    )
+    rescue: RescueConfig = Field(
+        default_factory=lambda: RescueConfig(),
+        description="rescue: peers answer the questions this node got all wrong (train/rescue.py)",
     )
     rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")

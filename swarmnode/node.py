@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -66,11 +66,21 @@ from swarmnode.rundir import (
 from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.curriculum import LocalRates, PeerRates, curriculum_weights, tally_votes
 from swarmnode.tasks.mix import TaskMix, stream_for_peer
+from swarmnode.tasks.partition import is_heldout_question
 from swarmnode.tasks.steps import check_steps
 from swarmnode.train.batch import compose_batch, samples_from_trees, trained_groups_by_peer
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.train.external import process_external
 from swarmnode.train.off_policy import make_token_weight_fn
+from swarmnode.train.rescue import (
+    CORRECT_THRESHOLD,
+    RESCUE_GROUP_SUFFIX,
+    MergedGroup,
+    RescueBook,
+    RescueHelper,
+    is_all_wrong,
+    merge_rescue,
+)
 from swarmnode.train.screen import SCREEN_REASON, LikelihoodScreen
 from swarmnode.train.checkpoint import (
     ALLOW_CHANGE_FLAG,
@@ -137,6 +147,22 @@ class SwarmHook(SwarmProbe, Protocol):
 
     def maddrs(self) -> list[str]:
         """Multiaddrs other nodes can bootstrap from (the CLI prints them)."""
+
+
+@runtime_checkable
+class RescueSwarm(Protocol):
+    """The three swarm-layer methods of rescue (``swarm.rescue``; docs/guide/swarm.md "Rescue"). A
+    :class:`SwarmHook` without them (an older wrapper) still runs: the node then skips rescue."""
+
+    def announce_rescue(self, refs: Sequence[TaskRef] | None) -> None:
+        """The questions (TaskRefs) we got all wrong, for our next heartbeats. Never raises."""
+
+    def rescue_requests(self) -> list[tuple[str, TaskRef]]:
+        """Peers' requests ``(peer_id, TaskRef)`` from their newest valid heartbeats (untrusted; each may carry
+        a ``standing`` attribute, the asker's earned standing). Never raises."""
+
+    def publish_rescue(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
+        """Publish our scored answers (each with a correct leaf) as ordinary signed bundles; returns metrics."""
 
 
 _T = TypeVar("_T")
@@ -308,6 +334,11 @@ class Node:
             self.base_model_id = str(ckpt.extra.get("base_model_id", self.base_model_id))
             log.info("resumed from %s at step %d", ckpt.path, self.step)
         self.local_rates = LocalRates(cfg.swarm.curriculum.window_steps)  # our recent per-task success (curriculum)
+        rc = cfg.swarm.rescue
+        # rescue (train/rescue.py): our pending all-wrong groups, and which peers' questions we answer
+        self.rescue_book = RescueBook(rc.max_age_steps, cfg.sampling.prompts_per_step * (rc.max_age_steps + 1))
+        self.rescue_helper = RescueHelper(rc, answered_ttl_steps=4 * rc.max_age_steps)
+        self.rescue_totals = {"all_wrong": 0, "rescued": 0}  # since this process started
         self.token_weight_fn = make_token_weight_fn(cfg.swarm)
         self.screen = LikelihoodScreen.from_config(
             cfg.swarm.screen,
@@ -542,6 +573,114 @@ class Node:
         return StepCredit(self.tasks.get, self.policy.tokenizer, mask=t.step_credit == "mask",
                           weight=t.step_reward_weight)
 
+    # ------------------------------------------------------------------ rescue
+    def _rescue_swarm(self) -> RescueSwarm | None:
+        """The swarm layer as rescue uses it, or None (no swarm, rescue off, or a hook without the methods)."""
+        if self.swarm is None or not self.cfg.swarm.rescue.enabled or not isinstance(self.swarm, RescueSwarm):
+            return None
+        return self.swarm
+
+    def answer_rescue(self, step: int, m: dict[str, Any]) -> None:
+        """The helper's side of rescue: answer at most ``swarm.rescue.answer_prompts`` of the peers' requests
+        (:class:`~swarmnode.train.rescue.RescueHelper` decides which), sampled with our policy and sampling config,
+        scored by our verifier; the trees with an exactly correct leaf are published (``publish_rescue``). We do
+        not train on them. Metrics into ``m``: ``rescue/requests_seen``, ``rescue/answered`` (trees published),
+        ``rescue/answered_leaves_correct`` and the refusal counts. A failure is logged and dropped."""
+        swarm = self._rescue_swarm()
+        if swarm is None:
+            return
+        reqs = swarm.rescue_requests()
+        m["rescue/requests_seen"] = len(reqs)
+        m["rescue/answered"] = m["rescue/answered_leaves_correct"] = 0
+        heldout_cache: dict[TaskRef, bool] = {}
+
+        def is_heldout(ref: TaskRef) -> bool:
+            if ref not in heldout_cache:
+                try:
+                    heldout_cache[ref] = is_heldout_question(self.tasks.get(ref).question, self.tasks.eval_fraction)
+                except (KeyError, ValueError, TypeError, IndexError):
+                    heldout_cache[ref] = False  # not regenerable: contains() refuses it as not our task
+            return heldout_cache[ref]
+
+        chosen, cm = self.rescue_helper.select(
+            reqs, step, source_known=lambda r: self.tasks.source_index(r) is not None, is_heldout=is_heldout,
+            contains=self.tasks.contains)
+        m.update(cm)
+        if not chosen:
+            return
+        try:
+            with self.timer.phase("rescue_answer"):
+                tasks = [self.tasks.get(ref) for _, ref in chosen]
+                gen = torch.Generator(device="cpu").manual_seed((self.cfg.seed * 1_000_003 + step) % (2**63) ^ 0x5E5C)
+                trees = generate_rollouts(self.backend, self.policy.tokenizer, [self._prompt_spec(t) for t in tasks],
+                                          self.cfg.sampling, policy_version=step, generator=gen)
+                self.tokens_generated += sum(t.generated_tokens() for t in trees)
+                outcomes: dict[str, bool] = {}
+                answers: list[RolloutTree] = []
+                for (peer, _), task, tree in zip(chosen, tasks, trees):
+                    tree.model_id, tree.tokenizer_id = self.base_model_id, self.policy.tokenizer_id
+                    tree = tree.without_pruned()
+                    n_ok = 0
+                    for leaf in tree.leaves():
+                        d = self.tasks.score_detail(task, tree.completion_text(leaf))
+                        tree.nodes[leaf].reward = d["reward"]
+                        n_ok += int(d["correct"] >= CORRECT_THRESHOLD)
+                    tree.update_stats()
+                    outcomes[peer] = outcomes.get(peer, False) or n_ok > 0
+                    if n_ok:
+                        answers.append(tree)
+                        m["rescue/answered_leaves_correct"] += n_ok
+                self.rescue_helper.record(outcomes, step)
+                if answers:
+                    # as publish: off the main thread, watched (it waits for the verifier's lock)
+                    pm = self._watched(lambda: swarm.publish_rescue(answers, step, policy_version=step),
+                                       "publish_rescue", dict)
+                    m.update(pm)
+                    m["rescue/answered"] = int(pm.get("rescue/published_trees", len(answers)))
+        except _EXTERNAL_FAILURES as e:
+            m["rescue/failed"] = 1
+            log.warning("step %d: answering %d rescue requests failed (%s: %s); skipped", step + 1, len(chosen),
+                        type(e).__name__, str(e)[:200])
+
+    def merge_rescued(self, rescue_cands: list[PeerTree], m: dict[str, Any]) -> list[MergedGroup]:
+        """The asker's side of rescue: merge the peer trees of our pending questions into our stored all-wrong
+        groups (:func:`~swarmnode.train.rescue.merge_rescue`), at most ``swarm.rescue.max_requests`` groups a step;
+        a merged entry leaves the book. Metrics into ``m``: ``rescue/merged`` (groups), ``rescue/merged_samples``."""
+        cfg = self.cfg
+        by_key: dict[str, list[PeerTree]] = {}
+        for pt in rescue_cands:
+            by_key.setdefault(pt.task_key, []).append(pt)
+        out: list[MergedGroup] = []
+        for key, pts in by_key.items():
+            if len(out) >= cfg.swarm.rescue.max_requests:
+                break
+            entry = self.rescue_book.get(key)
+            if entry is None:
+                continue
+            task = self.tasks.get(entry.ref)
+
+            def score(text: str, task=task) -> tuple[bool, float]:
+                d = self.tasks.score_detail(task, text, external=True)
+                return d["correct"] >= CORRECT_THRESHOLD, d["reward"]
+
+            try:
+                g = merge_rescue(entry, pts, score, max_merged=cfg.swarm.rescue.max_merged,
+                                 estimator=cfg.train.advantage_estimator, scale_rewards=cfg.train.scale_rewards,
+                                 std_floor=cfg.train.advantage_std_floor,
+                                 mask_truncated=cfg.train.mask_truncated_completions,
+                                 max_len=cfg.swarm.max_external_completion_length or cfg.sampling.max_completion_length,
+                                 our_model_id=self.base_model_id, our_tokenizer_id=self.policy.tokenizer_id)
+            except _EXTERNAL_FAILURES as e:
+                log.warning("rescue: merging %d peer trees of %s failed (%s: %s); skipped", len(pts), key,
+                            type(e).__name__, str(e)[:200])
+                continue
+            if g is not None:
+                out.append(g)
+                self.rescue_book.take(key)
+        m["rescue/merged"] = len(out)
+        m["rescue/merged_samples"] = sum(len(g.own) + len(g.peer) for g in out)
+        return out
+
     # ------------------------------------------------------------------ the round
     def run_step(self) -> StepResult:
         """One round: draw -> sample -> score -> publish -> gather -> process -> update (-> checkpoint)."""
@@ -576,8 +715,10 @@ class Node:
         with self.timer.phase("score"):
             correct, fmt, n_leaves = 0.0, 0.0, 0
             success: dict[str, list[int]] = {}  # task key -> [leaves, correct leaves] (the curriculum's counts)
+            all_wrong: list[RolloutTree] = []  # own groups with no exact-correct leaf (rescue)
             for task, tree in zip(tasks, trees):
                 counts = success.setdefault(self.tasks.source_key(self.tasks.source_index(task.ref)), [0, 0])
+                leaf_correct = []
                 for leaf in tree.leaves():
                     d = self.tasks.score_detail(task, tree.completion_text(leaf))
                     tree.nodes[leaf].reward = d["reward"]
@@ -585,17 +726,34 @@ class Node:
                     fmt += d["format"]
                     n_leaves += 1
                     counts[0] += 1
-                    counts[1] += int(d["correct"] >= 1.0)
+                    counts[1] += int(d["correct"] >= CORRECT_THRESHOLD)
+                    leaf_correct.append(d["correct"])
                 tree.update_stats()
+                if is_all_wrong(leaf_correct):
+                    all_wrong.append(tree)
         self.note_success(success)  # our per-task success: the curriculum's own vote, and what our heartbeats carry
         labels = self._labels_by_key
         for key, (n, c) in success.items():  # per-task local leaves and exact-correct leaves (task-mix-aware reports)
             m[f"task/{labels.get(key, key)}/leaves"] = n
             m[f"task/{labels.get(key, key)}/correct"] = c
         self.tokens_generated += gen_tokens
+        rescue_swarm = self._rescue_swarm()
+        if rescue_swarm is not None:  # hold our all-wrong groups and announce the newest (next heartbeats)
+            rc = cfg.swarm.rescue
+            m.update({f"rescue/{k}": 0 for k in (
+                "requests_seen", "answered", "answered_leaves_correct", "merged", "merged_samples", "refused_heldout",
+                "refused_task", "refused_standing", "refused_budget", "refused_skipped", "refused_repeat")})
+            m["rescue/expired"] = self.rescue_book.expire(step)
+            for tree in all_wrong:
+                self.rescue_book.add(tree, step)
+            self.rescue_totals["all_wrong"] += len(all_wrong)
+            asked = self.rescue_book.refs(rc.max_requests)
+            rescue_swarm.announce_rescue(asked)
+            m["rescue/asked"] = len(asked)
 
         # 4. publish, 5. gather (swarm only); a swarm-layer stall the monitor flags is acted on here
         candidates: list[PeerTree] = []
+        rescue_cands: list[PeerTree] = []
         if self.swarm is not None:
             swarm = self.swarm
             with self.timer.phase("gossip"):
@@ -604,7 +762,13 @@ class Node:
                 with self.timer.phase("verify"):
                     candidates, sm = swarm.gather(step, policy_version=step)
                     m.update(sm)
+                if rescue_swarm is not None:  # answers to our pending questions leave normal external processing
+                    rescue_cands = [c for c in candidates if c.task_key in self.rescue_book]
+                    candidates = [c for c in candidates if c.task_key not in self.rescue_book]
+                    self.answer_rescue(step, m)  # spare budget: peers' questions, sampled, scored, published
             self._act_on_stall_flag()
+        rescued = self.merge_rescued(rescue_cands, m) if rescue_cands else []
+        rescue_peer = [s for g in rescued for s in g.peer]
 
         # 6. process: local advantages from the local trees; each external group normalized within its own
         #    source (peer, task), bounded in tokens and length, screened by likelihood, capped in share
@@ -655,6 +819,7 @@ class Node:
                 log.warning("step %d: processing %d external trees failed (%s: %s); training on local samples only",
                             step + 1, len(candidates), type(e).__name__, str(e)[:200])
         screened_out: set[str] = set()
+        external += rescue_peer  # rescue answers meet the screen with the other external samples
         if cfg.swarm.screen.enabled and self.swarm is not None:
             # our own completions of this step join the reference, then peers' are scored against it
             self.screen.observe(tree.completion_logprobs(leaf) for tree in trees for leaf in tree.leaves())
@@ -673,7 +838,22 @@ class Node:
                     log.warning("step %d: screening %d external samples failed (%s: %s); training on local samples "
                                 "only", step + 1, len(external), type(e).__name__, str(e)[:200])
                     external = []
+        rescue_kept = [s for s in external if s.group_id.endswith(RESCUE_GROUP_SUFFIX)]
+        external = [s for s in external if not s.group_id.endswith(RESCUE_GROUP_SUFFIX)]
         batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
+        trained_rescue: list[MergedGroup] = []
+        if rescued:
+            # a merged group trains only with a peer sample the screen kept; added after the external cap (bounded
+            # by max_requests x (max_merged + our group's leaves)), as expansions are
+            kept_ids = {id(s) for s in rescue_kept}
+            for g in rescued:
+                peer = [s for s in g.peer if id(s) in kept_ids]
+                if peer:
+                    batch += g.own + peer
+                    trained_rescue.append(g)
+            m["rescue/merged"] = len(trained_rescue)
+            m["rescue/merged_samples"] = sum(len(g.own) + len([s for s in g.peer if id(s) in kept_ids])
+                                             for g in trained_rescue)
         if cfg.swarm.expansion.enabled and candidates:
             # continue re-verified peers' promising prefixes with our policy: the prefix is context only, the
             # continuation is ours (on-policy, our log-probs, our verifier's rewards), so it trains as local
@@ -695,7 +875,8 @@ class Node:
                 m["external/failed_samples"] = len(external_used)
                 log.warning("step %d: training on %d external samples failed (%s: %s); redoing the step on local "
                             "samples only", step + 1, len(external_used), type(e).__name__, str(e)[:200])
-                batch = [s for s in batch if s.is_local]
+                # our wrong leaves of a rescued group lose their contrast with the peers' leaves: out too
+                batch = [s for s in batch if s.is_local and not s.group_id.endswith(RESCUE_GROUP_SUFFIX)]
                 external_used = []
                 tm = self.trainer.step(batch, token_weight_fn=None)
             sync_weights(self.backend, self.policy.model)  # no-op for hf; in-place weight load for vllm
@@ -705,6 +886,14 @@ class Node:
         if external_used and updated and judged and self.swarm is not None:
             for peer, n in trained_groups_by_peer(external, batch).items():
                 self.swarm.credit(peer, n)
+            for g in trained_rescue:
+                for peer in g.peers:  # a rescued group is a useful tree of each peer that answered it
+                    self.swarm.credit(peer, 1)
+        if rescue_swarm is not None:
+            self.rescue_totals["rescued"] += len(trained_rescue) if updated and external_used else 0
+            m["rescue/pending"] = len(self.rescue_book)
+            m["rescue/all_wrong_total"] = self.rescue_totals["all_wrong"]
+            m["rescue/rescued_total"] = self.rescue_totals["rescued"]
         self.step += 1
 
         if self.save_due():

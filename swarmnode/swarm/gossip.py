@@ -24,7 +24,10 @@ Publisher thread
     ``heartbeat_interval`` seconds (``swarmnode peers`` reads them). With ``swarm.curriculum.enabled`` the
     heartbeat carries our per-task success counts (``share_task_rates``; SPEC.md §5.3 ``rates``) and the thread
     reads the swarm's heartbeats every ``heartbeat_interval`` seconds, keeping each peer's newest valid rates
-    (signature, owner, swarm id, allowlist, time checks) for ``peer_task_rates``.
+    (signature, owner, swarm id, allowlist, time checks) for ``peer_task_rates``. With ``swarm.rescue.enabled``
+    the heartbeat carries the questions we got all wrong (``announce_rescue``; SPEC.md §5.3 ``rescue``), and
+    the same reads keep each peer's newest valid requests for ``rescue_requests``; ``publish_rescue`` publishes
+    our answers to them (docs/guide/swarm.md "Rescue").
 
 Fetcher thread (every ``poll_interval`` seconds)
     reads the records of the current and the previous bucket (all of the last ``swarm.read_buckets`` buckets
@@ -120,11 +123,11 @@ from swarmnode.config import RunConfig
 from swarmnode.swarm import wire
 from swarmnode.swarm.dht import SwarmDHT, parse_multiaddr
 from swarmnode.swarm.identity import Identity, load_or_create, peer_id_from_public_key
-from swarmnode.swarm.prune import PruneRule, prune_trees
+from swarmnode.swarm.prune import PruneRule, prune_tree, prune_trees
 from swarmnode.swarm.transport import BundleServer, BundleStore
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.swarm.verify import Rejection, Verifier, special_token_ids
-from swarmnode.tasks.base import Scorer, Task
+from swarmnode.tasks.base import Scorer, Task, TaskRef
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +135,7 @@ __all__ = [
     "SWARM_INFO_FILE",
     "P2P_KEY_FILE",
     "AcceptedBundle",
+    "RescueRequest",
     "SwarmClient",
     "build_swarm",
     "default_identity_path",
@@ -163,6 +167,24 @@ _KNOWN_PUBLISHERS_READ = 32
 _NEW_OWNERS_PER_POLL = 16
 _SHARED_READ_SOFT_BYTES = 256 * 1024
 _MAX_OWNER_KEYS = 4096
+
+
+class RescueRequest(tuple):
+    """One question a peer asks to be answered (``SwarmClient.rescue_requests``): the pair ``(peer_id, ref)``,
+    plus ``standing``, the asker's earned standing in our PeerBook when the list was made (int >= 0)."""
+
+    def __new__(cls, peer_id: str, ref: TaskRef, standing: int = 0) -> "RescueRequest":
+        obj = super().__new__(cls, (peer_id, ref))
+        obj.standing = int(standing)
+        return obj
+
+    @property
+    def peer_id(self) -> str:
+        return self[0]
+
+    @property
+    def ref(self) -> TaskRef:
+        return self[1]
 
 
 _fork_hook_installed = False
@@ -294,6 +316,38 @@ def _has_contrast(vt: PeerTree) -> bool:
     except ValueError:
         return False
     return len(r) >= 2 and max(r) - min(r) > 1e-9
+
+
+def _flat_subtree(tree: RolloutTree, max_leaves: int) -> RolloutTree | None:
+    """The subtree of ``tree``'s first ``max_leaves`` scored leaves of distinct completion text (node order), for a
+    rescue answer without reward contrast; ``None`` when no leaf is scored."""
+    kept: list[int] = []
+    seen: set[str] = set()
+    for lid in tree.leaves():
+        n = tree.nodes[lid]
+        if n.reward is None or not math.isfinite(float(n.reward)) or n.finish_reason in (None, "pruned"):
+            continue
+        text = tree.completion_text(lid)
+        if text in seen:
+            continue
+        seen.add(text)
+        kept.append(lid)
+        if len(kept) >= max_leaves:
+            break
+    return tree.subtree(kept) if kept else None
+
+
+def _fitting_heartbeat(beat: wire.Heartbeat, identity: Identity) -> bytes | None:
+    """``beat`` encoded and signed; when it exceeds ``wire.MAX_HEARTBEAT_BYTES``, rescue refs are dropped from the
+    end (then the key) until it fits. ``None`` (logged) when even that fails."""
+    while True:
+        try:
+            return wire.encode_heartbeat(beat, identity)
+        except wire.WireError as e:
+            if e.reason != "too_large" or not beat.rescue:
+                log.error("cannot encode our heartbeat: %s", e)
+                return None
+            beat.rescue = beat.rescue[:-1] or None
 
 
 class SwarmClient:
@@ -493,11 +547,15 @@ class SwarmClient:
         self._rejected: Counter[str] = Counter()
         self._rejected_reported: Counter[str] = Counter()
         self._hb: dict[str, Any] = {"step": 0, "reward_mean": None, "accuracy": None, "npub": 0, "nacc": 0, "nrej": 0,
-                                    "rates": None}
+                                    "rates": None, "rescue": None}
         self._last_hb = -math.inf
         cur = getattr(self.scfg, "curriculum", None)
         self.curriculum_enabled = bool(getattr(cur, "enabled", False))
         self._peer_rates: OrderedDict[str, tuple[float, float, dict]] = OrderedDict()  # peer -> (t, first seen, rates)
+        res = getattr(self.scfg, "rescue", None)
+        self.rescue_enabled = bool(getattr(res, "enabled", False))
+        # peer -> (signed time, first seen (monotonic), TaskRefs it asks for); bounded like _peer_rates
+        self._peer_rescue: OrderedDict[str, tuple[float, float, list[TaskRef]]] = OrderedDict()
         self._last_rates_read = -math.inf
         self._was_connected = False
         self._threads: list[threading.Thread] = []
@@ -665,6 +723,76 @@ class SwarmClient:
             out.append(PeerRates(peer_id=pid, rates=dict(rates), age_s=age, standing=self.peers.earned(pid)))
         return out
 
+    def announce_rescue(self, refs: Sequence[TaskRef] | None) -> None:
+        """The questions (TaskRefs) we got all wrong, for our next heartbeats (SPEC.md §5.3 ``rescue``;
+        ``swarm.rescue.enabled`` only). Non-TaskRefs, duplicates and refs the codec would refuse are left out;
+        at most ``swarm.rescue.max_requests`` (and ``wire.MAX_RESCUE_REFS``) are kept, the first ones given; if
+        the heartbeat would exceed ``wire.MAX_HEARTBEAT_BYTES`` the last ones are dropped when it is built.
+        ``None`` or ``[]`` sends heartbeats without the key. Never raises."""
+        limit = wire.MAX_RESCUE_REFS
+        res = getattr(self.scfg, "rescue", None)
+        limit = min(limit, int(getattr(res, "max_requests", limit)))
+        clean: list[TaskRef] = []
+        for r in refs or []:
+            if not isinstance(r, TaskRef) or r in clean:
+                continue
+            try:
+                wire._task_ref(wire._enc_task(r, "rescue"), "rescue")  # the receiver's bounds
+            except wire.WireError:
+                continue
+            clean.append(r)
+            if len(clean) >= limit:
+                break
+        with self._lock:
+            self._hb["rescue"] = clean or None
+
+    def rescue_refs(self) -> list[TaskRef]:
+        """The TaskRefs our heartbeats announce now (``announce_rescue``; empty with rescue off)."""
+        with self._lock:
+            return list(self._hb["rescue"] or []) if self.rescue_enabled else []
+
+    def rescue_requests(self) -> list[RescueRequest]:
+        """The questions peers ask us to answer, from their newest valid heartbeats (``swarm.rescue.enabled``
+        only; read on the curriculum's cadence, every ``heartbeat_interval`` seconds): one
+        :class:`RescueRequest` ``(peer_id, TaskRef)`` per ref, with the asker's earned standing. Left out:
+        banned peers, ourselves, and heartbeats older than ``swarm.freshness_seconds`` (from when WE first read
+        them). Untrusted claims: the node decides what it answers (``swarmnode/train/rescue.py``). Bounded: at
+        most ``_MAX_RATE_PEERS`` askers (``_MAX_UNEARNED_RATE_PEERS`` of them without standing) x
+        ``wire.MAX_RESCUE_REFS`` refs. Never raises."""
+        if not self.rescue_enabled:
+            return []
+        now, now_wall = time.monotonic(), time.time()
+        skew, fresh = float(self.scfg.max_clock_skew), float(self.scfg.freshness_seconds)
+        with self._lock:
+            items = list(self._peer_rescue.items())
+        out: list[RescueRequest] = []
+        for pid, (t, seen, refs) in items:
+            if self.peers.is_banned(pid) or max(now - seen, now_wall - t - skew) > fresh:
+                continue
+            standing = self.peers.earned(pid)
+            out.extend(RescueRequest(pid, r, standing) for r in refs)
+        return out
+
+    def publish_rescue(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
+        """Publish our answers to peers' rescue requests: scored trees of their questions, each with at least one
+        leaf our verifier found exactly correct (the node sends only those), as ordinary signed bundles.
+
+        Pruning as :meth:`publish` (``swarm.prune``), except that a tree without reward contrast (every leaf
+        correct) is not dropped: its first ``max_leaves`` leaves of distinct text are published (the asker
+        brings the contrast: its own wrong leaves). The byte and tree caps of :meth:`publish` hold. Does not
+        touch the heartbeat's step or reward mean. Returns ``rescue/published_trees``,
+        ``rescue/published_leaves`` and ``rescue/published_bytes``. Never raises on network trouble."""
+        pruned: list[RolloutTree] = []
+        for t in trees:
+            p = prune_tree(t, self.prune_rule)
+            if p is None:
+                p = _flat_subtree(t, self.prune_rule.max_leaves)
+            if p is not None:
+                pruned.append(p)
+        n_trees, n_leaves, n_bytes, _ = self._publish_pruned(pruned, int(policy_version))
+        return {"rescue/published_trees": n_trees, "rescue/published_leaves": n_leaves,
+                "rescue/published_bytes": n_bytes}
+
     def _read_peer_rates(self) -> None:
         """Read the swarm's heartbeats and keep each peer's newest valid rates (publisher thread)."""
         self.note_peer_rates(self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.dht_timeout))
@@ -697,7 +825,9 @@ class SwarmClient:
             except wire.WireError:
                 continue
             if (env.public_key != owner or not isinstance(hb, wire.Heartbeat) or hb.swarm_id != self.swarm_id
-                    or hb.peer_id == self.peer_id or not hb.task_rates):
+                    or hb.peer_id == self.peer_id):
+                continue
+            if not (hb.task_rates or (self.rescue_enabled and (hb.rescue or hb.peer_id in self._peer_rescue))):
                 continue
             if not heartbeat_time_ok(hb.created_at, now_wall, self.scfg.max_clock_skew, self.scfg.freshness_seconds):
                 continue
@@ -705,18 +835,25 @@ class SwarmClient:
                 continue
             with self._lock:
                 prev = self._peer_rates.get(hb.peer_id)
-                if prev is not None and prev[0] >= hb.created_at:
-                    continue
-                self._peer_rates[hb.peer_id] = (hb.created_at, now, dict(hb.task_rates))
-                self._peer_rates.move_to_end(hb.peer_id)
-        with self._lock:
-            held = list(self._peer_rates)
-        unearned = [p for p in held if self.peers.earned(p) <= 0]  # least recently updated first
-        with self._lock:
-            for p in unearned[: max(0, len(unearned) - _MAX_UNEARNED_RATE_PEERS)]:
-                self._peer_rates.pop(p, None)
-            while len(self._peer_rates) > _MAX_RATE_PEERS:
-                self._peer_rates.popitem(last=False)
+                if hb.task_rates and (prev is None or prev[0] < hb.created_at):
+                    self._peer_rates[hb.peer_id] = (hb.created_at, now, dict(hb.task_rates))
+                    self._peer_rates.move_to_end(hb.peer_id)
+                prev_r = self._peer_rescue.get(hb.peer_id)
+                if self.rescue_enabled and (prev_r is None or prev_r[0] < hb.created_at):
+                    if hb.rescue:
+                        self._peer_rescue[hb.peer_id] = (hb.created_at, now, list(hb.rescue))
+                        self._peer_rescue.move_to_end(hb.peer_id)
+                    else:  # a newer heartbeat without the key: the peer asks for nothing now
+                        self._peer_rescue.pop(hb.peer_id, None)
+        for book in (self._peer_rates, self._peer_rescue):
+            with self._lock:
+                held = list(book)
+            unearned = [p for p in held if self.peers.earned(p) <= 0]  # least recently updated first
+            with self._lock:
+                for p in unearned[: max(0, len(unearned) - _MAX_UNEARNED_RATE_PEERS)]:
+                    book.pop(p, None)
+                while len(book) > _MAX_RATE_PEERS:
+                    book.popitem(last=False)
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -764,6 +901,15 @@ class SwarmClient:
                                        if rewards else None)
         pruned, pst = prune_trees(trees, self.prune_rule)
         m: dict[str, Any] = pst.as_metrics()
+        n_trees, n_leaves, n_bytes, n_manifest_bytes = self._publish_pruned(pruned, int(policy_version))
+        m.update(self._deltas(["bundles_published", "publish_errors"]))
+        m.update({"swarm/published_trees": n_trees, "swarm/published_leaves": n_leaves,
+                  "swarm/published_bytes": n_bytes, "swarm/manifest_bytes": n_manifest_bytes,
+                  "swarm/publish_s": time.perf_counter() - t0})
+        return m
+
+    def _publish_pruned(self, pruned: list[RolloutTree], policy_version: int) -> tuple[int, int, int, int]:
+        """Sign, serve and announce already pruned trees; returns (trees, leaves, bundle bytes, manifest bytes)."""
         n_bytes = n_manifest_bytes = n_leaves = n_trees = 0
         now = time.time()
         for envelope, bundle in self._bundles(pruned, int(policy_version), now):
@@ -789,11 +935,7 @@ class SwarmClient:
             n_trees += len(bundle.trees)
         if n_trees:
             self._wake_publisher.set()
-        m.update(self._deltas(["bundles_published", "publish_errors"]))
-        m.update({"swarm/published_trees": n_trees, "swarm/published_leaves": n_leaves,
-                  "swarm/published_bytes": n_bytes, "swarm/manifest_bytes": n_manifest_bytes,
-                  "swarm/publish_s": time.perf_counter() - t0})
-        return m
+        return n_trees, n_leaves, n_bytes, n_manifest_bytes
 
     def _bundles(self, trees: list[RolloutTree], policy_version: int,
                  now: float) -> list[tuple[bytes, wire.RolloutBundle]]:
@@ -892,11 +1034,13 @@ class SwarmClient:
                                   step=hb["step"], reward_mean=hb["reward_mean"], accuracy=hb["accuracy"],
                                   samples_published=hb["npub"], samples_accepted=hb["nacc"],
                                   samples_rejected=hb["nrej"], created_at=time.time(),
-                                  task_rates=hb["rates"] if self.curriculum_enabled else None)
-            if self.dht.publish_heartbeat(self.swarm_id, wire.encode_heartbeat(beat, self.identity),
-                                          timeout=self.scfg.dht_timeout):
+                                  task_rates=hb["rates"] if self.curriculum_enabled else None,
+                                  rescue=list(hb["rescue"] or []) or None if self.rescue_enabled else None)
+            data = _fitting_heartbeat(beat, self.identity)
+            if data is not None and self.dht.publish_heartbeat(self.swarm_id, data, timeout=self.scfg.dht_timeout):
                 self._last_hb = time.monotonic()
-        if self.curriculum_enabled and time.monotonic() - self._last_rates_read >= self.heartbeat_interval:
+        if ((self.curriculum_enabled or self.rescue_enabled)
+                and time.monotonic() - self._last_rates_read >= self.heartbeat_interval):
             self._last_rates_read = time.monotonic()
             self._read_peer_rates()
 
@@ -1471,6 +1615,7 @@ class SwarmClient:
         self._carry = []
         if not items:
             return [], 0, dropped
+        asked = {r.key() for r in self.rescue_refs()}
         by_peer: dict[str, list[int]] = {}
         for i, (_, vt, _) in enumerate(items):
             by_peer.setdefault(vt.peer_id, []).append(i)
@@ -1479,7 +1624,8 @@ class SwarmClient:
         young: dict[str, list[int]] = {}
         for peer, idx in by_peer.items():
             if self.peers.is_young(peer, self.established_after):
-                flat = {i for i in idx if not _has_contrast(items[i][1])}
+                # an answer to a question we asked carries no contrast of its own (our wrong leaves bring it)
+                flat = {i for i in idx if not _has_contrast(items[i][1]) and items[i][1].task_key not in asked}
                 if flat:  # no advantage, nothing to train: such trees take no slot of the young pool
                     gone |= flat
                     idx = [i for i in idx if i not in flat]

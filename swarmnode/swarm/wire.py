@@ -70,6 +70,8 @@ MAX_HEARTBEAT_BYTES = 4 * 1024
 MAX_BYTES_BY_KIND = {KIND_BUNDLE: MAX_ENVELOPE_BYTES, KIND_MANIFEST: MAX_MANIFEST_BYTES,
                      KIND_HEARTBEAT: MAX_HEARTBEAT_BYTES}
 MAX_TREES_PER_BUNDLE = 64
+MAX_RESCUE_REFS = 8
+"""TaskRefs in a heartbeat's optional ``rescue`` key (SPEC.md §5.3): the questions a node asks peers to answer."""
 MAX_NODES_PER_TREE = 1024
 """Nodes per tree, the root included."""
 MAX_NODES_PER_BUNDLE = 16384
@@ -273,6 +275,9 @@ class Heartbeat:
             ``(n, k)``, ``n`` leaves of which ``k`` were correct, ``1 <= n <= MAX_RATE_COUNT``, ``0 <= k <= n``,
             at most ``MAX_RATE_TASKS`` keys of at most ``MAX_TASK_KEY_BYTES`` bytes. ``None`` (or empty): the key
             ``rates`` is absent from the body, which is then byte for byte a heartbeat without rates.
+        rescue: optional TaskRefs of questions the sender got all wrong and asks peers to answer (rescue,
+            ``swarmnode/train/rescue.py``): 1..``MAX_RESCUE_REFS`` distinct TaskRefs, a claim like every field.
+            ``None`` (or empty): the key ``rescue`` is absent from the body.
     """
 
     swarm_id: str
@@ -287,6 +292,7 @@ class Heartbeat:
     created_at: float
     version: int = PROTOCOL_VERSION
     task_rates: dict[str, tuple[int, int]] | None = None
+    rescue: list[TaskRef] | None = None
 
 
 Message = Union[RolloutBundle, Manifest, Heartbeat]
@@ -329,8 +335,22 @@ MANIFEST_KEYS = ("digest", "nleaves", "ntrees", "pub", "pv", "size", "swarm", "t
 HEARTBEAT_KEYS = ("acc", "model", "nacc", "npub", "nrej", "peer", "rmean", "step", "swarm", "t", "v")
 HEARTBEAT_RATES_KEYS = ("acc", "model", "nacc", "npub", "nrej", "peer", "rates", "rmean", "step", "swarm", "t", "v")
 """The heartbeat keys when the optional ``rates`` key is present (SPEC.md §5.3)."""
+HEARTBEAT_OPTIONAL_KEYS = ("rates", "rescue")
+"""Optional heartbeat keys (SPEC.md §3 rule 1, §5.3): each absent, or present with a valid non-empty value."""
 for _keys in (ENVELOPE_KEYS, BUNDLE_KEYS, TREE_KEYS, NODE_KEYS, MANIFEST_KEYS, HEARTBEAT_KEYS, HEARTBEAT_RATES_KEYS):
     assert tuple(sorted(_keys, key=lambda k: k.encode())) == _keys
+
+
+def heartbeat_keys(optional: Iterable[str] = ()) -> tuple[str, ...]:
+    """The heartbeat's keys in canonical (ascending byte) order with the given optional keys present.
+
+    Raises:
+        ValueError: a name that is not one of :data:`HEARTBEAT_OPTIONAL_KEYS`.
+    """
+    extra = set(optional)
+    if not extra <= set(HEARTBEAT_OPTIONAL_KEYS):
+        raise ValueError(f"unknown optional heartbeat keys {sorted(extra - set(HEARTBEAT_OPTIONAL_KEYS))}")
+    return tuple(sorted(HEARTBEAT_KEYS + tuple(extra), key=lambda k: k.encode()))
 
 
 def domain_prefix(kind: str, version: int = PROTOCOL_VERSION) -> bytes:
@@ -757,9 +777,24 @@ def _rates_from_raw(v: Any) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _rescue_from_raw(v: Any) -> list[TaskRef]:
+    """``heartbeat.rescue``: 1..MAX_RESCUE_REFS distinct TaskRefs (SPEC.md §3.1 encoding)."""
+    if not isinstance(v, list):
+        raise _fail("schema", f"heartbeat.rescue: expected an array of TaskRefs, got {_tname(v)}")
+    if not v:
+        raise _fail("schema", "heartbeat.rescue: an empty array is not allowed (leave the key out)")
+    if len(v) > MAX_RESCUE_REFS:
+        raise _fail("too_large", f"heartbeat.rescue: {len(v)} TaskRefs exceed the limit {MAX_RESCUE_REFS}")
+    out = [_task_ref(t, f"heartbeat.rescue[{i}]") for i, t in enumerate(v)]
+    if len(set(out)) != len(out):
+        raise _fail("schema", "heartbeat.rescue: a TaskRef appears twice")
+    return out
+
+
 def _heartbeat_from_raw(raw: Any, envelope_version: int | None, envelope_key: bytes | None) -> Heartbeat:
-    with_rates = isinstance(raw, dict) and "rates" in raw
-    m = _check_map(raw, HEARTBEAT_RATES_KEYS if with_rates else HEARTBEAT_KEYS, "heartbeat")
+    present = [k for k in HEARTBEAT_OPTIONAL_KEYS if isinstance(raw, dict) and k in raw]
+    with_rates, with_rescue = "rates" in present, "rescue" in present
+    m = _check_map(raw, heartbeat_keys(present), "heartbeat")
     version = _version(m["v"], "heartbeat.v", envelope_version)
     peer = _str(m["peer"], "heartbeat.peer", MAX_ID_BYTES, min_bytes=1)
     if envelope_key is not None and peer != peer_id_from_public_key(envelope_key):
@@ -775,9 +810,10 @@ def _heartbeat_from_raw(raw: Any, envelope_version: int | None, envelope_key: by
     nrej = _int(m["nrej"], "heartbeat.nrej")
     created = _float(m["t"], "heartbeat.t", 0.0, None)
     rates = _rates_from_raw(m["rates"]) if with_rates else None
+    rescue = _rescue_from_raw(m["rescue"]) if with_rescue else None
     return Heartbeat(swarm_id=swarm, peer_id=peer, model_id=model, step=step, reward_mean=rmean, accuracy=acc,
                      samples_published=npub, samples_accepted=nacc, samples_rejected=nrej, created_at=created,
-                     version=version, task_rates=rates)
+                     version=version, task_rates=rates, rescue=rescue)
 
 
 # msgpack limits per body kind: (max_str, max_bin, max_array, max_map, max_containers)
@@ -786,7 +822,10 @@ _BODY_LIMITS = {
                   max(MAX_TREES_PER_BUNDLE, MAX_NODES_PER_TREE, 4), 16,
                   2 + 3 * MAX_TREES_PER_BUNDLE + MAX_NODES_PER_BUNDLE),
     KIND_MANIFEST: (MAX_ID_BYTES, DIGEST_BYTES, max(MAX_TREES_PER_BUNDLE, 4), 16, 2 + MAX_TREES_PER_BUNDLE),
-    KIND_HEARTBEAT: (MAX_ID_BYTES, 0, MAX_RATE_TASKS, 16, 2 + MAX_RATE_TASKS),
+    # arrays: rates (its entries of 3), rescue (its TaskRefs of 4); containers: the body, rates and its
+    # entries, rescue and its TaskRefs
+    KIND_HEARTBEAT: (MAX_ID_BYTES, 0, max(MAX_RATE_TASKS, MAX_RESCUE_REFS, 4), 16,
+                     3 + MAX_RATE_TASKS + MAX_RESCUE_REFS),
 }
 _FROM_RAW: dict[str, Callable[[Any, int | None, bytes | None], Any]] = {
     KIND_BUNDLE: _bundle_from_raw,
@@ -971,10 +1010,24 @@ def _heartbeat_to_raw(h: Heartbeat) -> dict:
     if not isinstance(h, Heartbeat):
         raise _fail("schema", f"expected a Heartbeat, got {_tname(h)}")
     raw = _heartbeat_base_raw(h)
-    if h.task_rates:  # the optional key: absent when there are no rates (the body is then a plain heartbeat)
+    if h.task_rates:  # the optional keys: absent when empty (the body is then a plain heartbeat)
         raw["rates"] = _rates_to_raw(h.task_rates)
-        raw = {k: raw[k] for k in HEARTBEAT_RATES_KEYS}
-    return raw
+    if h.rescue:
+        raw["rescue"] = _rescue_to_raw(h.rescue)
+    return {k: raw[k] for k in heartbeat_keys(k for k in HEARTBEAT_OPTIONAL_KEYS if k in raw)}
+
+
+def _rescue_to_raw(refs: Any) -> list:
+    if not isinstance(refs, (list, tuple)):
+        raise _fail("schema", f"heartbeat.rescue: expected a list of TaskRefs, got {_tname(refs)}")
+    if len(refs) > MAX_RESCUE_REFS:
+        raise _fail("too_large", f"heartbeat.rescue: {len(refs)} TaskRefs exceed the limit {MAX_RESCUE_REFS}")
+    if len(set(refs)) != len(refs):
+        raise _fail("schema", "heartbeat.rescue: a TaskRef appears twice")
+    out = [_enc_task(t, f"heartbeat.rescue[{i}]") for i, t in enumerate(refs)]
+    for i, t in enumerate(out):
+        _task_ref(t, f"heartbeat.rescue[{i}]")  # the bounds a receiver checks
+    return out
 
 
 def _heartbeat_base_raw(h: Heartbeat) -> dict:
@@ -1546,6 +1599,7 @@ def to_jsonable(msg: Message) -> dict:
             "samples_rejected": msg.samples_rejected,
             "created_at": msg.created_at,
             **({"task_rates": {k: list(v) for k, v in msg.task_rates.items()}} if msg.task_rates else {}),
+            **({"rescue": [task(t) for t in msg.rescue]} if msg.rescue else {}),
         }
     raise TypeError(f"expected a RolloutBundle, Manifest or Heartbeat, got {_tname(msg)}")
 
@@ -1557,7 +1611,7 @@ __all__ = [
     "MAX_NODES_PER_TREE", "MAX_NODES_PER_BUNDLE", "MAX_LEAVES_PER_TREE", "MAX_DEPTH", "MAX_SEGMENT_TOKENS",
     "MAX_PROMPT_TOKENS", "MAX_COMPLETION_TOKENS", "MAX_TEXT_BYTES", "MAX_ID_BYTES", "MAX_CONFIG_DIGEST_BYTES",
     "MAX_VOCAB_SIZE", "MAX_INT", "MAX_REWARD", "DIGEST_BYTES", "MAX_RATE_TASKS", "MAX_TASK_KEY_BYTES",
-    "MAX_RATE_COUNT",
+    "MAX_RATE_COUNT", "MAX_RESCUE_REFS", "HEARTBEAT_OPTIONAL_KEYS", "heartbeat_keys",
     "WireError", "WireNode", "WireTree", "RolloutBundle", "Manifest", "Heartbeat", "Envelope", "Message",
     "domain_prefix", "seal", "open_envelope", "encode_body", "decode_body", "message_kind",
     "encode", "decode", "encode_bundle", "decode_bundle", "encode_manifest", "decode_manifest",

@@ -1,0 +1,113 @@
+"""Rescue end to end over real loopback hivemind: two :class:`~swarmnode.node.Node` s with real
+:class:`~swarmnode.swarm.gossip.SwarmClient` s (the tiny bigram Llama of ``test_swarm_e2e.py``, which answers
+``<answer>d</answer>`` with a random digit d in 0..3, on JSONL questions whose answers are 0..3).
+
+Node A's local scoring is forced all wrong (a test hook on its verifier's non-external path: A's re-scores of
+peers' leaves stay real), so every one of its groups is an all-wrong group it announces in its heartbeats.
+Node B answers (A has standing in B's book through ``credit``), publishes the trees with a correct leaf, and A
+merges them into a mixed group and trains on it (``rescue/merged``), crediting B.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from swarmnode.config import load_config
+from test_swarm_e2e import build_bigram_model, write_tasks
+
+pytestmark = pytest.mark.slow
+
+FAST_DHT = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout": 60.0}
+
+
+def _cfg(rd, model, tasks, swarm_id, **extra):
+    over = {
+        "model.name_or_path": str(model), "model.device": "cpu", "model.dtype": "float32", "model.system_prompt": "",
+        "run_dir": str(rd), "steps": 1000, "seed": 0, "eval_at_start": False,
+        "tasks.sources": [{"type": "jsonl", "path": str(tasks)}], "tasks.eval_size": 4,
+        "sampling.prompts_per_step": 2, "sampling.num_generations": 4, "sampling.max_completion_length": 6,
+        "sampling.max_prompt_length": 64, "train.micro_batch_size": 32, "checkpoint.save_steps": 100000,
+        "swarm.enabled": True, "swarm.swarm_id": swarm_id, "swarm.identity_path": str(rd / "identity.pem"),
+        "swarm.max_staleness": 1000000, "swarm.bucket_seconds": 4.0, "swarm.dht_timeout": 5.0,
+        "swarm.fetch_timeout": 5.0, "swarm.screen.enabled": False,
+        "swarm.rescue.enabled": True, "swarm.rescue.answer_prompts": 2, "swarm.rescue.max_answers_per_peer": 2,
+        "swarm.rescue.max_age_steps": 50, "swarm.rescue.skip_after_failures": 1000,
+    }
+    over.update(extra)
+    return load_config(None, over)
+
+
+def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
+    from swarmnode.node import Node
+    from swarmnode.swarm.gossip import build_swarm
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    model = build_bigram_model(tmp_path / "char-llama", "llama")
+    sid = f"rescue-{time.time_ns() % 10**9}"
+    node_a = Node(_cfg(tmp_path / "a", model, tasks, sid))
+    node_b = node_a_swarm = None
+    try:
+        node_a.swarm = node_a_swarm = build_swarm(
+            node_a.cfg, node_a.policy, node_a.tasks, tmp_path / "a", model_id=node_a.base_model_id,
+            prompt_for=node_a.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        node_b = Node(_cfg(tmp_path / "b", model, tasks, sid, **{"swarm.initial_peers": node_a_swarm.maddrs(),
+                                                                  "seed": 1}))
+        node_b.swarm = build_swarm(
+            node_b.cfg, node_b.policy, node_b.tasks, tmp_path / "b", model_id=node_b.base_model_id,
+            prompt_for=node_b.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        node_b.swarm.credit(node_a_swarm.peer_id, 2)  # A has standing with B (min_standing 1)
+
+        real = node_a.tasks.score_detail
+
+        def all_wrong_locally(task, completion, *, external=False):  # the test hook: A's own groups all wrong
+            d = real(task, completion, external=external)
+            return d if external else {**d, "reward": 0.0, "correct": 0.0}
+
+        node_a.tasks.score_detail = all_wrong_locally  # type: ignore[method-assign]
+
+        rows_a, rows_b = [], []
+        deadline = time.monotonic() + 150  # a safety net for a broken network, not a timing assertion
+        while time.monotonic() < deadline:
+            rows_a.append(node_a.run_step().metrics)
+            rows_b.append(node_b.run_step().metrics)
+            if sum(r.get("rescue/merged", 0) for r in rows_a) >= 1:
+                break
+            time.sleep(0.2)
+        seen = [r.get("rescue/requests_seen", 0) for r in rows_b]
+        answered = [r.get("rescue/answered", 0) for r in rows_b]
+        assert any(rows_a[i]["rescue/asked"] >= 1 for i in range(len(rows_a)))
+        assert sum(seen) >= 1, f"B never read A's rescue requests: {seen}"
+        assert sum(answered) >= 1, f"B never answered: answered {answered}, refusals " + json.dumps(
+            {k: sum(r.get(k, 0) for r in rows_b) for k in rows_b[-1] if k.startswith("rescue/refused")})
+        merged = [r for r in rows_a if r.get("rescue/merged", 0) >= 1]
+        assert merged, f"A never merged: {[(r.get('rescue/pending'), r.get('swarm/external_trees')) for r in rows_a]}"
+        r = merged[0]
+        assert r["rescue/merged_samples"] >= 2 and r["samples_external"] >= 1
+        assert r["rescue/rescued_total"] >= 1 and r["rescue/all_wrong_total"] >= r["rescue/rescued_total"]
+        assert sum(rb["rescue/answered_leaves_correct"] for rb in rows_b) >= 1
+        # B trained on none of its answers: its local samples are its own step's groups only
+        own_leaves = node_b.cfg.sampling.prompts_per_step * node_b.cfg.sampling.num_generations
+        assert all(rb.get("train/sequences", 0) <= own_leaves + rb["samples_external"]
+                   for rb in rows_b if rb["rescue/answered"])
+        # A credited B for the rescued group (B's standing in A's book)
+        assert node_a_swarm.peers.earned(node_b.swarm.peer_id) >= 1
+        # the metrics file has one row per step with every rescue key
+        rec = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+        keys = {"rescue/asked", "rescue/pending", "rescue/requests_seen", "rescue/answered",
+                "rescue/answered_leaves_correct", "rescue/merged", "rescue/merged_samples", "rescue/expired",
+                "rescue/refused_heldout", "rescue/refused_task", "rescue/refused_standing", "rescue/refused_budget",
+                "rescue/all_wrong_total", "rescue/rescued_total"}
+        assert all(keys <= set(x) for x in rec if "eval" not in x)
+        print("rescue e2e:", json.dumps({  # for the record (pytest -s)
+            "steps": len(rows_a), "a_asked": sum(x["rescue/asked"] for x in rows_a),
+            "b_requests_seen": sum(seen), "b_answered_trees": sum(answered),
+            "b_answered_leaves_correct": sum(rb["rescue/answered_leaves_correct"] for rb in rows_b),
+            "a_merged_samples": r["rescue/merged_samples"], "a_all_wrong_total": rows_a[-1]["rescue/all_wrong_total"],
+            "a_rescued_total": rows_a[-1]["rescue/rescued_total"]}))
+    finally:
+        for n in (node_b, node_a):
+            if n is not None:
+                n.close()
