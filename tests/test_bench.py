@@ -153,8 +153,9 @@ def test_supply_report_and_report_from_arm_dirs(tmp_path):
     md, _ = report_from_arm_dirs([sw], tmp_path / "out", prefix="again", command="again")
     text = md.read_text()
     assert "| swarm 4/4 per_source none (r1) |" in text and "## External-sample supply" in text
-    with pytest.raises(FileNotFoundError, match="no summary.json"):
-        report_from_arm_dirs([tmp_path], tmp_path / "out", prefix="x", command="x")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: no summary.json"):
+        report_from_arm_dirs([tmp_path / "empty"], tmp_path / "out", prefix="x", command="x")
     (sw / "summary.json").write_text(json.dumps({"arm": {"local": 4, "bogus": 1}}))
     with pytest.raises(ValueError, match="summary.json.*not an arm"):
         report_from_arm_dirs([sw], tmp_path / "out", prefix="x", command="x")
