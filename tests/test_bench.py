@@ -402,3 +402,116 @@ def test_bench_swarm_script_gives_the_cli_one_line_errors(tmp_path):
         assert r.returncode == 2 and r.stderr.startswith("error: ") and says in r.stderr
         assert "Traceback" not in r.stderr
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ per node, combined runs, levers, rescue hook
+MODELS = ["embedded", "embedded-bpe"]
+
+
+def _synthetic_arm(work: Path, arm: Arm, repeat: int, curves: list[list[tuple[int, float]]],
+                   rewards: list[list[float]]) -> Path:
+    """An arm directory as a finished ``run_bench`` arm leaves it, written with the real writers: each node's
+    ``spec.json`` holds its :func:`node_config` (``--models`` embedded,embedded-bpe), its ``metrics.jsonl`` is
+    written by the node's :class:`MetricsWriter` (train steps, then the evaluations as the node tags them), and
+    ``summary.json`` by :func:`write_arm_summary`."""
+    from swarmnode.benchmarks.swarm import arm_dir_name, write_arm_summary
+    from swarmnode.monitor.metrics import MetricsWriter
+
+    base = load_config(None)
+    arm_dir = work / arm_dir_name(arm, repeat)
+    for i, (curve, rw) in enumerate(zip(curves, rewards)):
+        rd = arm_dir / f"node-{i}"
+        cfg = node_config(base, arm, i, steps=len(rw), eval_every=curve[1][0], eval_size=5, run_dir=rd,
+                          swarm_id="x", repeat=repeat, models=MODELS)
+        rd.mkdir(parents=True)
+        (rd / "spec.json").write_text(json.dumps({"config": cfg.model_dump(mode="json"), "index": i}))
+        w = MetricsWriter(rd / "metrics.jsonl")
+        evals = dict(curve)
+        for step, r in enumerate(rw, start=1):
+            if step == 1:
+                w.write({"step": 0, "eval": "before", "accuracy": evals[0]})
+            w.write({"step": step, "reward": r, "samples_external": 8 if arm.swarm else 0, "step_time": 0.5})
+            if step in evals:
+                w.write({"step": step, "eval": "after" if step == len(rw) else "periodic", "accuracy": evals[step]})
+        w.close()
+    s = summarize_arm(arm_dir)
+    s["repeat"], s["repeat_label"] = repeat, f" (r{repeat})" if repeat else ""
+    write_arm_summary(arm_dir, arm, s)
+    return arm_dir
+
+
+def _pair_work_dir(work: Path) -> None:
+    """Heterogeneous pair, 3 repeats, evaluations at steps 0/2/4 (4 steps), isolated and swarm arms as two
+    commands leave them in one work dir. Isolated node 0 ends at 0.30 - 0.01k (repeat k), node 1 at 0.30;
+    swarm node 0 ends at 0.40 + 0.02k, node 1 falls to 0.10."""
+    iso, sw = Arm(8, 0, False), Arm(8, 8, True)
+    for k in range(3):
+        _synthetic_arm(work, iso, k, [[(0, 0.10), (2, 0.20), (4, 0.30 - 0.01 * k)], [(0, 0.20), (2, 0.25), (4, 0.30)]],
+                       [[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.5, 0.5]])
+        _synthetic_arm(work, sw, k, [[(0, 0.10), (2, 0.30), (4, 0.40 + 0.02 * k)], [(0, 0.20), (2, 0.15), (4, 0.10)]],
+                       [[0.2, 0.3, 0.4, 0.5], [0.25, 0.25, 0.25, 0.25]])
+
+
+def test_heldout_auc_is_the_mean_accuracy_over_training():
+    from swarmnode.benchmarks.swarm import heldout_auc
+
+    assert heldout_auc([(0, 0.1), (2, 0.3), (4, 0.4)]) == pytest.approx((0.2 * 2 + 0.35 * 2) / 4)
+    assert heldout_auc([(0, 0.2), (100, 0.2), (300, 0.2)]) == pytest.approx(0.2)  # flat: its value, any spacing
+    assert heldout_auc([(0, 0.0), (100, 0.0), (400, 1.0)]) == pytest.approx(150 / 400)  # uneven spacing weighs
+    assert heldout_auc([(5, 0.7)]) == pytest.approx(0.7) and heldout_auc([]) is None
+
+
+def test_per_node_rows_pair_each_node_with_its_solo_twin_of_the_same_repeat(tmp_path):
+    from swarmnode.benchmarks.swarm import per_node_rows
+
+    _pair_work_dir(tmp_path)
+    results = []
+    for d in sorted(tmp_path.iterdir()):
+        saved = json.loads((d / "summary.json").read_text())
+        results.append((Arm(**saved["arm"]), saved))
+    rows = per_node_rows(results)
+    assert len(rows) == 2 * 2 * 3  # arms x nodes x repeats
+    sw = {(r["index"], r["repeat"]): r for r in rows if r["arm"].swarm}
+    assert {sw[(i, 0)]["model"] for i in (0, 1)} == set(MODELS) and sw[(1, 2)]["model"] == "embedded-bpe"
+    for k in range(3):
+        r0 = sw[(0, k)]
+        assert r0["gain"] == pytest.approx(0.30 + 0.02 * k)
+        assert r0["twin_gain"] == pytest.approx(0.20 - 0.01 * k)  # the isolated node 0 of the SAME repeat
+        assert r0["gain_vs_alone"] == pytest.approx(0.10 + 0.03 * k)
+        assert r0["steps_to_twin_final"] == 2  # 0.30 at step 2 >= the twin's final 0.30 - 0.01k
+        assert r0["auc"] == pytest.approx((0.2 * 2 + (0.35 + 0.01 * k) * 2) / 4)
+        assert r0["cumulative_reward"] == pytest.approx(1.4)
+        r1 = sw[(1, k)]
+        assert r1["gain_vs_alone"] == pytest.approx(-0.10 - 0.10) and r1["steps_to_twin_final"] is None
+    iso_rows = [r for r in rows if not r["arm"].swarm]
+    assert all("gain_vs_alone" not in r for r in iso_rows)
+
+
+def test_report_script_joins_two_commands_work_dir_into_a_per_node_report(tmp_path):
+    """Isolated arms and swarm arms written side by side into one work dir: the report script, given the work
+    dir, pairs them by repeat, puts the per-node table first (two models) and draws one PNG per node."""
+    import importlib.util
+
+    work = tmp_path / "work"
+    _pair_work_dir(work)
+    spec = importlib.util.spec_from_file_location(
+        "swarm_bench_report", Path(__file__).resolve().parents[1] / "scripts" / "swarm_bench_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([str(work), "--out", str(tmp_path / "out"), "--prefix", "pair"]) == 0
+    text = (tmp_path / "out" / "pair.md").read_text()
+    assert text.index("## Per node") < text.index("## Node means") < text.index("## Held-out accuracy per arm")
+    rows = {ln.split("|")[2].strip(): ln for ln in text.splitlines() if ln.startswith("| swarm 8/8")}
+    node0, node1 = rows["0 (embedded)"], rows["1 (embedded-bpe)"]
+    # gain vs alone 10, 13, 16 points: mean 13.0, SE 3/sqrt(3) = 1.7; reached the solo final at step 2 each time
+    assert "| +13.0 ± 1.7 [10.0–16.0] | 2 ± 0 [2–2] (3/3 reached) |" in node0
+    assert "| 3 |" in node0 and "| -20.0 ± 0.0 [-20.0–-20.0] | never (0/3) |" in node1
+    iso0 = next(ln for ln in text.splitlines() if ln.startswith("| isolated 8/0 | 0 (embedded)"))
+    assert "| 29.0 ± 0.6 [28.0–30.0] | 19.0 ± 0.6 [18.0–20.0] |" in iso0  # endpoint, gain alone 20/19/18 points
+    assert "| - | - | 1.00 ± 0.00 [1.00–1.00] |" in iso0  # no twin of its own; cumulative reward 0.1+…+0.4
+    for i in (0, 1):
+        png = tmp_path / "out" / f"pair_node{i}.png"
+        assert png.is_file() and png.stat().st_size > 1000
+    # node-mean held-out table: swarm endpoint (0.25 + 0.01k) minus isolated (0.30 - 0.005k), paired by repeat
+    held = next(ln for ln in text.split("## Held-out accuracy per arm")[1].splitlines() if ln.startswith("| swarm"))
+    assert "| -3.5 ± 0.9 [-5.0–-2.0] |" in held

@@ -98,6 +98,8 @@ __all__ = [
     "heldout_report",
     "plot_per_node",
     "expand_arm_dirs",
+    "arm_dir_name",
+    "write_arm_summary",
 ]
 
 NORMALIZATIONS = ("per_source", "joint")
@@ -823,6 +825,19 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, prev)
 
 
+def arm_dir_name(arm: Arm, repeat: int = 0) -> str:
+    """The directory name of ``arm``'s repeat ``repeat`` under the work dir: ``<arm.name>``, ``<arm.name>-r<k>``."""
+    return arm.name + (f"-r{int(repeat)}" if repeat else "")
+
+
+def write_arm_summary(arm_dir: str | os.PathLike, arm: Arm, summary: dict[str, Any]) -> Path:
+    """Write ``<arm_dir>/summary.json``: ``{"arm": <the Arm's fields>, **summary}`` (``summary`` from
+    :func:`summarize_arm` plus ``repeat`` and ``repeat_label``), what :func:`report_from_arm_dirs` reads back."""
+    f = Path(arm_dir) / "summary.json"
+    f.write_text(json.dumps({"arm": asdict(arm), **summary}))
+    return f
+
+
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
             eval_size: int, timeout: float | None = 1800.0, nice: int = 10, threads: int = 1,
             hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0,
@@ -849,7 +864,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     """
     import shutil
 
-    arm_dir = Path(out_root) / (arm.name + (f"-r{repeat}" if repeat else ""))
+    arm_dir = Path(out_root) / arm_dir_name(arm, repeat)
     if arm_dir.exists():
         shutil.rmtree(arm_dir)
     arm_dir.mkdir(parents=True)
@@ -1548,8 +1563,9 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
     ``<out>/<prefix>_node<i>.png`` (:func:`plot_per_node`). Then the node-mean tables: arm, cumulative reward
     (node mean) and its ratio to the isolated arm with the same I and to the isolated arm with I + J prompts
     (SAPO's 8/0 comparison), held-out accuracy before -> after, the rounds to reach the isolated-I arm's final
-    accuracy (first repeat), external samples used per step, seconds per step; then :func:`heldout_report`
-    (AUC, endpoint and steps to the isolated final per arm with spread, paired by repeat) and the other sections.
+    accuracy (ratios and rounds against the isolated run of the same repeat when there is one, else the first),
+    external samples used per step, seconds per step; then :func:`heldout_report` (AUC, endpoint and steps to
+    the isolated final per arm with spread, paired by repeat) and the other sections.
 
     Returns:
         ``(markdown path, [png paths])``.
@@ -1581,9 +1597,11 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
         "| held-out before → after | rounds to isolated-I final acc | external samples/step | s/step |",
         "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
+    by_rep = _isolated_by_repeat(results)
     for a, s in results:
-        base_i = iso.get(a.local)
-        base_ij = iso.get(a.local + a.external)
+        k = int(s.get("repeat", 0))  # the isolated run of the same repeat, else the first one
+        base_i = by_rep.get((a.local, k), iso.get(a.local))
+        base_ij = by_rep.get((a.local + a.external, k), iso.get(a.local + a.external))
         r_i = "-" if not a.swarm or base_i is None or not base_i["cumulative_reward"] else \
             f"{100 * (s['cumulative_reward'] / base_i['cumulative_reward'] - 1):+.1f}%"
         r_ij = "-" if not a.swarm or base_ij is None or not base_ij["cumulative_reward"] else \
@@ -1828,7 +1846,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         s = summarize_arm(arm_dir)
         s["repeat"] = rep_k
         s["repeat_label"] = f" (r{rep_k})" if labelled else ""
-        (arm_dir / "summary.json").write_text(json.dumps({"arm": asdict(arm), **s}))
+        write_arm_summary(arm_dir, arm, s)
         res.results.append((arm, s))
         log(f"    cumulative reward {s['cumulative_reward']:.2f}  accuracy {s['accuracy_before']} -> "
             f"{s['accuracy_after']}  ext/step {s['external_per_step']:.1f}  ({time.time() - t0:.0f} s)")
