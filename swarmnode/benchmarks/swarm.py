@@ -152,13 +152,23 @@ def _dir_safe(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "._=+-") else "_" for c in text)
 
 
+BENCH_CONTROLLED_KEYS = ("seed", "steps", "run_dir", "eval_every", "eval_at_start", "status_port", "checkpoint",
+                         "model.name_or_path", "sampling.prompts_per_step", "tasks.eval_size", "tasks.stream",
+                         "tasks.seed", "swarm.enabled", "swarm.num_external", "swarm.swarm_id",
+                         "swarm.identity_path", "swarm.host_maddrs", "swarm.initial_peers")
+"""Config keys (and sections) the benchmark sets itself to keep the comparison fair and the swarm private (seeds,
+question streams, equal local prompts, the model pairing, J from the split, the loopback swarm): ``--swarm-set``
+refuses them and the keys under them."""
+
+
 def parse_swarm_set(text: str | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
     """Parse ``--swarm-set`` (``"train.learning_rate=2e-5,swarm.rescue.max_merged=2"``, or a list of such items)
     into ``(("train.learning_rate", "2e-5"), ("swarm.rescue.max_merged", "2"))``: dotted config keys and their
     values as text (YAML-typed by :func:`apply_swarm_set`). A key given twice keeps its last value.
 
     Raises:
-        ValueError: an item without ``=``, an empty key or value, or a key with an empty dotted part.
+        ValueError: an item without ``=``, an empty key or value, a key with an empty dotted part, or a key of
+            :data:`BENCH_CONTROLLED_KEYS` (named, with the flag to use instead where there is one).
     """
     items = [text] if isinstance(text, str) else list(text or [])
     out: dict[str, str] = {}
@@ -172,6 +182,11 @@ def parse_swarm_set(text: str | Sequence[str] | None) -> tuple[tuple[str, str], 
             if not eq or not key or not value or any(not p for p in key.split(".")):
                 raise ValueError(f"--swarm-set takes KEY=VALUE items with a dotted config key (e.g. "
                                  f"train.learning_rate=2e-5); got {item!r}")
+            fixed = next((c for c in BENCH_CONTROLLED_KEYS if key == c or key.startswith(c + ".")), None)
+            if fixed is not None:
+                raise ValueError(f"--swarm-set {key}: the benchmark sets {fixed} itself (equal compute, paired "
+                                 "seeds and questions, a private swarm); use --splits for I/J, --models/--model, "
+                                 "--steps, --eval-every or --eval-size instead")
             out.pop(key, None)
             out[key] = value
     return tuple(out.items())
