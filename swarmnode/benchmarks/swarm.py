@@ -17,10 +17,28 @@ compute per node**:
   all N nodes of an arm run at the same time and start together (a file barrier after loading, the
   before-training evaluation and, in a swarm, the DHT join).
 
-Measured per arm (means over the N nodes): cumulative reward (sum over steps of the step's mean local leaf
-reward -- SAPO's measure, local samples only), held-out greedy accuracy before / every ``eval_every`` steps /
-after, and rounds to reach the isolated nodes' final accuracy (first evaluation step whose node-mean accuracy
-is at least the isolated arm's final node-mean accuracy at the same ``I``).
+Measured per arm (means over the N nodes): held-out greedy exact accuracy before / every ``eval_every`` steps /
+after, its area under the curve (:func:`heldout_auc`: trapezoid over the evaluations divided by the horizon, the
+mean held-out accuracy over training), the endpoint, rounds to reach the isolated nodes' final accuracy (first
+evaluation step whose node-mean accuracy is at least the final node-mean accuracy of the isolated arm with the
+same ``I`` in the same repeat), and, secondary, the cumulative reward (sum over steps of the step's mean local
+leaf reward -- SAPO's measure, local samples only; a training signal, not a held-out one).
+
+**Does my node learn more in the swarm than alone?** A node-mean hides the answer when the nodes differ
+(``--models embedded,embedded-bpe``: node ``i`` runs the ``i mod len``-th model in every arm). With several
+models, or ``--per-node``, the report starts with :func:`per_node_report`: every node index (labelled with its
+model) in every arm against its *solo twin*, node ``i`` of the isolated arm with the same ``I`` in the same repeat
+(same model, seed and questions, equal local rollouts): held-out before, endpoint, gain over its own start, AUC,
+gain in the swarm minus gain alone (paired by repeat), steps to reach the twin's final accuracy, cumulative reward;
+mean ± standard error [min–max] over the repeats; plus one learning-curve PNG per node (:func:`plot_per_node`).
+Solo and swarm arms may be run by separate commands side by side (``--splits 8/0`` and ``--splits 8/8
+--no-isolated``, same ``--work-dir`` and ``--repeats``); ``scripts/swarm_bench_report.py <work dir>`` then
+reports them together, pairing repeats by index (:func:`report_from_arm_dirs`).
+
+Swarm-side levers: ``--levers rescue`` adds arms with ``swarm.rescue.enabled`` (peers answer the questions a node
+got all wrong), and ``--swarm-set KEY=VALUE[,...]`` (:func:`parse_swarm_set`) overrides dotted config keys of the
+swarm arms only (e.g. ``train.learning_rate`` for the larger batch of ``I + J`` groups), shown in the arm's name
+and label and validated by the strict config before anything runs.
 
 With ``--hostile`` every swarm arm also runs with one :class:`~swarmnode.testing.adversary.HostilePeer` in the
 swarm (its own process, ``python -m swarmnode.benchmarks.swarm hostile spec.json``, joining through node 0 and attacking
@@ -36,10 +54,12 @@ samples of the swarm arms from publication to training, with the likelihood scre
 (:func:`supply_report`); :func:`report_from_arm_dirs` (``scripts/swarm_bench_report.py``) rebuilds a report from
 finished arm directories.
 
-Public API: :func:`parse_splits`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`, :func:`run_arm`,
-:func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`hostile_report`,
-:func:`poison_report`, :func:`repeats_report`, :func:`supply_report`, :func:`report_from_arm_dirs`,
-:class:`PayloadCounter`, :func:`run_bench`, :func:`worker_main`, :func:`hostile_main`.
+Public API: :func:`parse_splits`, :func:`parse_swarm_set`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`,
+:func:`run_arm`, :func:`summarize_arm`, :func:`rounds_to_reach`, :func:`heldout_auc`, :func:`per_node_rows`,
+:func:`per_node_report`, :func:`heldout_report`, :func:`plot_per_node`, :func:`write_report`,
+:func:`hostile_report`, :func:`poison_report`, :func:`repeats_report`, :func:`supply_report`,
+:func:`report_from_arm_dirs`, :func:`write_arm_summary`, :class:`PayloadCounter`, :class:`BufferedSwarm`,
+:func:`run_bench`, :func:`worker_main`, :func:`hostile_main`.
 """
 
 from __future__ import annotations
@@ -388,7 +408,8 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
 
     With ``models`` (``--models``, a heterogeneous swarm) node ``index`` runs ``models[index % len(models)]``
     (``model.name_or_path``: ``embedded``, ``embedded-bpe``, a local directory or a hub id) in every arm, so swarm
-    node ``i`` and isolated node ``i`` run the same model. Sets seed = index (+ 1000 x ``repeat``), prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
+    node ``i`` and isolated node ``i`` run the same model. Sets seed = index (+ 1000 x ``repeat``),
+    prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
     swarm arms ``swarm.enabled``, ``num_external = J``, ``max_external_share = J / (I + J)``, the
     normalization and off-policy mode, the levers (curriculum, expansion, and with ``arm.specialize`` the task
     weights of :func:`specialized_sources`, ``swarm.rescue.enabled``), the ``--swarm-set`` overrides
@@ -1412,7 +1433,8 @@ def per_node_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
         reach = _fmt_reach([r["steps_to_twin_final"] for r in paired]) if paired else "-"
         if paired and vals(paired, "gain_vs_alone"):
             diff = ("+" if _mean_se(vals(paired, "gain_vs_alone"))[0] >= 0 else "") + diff
-        lines.append(f"| {a.label} | {i} ({rs[0]['model'] or '?'}) | {n} | {_fmt_spread(vals(rs, 'before'), 100, n=n)} | "
+        lines.append(f"| {a.label} | {i} ({rs[0]['model'] or '?'}) | {n} | "
+                     f"{_fmt_spread(vals(rs, 'before'), 100, n=n)} | "
                      f"{_fmt_spread(vals(rs, 'endpoint'), 100, n=n)} | {_fmt_spread(vals(rs, 'gain'), 100, n=n)} | "
                      f"{_fmt_spread(vals(rs, 'auc'), 100, n=n)} | {diff} | {reach} | "
                      f"{_fmt_spread(vals(rs, 'cumulative_reward'), digits=2, n=n)} |")
