@@ -869,12 +869,23 @@ def bench_swarm(
                                      "repeats K..K+R-1, to add repeats to an earlier benchmark in the same --work-dir "
                                      "(scripts/swarm_bench_report.py reports them together)"),
     levers: str = typer.Option("none", "--levers", help="swarm arms with the swarm levers: a comma-separated "
-                               "subset of none,curriculum,expansion,both,specialize (swarm.curriculum / "
-                               "swarm.expansion; specialize: node i weights task source i mod T by 4)"),
+                               "subset of none,curriculum,expansion,both,specialize,rescue (swarm.curriculum / "
+                               "swarm.expansion; specialize: node i weights task source i mod T by 4; rescue: "
+                               "swarm.rescue.enabled, peers answer a node's all-wrong questions)"),
+    swarm_set: Optional[list[str]] = typer.Option(None, "--swarm-set", help="KEY=VALUE[,KEY=VALUE] config "
+                                                  "overrides (dotted keys) of the swarm arms only, e.g. "
+                                                  "train.learning_rate=2e-5 for the larger batch; shown in the "
+                                                  "arm's name and label; repeatable"),
+    per_node: Optional[bool] = typer.Option(None, "--per-node/--no-per-node", help="start the report with each "
+                                            "node against itself alone (held-out endpoint, gain, AUC, gain in the "
+                                            "swarm minus gain alone, steps to its solo twin's final accuracy) and "
+                                            "a learning-curve PNG per node; default: on when --models names "
+                                            "several models"),
     arm_timeout: float = typer.Option(1800.0, "--arm-timeout", help="seconds an arm's nodes may run before they "
                                       "are killed and the benchmark stops (0: no limit); a loaded machine needs more"),
 ) -> None:
-    """Swarm vs isolated learning at equal generation compute per node (cumulative reward, held-out accuracy)."""
+    """Swarm vs isolated learning at equal generation compute per node (held-out accuracy curves, AUC, endpoint,
+    steps to the solo final accuracy; per node with --models or --per-node; cumulative reward)."""
     from swarmnode.bench import run_bench
 
     try:
@@ -883,7 +894,7 @@ def bench_swarm(
                         eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
                         hostile="" if hostile == "none" else hostile, isolated=isolated, screen_off=screen_off,
                         payload=payload, repeats=repeats, levers=levers, arm_timeout=arm_timeout,
-                        first_repeat=first_repeat, models=models,
+                        first_repeat=first_repeat, models=models, swarm_set=swarm_set, per_node=per_node,
                         log=lambda s: console.print(s, highlight=False, markup=False))
     except (ValueError, RuntimeError) as e:
         _fail(str(e))

@@ -153,8 +153,9 @@ def test_supply_report_and_report_from_arm_dirs(tmp_path):
     md, _ = report_from_arm_dirs([sw], tmp_path / "out", prefix="again", command="again")
     text = md.read_text()
     assert "| swarm 4/4 per_source none (r1) |" in text and "## External-sample supply" in text
-    with pytest.raises(FileNotFoundError, match="no summary.json"):
-        report_from_arm_dirs([tmp_path], tmp_path / "out", prefix="x", command="x")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: no summary.json"):
+        report_from_arm_dirs([tmp_path / "empty"], tmp_path / "out", prefix="x", command="x")
     (sw / "summary.json").write_text(json.dumps({"arm": {"local": 4, "bogus": 1}}))
     with pytest.raises(ValueError, match="summary.json.*not an arm"):
         report_from_arm_dirs([sw], tmp_path / "out", prefix="x", command="x")
@@ -401,3 +402,224 @@ def test_bench_swarm_script_gives_the_cli_one_line_errors(tmp_path):
         assert r.returncode == 2 and r.stderr.startswith("error: ") and says in r.stderr
         assert "Traceback" not in r.stderr
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ per node, combined runs, levers, rescue hook
+MODELS = ["embedded", "embedded-bpe"]
+
+
+def _synthetic_arm(work: Path, arm: Arm, repeat: int, curves: list[list[tuple[int, float]]],
+                   rewards: list[list[float]]) -> Path:
+    """An arm directory as a finished ``run_bench`` arm leaves it, written with the real writers: each node's
+    ``spec.json`` holds its :func:`node_config` (``--models`` embedded,embedded-bpe), its ``metrics.jsonl`` is
+    written by the node's :class:`MetricsWriter` (train steps, then the evaluations as the node tags them), and
+    ``summary.json`` by :func:`write_arm_summary`."""
+    from swarmnode.benchmarks.swarm import arm_dir_name, write_arm_summary
+    from swarmnode.monitor.metrics import MetricsWriter
+
+    base = load_config(None)
+    arm_dir = work / arm_dir_name(arm, repeat)
+    for i, (curve, rw) in enumerate(zip(curves, rewards)):
+        rd = arm_dir / f"node-{i}"
+        cfg = node_config(base, arm, i, steps=len(rw), eval_every=curve[1][0], eval_size=5, run_dir=rd,
+                          swarm_id="x", repeat=repeat, models=MODELS)
+        rd.mkdir(parents=True)
+        (rd / "spec.json").write_text(json.dumps({"config": cfg.model_dump(mode="json"), "index": i}))
+        w = MetricsWriter(rd / "metrics.jsonl")
+        evals = dict(curve)
+        for step, r in enumerate(rw, start=1):
+            if step == 1:
+                w.write({"step": 0, "eval": "before", "accuracy": evals[0]})
+            w.write({"step": step, "reward": r, "samples_external": 8 if arm.swarm else 0, "step_time": 0.5})
+            if step in evals:
+                w.write({"step": step, "eval": "after" if step == len(rw) else "periodic", "accuracy": evals[step]})
+        w.close()
+    s = summarize_arm(arm_dir)
+    s["repeat"], s["repeat_label"] = repeat, f" (r{repeat})" if repeat else ""
+    write_arm_summary(arm_dir, arm, s)
+    return arm_dir
+
+
+def _pair_work_dir(work: Path) -> None:
+    """Heterogeneous pair, 3 repeats, evaluations at steps 0/2/4 (4 steps), isolated and swarm arms as two
+    commands leave them in one work dir. Isolated node 0 ends at 0.30 - 0.01k (repeat k), node 1 at 0.30;
+    swarm node 0 ends at 0.40 + 0.02k, node 1 falls to 0.10."""
+    iso, sw = Arm(8, 0, False), Arm(8, 8, True)
+    for k in range(3):
+        _synthetic_arm(work, iso, k, [[(0, 0.10), (2, 0.20), (4, 0.30 - 0.01 * k)], [(0, 0.20), (2, 0.25), (4, 0.30)]],
+                       [[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.5, 0.5]])
+        _synthetic_arm(work, sw, k, [[(0, 0.10), (2, 0.30), (4, 0.40 + 0.02 * k)], [(0, 0.20), (2, 0.15), (4, 0.10)]],
+                       [[0.2, 0.3, 0.4, 0.5], [0.25, 0.25, 0.25, 0.25]])
+
+
+def test_heldout_auc_is_the_mean_accuracy_over_training():
+    from swarmnode.benchmarks.swarm import heldout_auc
+
+    assert heldout_auc([(0, 0.1), (2, 0.3), (4, 0.4)]) == pytest.approx((0.2 * 2 + 0.35 * 2) / 4)
+    assert heldout_auc([(0, 0.2), (100, 0.2), (300, 0.2)]) == pytest.approx(0.2)  # flat: its value, any spacing
+    assert heldout_auc([(0, 0.0), (100, 0.0), (400, 1.0)]) == pytest.approx(150 / 400)  # uneven spacing weighs
+    assert heldout_auc([(5, 0.7)]) == pytest.approx(0.7) and heldout_auc([]) is None
+
+
+def test_per_node_rows_pair_each_node_with_its_solo_twin_of_the_same_repeat(tmp_path):
+    from swarmnode.benchmarks.swarm import per_node_rows
+
+    _pair_work_dir(tmp_path)
+    results = []
+    for d in sorted(tmp_path.iterdir()):
+        saved = json.loads((d / "summary.json").read_text())
+        results.append((Arm(**saved["arm"]), saved))
+    rows = per_node_rows(results)
+    assert len(rows) == 2 * 2 * 3  # arms x nodes x repeats
+    sw = {(r["index"], r["repeat"]): r for r in rows if r["arm"].swarm}
+    assert {sw[(i, 0)]["model"] for i in (0, 1)} == set(MODELS) and sw[(1, 2)]["model"] == "embedded-bpe"
+    for k in range(3):
+        r0 = sw[(0, k)]
+        assert r0["gain"] == pytest.approx(0.30 + 0.02 * k)
+        assert r0["twin_gain"] == pytest.approx(0.20 - 0.01 * k)  # the isolated node 0 of the SAME repeat
+        assert r0["gain_vs_alone"] == pytest.approx(0.10 + 0.03 * k)
+        assert r0["steps_to_twin_final"] == 2  # 0.30 at step 2 >= the twin's final 0.30 - 0.01k
+        assert r0["auc"] == pytest.approx((0.2 * 2 + (0.35 + 0.01 * k) * 2) / 4)
+        assert r0["cumulative_reward"] == pytest.approx(1.4)
+        r1 = sw[(1, k)]
+        assert r1["gain_vs_alone"] == pytest.approx(-0.10 - 0.10) and r1["steps_to_twin_final"] is None
+    iso_rows = [r for r in rows if not r["arm"].swarm]
+    assert all("gain_vs_alone" not in r for r in iso_rows)
+
+
+def test_report_script_joins_two_commands_work_dir_into_a_per_node_report(tmp_path):
+    """Isolated arms and swarm arms written side by side into one work dir: the report script, given the work
+    dir, pairs them by repeat, puts the per-node table first (two models) and draws one PNG per node."""
+    import importlib.util
+
+    work = tmp_path / "work"
+    _pair_work_dir(work)
+    spec = importlib.util.spec_from_file_location(
+        "swarm_bench_report", Path(__file__).resolve().parents[1] / "scripts" / "swarm_bench_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([str(work), "--out", str(tmp_path / "out"), "--prefix", "pair"]) == 0
+    text = (tmp_path / "out" / "pair.md").read_text()
+    assert text.index("## Per node") < text.index("## Node means") < text.index("## Held-out accuracy per arm")
+    rows = {ln.split("|")[2].strip(): ln for ln in text.splitlines() if ln.startswith("| swarm 8/8")}
+    node0, node1 = rows["0 (embedded)"], rows["1 (embedded-bpe)"]
+    # gain vs alone 10, 13, 16 points: mean 13.0, SE 3/sqrt(3) = 1.7; reached the solo final at step 2 each time
+    assert "| +13.0 ± 1.7 [10.0–16.0] | 2 ± 0 [2–2] (3/3 reached) |" in node0
+    assert "| 3 |" in node0 and "| -20.0 ± 0.0 [-20.0–-20.0] | never (0/3) |" in node1
+    iso0 = next(ln for ln in text.splitlines() if ln.startswith("| isolated 8/0 | 0 (embedded)"))
+    assert "| 29.0 ± 0.6 [28.0–30.0] | 19.0 ± 0.6 [18.0–20.0] |" in iso0  # endpoint, gain alone 20/19/18 points
+    assert "| - | - | 1.00 ± 0.00 [1.00–1.00] |" in iso0  # no twin of its own; cumulative reward 0.1+…+0.4
+    for i in (0, 1):
+        png = tmp_path / "out" / f"pair_node{i}.png"
+        assert png.is_file() and png.stat().st_size > 1000
+    # node-mean held-out table: swarm endpoint (0.25 + 0.01k) minus isolated (0.30 - 0.005k), paired by repeat
+    held = next(ln for ln in text.split("## Held-out accuracy per arm")[1].splitlines() if ln.startswith("| swarm"))
+    assert "| -3.5 ± 0.9 [-5.0–-2.0] |" in held
+
+
+def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
+    from swarmnode.benchmarks.swarm import parse_swarm_set
+
+    ov = parse_swarm_set("train.learning_rate=2e-5, swarm.max_external_share=0.6")
+    assert ov == (("train.learning_rate", "2e-5"), ("swarm.max_external_share", "0.6"))
+    assert parse_swarm_set(["a.b=1", "a.b=2"]) == (("a.b", "2"),)  # the last value wins
+    for bad in ("train.learning_rate", "=3", "train..x=1", "train.learning_rate="):
+        with pytest.raises(ValueError, match="--swarm-set takes KEY=VALUE"):
+            parse_swarm_set(bad)
+    for fixed in ("swarm.enabled=false", "seed=3", "sampling.prompts_per_step=16", "checkpoint.save_steps=1"):
+        with pytest.raises(ValueError, match=f"--swarm-set {fixed.split('=')[0]}: the benchmark sets"):
+            parse_swarm_set(fixed)
+    arms = plan_arms([(8, 0), (8, 8)], swarm_set=parse_swarm_set("train.learning_rate=2e-5"))
+    iso, sw = arms
+    assert iso.overrides == () and iso.name == "isolated-8"
+    assert sw.name == "swarm-8x8-per_source-none-train.learning_rate=2e-5"
+    assert sw.label == "swarm 8/8 per_source none train.learning_rate=2e-5"
+    base = load_config(None)
+    c = node_config(base, sw, 1, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "s", swarm_id="x")
+    assert c.train.learning_rate == pytest.approx(2e-5) != base.train.learning_rate
+    c_iso = node_config(base, iso, 1, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "i", swarm_id="x")
+    assert c_iso.train.learning_rate == base.train.learning_rate
+    # the arm survives summary.json (JSON turns the pairs into lists)
+    assert Arm(**json.loads(json.dumps(__import__("dataclasses").asdict(sw)))) == sw
+    for text, says in (("train.learning_rat=1e-5", "--swarm-set train.learning_rat: unknown key"),
+                       ("train.learning_rate=fast", "--swarm-set train.learning_rate:"),
+                       ("trian.learning_rate=1e-5", "--swarm-set trian.learning_rate: unknown key"),
+                       ("train.learning_rate.x=1", "--swarm-set train.learning_rate.x")):
+        bad = plan_arms([(8, 8)], swarm_set=parse_swarm_set(text), isolated=False)[0]
+        with pytest.raises(ValueError, match=__import__("re").escape(says)):
+            node_config(base, bad, 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "b", swarm_id="x")
+
+
+def test_rescue_lever_enables_swarm_rescue(tmp_path):
+    from swarmnode.config import SwarmConfig
+
+    arms = plan_arms([(8, 8)], levers=["none", "rescue"], isolated=False)
+    assert [a.name for a in arms] == ["swarm-8x8-per_source-none", "swarm-8x8-per_source-none-res"]
+    assert arms[1].label == "swarm 8/8 per_source none +rescue"
+    assert not (arms[1].curriculum or arms[1].expansion or arms[1].specialize)
+    if "rescue" not in SwarmConfig.model_fields:
+        with pytest.raises(ValueError, match="--levers rescue needs swarm.rescue"):
+            node_config(load_config(None), arms[1], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
+                        swarm_id="x")
+        pytest.skip("this config has no swarm.rescue yet (RescueConfig lands on another branch)")
+    on = node_config(load_config(None), arms[1], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
+                     swarm_id="x")
+    off = node_config(load_config(None), arms[0], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "m",
+                      swarm_id="x")
+    assert on.swarm.rescue.enabled and not off.swarm.rescue.enabled
+
+
+class _FakeClient:
+    """The attributes :class:`BufferedSwarm` reads from a swarm client, recording calls (no network)."""
+
+    swarm_id, peer_id, dht = "s", "sn1peer", None
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+
+class _RescueClient(_FakeClient):
+    def announce_rescue(self, refs, step):
+        self.calls.append(("announce_rescue", refs, step))
+        return len(refs)
+
+    def rescue_requests(self, limit=2):
+        self.calls.append(("rescue_requests", limit))
+        return [("sn1asker", "ref")]
+
+    def publish_rescue(self, trees, step, policy_version=0):
+        self.calls.append(("publish_rescue", trees, step, policy_version))
+        return {"rescue/published": len(trees)}
+
+
+def test_buffered_swarm_passes_rescue_through_only_when_the_client_has_it():
+    from swarmnode.benchmarks.swarm import RESCUE_METHODS, BufferedSwarm
+
+    plain = BufferedSwarm(_FakeClient(), per_step=2)
+    for name in RESCUE_METHODS:  # the node's getattr(hook, name, None) must see no rescue support
+        assert getattr(plain, name, None) is None and not hasattr(plain, name)
+    client = _RescueClient()
+    wrapped = BufferedSwarm(client, per_step=2)
+    assert wrapped.announce_rescue(["a", "b"], 7) == 2
+    assert wrapped.rescue_requests(limit=3) == [("sn1asker", "ref")]
+    assert wrapped.publish_rescue(["t"], 8, policy_version=5) == {"rescue/published": 1}
+    assert client.calls == [("announce_rescue", ["a", "b"], 7), ("rescue_requests", 3),
+                            ("publish_rescue", ["t"], 8, 5)]
+    assert _FakeClient().calls == [] and not hasattr(BufferedSwarm, "announce_rescue")  # per instance, not class
+
+
+def test_cli_bench_refuses_a_bad_swarm_set_before_running(tmp_path):
+    from typer.testing import CliRunner
+
+    from swarmnode.cli import app
+
+    work = ["--out", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w"), "--splits", "8/0,8/8"]
+    r = CliRunner().invoke(app, ["bench", "swarm", "--swarm-set", "train.learnin_rate=2e-5", *work])
+    assert r.exit_code == 2 and "train.learnin_rate" in r.output and "unknown key" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--swarm-set", "lr", *work])
+    assert r.exit_code == 2 and "KEY=VALUE" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--levers", "rescu", *work])
+    assert r.exit_code == 2 and "rescue" in r.output
+    assert not (tmp_path / "w").exists()
+    r = CliRunner().invoke(app, ["bench", "swarm", "--help"])
+    assert "--swarm-set" in r.output and "--per-node" in r.output

@@ -17,10 +17,28 @@ compute per node**:
   all N nodes of an arm run at the same time and start together (a file barrier after loading, the
   before-training evaluation and, in a swarm, the DHT join).
 
-Measured per arm (means over the N nodes): cumulative reward (sum over steps of the step's mean local leaf
-reward -- SAPO's measure, local samples only), held-out greedy accuracy before / every ``eval_every`` steps /
-after, and rounds to reach the isolated nodes' final accuracy (first evaluation step whose node-mean accuracy
-is at least the isolated arm's final node-mean accuracy at the same ``I``).
+Measured per arm (means over the N nodes): held-out greedy exact accuracy before / every ``eval_every`` steps /
+after, its area under the curve (:func:`heldout_auc`: trapezoid over the evaluations divided by the horizon, the
+mean held-out accuracy over training), the endpoint, rounds to reach the isolated nodes' final accuracy (first
+evaluation step whose node-mean accuracy is at least the final node-mean accuracy of the isolated arm with the
+same ``I`` in the same repeat), and, secondary, the cumulative reward (sum over steps of the step's mean local
+leaf reward -- SAPO's measure, local samples only; a training signal, not a held-out one).
+
+**Does my node learn more in the swarm than alone?** A node-mean hides the answer when the nodes differ
+(``--models embedded,embedded-bpe``: node ``i`` runs the ``i mod len``-th model in every arm). With several
+models, or ``--per-node``, the report starts with :func:`per_node_report`: every node index (labelled with its
+model) in every arm against its *solo twin*, node ``i`` of the isolated arm with the same ``I`` in the same repeat
+(same model, seed and questions, equal local rollouts): held-out before, endpoint, gain over its own start, AUC,
+gain in the swarm minus gain alone (paired by repeat), steps to reach the twin's final accuracy, cumulative reward;
+mean ± standard error [min–max] over the repeats; plus one learning-curve PNG per node (:func:`plot_per_node`).
+Solo and swarm arms may be run by separate commands side by side (``--splits 8/0`` and ``--splits 8/8
+--no-isolated``, same ``--work-dir`` and ``--repeats``); ``scripts/swarm_bench_report.py <work dir>`` then
+reports them together, pairing repeats by index (:func:`report_from_arm_dirs`).
+
+Swarm-side levers: ``--levers rescue`` adds arms with ``swarm.rescue.enabled`` (peers answer the questions a node
+got all wrong), and ``--swarm-set KEY=VALUE[,...]`` (:func:`parse_swarm_set`) overrides dotted config keys of the
+swarm arms only (e.g. ``train.learning_rate`` for the larger batch of ``I + J`` groups), shown in the arm's name
+and label and validated by the strict config before anything runs.
 
 With ``--hostile`` every swarm arm also runs with one :class:`~swarmnode.testing.adversary.HostilePeer` in the
 swarm (its own process, ``python -m swarmnode.benchmarks.swarm hostile spec.json``, joining through node 0 and attacking
@@ -36,10 +54,12 @@ samples of the swarm arms from publication to training, with the likelihood scre
 (:func:`supply_report`); :func:`report_from_arm_dirs` (``scripts/swarm_bench_report.py``) rebuilds a report from
 finished arm directories.
 
-Public API: :func:`parse_splits`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`, :func:`run_arm`,
-:func:`summarize_arm`, :func:`rounds_to_reach`, :func:`write_report`, :func:`hostile_report`,
-:func:`poison_report`, :func:`repeats_report`, :func:`supply_report`, :func:`report_from_arm_dirs`,
-:class:`PayloadCounter`, :func:`run_bench`, :func:`worker_main`, :func:`hostile_main`.
+Public API: :func:`parse_splits`, :func:`parse_swarm_set`, :func:`plan_arms`, :class:`Arm`, :func:`node_config`,
+:func:`run_arm`, :func:`summarize_arm`, :func:`rounds_to_reach`, :func:`heldout_auc`, :func:`per_node_rows`,
+:func:`per_node_report`, :func:`heldout_report`, :func:`plot_per_node`, :func:`write_report`,
+:func:`hostile_report`, :func:`poison_report`, :func:`repeats_report`, :func:`supply_report`,
+:func:`report_from_arm_dirs`, :func:`write_arm_summary`, :class:`PayloadCounter`, :class:`BufferedSwarm`,
+:func:`run_bench`, :func:`worker_main`, :func:`hostile_main`.
 """
 
 from __future__ import annotations
@@ -89,13 +109,25 @@ __all__ = [
     "worker_main",
     "hostile_main",
     "BufferedSwarm",
+    "RESCUE_METHODS",
+    "parse_swarm_set",
+    "apply_swarm_set",
+    "heldout_auc",
+    "per_node_rows",
+    "per_node_report",
+    "heldout_report",
+    "plot_per_node",
+    "expand_arm_dirs",
+    "arm_dir_name",
+    "write_arm_summary",
 ]
 
 NORMALIZATIONS = ("per_source", "joint")
 OFF_POLICY_MODES = ("none", "luffy", "tis")
-LEVERS = ("none", "curriculum", "expansion", "both", "specialize")
-"""``--levers``: the swarm levers an arm runs with (``swarm.curriculum``, ``swarm.expansion``, or
-``specialize``: heterogeneous task weights, :data:`SPECIALIZE_WEIGHT`)."""
+LEVERS = ("none", "curriculum", "expansion", "both", "specialize", "rescue")
+"""``--levers``: the swarm levers an arm runs with (``swarm.curriculum``, ``swarm.expansion``,
+``specialize``: heterogeneous task weights, :data:`SPECIALIZE_WEIGHT`, or ``rescue``: ``swarm.rescue.enabled``,
+peers answer the questions a node got all wrong)."""
 SPECIALIZE_WEIGHT = 4.0
 """``--levers specialize``: node ``i`` multiplies the weight of task source ``i mod T`` (``T`` sources) by this
 factor, so with the default four equally weighted sources and four nodes each node draws 4/7 of its questions
@@ -135,6 +167,78 @@ def parse_splits(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _dir_safe(text: str) -> str:
+    """``text`` with every character outside ``[A-Za-z0-9._=+-]`` replaced by ``_`` (for directory names)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._=+-") else "_" for c in text)
+
+
+BENCH_CONTROLLED_KEYS = ("seed", "steps", "run_dir", "eval_every", "eval_at_start", "status_port", "checkpoint",
+                         "model.name_or_path", "sampling.prompts_per_step", "tasks.eval_size", "tasks.stream",
+                         "tasks.seed", "swarm.enabled", "swarm.num_external", "swarm.swarm_id",
+                         "swarm.identity_path", "swarm.host_maddrs", "swarm.initial_peers")
+"""Config keys (and sections) the benchmark sets itself to keep the comparison fair and the swarm private (seeds,
+question streams, equal local prompts, the model pairing, J from the split, the loopback swarm): ``--swarm-set``
+refuses them and the keys under them."""
+
+
+def parse_swarm_set(text: str | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+    """Parse ``--swarm-set`` (``"train.learning_rate=2e-5,swarm.rescue.max_merged=2"``, or a list of such items)
+    into ``(("train.learning_rate", "2e-5"), ("swarm.rescue.max_merged", "2"))``: dotted config keys and their
+    values as text (YAML-typed by :func:`apply_swarm_set`). A key given twice keeps its last value.
+
+    Raises:
+        ValueError: an item without ``=``, an empty key or value, a key with an empty dotted part, or a key of
+            :data:`BENCH_CONTROLLED_KEYS` (named, with the flag to use instead where there is one).
+    """
+    items = [text] if isinstance(text, str) else list(text or [])
+    out: dict[str, str] = {}
+    for chunk in items:
+        for item in str(chunk).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, eq, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not eq or not key or not value or any(not p for p in key.split(".")):
+                raise ValueError(f"--swarm-set takes KEY=VALUE items with a dotted config key (e.g. "
+                                 f"train.learning_rate=2e-5); got {item!r}")
+            fixed = next((c for c in BENCH_CONTROLLED_KEYS if key == c or key.startswith(c + ".")), None)
+            if fixed is not None:
+                raise ValueError(f"--swarm-set {key}: the benchmark sets {fixed} itself (equal compute, paired "
+                                 "seeds and questions, a private swarm); use --splits for I/J, --models/--model, "
+                                 "--steps, --eval-every or --eval-size instead")
+            out.pop(key, None)
+            out[key] = value
+    return tuple(out.items())
+
+
+def apply_swarm_set(d: dict[str, Any], overrides: Sequence[tuple[str, str]]) -> None:
+    """Set each ``(dotted key, value text)`` of ``overrides`` in the config dict ``d`` (in place). The value is
+    read as YAML (``2e-5`` a float, ``true`` a bool, ``[a, b]`` a list; text that is not YAML stays text); the
+    strict config validates the result (:func:`node_config`).
+
+    Raises:
+        ValueError: a key whose parent is not a section of the config (e.g. ``train.learning_rate.x``), naming it.
+    """
+    import yaml
+
+    from swarmnode.config import set_dotted
+
+    for key, text in overrides:
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        cur: Any = d
+        for part in key.split(".")[:-1]:
+            cur = cur.get(part) if isinstance(cur, dict) else None
+            if cur is None:
+                break
+            if not isinstance(cur, dict):
+                raise ValueError(f"--swarm-set {key}: {part!r} is a value, not a section of the config")
+        set_dotted(d, key, value)
+
+
 def _parse_choices(text: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
     items = [s.strip() for s in (text.split(",") if isinstance(text, str) else text) if s.strip()]
     bad = [s for s in items if s not in allowed]
@@ -161,9 +265,14 @@ class Arm:
         curriculum / expansion: ``swarm.curriculum.enabled`` / ``swarm.expansion.enabled`` (swarm arms only).
         specialize: heterogeneous specialization (swarm arms only): node ``i`` weights task source ``i mod T``
             by :data:`SPECIALIZE_WEIGHT` (:func:`specialized_sources`).
+        rescue: ``swarm.rescue.enabled`` (swarm arms only): a node announces its all-wrong questions and its
+            peers answer them.
+        overrides: ``--swarm-set`` config overrides of the swarm arms, ``((dotted key, value text), ...)`` in
+            the order given (:func:`parse_swarm_set`); part of the name and the label. Lists (as JSON gives
+            them back) become tuples.
 
     Raises:
-        ValueError: an unknown ``hostile`` mode.
+        ValueError: an unknown ``hostile`` mode, or overrides that are not ``(key, value)`` pairs.
     """
 
     local: int
@@ -176,8 +285,15 @@ class Arm:
     curriculum: bool = False
     expansion: bool = False
     specialize: bool = False
+    rescue: bool = False
+    overrides: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        try:
+            ov = tuple((str(k), str(v)) for k, v in (self.overrides or ()))
+        except (TypeError, ValueError):
+            raise ValueError(f"Arm.overrides must be (key, value) pairs; got {self.overrides!r}") from None
+        object.__setattr__(self, "overrides", ov)
         h = {True: "network", False: "", None: ""}.get(self.hostile, self.hostile)  # type: ignore[arg-type]
         if h not in HOSTILE_MODES:
             hint = " (--hostile takes a value, e.g. --hostile network)" if str(self.hostile).startswith("-") else ""
@@ -187,7 +303,8 @@ class Arm:
     @property
     def _levers(self) -> str:
         return ("-cur" if self.curriculum else "") + ("-exp" if self.expansion else "") + (
-            "-spec" if self.specialize else "")
+            "-spec" if self.specialize else "") + ("-res" if self.rescue else "") + "".join(
+            "-" + _dir_safe(f"{k}={v}") for k, v in self.overrides)
 
     @property
     def name(self) -> str:
@@ -203,14 +320,16 @@ class Arm:
         if not self.swarm:
             return f"isolated {self.local}/0"
         lev = (" +curriculum" if self.curriculum else "") + (" +expansion" if self.expansion else "") + (
-            " +specialization" if self.specialize else "")
+            " +specialization" if self.specialize else "") + (" +rescue" if self.rescue else "") + "".join(
+            f" {k}={v}" for k, v in self.overrides)
         return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}{lev}" + (
             {"": "", "network": " +hostile", "poison": " +poison"}[self.hostile]) + ("" if self.screen else " screen off")
 
 
 def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] = ("per_source",),
               off_policies: Sequence[str] = ("none",), hostile: bool | str = False,
-              levers: Sequence[str] = ("none",), *, isolated: bool = True, screen_off: bool = False) -> list[Arm]:
+              levers: Sequence[str] = ("none",), *, isolated: bool = True, screen_off: bool = False,
+              swarm_set: Sequence[tuple[str, str]] = ()) -> list[Arm]:
     """The arms to run for the given splits and ablations.
 
     For every split ``I/J``: the isolated arm with ``I`` prompts (once per distinct I); for ``J > 0`` also a
@@ -221,7 +340,9 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     ``screen_off`` that twin by one more whose honest nodes run without the likelihood screen. ``isolated=False``
     leaves out the isolated arms. ``levers`` (``--levers``, of :data:`LEVERS`): each swarm arm of the first
     normalization and off-policy mode is run once per lever set -- ``none`` (as is), ``curriculum``,
-    ``expansion``, ``both``, ``specialize`` (heterogeneous task weights, no curriculum or expansion).
+    ``expansion``, ``both``, ``specialize`` (heterogeneous task weights, no curriculum or expansion), ``rescue``
+    (``swarm.rescue.enabled``). ``swarm_set`` (:func:`parse_swarm_set`) goes into every swarm arm
+    (``Arm.overrides``); isolated arms never get it.
 
     Raises:
         ValueError: unknown normalization, off-policy mode or lever, or empty lists.
@@ -229,6 +350,7 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     norms = _parse_choices(list(normalizations), NORMALIZATIONS, "--normalization")
     offs = _parse_choices(list(off_policies), OFF_POLICY_MODES, "--off-policy")
     levs = _parse_choices(list(levers), LEVERS, "--levers")
+    ov = tuple((str(k), str(v)) for k, v in swarm_set)
     arms: list[Arm] = []
 
     mode = Arm(0, 0, False, hostile=hostile).hostile
@@ -249,11 +371,12 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
             continue
         for lev in levs:
             add(Arm(i, j, True, norms[0], offs[0], curriculum=lev in ("curriculum", "both"),
-                    expansion=lev in ("expansion", "both"), specialize=lev == "specialize"))
+                    expansion=lev in ("expansion", "both"), specialize=lev == "specialize", rescue=lev == "rescue",
+                    overrides=ov))
         for nrm in norms[1:]:
-            add(Arm(i, j, True, nrm, offs[0]))
+            add(Arm(i, j, True, nrm, offs[0], overrides=ov))
         for off in offs[1:]:
-            add(Arm(i, j, True, norms[0], off))
+            add(Arm(i, j, True, norms[0], off, overrides=ov))
     return arms
 
 
@@ -285,12 +408,20 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
 
     With ``models`` (``--models``, a heterogeneous swarm) node ``index`` runs ``models[index % len(models)]``
     (``model.name_or_path``: ``embedded``, ``embedded-bpe``, a local directory or a hub id) in every arm, so swarm
-    node ``i`` and isolated node ``i`` run the same model. Sets seed = index (+ 1000 x ``repeat``), prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
+    node ``i`` and isolated node ``i`` run the same model. Sets seed = index (+ 1000 x ``repeat``),
+    prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
     swarm arms ``swarm.enabled``, ``num_external = J``, ``max_external_share = J / (I + J)``, the
     normalization and off-policy mode, the levers (curriculum, expansion, and with ``arm.specialize`` the task
-    weights of :func:`specialized_sources`), the node's identity file and its listen/bootstrap addresses.
+    weights of :func:`specialized_sources`, ``swarm.rescue.enabled``), the ``--swarm-set`` overrides
+    (``arm.overrides``, applied last, so they win), the node's identity file and its listen/bootstrap addresses.
+
+    Raises:
+        ValueError: ``arm.rescue`` with a config that has no ``swarm.rescue``; an override the strict config
+            refuses (unknown key, wrong type, impossible value) -- the message names the key.
     """
-    from swarmnode.config import RunConfig
+    from pydantic import ValidationError
+
+    from swarmnode.config import RunConfig, SwarmConfig
 
     d = base.model_dump(mode="json")
     if models:
@@ -317,15 +448,34 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
         sw.setdefault("expansion", {})["enabled"] = bool(arm.expansion)
         if arm.specialize:
             d["tasks"]["sources"] = specialized_sources(d["tasks"]["sources"], index)
+        if arm.rescue:
+            if "rescue" not in SwarmConfig.model_fields:
+                raise ValueError("--levers rescue needs swarm.rescue in the node config, and this version's "
+                                 "SwarmConfig has no 'rescue' key")
+            sw.setdefault("rescue", {})["enabled"] = True
         sw["swarm_id"] = swarm_id
         sw["identity_path"] = str(Path(run_dir) / "identity.pem")
         if host_maddrs:
             sw["host_maddrs"] = list(host_maddrs)
         sw["initial_peers"] = list(initial_peers)
-    return RunConfig.model_validate(d)
+        apply_swarm_set(d, arm.overrides)
+    try:
+        return RunConfig.model_validate(d)
+    except ValidationError as e:
+        keys = {k for k, _ in arm.overrides}
+        bad = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            hit = next((k for k in keys if loc == k or loc.startswith(k + ".") or k.startswith(loc + ".")), None)
+            what = "unknown key" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid")
+            bad.append(f"{'--swarm-set ' + hit if hit else loc}: {what}")
+        raise ValueError(f"invalid node config for {arm.label}: " + "; ".join(bad)) from None
 
 
 # ------------------------------------------------------------------------------------------ the worker
+RESCUE_METHODS = ("announce_rescue", "rescue_requests", "publish_rescue")
+"""The swarm client's optional rescue methods that :class:`BufferedSwarm` passes through when the client has them."""
+
 class BufferedSwarm:
     """A :class:`swarmnode.node.SwarmHook` around a :class:`swarmnode.swarm.gossip.SwarmClient` that smooths bursts.
 
@@ -333,6 +483,11 @@ class BufferedSwarm:
     ``num_external`` of what one ``gather`` returns and drops the rest. This wrapper hands the node at most
     ``per_step`` accepted trees per step, newest first, and keeps the others (at most ``max_buffer``, oldest
     dropped) for the next steps. Verification is untouched: only trees the client accepted are buffered.
+
+    The optional rescue methods of the client (:data:`RESCUE_METHODS`: ``announce_rescue``, ``rescue_requests``,
+    ``publish_rescue``) are passed through unchanged when the client has them, and are absent from the wrapper
+    when it does not: the node looks them up with ``getattr`` and skips rescue when they are missing, so a wrapper
+    must not claim a capability its client lacks.
     """
 
     def __init__(self, client: SwarmClient, per_step: int, max_buffer: int = 64) -> None:
@@ -343,6 +498,10 @@ class BufferedSwarm:
         self.swarm_id = client.swarm_id
         self.peer_id = client.peer_id  # names the node's default task stream
         self.dht = client.dht
+        for name in RESCUE_METHODS:  # the client's own bound methods: same signature, same errors
+            method = getattr(client, name, None)
+            if callable(method):
+                setattr(self, name, method)
 
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         self.client.charge(peer_id, reason, n)
@@ -702,6 +861,19 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, prev)
 
 
+def arm_dir_name(arm: Arm, repeat: int = 0) -> str:
+    """The directory name of ``arm``'s repeat ``repeat`` under the work dir: ``<arm.name>``, ``<arm.name>-r<k>``."""
+    return arm.name + (f"-r{int(repeat)}" if repeat else "")
+
+
+def write_arm_summary(arm_dir: str | os.PathLike, arm: Arm, summary: dict[str, Any]) -> Path:
+    """Write ``<arm_dir>/summary.json``: ``{"arm": <the Arm's fields>, **summary}`` (``summary`` from
+    :func:`summarize_arm` plus ``repeat`` and ``repeat_label``), what :func:`report_from_arm_dirs` reads back."""
+    f = Path(arm_dir) / "summary.json"
+    f.write_text(json.dumps({"arm": asdict(arm), **summary}))
+    return f
+
+
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
             eval_size: int, timeout: float | None = 1800.0, nice: int = 10, threads: int = 1,
             hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0,
@@ -728,7 +900,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     """
     import shutil
 
-    arm_dir = Path(out_root) / (arm.name + (f"-r{repeat}" if repeat else ""))
+    arm_dir = Path(out_root) / arm_dir_name(arm, repeat)
     if arm_dir.exists():
         shutil.rmtree(arm_dir)
     arm_dir.mkdir(parents=True)
@@ -873,6 +1045,12 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     over the tasks. A swarm curriculum changes *which* tasks a node draws, so its plain cumulative reward rises
     when it draws more of an easy task; this number re-weights the same samples to a fixed, equal task mix.
 
+    ``per_node`` (list in node order): each node's own numbers, for :func:`per_node_report` -- ``index`` (from
+    ``node-<i>``), ``model`` (``model.name_or_path`` from the node's ``spec.json``; None without one),
+    ``accuracy`` (its ``(step, held-out exact accuracy)`` points, step 0 = before), ``accuracy_before`` /
+    ``accuracy_after`` (first / last point; None without evaluations) and ``cumulative_reward`` (sum of its
+    local reward over the steps every node completed).
+
     Raises:
         FileNotFoundError: no ``node-*/metrics.jsonl`` under ``arm_dir``.
     """
@@ -923,6 +1101,13 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
     ev_steps = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
     acc = [(s, sum(e[s] for e in evals) / n) for s in ev_steps]
     task_success = {t: c[1] / c[0] for t, c in sorted(task_counts.items()) if c[0] > 0}
+    per_node = []
+    for f, rw, ev in zip(files, rewards, evals):
+        curve = [(st, ev[st]) for st in sorted(ev)]
+        per_node.append({"index": int(f.parent.name.split("-")[1]), "model": _node_model(f.parent),
+                         "accuracy": curve, "accuracy_before": curve[0][1] if curve and curve[0][0] == 0 else None,
+                         "accuracy_after": curve[-1][1] if curve else None,
+                         "cumulative_reward": sum(rw[st] for st in common)})
     return {
         "nodes": n,
         "steps": common[-1] if common else 0,
@@ -935,6 +1120,7 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         "accuracy_after_per_node": [e[ev_steps[-1]] for e in evals] if ev_steps else [],
         "external_per_step": sum(ext) / max(len(ext), 1),
         "seconds_per_step": sum(times) / max(len(times), 1),
+        "per_node": per_node,
         **({"task_success": task_success,
             "mix_cumulative_reward": (common[-1] if common else 0) * sum(task_success.values()) / len(task_success)}
            if task_success else {}),
@@ -942,6 +1128,14 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         **({"poison": poison} if poison is not None else {}),
         **({"supply": {k: sum(v) / len(v) for k, v in supply.items()}} if supply else {}),
     }
+
+
+def _node_model(node_dir: Path) -> str | None:
+    """``model.name_or_path`` of a node from its ``spec.json`` (None: no readable spec)."""
+    try:
+        return str(json.loads((node_dir / "spec.json").read_text())["config"]["model"]["name_or_path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _poison_summary(metric_files: Sequence[Path], hostile: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -1116,6 +1310,226 @@ def repeats_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def heldout_auc(curve: Sequence[tuple[int, float]]) -> float | None:
+    """Area under a held-out curve divided by its horizon: the trapezoid rule over the evaluation points
+    ``(step, accuracy)`` (in step order) divided by ``last step - first step``, i.e. the mean held-out accuracy
+    over training (same unit as the accuracies). One point: its value; none: None.
+
+    >>> heldout_auc([(0, 0.1), (100, 0.3), (200, 0.3)])
+    0.25
+    """
+    pts = sorted((int(st), float(v)) for st, v in curve)
+    if not pts:
+        return None
+    horizon = pts[-1][0] - pts[0][0]
+    if horizon <= 0:
+        return pts[-1][1]
+    return sum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(pts, pts[1:])) / horizon
+
+
+def _twin_key(a: Arm) -> int:
+    """The isolated arm a swarm arm is compared with: the one with the same local prompts I (equal local
+    rollouts per step), run in the same repeat (same seeds and question streams)."""
+    return a.local
+
+
+def _isolated_by_repeat(results: list[tuple[Arm, dict[str, Any]]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """``(I, repeat) -> summary`` of the isolated arms (the first one when an arm appears twice)."""
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for a, s in results:
+        if not a.swarm:
+            out.setdefault((a.local, int(s.get("repeat", 0))), s)
+    return out
+
+
+def per_node_rows(results: list[tuple[Arm, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per (arm, repeat, node index) with that node's held-out numbers and, for a swarm arm, the same
+    numbers against its solo twin: node ``i`` of the isolated arm with the same I in the same repeat (same model,
+    seed and question stream, equal local rollouts).
+
+    Row keys: ``arm``, ``repeat``, ``index``, ``model``, ``before``, ``endpoint``, ``gain`` (endpoint - before),
+    ``auc`` (:func:`heldout_auc`), ``cumulative_reward``; swarm rows with a twin also ``twin_gain``,
+    ``gain_vs_alone`` (gain - twin's gain, the paired difference) and ``steps_to_twin_final`` (first evaluation
+    step at or above the twin's endpoint, :func:`rounds_to_reach`; None: never). Accuracies are fractions in [0, 1].
+    Summaries without ``per_node`` (older ``summary.json``) give no rows.
+    """
+    iso = _isolated_by_repeat(results)
+    rows: list[dict[str, Any]] = []
+    for a, s in results:
+        k = int(s.get("repeat", 0))
+        twin = iso.get((_twin_key(a), k)) if a.swarm else None
+        twins = {n["index"]: n for n in (twin or {}).get("per_node", [])}
+        for n in s.get("per_node", []):
+            b, e = n.get("accuracy_before"), n.get("accuracy_after")
+            row: dict[str, Any] = {"arm": a, "repeat": k, "index": int(n["index"]), "model": n.get("model"),
+                                   "before": b, "endpoint": e, "gain": None if b is None or e is None else e - b,
+                                   "auc": heldout_auc(n.get("accuracy") or []),
+                                   "cumulative_reward": n.get("cumulative_reward")}
+            t = twins.get(int(n["index"]))
+            if t is not None:
+                tb, te = t.get("accuracy_before"), t.get("accuracy_after")
+                row["twin_gain"] = None if tb is None or te is None else te - tb
+                row["gain_vs_alone"] = None if row["gain"] is None or row["twin_gain"] is None else \
+                    row["gain"] - row["twin_gain"]
+                row["steps_to_twin_final"] = None if te is None else rounds_to_reach(n.get("accuracy") or [], te)
+                row["has_twin"] = True
+            rows.append(row)
+    return rows
+
+
+def _fmt_spread(xs: Sequence[float], scale: float = 1.0, digits: int = 1, n: int | None = None) -> str:
+    """``mean ± standard error [min–max]`` of ``xs`` (scaled), ``(n=k)`` added when ``k`` differs from ``n``;
+    ``-`` for no values."""
+    if not xs:
+        return "-"
+    v = [scale * x for x in xs]
+    m, se = _mean_se(v)
+    out = f"{m:.{digits}f}"
+    if se is not None:
+        out += f" ± {se:.{digits}f} [{min(v):.{digits}f}–{max(v):.{digits}f}]"
+    return out + ("" if n is None or len(xs) == n else f" (n={len(xs)})")
+
+
+def _fmt_reach(vals: Sequence[int | None]) -> str:
+    """Steps to reach over repeats: mean ± SE [min–max] of the runs that reached it, and how many did."""
+    if not vals:
+        return "-"
+    hit = [float(v) for v in vals if v is not None]
+    if not hit:
+        return f"never (0/{len(vals)})"
+    return f"{_fmt_spread(hit, digits=0)} ({len(hit)}/{len(vals)} reached)"
+
+
+def per_node_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
+    """Markdown: per arm and node index (labelled with its model), over the repeats: held-out exact accuracy
+    before, endpoint, gain over its own start, AUC (:func:`heldout_auc`, mean accuracy over training), **gain in
+    the swarm minus gain alone** (paired by repeat with node ``i`` of the isolated arm with the same I), steps to
+    reach that solo twin's endpoint, and the cumulative local reward last. Cells are mean ± standard error
+    [min–max] over the repeats (accuracies in %), ``n`` = repeats. Empty when no summary has per-node data."""
+    rows = per_node_rows(results)
+    if not rows:
+        return ""
+    groups: dict[tuple[Arm, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["arm"], r["index"]), []).append(r)
+    lines = [
+        "Each node against itself alone: node *i* of a swarm arm and node *i* of the isolated arm with the same "
+        "local prompts I run the same model, seed and questions, so the gain difference is paired by repeat. "
+        "Accuracies are held-out exact accuracy (%); AUC = mean held-out accuracy over training (trapezoid over "
+        "the evaluations / horizon); cells are mean ± standard error [min–max] over n repeats.",
+        "",
+        "| arm | node (model) | n | held-out before | endpoint | gain over own start | AUC | gain in swarm − "
+        "gain alone | steps to solo twin's final | cumulative reward |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def vals(rs: list[dict[str, Any]], key: str) -> list[float]:
+        return [r[key] for r in rs if r.get(key) is not None]
+
+    for (a, i), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], list(groups).index(kv[0]))):
+        n = len(rs)
+        paired = [r for r in rs if r.get("has_twin")]
+        diff = _fmt_spread(vals(paired, "gain_vs_alone"), 100, n=n) if paired else "-"
+        reach = _fmt_reach([r["steps_to_twin_final"] for r in paired]) if paired else "-"
+        if paired and vals(paired, "gain_vs_alone"):
+            diff = ("+" if _mean_se(vals(paired, "gain_vs_alone"))[0] >= 0 else "") + diff
+        lines.append(f"| {a.label} | {i} ({rs[0]['model'] or '?'}) | {n} | "
+                     f"{_fmt_spread(vals(rs, 'before'), 100, n=n)} | "
+                     f"{_fmt_spread(vals(rs, 'endpoint'), 100, n=n)} | {_fmt_spread(vals(rs, 'gain'), 100, n=n)} | "
+                     f"{_fmt_spread(vals(rs, 'auc'), 100, n=n)} | {diff} | {reach} | "
+                     f"{_fmt_spread(vals(rs, 'cumulative_reward'), digits=2, n=n)} |")
+    return "\n".join(lines)
+
+
+def heldout_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
+    """Markdown: per arm over its repeats, the node-mean held-out exact accuracy before, its AUC
+    (:func:`heldout_auc` of the node-mean curve), endpoint, endpoint minus the isolated arm with the same I in
+    the same repeat, steps to reach that isolated run's final accuracy (:func:`rounds_to_reach` on the node-mean
+    curve), and the cumulative local reward (node mean) last. Cells: mean ± standard error [min–max]."""
+    groups: dict[Arm, list[dict[str, Any]]] = {}
+    for a, s in results:
+        groups.setdefault(a, []).append(s)
+    if not groups:
+        return ""
+    iso = _isolated_by_repeat(results)
+    lines = ["| arm | n | held-out before | AUC (mean over training) | endpoint | endpoint − isolated I/0 (same "
+             "repeat) | steps to isolated I/0's final | cumulative reward |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for a, ss in groups.items():
+        n = len(ss)
+        before = [s["accuracy_before"] for s in ss if s.get("accuracy_before") is not None]
+        after = [s["accuracy_after"] for s in ss if s.get("accuracy_after") is not None]
+        aucs = [v for s in ss if (v := heldout_auc(s.get("accuracy") or [])) is not None]
+        diffs, reach = [], []
+        for s in ss:
+            t = iso.get((_twin_key(a), int(s.get("repeat", 0)))) if a.swarm else None
+            if t is None or t.get("accuracy_after") is None or s.get("accuracy_after") is None:
+                continue
+            diffs.append(s["accuracy_after"] - t["accuracy_after"])
+            reach.append(rounds_to_reach(s.get("accuracy") or [], t["accuracy_after"]))
+        d = _fmt_spread(diffs, 100, n=n)
+        if diffs and _mean_se(diffs)[0] >= 0:
+            d = "+" + d
+        lines.append(f"| {a.label} | {n} | {_fmt_spread(before, 100, n=n)} | {_fmt_spread(aucs, 100, n=n)} | "
+                     f"{_fmt_spread(after, 100, n=n)} | {d} | {_fmt_reach(reach) if reach else '-'} | "
+                     f"{_fmt_spread([s['cumulative_reward'] for s in ss], digits=2, n=n)} |")
+    return "\n".join(lines)
+
+
+def _mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """Pointwise mean of curves over the steps all of them have."""
+    if not curves:
+        return []
+    steps = sorted(set.intersection(*(set(st for st, _ in c) for c in curves)))
+    maps = [dict(c) for c in curves]
+    return [(st, sum(m[st] for m in maps) / len(maps)) for st in steps]
+
+
+def plot_per_node(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLike,
+                  prefix: str) -> list[Path]:
+    """One PNG per node index, ``<out>/<prefix>_node<i>.png``: that node's held-out exact accuracy (%) against the
+    optimizer step in every arm, each repeat a thin line and the mean over the repeats a thick one (swarm arms
+    solid, isolated dashed). Headless (matplotlib Agg). Returns the paths (none without per-node data)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    curves: dict[int, dict[Arm, list[list[tuple[int, float]]]]] = {}
+    models: dict[int, str] = {}
+    for a, s in results:
+        for n in s.get("per_node", []):
+            i = int(n["index"])
+            if n.get("accuracy"):
+                curves.setdefault(i, {}).setdefault(a, []).append([(int(st), float(v)) for st, v in n["accuracy"]])
+            if n.get("model"):
+                models.setdefault(i, str(n["model"]))
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    paths = []
+    for i in sorted(curves):
+        fig, ax = plt.subplots(figsize=(8, 4.6))
+        for k, (a, cs) in enumerate(curves[i].items()):
+            c, style = colors[k % len(colors)], "-" if a.swarm else "--"
+            for cv in cs:
+                ax.plot([st for st, _ in cv], [100 * v for _, v in cv], style, color=c, lw=0.8, alpha=0.4)
+            mean = _mean_curve(cs)
+            ax.plot([st for st, _ in mean], [100 * v for _, v in mean], "o" + style, color=c, lw=2.4, ms=4,
+                    label=f"{a.label} (mean of {len(cs)})")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("held-out exact accuracy (%)")
+        ax.set_title(f"node {i} ({models.get(i, '?')}): swarm vs alone")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        pth = outp / f"{prefix}_node{i}.png"
+        fig.savefig(pth, dpi=100)
+        plt.close(fig)
+        paths.append(pth)
+    return paths
+
+
 def supply_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
     """Markdown: where a swarm node's external samples come from and where they are lost, per arm (mean over its
     repeats of the node-mean per step of each :data:`SUPPLY_KEYS` metric; an isolated arm has the local row only),
@@ -1177,12 +1591,18 @@ def poison_report(results: list[tuple[Arm, dict[str, Any]]]) -> str:
 
 
 def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLike, *, command: str,
-                 prefix: str = "swarm_bench_results", smooth: int = 20) -> tuple[Path, list[Path]]:
+                 prefix: str = "swarm_bench_results", smooth: int = 20,
+                 per_node: bool | None = None) -> tuple[Path, list[Path]]:
     """Write ``<out>/<prefix>.md`` (table + command) and ``<out>/<prefix>_{reward,accuracy,cumulative}.png``.
 
-    Table columns: arm, cumulative reward (node mean) and its ratio to the isolated arm with the same I and to
-    the isolated arm with I + J prompts (SAPO's 8/0 comparison), held-out accuracy before -> after, the
-    rounds to reach the isolated-I arm's final accuracy, external samples used per step, seconds per step.
+    With ``per_node`` (None: when the arms' nodes run more than one model, ``--models``) the report starts with
+    :func:`per_node_report` (each node against its solo twin) and adds one learning-curve PNG per node index,
+    ``<out>/<prefix>_node<i>.png`` (:func:`plot_per_node`). Then the node-mean tables: arm, cumulative reward
+    (node mean) and its ratio to the isolated arm with the same I and to the isolated arm with I + J prompts
+    (SAPO's 8/0 comparison), held-out accuracy before -> after, the rounds to reach the isolated-I arm's final
+    accuracy (ratios and rounds against the isolated run of the same repeat when there is one, else the first),
+    external samples used per step, seconds per step; then :func:`heldout_report` (AUC, endpoint and steps to
+    the isolated final per arm with spread, paired by repeat) and the other sections.
 
     Returns:
         ``(markdown path, [png paths])``.
@@ -1202,16 +1622,23 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
-    lines = [
-        f"Command: `{command}`",
-        "",
+    if per_node is None:
+        per_node = len({n.get("model") for _, s in results for n in s.get("per_node", [])}) > 1
+    lines = [f"Command: `{command}`", ""]
+    node_table = per_node_report(results) if per_node else ""
+    if node_table:
+        lines += ["## Per node: does each node learn more in the swarm than alone?", "", node_table, "",
+                  "## Node means", ""]
+    lines += [
         "| arm | cumulative reward | vs isolated I/0 (equal compute) | vs isolated (I+J)/0 (SAPO's baseline) "
         "| held-out before → after | rounds to isolated-I final acc | external samples/step | s/step |",
         "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
+    by_rep = _isolated_by_repeat(results)
     for a, s in results:
-        base_i = iso.get(a.local)
-        base_ij = iso.get(a.local + a.external)
+        k = int(s.get("repeat", 0))  # the isolated run of the same repeat, else the first one
+        base_i = by_rep.get((a.local, k), iso.get(a.local))
+        base_ij = by_rep.get((a.local + a.external, k), iso.get(a.local + a.external))
         r_i = "-" if not a.swarm or base_i is None or not base_i["cumulative_reward"] else \
             f"{100 * (s['cumulative_reward'] / base_i['cumulative_reward'] - 1):+.1f}%"
         r_ij = "-" if not a.swarm or base_ij is None or not base_ij["cumulative_reward"] else \
@@ -1224,6 +1651,10 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
             f"| {a.label}{s.get('repeat_label', '')} | {s['cumulative_reward']:.2f} | {r_i} | {r_ij} | {pct(s['accuracy_before'])} → "
             f"{pct(s['accuracy_after'])} | {reach} | {s['external_per_step']:.1f} | {s['seconds_per_step']:.2f} |"
         )
+    held = heldout_report(results)
+    if held:
+        lines += ["", "## Held-out accuracy per arm (node mean; mean ± standard error [min–max] over repeats)", "",
+                  held]
     spread = repeats_report(results)
     if spread:
         lines += ["", "## Run-to-run spread (mean ± standard error over repeats)", "", spread]
@@ -1270,25 +1701,57 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
         fig.savefig(p, dpi=100)
         plt.close(fig)
         pngs.append(p)
+    if per_node:
+        pngs += plot_per_node(results, outp, prefix)
     return md, pngs
 
 
+def expand_arm_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Arm directories from ``paths``: an arm directory (with ``summary.json``) stays; a benchmark work directory
+    (``--work-dir``, no ``summary.json`` of its own) becomes its sub-directories that have one, isolated arms
+    first, then by name (``<arm>``, ``<arm>-r1``, …). Order is kept otherwise; a directory named twice counts once.
+
+    Raises:
+        FileNotFoundError: a path that is not a directory, or a directory with neither ``summary.json`` nor
+            sub-directories holding one (names the path).
+    """
+    out: list[Path] = []
+    for raw in paths:
+        d = Path(raw)
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d}: not a directory (expected an arm directory or a benchmark work dir)")
+        if (d / "summary.json").is_file():
+            found = [d]
+        else:
+            found = sorted((c for c in d.iterdir() if (c / "summary.json").is_file()),
+                           key=lambda c: (not c.name.startswith("isolated-"), c.name))
+            if not found:
+                raise FileNotFoundError(f"{d}: no summary.json (expected an arm directory of a finished arm, or a "
+                                        "work dir whose arm directories have one)")
+        out += [f for f in found if f.resolve() not in {o.resolve() for o in out}]
+    return out
+
+
 def report_from_arm_dirs(arm_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, *, prefix: str,
-                         command: str) -> tuple[Path, list[Path]]:
+                         command: str, per_node: bool | None = None) -> tuple[Path, list[Path]]:
     """Re-read finished arm directories (each holds the ``summary.json`` :func:`run_bench` wrote after the arm) and
     write the report again with :func:`write_report`: the summaries are recomputed from ``node-*/metrics.jsonl``,
-    so a report can be made for arms of an interrupted benchmark, or for arms of several benchmark commands.
+    so a report can be made for arms of an interrupted benchmark, or for arms of several benchmark commands (e.g.
+    the isolated arms run by one command and the swarm arms by another in the same ``--work-dir``): repeats are
+    paired by the repeat index each ``summary.json`` records, so swarm node ``i`` of repeat ``k`` is compared
+    with isolated node ``i`` of repeat ``k``.
 
     Args:
-        arm_dirs: arm directories, in the order of the report's rows (a repeat keeps its ``-r<k>`` suffix).
-        out / prefix / command: as in :func:`write_report`.
+        arm_dirs: arm directories, in the order of the report's rows (a repeat keeps its ``-r<k>`` suffix), or
+            work directories holding them (:func:`expand_arm_dirs`).
+        out / prefix / command / per_node: as in :func:`write_report`.
 
     Raises:
         FileNotFoundError: a directory without ``summary.json`` or without ``node-*/metrics.jsonl``.
         ValueError: a ``summary.json`` whose ``arm`` is not an :class:`Arm`.
     """
     results: list[tuple[Arm, dict[str, Any]]] = []
-    for d in arm_dirs:
+    for d in expand_arm_dirs(arm_dirs):
         d = Path(d)
         f = d / "summary.json"
         if not f.is_file():
@@ -1296,14 +1759,14 @@ def report_from_arm_dirs(arm_dirs: Sequence[str | os.PathLike], out: str | os.Pa
         saved = json.loads(f.read_text())
         try:
             arm = Arm(**saved["arm"])
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{f}: 'arm' is not an arm of this benchmark ({e})") from e
         s = summarize_arm(d)
         k = int(saved.get("repeat", 0))
         s["repeat"] = k
         s["repeat_label"] = str(saved.get("repeat_label", ""))
         results.append((arm, s))
-    return write_report(results, out, command=command, prefix=prefix)
+    return write_report(results, out, command=command, prefix=prefix, per_node=per_node)
 
 
 # ------------------------------------------------------------------------------------------ top level
@@ -1324,7 +1787,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               arm_timeout: float = 1800.0, nice: int = 10, command: str | None = None,
               hostile: bool | str = False, isolated: bool = True, screen_off: bool = False,
               payload: str = DEFAULT_PAYLOAD, repeats: int = 1, levers: str = "none", first_repeat: int = 0,
-              models: str | None = None, log: Any = print) -> BenchResult:
+              models: str | None = None, swarm_set: str | Sequence[str] | None = None,
+              per_node: bool | None = None, log: Any = print) -> BenchResult:
     """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
 
     Args:
@@ -1354,11 +1818,17 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             first_repeat + repeats - 1`` run, so a later command adds repeats to an earlier benchmark (same
             ``--work-dir``; ``scripts/swarm_bench_report.py`` then reports all arm directories together).
         levers: comma-separated subset of :data:`LEVERS` (``--levers``): the swarm curriculum and cross-node
-            expansion arms, and heterogeneous specialization (see :func:`plan_arms`).
+            expansion arms, heterogeneous specialization and rescue (see :func:`plan_arms`).
+        swarm_set: ``--swarm-set KEY=VALUE[,KEY=VALUE]`` (:func:`parse_swarm_set`): config overrides of the swarm
+            arms only (e.g. ``train.learning_rate=2e-5`` for the larger batch of I + J groups), in their names and
+            labels; every swarm node's config is validated before anything runs.
+        per_node: start the report with the per-node table and per-node plots (None: when ``models`` names more
+            than one model; see :func:`write_report`).
         log: a ``print``-like callable for progress lines.
 
     Raises:
-        ValueError: bad splits / modes / ``nodes < 2`` / ``steps < 1``. ConfigError: a bad config.
+        ValueError: bad splits / modes / ``nodes < 2`` / ``steps < 1`` / a ``--swarm-set`` the strict config
+            refuses (names the key) / ``--levers rescue`` without ``swarm.rescue``. ConfigError: a bad config.
         RuntimeError: a node process failed (see :func:`run_arm`). The arms finished before it are reported
             first (``<out>/<prefix>.md`` covers them only; the message says so).
     """
@@ -1378,17 +1848,23 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
     if not arm_timeout >= 0:  # also rejects NaN, which would kill every arm at once
         raise ValueError(f"--arm-timeout must be >= 0 seconds (0: no limit); got {arm_timeout}")
     arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile,
-                     levers=levers.split(","), isolated=isolated, screen_off=screen_off)
+                     levers=levers.split(","), isolated=isolated, screen_off=screen_off,
+                     swarm_set=parse_swarm_set(swarm_set))
     counting = any(a.hostile == "poison" for a in arms)
     base = load_config(config, {"model.name_or_path": model})
-    per_node = [m.strip() for m in models.split(",")] if models else []
-    if per_node and not all(per_node):
+    node_models = [m.strip() for m in models.split(",")] if models else []
+    if node_models and not all(node_models):
         raise ValueError(f"--models must be a comma-separated list of models without empty entries; got {models!r}")
-    for m in per_node or [base.model.name_or_path]:
+    for m in node_models or [base.model.name_or_path]:
         check_model_source(m)  # a bad local path fails here, not in N worker processes
+    for arm in arms:  # a bad --swarm-set key or value, or rescue without swarm.rescue, fails here
+        node_config(base, arm, 0, steps=steps, eval_every=eval_every, eval_size=eval_size,
+                    run_dir=Path(work_dir) / arm.name / "node-0", swarm_id="check")
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])
     res = BenchResult(command=cmd)
     labelled = repeats > 1 or first_repeat > 0
+    if per_node is None:
+        per_node = len(set(node_models)) > 1
     runs = [(r, arm) for r in range(first_repeat, first_repeat + repeats) for arm in arms]
     for k, (rep_k, arm) in enumerate(runs):
         t0 = time.time()
@@ -1396,18 +1872,18 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             f"{nodes} nodes x {steps} steps …")
         try:
             arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
-                              timeout=arm_timeout or None, nice=nice, repeat=rep_k, models=per_node,
+                              timeout=arm_timeout or None, nice=nice, repeat=rep_k, models=node_models,
                               payload=payload if counting and arm.swarm else None)
         except RuntimeError as e:
             if not res.results:
                 raise
-            res.markdown, res.plots = write_report(res.results, out, command=cmd, prefix=prefix)
+            res.markdown, res.plots = write_report(res.results, out, command=cmd, prefix=prefix, per_node=per_node)
             raise RuntimeError(f"{e}\n(the {len(res.results)} arm run(s) finished before it are reported in "
                                f"{res.markdown}; their directories are under {work_dir})") from e
         s = summarize_arm(arm_dir)
         s["repeat"] = rep_k
         s["repeat_label"] = f" (r{rep_k})" if labelled else ""
-        (arm_dir / "summary.json").write_text(json.dumps({"arm": asdict(arm), **s}))
+        write_arm_summary(arm_dir, arm, s)
         res.results.append((arm, s))
         log(f"    cumulative reward {s['cumulative_reward']:.2f}  accuracy {s['accuracy_before']} -> "
             f"{s['accuracy_after']}  ext/step {s['external_per_step']:.1f}  ({time.time() - t0:.0f} s)")
@@ -1419,7 +1895,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             h = s["hostile"]
             log(f"    hostile peer: accepted {h['accepted']}, banned {h['banned']}, rejected "
                 f"{[sum(r.values()) for r in h['rejected_by_reason']]} by the honest nodes")
-    res.markdown, res.plots = write_report(res.results, out, command=cmd, prefix=prefix)
+    res.markdown, res.plots = write_report(res.results, out, command=cmd, prefix=prefix, per_node=per_node)
     return res
 
 
