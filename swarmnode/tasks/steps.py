@@ -217,7 +217,7 @@ def _check_letters(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], li
 
 #: The line forms of each task's steps (patterns only: numbers and words unchecked), for ``answer_follows``.
 _FORMS: dict[str, tuple[re.Pattern[str], ...]] = {
-    "chain_sum": (_RUNNING,),
+    "chain_sum": (_COLUMN, _RUNNING),  # a two-term sum of non-negative terms is written in columns too
     "basic_arithmetic": (_COLUMN, _RUNNING),
     "leg_counting": (_PRODUCT, _RUNNING),
     "letter_counting": (_LETTER,),
