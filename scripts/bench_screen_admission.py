@@ -14,7 +14,9 @@ groups dropped), :func:`external_samples` with the receiver's :class:`StepCredit
 Per (receiver, peer, mode): ``leaves`` (samples offered to the screen), ``rejected`` (the screen's rejections;
 charged to the peer), ``admitted`` (admitted by form, not judged), ``lost`` (offered but not kept: rejected or
 dropped with their group), ``groups`` and ``groups_dropped`` (groups that lost a member, so went whole).
-Rates: ``rejected / leaves`` and ``groups_dropped / groups``.
+Rates: ``rejected / leaves`` and ``groups_dropped / groups``. ``by_task``: with admission off, per task the
+leaves offered, rejected, and rejected although every line was in exact form (``rejected_in_form``; a wrong one
+counts too): the most admission by form can save.
 
 **Poison check**: every correct leaf the peers sent is rewritten as a poisoned-but-correct completion (a payload
 line before the answer, before the first line, between two lines, payload text after ``</answer>``, the payload
@@ -141,6 +143,7 @@ def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: P
     rows: dict[str, dict[str, int]] = {f"{k}/{m}": dict.fromkeys(
         ("leaves", "rejected", "admitted", "lost", "groups", "groups_dropped"), 0) for k in peers for m in MODES}
     poison = {"poison_tried": 0, "poison_admitted": 0, "clean_correct_admitted": 0}
+    by_task: dict[str, dict[str, int]] = {}
     for r in range(args.rounds):
         observe_own(recv, recv.run_step().trees)
         for kind, p in peers.items():
@@ -155,6 +158,18 @@ def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: P
                                               step_credit=credit, admit_step_form=mode)
                 sr = recv.screen.screen(recv.policy.model, samples)
                 assert not sr.metrics["screen/warmup"], "the screen reference is not warm: raise --warm"
+                if mode == "off":
+                    th = recv.screen.thresholds()
+                    assert th is not None
+                    task_of = {pt.task_key: pt.tree.task for pt in chosen}
+                    for s, (mean, win) in zip(samples, sr.stats):
+                        ref = task_of[s.group_id.split("|")[0]]
+                        row = by_task.setdefault(f"{kind}/{recv.tasks.get(ref).name}",
+                                                 {"leaves": 0, "rejected": 0, "rejected_in_form": 0})
+                        row["leaves"] += 1
+                        if mean < th[0] or win < th[1]:
+                            row["rejected"] += 1
+                            row["rejected_in_form"] += credit.admits(ref, s.completion_ids, allow_wrong=True)
                 kept = {id(s) for s in sr.kept}
                 lost_groups = {s.group_id for s in samples if id(s) not in kept}
                 row = rows[f"{kind}/{mode}"]
@@ -171,7 +186,7 @@ def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: P
         row["rejection_rate"] = row["rejected"] / row["leaves"] if row["leaves"] else float("nan")
         row["loss_rate"] = row["lost"] / row["leaves"] if row["leaves"] else float("nan")
         row["group_drop_rate"] = row["groups_dropped"] / row["groups"] if row["groups"] else float("nan")
-    return {"receiver": recv_model, "peer": peer_model, "rows": rows, "poison": poison}
+    return {"receiver": recv_model, "peer": peer_model, "rows": rows, "poison": poison, "by_task": by_task}
 
 
 def main() -> None:
@@ -204,6 +219,8 @@ def main() -> None:
             print(f"{res['receiver']:13} {kind + ' ' + res['peer']:22} {mode:8} {row['leaves']:6d} {row['rejected']:9d} "
                   f"{100 * row['rejection_rate']:6.1f} {row['admitted']:8d} {100 * row['loss_rate']:6.1f} "
                   f"{row['groups']:6d} {row['groups_dropped']:7d} {100 * row['group_drop_rate']:6.1f}")
+        print(f"{'':13} off, per task (leaves / rejected / rejected in form): " + ", ".join(
+            f"{k} {v['leaves']}/{v['rejected']}/{v['rejected_in_form']}" for k, v in sorted(res["by_task"].items())))
         print(f"{'':13} poison: {res['poison']['poison_admitted']} of {res['poison']['poison_tried']} payload "
               f"completions admitted by form (clean correct admitted: {res['poison']['clean_correct_admitted']})")
     report = {"command": " ".join(sys.argv), "wall_s": round(time.perf_counter() - t0, 1),
