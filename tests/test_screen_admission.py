@@ -163,7 +163,7 @@ def test_process_external_reads_the_config_key(policy, src):
                                       our_model_id="m", our_tokenizer_id="t", rng=0, step_credit=credit)
         got[mode] = [s.admitted_by_form for s in samples]
     assert got == {"off": [False, False], "correct": [True, False], "in_form": [True, True]}
-    assert SwarmConfig().screen.admit_step_form == "in_form"
+    assert SwarmConfig().screen.admit_step_form == "correct"
     with pytest.raises(ValueError, match="admit_step_form"):
         SwarmConfig.model_validate({"screen": {"admit_step_form": True}})
 
