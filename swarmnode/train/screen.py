@@ -116,7 +116,7 @@ class ScreenResult:
     Attributes:
         kept: the samples that passed (same objects, input order).
         rejected_by_peer: peer id -> number of its samples rejected.
-        metrics: ``screen/checked``, ``screen/rejected``, ``screen/warmup`` (1 while the reference is too small),
+        metrics: ``screen/checked`` (samples offered, admitted ones included), ``screen/rejected``, ``screen/warmup`` (1 while the reference is too small),
             ``screen/reference`` (completions in it), ``screen/threshold_mean``, ``screen/threshold_window``
             (nats/token; NaN in warm-up), ``screen/ext_mean_median`` (median mean log-prob of the checked samples),
             ``screen/behaviour_claims_dropped`` (kept samples whose claimed behaviour log-probs were discarded),
