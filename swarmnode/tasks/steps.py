@@ -33,6 +33,15 @@ Validity is **string equality** with the line the writer would write: ASCII digi
 leading zeros, no ``-0``, at most 30 digits per number), single spaces where the writer puts them, nothing
 else on the line, and a plain ``"\n"`` (or the answer tag) after it. So the text of a valid line is exactly
 what the writer produces: no whitespace, zero or other character can ride on a line's positive credit.
+
+**Every line in form** is a rule of its own (:attr:`StepReport.all_in_form`, :func:`admissible_by_form`). The
+line checks above skip nothing but also judge nothing outside the lines: text that is not in a step's form is
+simply an invalid line, and text between lines or after the answer is no line at all. A completion whose *every*
+line is in the task's exact step form (:attr:`StepCheck.exact_form`), with the needed number of lines, one
+``"\n"`` after each, and the answer block that follows from its last line and nothing after it, has no free text
+anywhere; when its lines are also valid it is the worked solution itself. The receiver admits such a
+completion of a peer without asking its likelihood (``swarm.screen.admit_step_form``,
+:mod:`swarmnode.train.screen`): its style says nothing about a payload when there is no room for one.
 """
 
 from __future__ import annotations
