@@ -349,6 +349,20 @@ class ScreenConfig(_Strict):
         "own scores by more than this on average loses them, so swarm.off_policy=tis weighs it with ratio 1 instead "
         "of a capped weight an extreme claim saturates (None = off). Default 1.0",
     )
+    admit_step_form: Literal["off", "correct", "in_form"] = Field(
+        "correct", description="admit external completions by their step form instead of their likelihood "
+        "(swarmnode/tasks/steps.py admissible_by_form; docs/guide/swarm.md trust rules): for tasks whose every "
+        "reasoning line a program checks, a completion that is exactly the task's worked solution (every line in "
+        "the exact step form and valid, the needed number of lines, the exact answer, nothing else: no free text "
+        "can ride) is not judged by the screen (not rejected, not charged; screen/admitted_by_form). in_form = "
+        "also a wrong completion whose every line is in exact form and whose answer follows its last line (only "
+        "its numbers differ; admitted only with train.step_credit mask, which keeps its valid lines from being "
+        "pushed down). correct = only the worked solution. off = every external completion is screened. Checked "
+        "by us on our regenerated task and the decode of the ids that train; needs our step checks of external "
+        "completions (swarm.external_step_credit with train.step_credit or train.step_reward_weight on); tasks "
+        "without a checker are screened as before. Default correct (measured: in_form let no more leaves through the screen, "
+        "docs/lab/benchmarks.md \"Admission by step form\")",
+    )
 
 
 class CurriculumConfig(_Strict):

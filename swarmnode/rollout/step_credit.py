@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 from swarmnode.rollout.advantages import AdvantageResult
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task, TaskRef
-from swarmnode.tasks.steps import StepCheck, StepReport, check_steps
+from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, check_steps
 
 __all__ = ["token_char_starts", "mask_advantages", "step_reports", "step_reward_bonus",
            "apply_step_credit", "StepCredit"]
@@ -288,6 +288,29 @@ class StepCredit:
             return check_steps(task.name, task.metadata, text)
         except Exception:  # noqa: BLE001 - peer input: no step credit, never a crash
             return None
+
+    def admits(self, ref: TaskRef, completion_ids: Sequence[int], *, allow_wrong: bool = False) -> bool:
+        """Whether one completion (token ids in our vocabulary, list[int]) of task ``ref`` is admitted by its step
+        form (:func:`~swarmnode.tasks.steps.admissible_by_form`; ``allow_wrong``: the ``in_form`` variant).
+
+        What trains is what is checked: the ids are decoded by our tokenizer **with** special tokens and without
+        clean-up of tokenization spaces; one final end-of-sequence id is allowed (the sampler's stop), any other
+        special id anywhere fails. The task is regenerated from ``ref`` by :attr:`task_of` (our task set, never
+        a peer's metadata). Any failure (unknown ref, undecodable ids) gives ``False``, never an exception.
+        """
+        try:
+            ids = [int(t) for t in completion_ids]
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            if ids and isinstance(eos, int) and ids[-1] == eos:
+                ids = ids[:-1]
+            special = {int(t) for t in (getattr(self.tokenizer, "all_special_ids", None) or [])}
+            if not ids or any(t in special for t in ids):
+                return False
+            task = self.task_of(ref)
+            text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            return admissible_by_form(task.name, task.metadata, text, allow_wrong=allow_wrong)
+        except Exception:  # noqa: BLE001 - peer input: not admitted (screened as usual), never a crash
+            return False
 
     def bonus(self, report: StepReport | None) -> float:
         """``weight * report.progress`` (0.0 without a report): added to the reward for the advantage only."""

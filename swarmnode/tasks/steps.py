@@ -33,6 +33,15 @@ Validity is **string equality** with the line the writer would write: ASCII digi
 leading zeros, no ``-0``, at most 30 digits per number), single spaces where the writer puts them, nothing
 else on the line, and a plain ``"\n"`` (or the answer tag) after it. So the text of a valid line is exactly
 what the writer produces: no whitespace, zero or other character can ride on a line's positive credit.
+
+**Every line in form** is a rule of its own (:attr:`StepReport.all_in_form`, :func:`admissible_by_form`). The
+line checks above skip nothing but also judge nothing outside the lines: text that is not in a step's form is
+simply an invalid line, and text between lines or after the answer is no line at all. A completion whose *every*
+line is in the task's exact step form (:attr:`StepCheck.exact_form`), with the needed number of lines, one
+``"\n"`` after each, and the answer block that follows from its last line and nothing after it, has no free text
+anywhere; when its lines are also valid it is the worked solution itself. The receiver admits such a
+completion of a peer without asking its likelihood (``swarm.screen.admit_step_form``,
+:mod:`swarmnode.train.screen`): its style says nothing about a payload when there is no room for one.
 """
 
 from __future__ import annotations
@@ -41,9 +50,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from swarmnode.tasks.solutions import SUPPORTED_TASKS, UnsupportedTaskError, legs_table, parse_expression
+from swarmnode.tasks.solutions import (SUPPORTED_TASKS, UnsupportedTaskError, legs_table, parse_expression,
+                                       worked_solution)
 
-__all__ = ["StepCheck", "StepReport", "check_steps", "reasoning_lines", "CHECKED_TASKS"]
+__all__ = ["StepCheck", "StepReport", "check_steps", "admissible_by_form", "reasoning_lines", "CHECKED_TASKS"]
 
 #: Tasks whose reasoning lines :func:`check_steps` can check (those with a worked-solution writer).
 CHECKED_TASKS = SUPPORTED_TASKS
@@ -66,12 +76,17 @@ class StepCheck:
             line (module docstring).
         in_form: the line has the form of one of the task's steps (``"{x}+{y}={z}"`` and the like, its numbers
             and words possibly wrong); False for prose and other text.
+        exact_form: the line is string-equal to the canonical rendering of the step at its position with its
+            own numbers: the question's k-th word, animal or operator in place (for column addition: one of
+            the operands' columns), every number canonical ASCII (no leading zero, no ``-0``), single spaces
+            where the writer puts them and nothing else; only its numbers may be wrong. Implied by ``valid``.
     """
 
     start: int
     end: int
     valid: bool
     in_form: bool = False
+    exact_form: bool = False
 
 
 def reasoning_lines(completion: str) -> list[tuple[int, int, str]]:
@@ -96,28 +111,40 @@ def reasoning_lines(completion: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def _check_running(lines: list[str], first: int | None, ops: list[str], terms: list[int]) -> list[bool]:
-    """Validity of running-sum lines; ``terms`` are the operands after ``first``, ``ops`` their operators."""
-    out, prev = [], first
+def _check_running(lines: list[str], first: int | None, ops: list[str],
+                   terms: list[int]) -> tuple[list[bool], list[bool]]:
+    """Validity and exact form of running-sum lines; ``terms`` are the operands after ``first``, ``ops`` their
+    operators. Exact form: the canonical rendering, the question's k-th operator, any canonical numbers."""
+    out, form, prev = [], [], first
     for k, text in enumerate(lines):
         m = _RUNNING.match(text)
         if m is None or k >= len(ops) or prev is None:
             out.append(False)
+            form.append(m is not None and k < len(ops) and text == _canonical_running(m) and m.group(2) == ops[k])
             prev = int(m.group(4)) if m else None
             continue
         x, op, y, z = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
-        out.append(text == f"{x}{op}{y}={z}" and x == prev and op == ops[k] and y == terms[k]
-                   and z == (x + y if op == "+" else x - y))
+        canon = text == f"{x}{op}{y}={z}"
+        out.append(canon and x == prev and op == ops[k] and y == terms[k] and z == (x + y if op == "+" else x - y))
+        form.append(canon and op == ops[k])
         prev = z
-    return out
+    return out, form
 
 
-def _check_column(lines: list[str], a: int, b: int) -> list[bool]:
+def _canonical_running(m: re.Match[str]) -> str:
+    return f"{int(m.group(1))}{m.group(2)}{int(m.group(3))}={int(m.group(4))}"
+
+
+def _check_column(lines: list[str], a: int, b: int) -> tuple[list[bool], list[bool]]:
+    """Validity and exact form of column-addition lines. Exact form: the canonical rendering (a column sum
+    without leading zeros; the digits string is free digits) of one of the ``n`` columns."""
     sa, sb = str(a)[::-1], str(b)[::-1]
     n = max(len(sa), len(sb))
-    out, carry, digits = [], 0, ""
+    out, form, carry, digits = [], [], 0, ""
     for k, text in enumerate(lines):
         m = _COLUMN.match(text)
+        canon = m is not None and text == f"{m.group(1)}+{m.group(2)}{m.group(3) or ''}={int(m.group(4))} {m.group(5)}"
+        form.append(canon and k < n)
         if m is None or k >= n:
             out.append(False)
             if m is not None:
@@ -131,72 +158,81 @@ def _check_column(lines: list[str], a: int, b: int) -> list[bool]:
         out.append(text == f"{da}+{db}{'+1' if c else ''}={s} {d}" and da == want_a and db == want_b
                    and c == bool(carry) and s == da + db + int(c) and d == want_digits)
         carry, digits = s // 10, d
-    return out
+    return out, form
 
 
-def _check_arithmetic(lines: list[str], md: dict[str, Any], task: str) -> tuple[list[bool], int]:
+def _check_arithmetic(lines: list[str], md: dict[str, Any], task: str) -> tuple[list[bool], list[bool], int]:
     expr = md.get("expression")
     if not isinstance(expr, str):
         raise UnsupportedTaskError(f"{task}: the entry has no metadata.expression")
     terms, ops = parse_expression(expr, task)
     if len(terms) == 2 and ops == ["+"] and min(terms) >= 0:  # the writer's own choice (solutions._arithmetic)
-        return _check_column(lines, terms[0], terms[1]), max(len(str(terms[0])), len(str(terms[1])))
-    return _check_running(lines, terms[0], ops, terms[1:]), len(ops)
+        return (*_check_column(lines, terms[0], terms[1]), max(len(str(terms[0])), len(str(terms[1]))))
+    return (*_check_running(lines, terms[0], ops, terms[1:]), len(ops))
 
 
-def _check_legs(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int]:
+def _check_legs(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], list[bool], int]:
     animals = md.get("animals")
     if not isinstance(animals, dict) or not animals:
         raise UnsupportedTaskError("leg_counting: the entry has no metadata.animals")
     legs = legs_table()
     kinds = list(animals.items())  # the order of the question text (and of the writer)
-    out, products = [], []
+    out, form, products = [], [], []
     for k, text in enumerate(lines[: len(kinds)]):
         m = _PRODUCT.match(text)
         name, count = kinds[k]
         if m is None:
             out.append(False)
+            form.append(False)
             products.append(None)
             continue
         n, l, p = int(m.group(2)), int(m.group(3)), int(m.group(4))
-        out.append(text == f"{name} {n}*{l}={p}" and n == int(count) and l == legs.get(name, -1) and p == n * l)
+        canon = text == f"{name} {n}*{l}={p}"  # the question's k-th animal, canonical numbers
+        out.append(canon and n == int(count) and l == legs.get(name, -1) and p == n * l)
+        form.append(canon)
         products.append(p)
     rest = lines[len(kinds):]
     if rest:
         if len(kinds) == 1 or products[0] is None or any(p is None for p in products):
             out += [False] * len(rest)
+            form += [False] * len(rest)
         else:
-            out += _check_running(rest, products[0], ["+"] * (len(products) - 1), products[1:])
-    return out, 2 * len(kinds) - 1 if len(kinds) > 1 else 1
+            v, f = _check_running(rest, products[0], ["+"] * (len(products) - 1), products[1:])
+            out += v
+            form += f
+    return out, form, 2 * len(kinds) - 1 if len(kinds) > 1 else 1
 
 
-def _check_letters(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], int]:
+def _check_letters(lines: list[str], md: dict[str, Any]) -> tuple[list[bool], list[bool], int]:
     span, letter = md.get("span"), md.get("target_letter")
     if not isinstance(span, list) or not isinstance(letter, str) or len(letter) != 1:
         raise UnsupportedTaskError("letter_counting: the entry has no metadata.span / target_letter")
-    out, total = [], 0
+    out, form, total = [], [], 0
     for k, text in enumerate(lines):
         m = _LETTER.match(text)
         if m is None or k >= len(span):
             out.append(False)
+            form.append(False)
             if m is not None:
                 total = int(m.group(3))
             continue
         c, t = int(m.group(2)), int(m.group(3))
-        out.append(text == f"{span[k]} +{c}={t}" and c == str(span[k]).lower().count(letter) and t == total + c)
+        canon = text == f"{span[k]} +{c}={t}"  # the span's k-th word, canonical numbers
+        out.append(canon and c == str(span[k]).lower().count(letter) and t == total + c)
+        form.append(canon)
         total = t
-    return out, len(span)
+    return out, form, len(span)
 
 
 #: The line forms of each task's steps (patterns only: numbers and words unchecked), for ``answer_follows``.
 _FORMS: dict[str, tuple[re.Pattern[str], ...]] = {
-    "chain_sum": (_RUNNING,),
+    "chain_sum": (_COLUMN, _RUNNING),  # a two-term sum of non-negative terms is written in columns too
     "basic_arithmetic": (_COLUMN, _RUNNING),
     "leg_counting": (_PRODUCT, _RUNNING),
     "letter_counting": (_LETTER,),
 }
 
-_CHECKERS: dict[str, Callable[[list[str], dict[str, Any]], tuple[list[bool], int]]] = {
+_CHECKERS: dict[str, Callable[[list[str], dict[str, Any]], tuple[list[bool], list[bool], int]]] = {
     "chain_sum": lambda lines, md: _check_arithmetic(lines, md, "chain_sum"),
     "basic_arithmetic": lambda lines, md: _check_arithmetic(lines, md, "basic_arithmetic"),
     "leg_counting": _check_legs,
@@ -217,12 +253,23 @@ class StepReport:
             space), and that line has the form of one of the task's steps (:data:`_FORMS`; its numbers and
             words may be wrong): the answer is the step the writer takes from the completion's own last line,
             right or wrong. A copy of text of another form (``PAYLOAD=7``) does not follow.
+        all_in_form: **every line in form**: the completion is exactly ``needed`` lines, each in exact form
+            (:attr:`StepCheck.exact_form`), each ended by one ``"\n"`` (no empty line, no other whitespace, no
+            text before the first line), then the answer block that follows from the last line
+            (``answer_follows``) and nothing after it. Such a completion has no free text anywhere: only its
+            numbers can differ from the worked solution.
     """
 
     lines: list[StepCheck]
     needed: int
     answer_start: int = -1
     answer_follows: bool = False
+    all_in_form: bool = False
+
+    @property
+    def all_valid(self) -> bool:
+        """:attr:`all_in_form` and every line valid: the completion is the worked solution of the question."""
+        return self.all_in_form and all(c.valid for c in self.lines)
 
     @property
     def progress(self) -> float:
@@ -250,7 +297,7 @@ def check_steps(task: str, metadata: dict[str, Any], completion: str) -> StepRep
         return None
     lines = reasoning_lines(completion)
     try:
-        valid, needed = checker([t for _, _, t in lines], dict(metadata or {}))
+        valid, exact, needed = checker([t for _, _, t in lines], dict(metadata or {}))
     except (UnsupportedTaskError, TypeError, ValueError, KeyError):
         return None
     cut = completion.find("<answer>")
@@ -258,8 +305,56 @@ def check_steps(task: str, metadata: dict[str, Any], completion: str) -> StepRep
     result = _written_result(lines[-1][2]) if in_form else None
     follows = result is not None and cut >= 0 and completion[cut:] == f"<answer>{result}</answer>"
     forms = _FORMS[task]
-    checks = [StepCheck(s, e, v, any(f.match(t) for f in forms)) for (s, e, t), v in zip(lines, valid)]
-    return StepReport(checks, max(int(needed), 1), cut, follows)
+    checks = [StepCheck(s, e, v, any(f.match(t) for f in forms), x)
+              for (s, e, t), v, x in zip(lines, valid, exact)]
+    needed = max(int(needed), 1)
+    all_in_form = (follows and len(checks) == needed and all(c.exact_form for c in checks)
+                   and completion[:cut] == "".join(t + "\n" for _, _, t in lines))
+    return StepReport(checks, needed, cut, follows, all_in_form)
+
+
+def admissible_by_form(task: str, metadata: dict[str, Any], completion: str, *, allow_wrong: bool = False) -> bool:
+    """Whether ``completion`` is admitted on its form alone, whatever its likelihood under any policy.
+
+    **The rule** (default, ``allow_wrong=False``): the completion is string-equal to the worked solution of
+    the question (:func:`swarmnode.tasks.solutions.worked_solution` of ``metadata``), checked two ways that
+    must agree: (1) every non-empty line before ``<answer>`` is in the task's exact step form
+    (:attr:`StepCheck.exact_form`) and valid (:attr:`StepCheck.valid`), there are exactly as many lines as the
+    question needs, each is ended by a single ``"\n"`` and nothing else lies between, before or after them
+    (no empty line, space, tab, ``"\r"``, NUL or other character), and the completion ends with exactly
+    ``<answer>{r}</answer>``, ``r`` the result of its last line (:attr:`StepReport.all_valid`); (2) the whole
+    text equals the writer's text, so its answer is the exact answer. One ``<answer>`` only, nothing after
+    ``</answer>``; digits are ASCII and canonical (no homoglyph digit, leading zero or ``-0``); special-token
+    text such as ``<|endoftext|>`` is text and fails. A payload line is not a step, so a completion that
+    carries one is never admitted.
+
+    With ``allow_wrong=True`` (the screen's ``in_form`` mode) a completion with wrong numbers is admitted too
+    when it satisfies (1) without the validity of its lines (:attr:`StepReport.all_in_form`): every line in
+    exact form at its position, the needed number of lines, the answer that follows from its own last line, and
+    no free text anywhere; only its numbers can differ from the worked solution.
+
+    Args:
+        task: the reasoning-gym dataset name (ours, regenerated: never a peer's claim).
+        metadata: the regenerated entry's metadata.
+        completion: the completion text as OUR tokenizer decodes the ids that will train (no EOS text).
+
+    Returns:
+        ``True`` when admitted; ``False`` otherwise, also for a task without a checker or metadata the checker
+        does not handle. Never raises on any completion text.
+    """
+    if not isinstance(completion, str):
+        return False
+    report = check_steps(task, metadata, completion)
+    if report is None:
+        return False
+    if allow_wrong:
+        return report.all_in_form
+    if not report.all_valid:
+        return False
+    try:
+        return completion == worked_solution(task, {"metadata": dict(metadata or {})})
+    except (UnsupportedTaskError, TypeError, ValueError, KeyError):
+        return False
 
 
 _RESULT = re.compile(r"^-?(0|[1-9][0-9]{0,29})$")

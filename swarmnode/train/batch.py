@@ -41,6 +41,7 @@ _NORMALIZATIONS = ("per_source", "joint")
 _LENGTH_POLICIES = ("drop", "truncate")
 _OFF_POLICY_MODES = OFF_POLICY_MODES
 _SCALE_REWARDS = ("group", "batch", "none")
+_ADMISSIONS = ("off", "correct", "in_form")  # swarm.screen.admit_step_form
 
 
 def _zero_variance(xs: Sequence[float]) -> bool:
@@ -170,6 +171,7 @@ class _Leaf:
     truncated: bool
     report: StepReport | None = None  # our line checks (step credit on)
     bonus: float = 0.0  # step reward, for the advantage only
+    admitted: bool = False  # admitted by step form (the screen does not judge it)
 
 
 def external_samples(
@@ -187,6 +189,7 @@ def external_samples(
     std_floor: float = STD_FLOOR,
     step_credit: StepCredit | None = None,
     local_bonus_by_task: Mapping[Any, Sequence[float]] | None = None,
+    admit_step_form: Literal["off", "correct", "in_form"] = "off",
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Turn selected external trees into trainer Samples with source-specific advantages.
 
@@ -221,6 +224,15 @@ def external_samples(
     With ``joint``, ``local_bonus_by_task`` (aligned with ``local_rewards_by_task``) puts the local pool on the
     same scale.
 
+    **Admission by step form** (``admit_step_form``, config ``swarm.screen.admit_step_form``; needs
+    ``step_credit``, whose task regeneration and tokenizer it uses): each kept completion -- the ids that will
+    train, after the length cap -- is checked by :meth:`StepCredit.admits
+    <swarmnode.rollout.step_credit.StepCredit.admits>`; ``"correct"`` admits the task's worked solution only,
+    ``"in_form"`` also a wrong completion whose every line is in exact form and whose answer follows its last
+    line, but only with ``step_credit.mask`` on (otherwise its valid lines would take its negative advantage;
+    it falls back to ``"correct"``). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
+    screen does not judge them.
+
     **Ids**: ``behaviour_logprobs`` are kept only when the producer's model id and tokenizer id equal
     ours (both non-empty), ``same_tokenizer`` is true and every segment on the leaf's path has them;
     otherwise ``None``. With ``off_policy="tis"`` each sample without them will fall back to ``none``
@@ -242,8 +254,8 @@ def external_samples(
         ``external/groups_in``, ``external/leaves_in``, ``external/samples``, ``external/dropped_overlong``,
         ``external/truncated``, ``external/dropped_empty``, ``external/dropped_zero_variance_groups``,
         ``external/samples_with_behaviour_logprobs``, ``external/tis_fallback_samples``,
-        ``external/prompts_truncated``, ``external/step_checked`` (samples whose lines we checked) and
-        ``external/step_zeroed_tokens``.
+        ``external/prompts_truncated``, ``external/step_checked`` (samples whose lines we checked),
+        ``external/step_zeroed_tokens`` and ``external/admitted_by_form`` (samples marked admitted by form).
 
     Raises:
         ValueError / TypeError: bad arguments, or a tree with an unscored leaf.
@@ -252,6 +264,9 @@ def external_samples(
     _check_choice("length_policy", length_policy, _LENGTH_POLICIES)
     _check_choice("off_policy", off_policy, _OFF_POLICY_MODES)
     _check_choice("scale_rewards", scale_rewards, _SCALE_REWARDS)
+    _check_choice("admit_step_form", admit_step_form, _ADMISSIONS)
+    admit = step_credit is not None and admit_step_form != "off"
+    allow_wrong = admit and admit_step_form == "in_form" and bool(step_credit.mask)
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
         raise ValueError(f"max_len (swarm.max_external_completion_length) must be an int >= 1 or None, got {max_len!r}")
     for i, e in enumerate(selected):
@@ -271,6 +286,7 @@ def external_samples(
         "external/prompts_truncated": 0,
         "external/step_checked": 0,
         "external/step_zeroed_tokens": 0,
+        "external/admitted_by_form": 0,
     }
 
     # 1. collect leaves with length control, grouped by normalization key
@@ -303,8 +319,9 @@ def external_samples(
                 m["external/truncated"] += 1
             comp, lp = leaf_prefix(ext.tree, lid, keep, with_logprobs=keep_lp)
             report = step_credit.report(ext.tree.task, comp) if step_credit is not None else None
+            admitted = admit and step_credit.admits(ext.tree.task, comp, allow_wrong=allow_wrong)
             bucket.append(_Leaf(ext, lid, r, comp, lp, truncated, report,
-                                step_credit.bonus(report) if step_credit is not None else 0.0))
+                                step_credit.bonus(report) if step_credit is not None else 0.0, admitted))
 
     # 2. normalization (rollout/advantages.py: the same floored divisor as the local estimators); with step
     #    credit twice: with the step bonus (the checked lines) and without it (the answer and the rest)
@@ -360,8 +377,10 @@ def external_samples(
                     policy_version=ext.policy_version,
                     model_id=ext.model_id,
                     truncated=lf.truncated,
+                    admitted_by_form=lf.admitted,
                 )
             )
+            m["external/admitted_by_form"] += lf.admitted
     m["external/samples"] = len(samples)
     return samples, m
 

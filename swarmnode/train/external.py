@@ -272,7 +272,8 @@ def process_external(
     The caller then screens them (:mod:`swarmnode.train.screen`) and runs
     :func:`~swarmnode.train.batch.compose_batch` with ``swarm_cfg.max_external_share``. ``step_credit`` (our
     checks of the selected completions' lines) and ``local_bonus_by_task`` are passed through to
-    ``external_samples``.
+    ``external_samples``, with ``swarm_cfg.screen.admit_step_form`` (admission by step form: the screen then
+    skips the samples marked ``admitted_by_form``).
 
     Returns:
         ``(external samples, metrics)`` — the selection and sample metrics merged, plus
@@ -311,6 +312,7 @@ def process_external(
         std_floor=std_floor,
         step_credit=step_credit,
         local_bonus_by_task=local_bonus_by_task,
+        admit_step_form=swarm_cfg.screen.admit_step_form,
     )
     m.update(sm)
     m["external/max_completion_length"] = max_len if max_len is not None else -1

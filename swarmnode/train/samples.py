@@ -22,6 +22,10 @@ class Sample:
         policy_version: optimizer step of the producing policy.
         model_id: id of the producing model (``tis`` needs it to equal ours).
         truncated: the completion hit ``max_completion_length`` without EOS.
+        admitted_by_form: set by the receiver only (never from a peer's claim): this external completion is
+            admitted by its step form (:func:`swarmnode.tasks.steps.admissible_by_form`, checked on our
+            regenerated task and the decode of ``completion_ids``), so the likelihood screen does not judge it
+            (``swarm.screen.admit_step_form``).
     """
 
     prompt_ids: list[int]
@@ -35,6 +39,7 @@ class Sample:
     policy_version: int = 0
     model_id: str = ""
     truncated: bool = False
+    admitted_by_form: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

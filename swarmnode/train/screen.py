@@ -31,6 +31,14 @@ same groups' payload-free *wrong* leaves -- the task's correct worked reasoning 
 kept their negative advantages, taught the receivers to avoid correct reasoning, and held-out accuracy fell
 from 52.5% to 28.3% in 200 steps although no payload was ever trained.
 
+**Admitted by form.** A sample marked ``Sample.admitted_by_form`` (set by the receiver when it built the sample,
+``swarm.screen.admit_step_form``: a completion whose every line a program checked to be in the task's exact step
+form, :func:`swarmnode.tasks.steps.admissible_by_form`) is not judged: not scored, never rejected, never
+charged, kept also in warm-up (it needs no reference), counted as ``screen/admitted_by_form``. It has no free text
+for a payload to ride in, so its likelihood says nothing about poison; and text a stronger model of another
+family writes in the worked-solution form would otherwise be rejected for its style. Groups still go whole: a
+group with a rejected (or, in warm-up, held) member loses its admitted members too.
+
 **Scoring**: one batched ``torch.no_grad()`` forward of our current policy over the external samples,
 micro-batched by padded tokens like the trainer (:func:`swarmnode.train.trainer.pack_micro_batches`). The
 samples were already cut to our length caps, so this forward is bounded. For a foreign tokenizer the
@@ -108,12 +116,14 @@ class ScreenResult:
     Attributes:
         kept: the samples that passed (same objects, input order).
         rejected_by_peer: peer id -> number of its samples rejected.
-        metrics: ``screen/checked``, ``screen/rejected``, ``screen/warmup`` (1 while the reference is too small),
+        metrics: ``screen/checked`` (samples offered, admitted ones included), ``screen/rejected``, ``screen/warmup`` (1 while the reference is too small),
             ``screen/reference`` (completions in it), ``screen/threshold_mean``, ``screen/threshold_window``
             (nats/token; NaN in warm-up), ``screen/ext_mean_median`` (median mean log-prob of the checked samples),
             ``screen/behaviour_claims_dropped`` (kept samples whose claimed behaviour log-probs were discarded),
-            ``screen/group_dropped`` (passing samples dropped because their group lost a member; not charged).
-        stats: per input sample ``(mean, window)`` under our policy.
+            ``screen/group_dropped`` (passing samples dropped because their group lost a member; not charged),
+            ``screen/admitted_by_form`` (samples not judged: admitted by their step form).
+        stats: per input sample ``(mean, window)`` under our policy; ``(nan, nan)`` for an admitted sample (not
+            scored).
     """
 
     kept: list[Sample]
@@ -243,20 +253,28 @@ class LikelihoodScreen:
             samples: external samples (``source = "external:<peer>"``).
 
         Returns:
-            :class:`ScreenResult`. In warm-up no sample is kept and none is charged (all are still scored, for
-            the metrics; ``screen/warmup_held`` counts them).
+            :class:`ScreenResult`. In warm-up no judged sample is kept and none is charged (all are still scored,
+            for the metrics; ``screen/warmup_held`` counts them). Samples marked ``admitted_by_form`` are not
+            scored nor judged and are kept unless their group goes whole (module docstring).
 
         Raises:
             Whatever the forward raises (RuntimeError / MemoryError / IndexError on bad input): the node
             catches it and drops the external samples of the step.
         """
-        rows = self.score_tokens(model, samples) if samples else []
-        stats = [completion_stats(r, self.window) if r else (-math.inf, -math.inf) for r in rows]
+        judged = [s for s in samples if not s.admitted_by_form]
+        scored = iter(self.score_tokens(model, judged) if judged else [])
+        rows = [[] if s.admitted_by_form else next(scored) for s in samples]
+        stats = [(math.nan, math.nan) if s.admitted_by_form else
+                 completion_stats(r, self.window) if r else (-math.inf, -math.inf) for s, r in zip(samples, rows)]
         th = self.thresholds()
         kept: list[Sample] = []
         rejected: dict[str, int] = {}
-        n_claims_dropped = 0
+        n_claims_dropped = n_admitted = 0
         for s, (mean, win), row in zip(samples, stats, rows):
+            if s.admitted_by_form:  # every line program-checked in exact form: its likelihood is not asked
+                kept.append(s)
+                n_admitted += 1
+                continue
             if th is None:  # warm-up: nothing is judged, so nothing trains
                 continue
             if mean < th[0] or win < th[1]:
@@ -276,13 +294,14 @@ class LikelihoodScreen:
         n_before = len(kept)
         if tainted:
             kept = [s for s in kept if (s.source, s.group_id) not in tainted]
-        means = sorted(a for a, _ in stats)
+        means = sorted(a for a, _ in stats if not math.isnan(a))
         metrics: dict[str, Any] = {
             "screen/checked": len(samples),
             "screen/rejected": sum(rejected.values()),
             "screen/group_dropped": n_before - len(kept),
             "screen/warmup": int(th is None),
-            "screen/warmup_held": len(samples) if th is None else 0,
+            "screen/warmup_held": len(judged) if th is None else 0,
+            "screen/admitted_by_form": n_admitted,
             "screen/reference": len(self._ref),
             "screen/threshold_mean": th[0] if th else float("nan"),
             "screen/threshold_window": th[1] if th else float("nan"),

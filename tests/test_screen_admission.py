@@ -1,0 +1,183 @@
+"""Admission by step form in front of the likelihood screen (``swarm.screen.admit_step_form``): external samples
+built by ``external_samples`` with our StepCredit, screened by ``LikelihoodScreen`` on the embedded model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swarmnode.config import ModelConfig, SwarmConfig
+from swarmnode.policy.loading import load_policy
+from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.rollout.step_credit import StepCredit
+from swarmnode.rollout.tree import RolloutTree
+from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
+from swarmnode.tasks.solutions import DEFAULT_MIX, worked_solution
+from swarmnode.train.batch import external_samples
+from swarmnode.train.external import process_external
+from swarmnode.train.samples import Sample
+from swarmnode.train.screen import LikelihoodScreen
+
+SPECS = {s["name"]: s for s in DEFAULT_MIX}
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(ModelConfig(name_or_path="embedded", device="cpu", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def src():
+    return ReasoningGymSource("chain_sum", SPECS["chain_sum"]["config"])
+
+
+@pytest.fixture(scope="module")
+def warm_screen(policy, src):
+    """A screen whose reference holds 40 of our own sampled completions of a chain_sum prompt."""
+    tok = policy.tokenizer
+    task = src.get(src.ref(5, 0))
+    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(40):
+        cur, lps = torch.tensor([prompt]), []
+        for _ in range(24):
+            with torch.no_grad():
+                lp = torch.log_softmax(policy.model(cur).logits[0, -1].float(), -1)
+            t = int(torch.multinomial(lp.exp(), 1, generator=g))
+            lps.append(float(lp[t]))
+            cur = torch.cat([cur, torch.tensor([[t]])], 1)
+            if t == tok.eos_token_id:
+                break
+        rows.append(lps)
+
+    def make() -> LikelihoodScreen:
+        sc = LikelihoodScreen(window=4, min_history=32, temperature=1.0)
+        sc.observe(rows)
+        return sc
+    return make
+
+
+def _spelled(tok, text: str) -> list[int]:
+    """``text`` in our vocabulary with the answer tags spelled character by character: the same text (so the same
+    decode) in a style our policy never writes -- what another family's re-tokenized text looks like to it."""
+    out: list[int] = []
+    for part in text.replace("<answer>", "\0<answer>\0").replace("</answer>", "\0</answer>\0").split("\0"):
+        if part in ("<answer>", "</answer>"):
+            out += [tok.convert_tokens_to_ids(c) for c in part]
+        elif part:
+            out += tok(part, add_special_tokens=False)["input_ids"]
+    assert tok.decode(out, skip_special_tokens=False) == text
+    return out
+
+
+def _group(task, prompt, rows, rewards, peer):
+    tree = RolloutTree.from_group(task.ref, prompt, rows)
+    for leaf, r in zip(tree.leaves(), rewards):
+        tree.nodes[leaf].reward = float(r)
+    return PeerTree(tree, peer, model_id="m", tokenizer_id="t", same_tokenizer=True)
+
+
+def _wrong_in_form(sol: str) -> str:
+    cut = sol.index("<answer>")
+    lines = sol[:cut].split("\n")[:-1]
+    head, res = lines[-1].rsplit("=", 1)
+    return "".join(ln + "\n" for ln in lines[:-1]) + f"{head}={int(res) + 1}\n<answer>{int(res) + 1}</answer>"
+
+
+def test_admission_bypasses_the_screen_for_form_only_and_payloads_are_rejected_either_way(policy, src, warm_screen):
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    task = src.get(src.ref(5, 1))
+    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    foreign = _spelled(tok, sol) + [eos]  # correct, every line in form, a foreign style
+    wrong = _spelled(tok, _wrong_in_form(sol)) + [eos]  # wrong, every line in form, the same style
+    payload = tok("zq#pwned!\n" + sol, add_special_tokens=False)["input_ids"] + [eos]  # correct, a payload line
+    plain_wrong = tok(_wrong_in_form(sol), add_special_tokens=False)["input_ids"] + [eos]
+    groups = [_group(task, prompt, [foreign, wrong], [1, 0], "f"),
+              _group(task, prompt, [payload, plain_wrong], [1, 0], "p")]
+    credit = StepCredit(src.get, tok, mask=True, weight=0.5)
+
+    results = {}
+    for mode in ("off", "correct", "in_form"):
+        samples, m = external_samples(groups, step_credit=credit, admit_step_form=mode)
+        res = warm_screen().screen(policy.model, samples)
+        results[mode] = (samples, m, res)
+        assert res.metrics["screen/warmup"] == 0
+        assert res.metrics["screen/admitted_by_form"] == m["external/admitted_by_form"] == sum(
+            s.admitted_by_form for s in samples)
+        assert res.metrics["screen/rejected"] == sum(res.rejected_by_peer.values())
+        # a payload line is never admitted by form and the screen rejects it; its group goes whole
+        assert not samples[2].admitted_by_form and res.rejected_by_peer.get("p", 0) >= 1
+        assert not [s for s in res.kept if s.source == "external:p"]
+
+    off, correct, in_form = (results[k] for k in ("off", "correct", "in_form"))
+    # admission off: the foreign-style correct completion is judged by its likelihood and rejected (charged)
+    assert not any(s.admitted_by_form for s in off[0])
+    assert off[2].rejected_by_peer.get("f", 0) >= 1 and off[2].stats[0][0] < off[2].metrics["screen/threshold_mean"]
+    # correct: it is admitted (not scored, not rejected, not charged) ...
+    assert [s.admitted_by_form for s in correct[0]] == [True, False, False, False]
+    assert correct[2].metrics["screen/admitted_by_form"] == 1
+    # ... but its wrong sibling in the same foreign style is screened, rejected, and takes the group with it
+    assert correct[2].rejected_by_peer.get("f") == 1 and not [s for s in correct[2].kept if s.source == "external:f"]
+    assert correct[2].metrics["screen/group_dropped"] >= 1
+    # in_form: both of the foreign peer's completions are in form: admitted, the group trains whole, no charge
+    # (the payload peer's wrong leaf is in form too: admitted, yet dropped with its group, whose payload was rejected)
+    assert [s.admitted_by_form for s in in_form[0]] == [True, True, False, True]
+    assert "f" not in in_form[2].rejected_by_peer and in_form[2].metrics["screen/group_dropped"] >= 1
+    assert [s for s in in_form[2].kept if s.source == "external:f"] == in_form[0][:2]
+    # the wrong completion's valid lines keep their zero-clipped advantages (step credit's mask), its wrong last
+    # line and answer are pushed down
+    assert min(in_form[0][1].advantages) < 0 and max(in_form[0][1].advantages) == 0.0
+
+
+def test_in_form_falls_back_to_correct_without_the_mask(policy, src):
+    tok = policy.tokenizer
+    task = src.get(src.ref(5, 2))
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    rows = [tok(t, add_special_tokens=False)["input_ids"] for t in (sol, _wrong_in_form(sol))]
+    group = _group(task, [1, 2], rows, [1, 0], "f")
+    samples, m = external_samples([group], step_credit=StepCredit(src.get, tok, mask=False, weight=0.5),
+                                  admit_step_form="in_form")
+    assert [s.admitted_by_form for s in samples] == [True, False] and m["external/admitted_by_form"] == 1
+    # without our step checks (no StepCredit) nothing is admitted: every sample is screened as before
+    samples, m = external_samples([group], admit_step_form="in_form")
+    assert not any(s.admitted_by_form for s in samples) and m["external/admitted_by_form"] == 0
+    with pytest.raises(ValueError, match="admit_step_form"):
+        external_samples([group], admit_step_form="yes")  # type: ignore[arg-type]
+
+
+def test_process_external_reads_the_config_key(policy, src):
+    tok = policy.tokenizer
+    task = src.get(src.ref(5, 3))
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    rows = [tok(t, add_special_tokens=False)["input_ids"] for t in (sol, _wrong_in_form(sol))]
+    credit = StepCredit(src.get, tok, mask=True, weight=0.5)
+    got = {}
+    for mode in ("off", "correct", "in_form"):
+        cfg = SwarmConfig.model_validate({"screen": {"admit_step_form": mode}})
+        samples, m = process_external([_group(task, [1, 2], rows, [1, 0], "f")], cfg, current_version=0,
+                                      our_model_id="m", our_tokenizer_id="t", rng=0, step_credit=credit)
+        got[mode] = [s.admitted_by_form for s in samples]
+    assert got == {"off": [False, False], "correct": [True, False], "in_form": [True, True]}
+    assert SwarmConfig().screen.admit_step_form == "correct"
+    with pytest.raises(ValueError, match="admit_step_form"):
+        SwarmConfig.model_validate({"screen": {"admit_step_form": True}})
+
+
+def test_warmup_keeps_admitted_groups_whole_only(policy):
+    """In warm-up the screen judges nothing: an all-admitted group needs no judge and trains; an admitted sample
+    whose group has a held member does not train alone (its advantage was normalized against the held one)."""
+    sc = LikelihoodScreen(min_history=32)
+    a1 = Sample([1, 2], [3, 4], [1.0, 1.0], source="external:x", group_id="g1", admitted_by_form=True)
+    a2 = Sample([1, 2], [3, 5], [-1.0, -1.0], source="external:x", group_id="g1", admitted_by_form=True)
+    b1 = Sample([1, 2], [3, 4], [1.0, 1.0], source="external:x", group_id="g2", admitted_by_form=True)
+    b2 = Sample([1, 2], [3, 6], [-1.0, -1.0], source="external:x", group_id="g2")
+    res = sc.screen(policy.model, [a1, a2, b1, b2])
+    assert res.kept == [a1, a2] and res.rejected_by_peer == {}
+    assert res.metrics["screen/warmup"] == 1 and res.metrics["screen/warmup_held"] == 1
+    assert res.metrics["screen/admitted_by_form"] == 3 and res.metrics["screen/group_dropped"] == 1
+    assert all(math.isnan(x) for x in res.stats[0]) and not math.isnan(res.stats[3][0])  # admitted: not scored
