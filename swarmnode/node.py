@@ -645,12 +645,16 @@ class Node:
     def merge_rescued(self, rescue_cands: list[PeerTree], m: dict[str, Any]) -> list[MergedGroup]:
         """The asker's side of rescue: merge the peer trees of our pending questions into our stored all-wrong
         groups (:func:`~swarmnode.train.rescue.merge_rescue`), at most ``swarm.rescue.max_requests`` groups a step;
-        a merged entry leaves the book. Metrics into ``m``: ``rescue/merged`` (groups), ``rescue/merged_samples``."""
+        a merged entry leaves the book. The peer's samples are marked ``admitted_by_form`` as other peers' samples
+        are (``swarm.screen.admit_step_form``, :meth:`~swarmnode.rollout.step_credit.StepCredit.admits`), so a worked
+        solution in exact step form meets no likelihood screen. Metrics into ``m``: ``rescue/merged`` (groups),
+        ``rescue/merged_samples``."""
         cfg = self.cfg
         by_key: dict[str, list[PeerTree]] = {}
         for pt in rescue_cands:
             by_key.setdefault(pt.task_key, []).append(pt)
         out: list[MergedGroup] = []
+        admit = self._external_step_credit() if cfg.swarm.screen.admit_step_form != "off" else None
         for key, pts in by_key.items():
             if len(out) >= cfg.swarm.rescue.max_requests:
                 break
@@ -675,6 +679,9 @@ class Node:
                             type(e).__name__, str(e)[:200])
                 continue
             if g is not None:
+                if admit is not None:  # as any peer sample: a worked solution in exact step form skips the screen
+                    for smp in g.peer:
+                        smp.admitted_by_form = admit.admits(entry.ref, smp.completion_ids)
                 out.append(g)
                 self.rescue_book.take(key)
         m["rescue/merged"] = len(out)
