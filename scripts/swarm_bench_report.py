@@ -37,7 +37,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="start with each node against itself alone and a learning-curve PNG per node (default: "
                          "when the nodes run more than one model)")
     ap.add_argument("--no-per-node", dest="per_node", action="store_false", help="node-mean tables only")
+    ap.add_argument("--max-step", type=int, default=None,
+                    help="compare every arm at this step: later training steps and evaluations are left out (arms "
+                         "stopped before their horizon; the learning-rate schedule stays the full run's)")
+    ap.add_argument("--unfinished", action="store_true",
+                    help="also report arms without summary.json (interrupted or still running), from the arm.json "
+                         "they wrote when they started; give --max-step so that every arm is read at one step")
     args = ap.parse_args(argv)
+    if args.max_step is not None and args.max_step < 1:
+        ap.error(f"--max-step must be >= 1; got {args.max_step}")
     dirs = [d for d in args.arm_dirs if d.is_dir()]
     missing = [d for d in args.arm_dirs if not d.is_dir()]
     if missing:  # a shell glob that matched files too is fine; name what was skipped
@@ -47,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         md, pngs = report_from_arm_dirs(dirs, args.out, prefix=args.prefix, per_node=args.per_node,
+                                        max_step=args.max_step, unfinished=args.unfinished,
                                         command=" ".join(shlex.quote(a) for a in ["python", sys.argv[0], *argv]))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -517,6 +517,39 @@ def test_report_script_joins_two_commands_work_dir_into_a_per_node_report(tmp_pa
     assert "| -3.5 ± 0.9 [-5.0–-2.0] |" in held
 
 
+def test_report_of_arms_stopped_early_compares_every_arm_at_max_step(tmp_path):
+    """Swarm arms interrupted before their horizon (only the arm.json run_arm writes when an arm starts): with
+    --unfinished they are reported, and --max-step reads every arm, isolated ones included, at that step."""
+    import importlib.util
+
+    from swarmnode.benchmarks.swarm import ARM_FILE
+
+    work = tmp_path / "work"
+    _pair_work_dir(work)
+    for d in work.iterdir():
+        if d.name.startswith("swarm"):
+            saved = json.loads((d / "summary.json").read_text())
+            (d / ARM_FILE).write_text(json.dumps({"arm": saved["arm"], "repeat": saved["repeat"],
+                                                  "repeat_label": saved["repeat_label"]}))
+            (d / "summary.json").unlink()
+    spec = importlib.util.spec_from_file_location(
+        "swarm_bench_report", Path(__file__).resolve().parents[1] / "scripts" / "swarm_bench_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "out"
+    assert mod.main([str(work), "--out", str(out), "--prefix", "plain"]) == 0
+    assert "| swarm 8/8" not in (out / "plain.md").read_text()  # unfinished arms need --unfinished
+    assert mod.main([str(work), "--unfinished", "--max-step", "2", "--out", str(out), "--prefix", "early"]) == 0
+    text = (out / "early.md").read_text()
+    rows = {ln.split("|")[2].strip(): ln for ln in text.splitlines() if ln.startswith("| swarm 8/8")}
+    # at step 2: swarm node 0 0.10 -> 0.30 against its twin's 0.10 -> 0.20 (+10 points in every repeat); node 1
+    # 0.20 -> 0.15 against 0.20 -> 0.25 (-10); the step-4 evaluations are not read
+    assert "| +10.0 ± 0.0 [10.0–10.0] |" in rows["0 (embedded)"]
+    assert "| -10.0 ± 0.0 [-10.0–-10.0] |" in rows["1 (embedded-bpe)"]
+    with pytest.raises(SystemExit):
+        mod.main([str(work), "--max-step", "0"])
+
+
 def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
     from swarmnode.benchmarks.swarm import parse_swarm_set
 

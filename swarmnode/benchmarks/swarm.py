@@ -120,6 +120,7 @@ __all__ = [
     "expand_arm_dirs",
     "arm_dir_name",
     "write_arm_summary",
+    "ARM_FILE",
 ]
 
 NORMALIZATIONS = ("per_source", "joint")
@@ -866,6 +867,10 @@ def arm_dir_name(arm: Arm, repeat: int = 0) -> str:
     return arm.name + (f"-r{int(repeat)}" if repeat else "")
 
 
+ARM_FILE = "arm.json"
+"""Written by :func:`run_arm` when an arm starts: ``{"arm": <the Arm's fields>, "repeat", "repeat_label"}``."""
+
+
 def write_arm_summary(arm_dir: str | os.PathLike, arm: Arm, summary: dict[str, Any]) -> Path:
     """Write ``<arm_dir>/summary.json``: ``{"arm": <the Arm's fields>, **summary}`` (``summary`` from
     :func:`summarize_arm` plus ``repeat`` and ``repeat_label``), what :func:`report_from_arm_dirs` reads back."""
@@ -904,6 +909,9 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     if arm_dir.exists():
         shutil.rmtree(arm_dir)
     arm_dir.mkdir(parents=True)
+    # what the arm is, before it runs: an interrupted arm can still be reported (report_from_arm_dirs)
+    (arm_dir / ARM_FILE).write_text(json.dumps({"arm": asdict(arm), "repeat": int(repeat),
+                                                "repeat_label": f" (r{repeat})" if repeat else ""}))
     swarm_id = f"bench-{arm.name.replace('_', '-')}-{os.getpid()}"
     host_maddrs: list[str] = []
     boot: list[str] = []
@@ -1027,8 +1035,12 @@ SUPPLY_KEYS: tuple[tuple[str, str], ...] = (
 node, publisher side first, with their labels in :func:`supply_report`. All are counts per optimizer step."""
 
 
-def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
+def summarize_arm(arm_dir: str | os.PathLike, max_step: int | None = None) -> dict[str, Any]:
     """Node-mean curves and totals of one arm directory (``node-*/metrics.jsonl``).
+
+    ``max_step`` (``scripts/swarm_bench_report.py --max-step``): only training steps ``1..max_step`` and
+    evaluations at steps ``<= max_step`` are read, so arms interrupted before their horizon are compared at one
+    step (their learning-rate schedule is still the full run's: a prefix of the same run, not a shorter run).
 
     Returns a dict with ``nodes``, ``steps``, ``reward`` (list: node-mean local reward per step, steps 1..S
     that every node completed), ``cumulative_reward`` (sum of that list, i.e. the node-mean of SAPO's
@@ -1071,6 +1083,8 @@ def summarize_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
         ev: dict[int, float] = {}
         st: list[float] = []
         for rec in read_metrics(f):
+            if max_step is not None and int(rec.get("step", 0)) > max_step:
+                continue
             if "eval" in rec:
                 ev[0 if rec["eval"] == "before" else int(rec["step"])] = float(rec["accuracy"])
             elif "reward" in rec and "step" in rec:
@@ -1706,24 +1720,32 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
     return md, pngs
 
 
-def expand_arm_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
+def expand_arm_dirs(paths: Sequence[str | os.PathLike], unfinished: bool = False) -> list[Path]:
     """Arm directories from ``paths``: an arm directory (with ``summary.json``) stays; a benchmark work directory
     (``--work-dir``, no ``summary.json`` of its own) becomes its sub-directories that have one, isolated arms
     first, then by name (``<arm>``, ``<arm>-r1``, …). Order is kept otherwise; a directory named twice counts once.
+
+    With ``unfinished`` an arm directory with only the :data:`ARM_FILE` its arm wrote when it started (an arm that
+    was interrupted, or is still running) counts too.
 
     Raises:
         FileNotFoundError: a path that is not a directory, or a directory with neither ``summary.json`` nor
             sub-directories holding one (names the path).
     """
+    names = ("summary.json", ARM_FILE) if unfinished else ("summary.json",)
+
+    def is_arm(c: Path) -> bool:
+        return any((c / n).is_file() for n in names)
+
     out: list[Path] = []
     for raw in paths:
         d = Path(raw)
         if not d.is_dir():
             raise FileNotFoundError(f"{d}: not a directory (expected an arm directory or a benchmark work dir)")
-        if (d / "summary.json").is_file():
+        if is_arm(d):
             found = [d]
         else:
-            found = sorted((c for c in d.iterdir() if (c / "summary.json").is_file()),
+            found = sorted((c for c in d.iterdir() if c.is_dir() and is_arm(c)),
                            key=lambda c: (not c.name.startswith("isolated-"), c.name))
             if not found:
                 raise FileNotFoundError(f"{d}: no summary.json (expected an arm directory of a finished arm, or a "
@@ -1733,7 +1755,8 @@ def expand_arm_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 
 def report_from_arm_dirs(arm_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, *, prefix: str,
-                         command: str, per_node: bool | None = None) -> tuple[Path, list[Path]]:
+                         command: str, per_node: bool | None = None, max_step: int | None = None,
+                         unfinished: bool = False) -> tuple[Path, list[Path]]:
     """Re-read finished arm directories (each holds the ``summary.json`` :func:`run_bench` wrote after the arm) and
     write the report again with :func:`write_report`: the summaries are recomputed from ``node-*/metrics.jsonl``,
     so a report can be made for arms of an interrupted benchmark, or for arms of several benchmark commands (e.g.
@@ -1745,15 +1768,20 @@ def report_from_arm_dirs(arm_dirs: Sequence[str | os.PathLike], out: str | os.Pa
         arm_dirs: arm directories, in the order of the report's rows (a repeat keeps its ``-r<k>`` suffix), or
             work directories holding them (:func:`expand_arm_dirs`).
         out / prefix / command / per_node: as in :func:`write_report`.
+        max_step: compare every arm at this step (:func:`summarize_arm`); None: all steps each arm logged.
+        unfinished: also report arms without ``summary.json`` from the :data:`ARM_FILE` they wrote when they started
+            (interrupted or still running; use ``max_step`` so that every arm is read at the same step).
 
     Raises:
         FileNotFoundError: a directory without ``summary.json`` or without ``node-*/metrics.jsonl``.
         ValueError: a ``summary.json`` whose ``arm`` is not an :class:`Arm`.
     """
     results: list[tuple[Arm, dict[str, Any]]] = []
-    for d in expand_arm_dirs(arm_dirs):
+    for d in expand_arm_dirs(arm_dirs, unfinished=unfinished):
         d = Path(d)
         f = d / "summary.json"
+        if not f.is_file() and unfinished:
+            f = d / ARM_FILE
         if not f.is_file():
             raise FileNotFoundError(f"{d}: no summary.json (expected an arm directory of a finished arm)")
         saved = json.loads(f.read_text())
@@ -1761,7 +1789,7 @@ def report_from_arm_dirs(arm_dirs: Sequence[str | os.PathLike], out: str | os.Pa
             arm = Arm(**saved["arm"])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{f}: 'arm' is not an arm of this benchmark ({e})") from e
-        s = summarize_arm(d)
+        s = summarize_arm(d, max_step=max_step)
         k = int(saved.get("repeat", 0))
         s["repeat"] = k
         s["repeat_label"] = str(saved.get("repeat_label", ""))
