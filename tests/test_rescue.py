@@ -156,6 +156,23 @@ def test_the_helper_refuses_heldout_unknown_and_unearned_requests(mix):
     assert chosen == [] and c["rescue/refused_repeat"] == 1
 
 
+def test_a_question_is_answered_once_whoever_asks_it(mix):
+    """Keys repeating another asker's questions cannot make the helper answer one question many times: our
+    answers are public bundles, so every asker of the question gets them (an outside attack had 4 keys repeating
+    one asker's 4 questions answered 16 times in 8 steps)."""
+    h = RescueHelper(RescueConfig(enabled=True, answer_prompts=4, max_answers_per_peer=4, min_standing=1))
+    refs = mix.refs_for_step(0, 4)
+    answered = []
+    for step in range(8):
+        reqs = [RescueRequest(asker, ref, 1) for asker in ("honest", "s1", "s2", "s3", "s4") for ref in refs]
+        chosen, c = h.select(reqs, step, **_checks(mix))
+        answered += [ref for _, ref in chosen]
+        if step == 0:  # one step: each question once, though five keys ask it
+            assert sorted(r.index for r in answered) == sorted(r.index for r in refs)
+            assert c["rescue/refused_repeat"] + c["rescue/refused_budget"] == 5 * 4 - 4
+    assert len(answered) == len(refs)  # and not again within the TTL
+
+
 def test_the_helper_bounds_per_asker_and_in_total_least_recently_served_first(mix):
     h = RescueHelper(RescueConfig(enabled=True, answer_prompts=2, max_answers_per_peer=1, min_standing=1),
                      answered_ttl_steps=100)

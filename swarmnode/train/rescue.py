@@ -145,7 +145,9 @@ class RescueHelper:
 
     Args:
         cfg: ``swarm.rescue``.
-        answered_ttl_steps: steps an answered (asker, ref) pair is remembered (never answered twice within it).
+        answered_ttl_steps: steps an answered question is remembered: it is not answered again within them, whoever
+            asks (our answers are public bundles, so every asker of it gets them; keys repeating another's
+            questions cannot make us answer one question many times).
 
     Per step (:meth:`select`): askers with earned standing below ``min_standing`` are refused, askers whose
     answered questions got no correct leaf from us ``skip_after_failures`` times in a row are skipped for
@@ -158,7 +160,7 @@ class RescueHelper:
     cfg: RescueConfig
     answered_ttl_steps: int = 16
     _served: OrderedDict = field(default_factory=OrderedDict)     # asker -> last step it was answered
-    _answered: OrderedDict = field(default_factory=OrderedDict)   # (asker, task key) -> step answered
+    _answered: OrderedDict = field(default_factory=OrderedDict)   # task key -> step answered (whoever asked)
     _fails: OrderedDict = field(default_factory=OrderedDict)      # asker -> answered steps in a row, none correct
     _skip_until: OrderedDict = field(default_factory=OrderedDict)  # asker -> first step it is answered again
     _salt: bytes = field(default_factory=lambda: os.urandom(8))
@@ -223,7 +225,7 @@ class RescueHelper:
                         or checks_left <= 0):
                     c["rescue/refused_budget"] += 1
                     continue
-                if (peer, ref.key()) in self._answered:
+                if ref.key() in self._answered or any(r.key() == ref.key() for _, r in chosen):
                     c["rescue/refused_repeat"] += 1
                     continue
                 if not source_known(ref):
@@ -240,8 +242,8 @@ class RescueHelper:
                 chosen.append((peer, ref))
                 taken += 1
         for peer, ref in chosen:
-            self._answered[(peer, ref.key())] = step
-            self._answered.move_to_end((peer, ref.key()))
+            self._answered[ref.key()] = step
+            self._answered.move_to_end(ref.key())
             self._served[peer] = step
             self._served.move_to_end(peer)
         _trim(self._answered, _MAX_ANSWERED)
