@@ -614,12 +614,18 @@ def swarm_up(
     swarm.start()
     title = f"swarm {cfg.swarm.swarm_id} ({nodes} nodes)"
     try:
-        with Live(_swarm_table(swarm.status(), title), console=console, refresh_per_second=4) as live:
+        if console.is_terminal:
+            with Live(_swarm_table(swarm.status(), title), console=console, refresh_per_second=4) as live:
+                while swarm.running():
+                    time.sleep(refresh)
+                    for line in swarm.notices():  # a node exited (and why), one left alone
+                        live.console.print(line, markup=False, highlight=False)
+                    live.update(_swarm_table(swarm.status(), title))
+        else:  # a pipe or a file: no live view (rich would print its last frame, then the final table follows)
             while swarm.running():
                 time.sleep(refresh)
-                for line in swarm.notices():  # a node exited (and why), one left alone
-                    live.console.print(line, markup=False, highlight=False)
-                live.update(_swarm_table(swarm.status(), title))
+                for line in swarm.notices():
+                    console.print(line, markup=False, highlight=False)
     except KeyboardInterrupt:
         console.print("[yellow]stopping all nodes (each finishes its step and checkpoints)…[/]")
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C must not leave orphans behind

@@ -356,6 +356,7 @@ def test_swarm_up_two_nodes_and_ctrl_c(setup):
         text = (rd / "stdout.log").read_text(errors="replace")
         assert launcher.returncode == 0, text[-3000:]
         assert "exit codes: [0, 0]" in text
+        assert text.count("last/total") == 1, text[-3000:]  # in a file the final table is printed once, no live frame
         for n in nodes:
             assert list((n / "checkpoints").glob("step-*")), f"no checkpoint in {n}"
             assert (n / "identity.pem").exists() and (n / "stdout.log").exists()
