@@ -395,7 +395,7 @@ def test_bench_swarm_script_gives_the_cli_one_line_errors(tmp_path):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_swarm.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_swarm.py"
     for args, says in ((["--nodes", "1"], "--nodes must be >= 2"), (["--first-repeat", "-2"], "--first-repeat")):
         r = subprocess.run([sys.executable, str(script), *args, "--out", str(tmp_path / "o"), "--work-dir",
                             str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
@@ -495,7 +495,7 @@ def test_report_script_joins_two_commands_work_dir_into_a_per_node_report(tmp_pa
     work = tmp_path / "work"
     _pair_work_dir(work)
     spec = importlib.util.spec_from_file_location(
-        "swarm_bench_report", Path(__file__).resolve().parents[1] / "scripts" / "swarm_bench_report.py")
+        "swarm_bench_report", Path(__file__).resolve().parents[2] / "scripts" / "swarm_bench_report.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main([str(work), "--out", str(tmp_path / "out"), "--prefix", "pair"]) == 0
@@ -533,7 +533,7 @@ def test_report_of_arms_stopped_early_compares_every_arm_at_max_step(tmp_path):
                                                   "repeat_label": saved["repeat_label"]}))
             (d / "summary.json").unlink()
     spec = importlib.util.spec_from_file_location(
-        "swarm_bench_report", Path(__file__).resolve().parents[1] / "scripts" / "swarm_bench_report.py")
+        "swarm_bench_report", Path(__file__).resolve().parents[2] / "scripts" / "swarm_bench_report.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "out"

@@ -29,7 +29,7 @@ from swarmnode.evaluation import (
 from swarmnode.tasks.mix import TaskMix
 from swarmnode.tasks.partition import is_heldout_question
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHAIN2 = {"min_terms": 2, "max_terms": 2}
 
 

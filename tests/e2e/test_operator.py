@@ -16,7 +16,7 @@ import torch
 
 from monitor_helpers import child_env, test_model, tiny_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------ threads

@@ -13,9 +13,9 @@ One scenario covers the acceptance list of the swarm issue:
 * SIGTERM stops A and C cleanly, after a checkpoint.
 
 A record written under another publisher's subkey is refused by every honest DHT peer's record validator:
-``tests/test_dht.py::test_hostile_records_are_refused_by_honest_peers``; a record that relays someone else's
+``tests/integration/test_dht.py::test_hostile_records_are_refused_by_honest_peers``; a record that relays someone else's
 manifest under the relay's own subkey is refused at the gossip level (``owner_mismatch``):
-``tests/test_gossip.py::test_hostile_records_are_charged_to_their_owner``.
+``tests/integration/test_gossip.py::test_hostile_records_are_charged_to_their_owner``.
 
 The policies are tiny real HF models (``LlamaForCausalLM`` / ``GraniteForCausalLM``) whose weights are set by
 hand to a bigram policy: attention and MLP outputs are zero, the embedding is one-hot, and ``lm_head`` holds a

@@ -165,7 +165,7 @@ def test_balance_is_the_same_in_a_fresh_process(balanced):
         "print(json.dumps({'acc': m.sources[0].balance.acceptance, 'digest': m.sources[0].config_digest,"
         " 'stream': [r.to_list() for r in m.refs_for_step(7, 32)], 'eval': [r.to_list() for r in m.eval_refs(20)]}))\n"
     )
-    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                          check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -259,7 +259,7 @@ def test_max_answer_share_is_part_of_the_config_digest(plain, balanced):
 
 
 def test_spec_balanced_config_digest_example():
-    spec = (Path(__file__).resolve().parents[1] / "protocol" / "SPEC.md").read_text()
+    spec = (Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md").read_text()
     m = re.search(r"max_answer_share` `([0-9.]+)` → canonical `([^`]+)`\n→ `config_digest = ([0-9a-f]{16})`", spec)
     assert m, "SPEC.md lost its max_answer_share config_digest example"
     share, canonical, digest = float(m.group(1)), m.group(2), m.group(3)

@@ -1,6 +1,6 @@
 """CUDA-only tests of the GPU paths (issue 8); every test here skips, with the reason, without a CUDA device.
 
-Run on a GPU machine with ``bash scripts/gpu_check.sh`` (or ``pytest tests/test_gpu.py``). Real parts only: tiny
+Run on a GPU machine with ``bash scripts/gpu_check.sh`` (or ``pytest tests/gpu/test_gpu.py``). Real parts only: tiny
 randomly initialised Qwen2 models on the GPU, the real ``DecodeEngine`` / ``sample_rollouts`` / ``Trainer``, and
 vLLM where it is installed. Checked:
 

@@ -5,7 +5,7 @@ Real parts only: tiny random Llama/Qwen2 models and hand-wired bigram Llamas fro
 ``DecodeEngine`` and ``sample_rollouts``. vLLM is not installed here: its construction must refuse with the
 install hint, and the one tree sampler on a segment backend (``SegmentRequestEngine``) is checked through
 ``ReferenceSegmentGenerator``, which serves the same segment requests with the HF model (every leaf's behaviour log-probs are re-checked
-against one plain forward). Tests that need vLLM itself live in ``tests/test_gpu.py``.
+against one plain forward). Tests that need vLLM itself live in ``tests/gpu/test_gpu.py``.
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ def test_generate_rollouts_dispatches_segment_backends(tok, model):
 # ------------------------------------------------------------------------------------------ benchmark smoke test
 def test_gpu_bench_cpu_smoke(tmp_path):
     """scripts/gpu_bench.py's CPU path (--device cpu --tiny): every phase runs and the numbers hang together."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_bench.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bench.py"
     spec = importlib.util.spec_from_file_location("gpu_bench", path)
     gb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gb)
@@ -452,7 +452,7 @@ def test_segment_request_engine_rows_and_refusals(tok, model):
 
 def test_gpu_profile_decode_cpu_smoke(capsys):
     """scripts/gpu_profile_decode.py's CPU path: both decode paths run and print their profiler tables."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_profile_decode.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_profile_decode.py"
     spec = importlib.util.spec_from_file_location("gpu_profile_decode", path)
     gp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gp)
@@ -475,7 +475,7 @@ def test_gpu_check_script_has_help_and_stops_at_once_without_a_gpu():
     message instead of running the 0.5B benchmark on the CPU until its time limit."""
     import subprocess
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
     r = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--prepare" in r.stdout and "GPU_CHECK_ALLOW_CPU" in r.stdout
     if torch.cuda.is_available():

@@ -28,7 +28,7 @@ from swarmnode.tasks.curriculum import (
 
 KEYS = ["rg:a#1", "rg:b#2", "rg:c#3"]
 ME = Identity.from_private_bytes(hashlib.sha256(b"test_curriculum me").digest())
-VECTORS = Path(__file__).resolve().parents[1] / "protocol" / "vectors"
+VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
 
 
 def peers(n, rates, *, age=1.0, standing=0, prefix="sybil"):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "swarmnode"
+PKG = Path(__file__).resolve().parents[2] / "swarmnode"
 
 #: rooms that may import ``node``: the front ends a user runs
 ENTRY_ROOMS = {"cli", "benchmarks"}

@@ -6,7 +6,7 @@ import pytest
 
 from swarmnode.config import DEFAULT_CONFIG_PATH, ConfigError, RunConfig, dump_config, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_packaged_default_equals_configs_default():

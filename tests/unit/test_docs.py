@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: generated from code (its doc paths are the code's citations, checked with the code's)
 GENERATED = {ROOT / "docs" / "reference" / "config.md"}

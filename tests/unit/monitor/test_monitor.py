@@ -41,7 +41,7 @@ from swarmnode.monitor.status import (
 from swarmnode.monitor.top import discover_nodes, frame, sparkline
 from swarmnode.monitor.watchdog import MemoryGuard, StallDetector, knob
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 # ------------------------------------------------------------------------------------------ the document

@@ -1,11 +1,12 @@
 """Regression pins: the tree sampler builds the same trees for the same seed as the code before the
 one-sampler refactor (issue 13).
 
-``tests/data/sampler_pins.json`` was written by ``python tests/test_sampler_pins.py --write`` with the two
-samplers as they were before the refactor (``rollout/sampler.py``'s HF sampler and ``policy/vllm_backend.py``'s
-segment sampler); every case here must reproduce it exactly: node parents, token ids, finish reasons,
-behaviour log-probs (to 1e-5) and the per-prompt statistics. Real parts: the tiny random Llama and the BPE
-tokenizer of ``tests/test_decode.py``; the segment cases run through ``ReferenceSegmentGenerator``.
+``tests/unit/rollout/data/sampler_pins.json`` was written by ``python tests/unit/rollout/test_sampler_pins.py
+--write`` with the two samplers as they were before the refactor (``rollout/sampler.py``'s HF sampler and
+``policy/vllm_backend.py``'s segment sampler); every case here must reproduce it exactly: node parents, token ids,
+finish reasons, behaviour log-probs (to 1e-5) and the per-prompt statistics. Real parts: the tiny random Llama and
+the BPE tokenizer of ``tests/unit/policy/test_decode.py``; the segment cases run through
+``ReferenceSegmentGenerator``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from swarmnode.policy.vllm_backend import ReferenceSegmentGenerator
 from swarmnode.rollout.sampler import PromptSpec, sample_rollouts
 from swarmnode.tasks.base import TaskRef
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "policy")]  # test_sampler, test_decode
 from test_decode import CORPUS, tiny_llama, tiny_tokenizer  # noqa: E402
 from test_sampler import model, tok  # noqa: E402, F401  (the same fixtures: tiny BPE tokenizer, tiny Llama seed 1)
 

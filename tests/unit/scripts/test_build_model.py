@@ -16,7 +16,7 @@ from swarmnode.tasks.solutions import BUILD_MIX, DEFAULT_MIX, DEFAULT_PROBES, wo
 
 from monitor_helpers import load_script
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TINY = ["--steps", "3", "--batch-size", "8", "--micro-batch", "4", "--hidden", "32", "--layers", "1", "--warmup", "1",
         "--no-eval", "--threads", "1"]
 

@@ -15,7 +15,7 @@ import pytest
 from swarmnode.swarm import wire
 from swarmnode.swarm.identity import Identity, peer_id_from_public_key, verify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 VECTOR_DIR = ROOT / "protocol" / "vectors"
 FILES = sorted(VECTOR_DIR.glob("*.json"))
 

@@ -1124,7 +1124,7 @@ def test_spec_config_digest_example_matches_the_code():
     import pathlib
     import re
 
-    spec = (pathlib.Path(__file__).resolve().parents[1] / "protocol" / "SPEC.md").read_text()
+    spec = (pathlib.Path(__file__).resolve().parents[3] / "protocol" / "SPEC.md").read_text()
     m = re.search(r"<!-- config-digest-example\n(.*?)\n-->", spec, re.S)
     assert m, "SPEC.md lost its machine-checked config_digest example"
     ex = dict(line.split(": ", 1) for line in m.group(1).strip().splitlines())

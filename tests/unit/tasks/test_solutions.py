@@ -25,7 +25,7 @@ from swarmnode.tasks.solutions import (
     worked_solution,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 # reasoning-gym seeds item ``index`` of dataset ``seed`` with Random(seed + index), so seeds 0..39 x indices 0..59
 # would hold only 99 distinct questions; seeds 1,000 apart give 2,400 distinct ones per task
 SEEDS = range(0, 40_000, 1_000)

@@ -1,7 +1,7 @@
 """Rescue (swarmnode/train/rescue.py, the heartbeat key ``rescue``, the SwarmClient side): the pending book, the
 merged group's advantages, the helper's refusals and bounds, the wire round trip and rejections.
 
-The end-to-end scenario over real loopback hivemind is in tests/test_rescue_e2e.py."""
+The end-to-end scenario over real loopback hivemind is in tests/e2e/test_rescue_e2e.py."""
 
 from __future__ import annotations
 
