@@ -107,7 +107,7 @@ BPE_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 #: Longest completion the build generates in its evaluation (tokens); the default mix's worked solutions are
-#: at most about 140 tokens with eos (tests/test_solutions.py), so the cap never cuts a right answer off.
+#: at most about 140 tokens with eos (tests/unit/tasks/test_solutions.py), so the cap never cuts a right answer off.
 MAX_NEW_TOKENS = 160
 
 

@@ -8,7 +8,7 @@ edited by hand: each section is one nested model (``model``, ``sampling.tree``, 
 items such as ``tasks.sources[]``), introduced by the model's docstring, and each field is listed the way TRL's
 ``GRPOConfig`` docstring lists its parameters: name, type, default, bounds, then the field's ``description``.
 A section appears where its model is first reached in a depth-first walk of the fields, in their declaration
-order, so regrouping the config regroups the page. ``tests/test_docs.py`` fails when the committed page differs
+order, so regrouping the config regroups the page. ``tests/unit/test_docs.py`` fails when the committed page differs
 from what this script writes.
 """
 

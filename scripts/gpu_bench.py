@@ -28,7 +28,8 @@ bandwidth comes from the GPU name (H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80GB 
 Usage::
 
     python scripts/gpu_bench.py                     # CUDA, Qwen2.5-0.5B shape, bfloat16, ~2-4 minutes on an H200
-    python scripts/gpu_bench.py --device cpu --tiny # smoke test (seconds; tests/test_gpu_bench_smoke runs it)
+    python scripts/gpu_bench.py --device cpu --tiny # smoke test (seconds; run by
+                                                    # tests/integration/test_backends.py::test_gpu_bench_cpu_smoke)
     python scripts/gpu_bench.py --json out.json --bandwidth 4800
 
 As functions: :func:`run_bench` (returns the results dict) and :func:`format_table`.

@@ -9,8 +9,9 @@
 #                                         # wheels with $PY312 (default python3.12; the GPU image is 3.12).
 #   bash scripts/gpu_check.sh --help      # this text
 #   bash scripts/gpu_check.sh [BENCH ARGS] # on the GPU machine (exits 4 at once where torch sees no CUDA
-#                                         # device, unless GPU_CHECK_ALLOW_CPU=1): nvidia-smi, pytest tests/test_gpu.py
-#                                         # tests/test_decode.py, then scripts/gpu_bench.py (args passed on),
+#                                         # device, unless GPU_CHECK_ALLOW_CPU=1): nvidia-smi, pytest
+#                                         # tests/gpu/test_gpu.py tests/unit/policy/test_decode.py, then
+#                                         # scripts/gpu_bench.py (args passed on),
 #                                         # then `swarmnode run` on the embedded default for
 #                                         # $GPU_CHECK_RUN_STEPS steps (0, the default, skips it)
 #
@@ -77,8 +78,8 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} available={torch.cud
       f"pydantic {pydantic.VERSION}")
 EOF
 
-echo "=== pytest tests/test_gpu.py tests/test_decode.py"
-timeout "$PYTEST_S" python3 -m pytest tests/test_gpu.py tests/test_decode.py -q -rs -p no:cacheprovider
+echo "=== pytest tests/gpu/test_gpu.py tests/unit/policy/test_decode.py"
+timeout "$PYTEST_S" python3 -m pytest tests/gpu/test_gpu.py tests/unit/policy/test_decode.py -q -rs -p no:cacheprovider
 PYTEST_RC=$?
 echo "pytest exit code: $PYTEST_RC ($(( $(date +%s) - T0 )) s so far)"
 

@@ -6,7 +6,8 @@ A one after the other (5 s timeout each). Prints the fetch reasons and A's serve
 
     PYTHONPATH=$PWD python scripts/hostile_idle_streams.py
 
-The same attack loop is asserted in ``tests/test_transport.py::test_idle_streams_of_one_peer_do_not_starve_an_honest_fetcher``.
+The same attack loop is asserted in
+``tests/integration/test_transport.py::test_idle_streams_of_one_peer_do_not_starve_an_honest_fetcher``.
 """
 
 from __future__ import annotations

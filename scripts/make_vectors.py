@@ -2,7 +2,7 @@
 """Write the golden test vectors of the swarmnode wire protocol to protocol/vectors/*.json.
 
 Every vector is produced from fixed inputs with fixed TEST keys (their seeds are in the files: never use
-them for a real node), so the output is byte-for-byte stable; tests/test_vectors.py checks that the files
+them for a real node), so the output is byte-for-byte stable; tests/unit/swarm/test_vectors.py checks that the files
 on disk equal what this script builds and that the decoder gives each file's expected verdict.
 
 Vector file format (protocol/SPEC.md §9):

@@ -804,7 +804,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     Args:
         path: YAML file; ``None`` uses the packaged default (same content as ``configs/default.yaml``); so does
             an empty file. Keys a file leaves out take the class defaults, which are the packaged default's values
-            (``tests/test_config.py`` checks that they agree).
+            (``tests/unit/test_config.py`` checks that they agree).
         overrides: dotted keys (``"train.learning_rate"``) to values; they win over the file. ``None``
             values are ignored (an unset CLI flag).
 

@@ -20,7 +20,7 @@ How the cache stays exact with holes: every row carries a 2-D attention mask ove
 explicit next position id. Padding, dropped tail slots of a truncated branch and idle slots of a row that
 waits while others finish their segment are all masked slots ("holes"); position ids count only the
 unmasked slots, so RoPE sees exactly the positions of an unpadded sequence and the logits equal one
-forward over the whole sequence (``tests/test_decode.py`` checks this to 1e-4 in float32).
+forward over the whole sequence (``tests/unit/policy/test_decode.py`` checks this to 1e-4 in float32).
 
 Per sampled token the engine returns the token id, the behaviour log-prob
 ``log_softmax(logits / temperature)[token]`` (the unfiltered tempered distribution, the convention of

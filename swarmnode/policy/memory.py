@@ -55,7 +55,7 @@ Example (Qwen2.5-0.5B: P = 494,032,768, h = 896, L = 24, 2 KV heads x 64, I = 48
 S = 1024, C = 1024, AdamW): W = G = 0.92 GiB, O = 3.68 GiB, persistent 5.52 GiB; KV 12,288 B/token;
 A = 3,547,856,896 B = 3.30 GiB per sequence (1.57 GiB layers + 1.74 GiB logits); D = 30,027,776 B
 (28.6 MiB) per row; with 80 GiB free at utilization 0.9: micro_batch_size 20, 2377 decode rows
-(``tests/test_memory_plan.py`` checks these numbers).
+(``tests/unit/policy/test_memory_plan.py`` checks these numbers).
 """
 
 from __future__ import annotations

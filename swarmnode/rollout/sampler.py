@@ -58,7 +58,7 @@ stay in the returned tree and are counted (:attr:`PromptStats.pruned`); they do 
 The node drops them before scoring and training (:meth:`RolloutTree.without_pruned`, as LATR does); their
 tokens still count as generated.
 
-Invariants (``tests/test_sampler.py``): generated tokens per prompt never exceed ``token_budget``; every
+Invariants (``tests/unit/rollout/test_sampler.py``): generated tokens per prompt never exceed ``token_budget``; every
 leaf's completion is the concatenation of its path's segments and equals, token for token, what the engine
 decoded for that path (each token's behaviour log-prob matches a full forward over prompt + completion);
 non-pruned leaves per prompt <= ``num_generations`` (so ``len(tree.leaves()) <= num_generations + pruned``).

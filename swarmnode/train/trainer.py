@@ -35,7 +35,7 @@ def lr_lambda_factory(scheduler_type: str, warmup_steps: int, total_steps: int) 
     ``s = total_steps`` and clamped at 0 beyond.
 
     Why not ``transformers.get_scheduler`` itself: with ``warmup_steps = 0`` (the default) the two give the
-    same learning rate at every step ``0 … total_steps`` for all three types (``tests/test_lr_schedule.py``
+    same learning rate at every step ``0 … total_steps`` for all three types (``tests/unit/train/test_lr_schedule.py``
     compares them step by step), but they differ where a run can notice:
 
     - warm-up: ``get_scheduler``'s multiplier is ``s / W``, so its first update runs at learning rate 0 and
