@@ -403,18 +403,23 @@ def _evaluate_with_progress(node: Node, when: str) -> EvalResult:
     from rich.progress import MofNCompleteColumn, TimeRemainingColumn
 
     label = f"held-out eval ({when})"
+    held_out = node.cfg.tasks.eval_size
     if not console.is_terminal:
         t0 = time.monotonic()
 
         def plain(done: int, total: int) -> None:
             if done == 0:
-                console.print(f"{label}: {total} questions…", markup=False, highlight=False)
+                split = (f" ({held_out} held-out + {total - held_out} probe questions)"
+                         if 0 < held_out < total else "")
+                console.print(f"{label}: {total} questions{split}…", markup=False, highlight=False)
                 return
             el = time.monotonic() - t0
             console.print(f"{label}: {done}/{total} questions, {el:.0f}s elapsed, ETA {el / done * (total - done):.0f}s",
                           markup=False, highlight=False)
 
         return node.evaluate(progress=plain)
+    if 0 < held_out and node.cfg.tasks.probes:
+        label += " + probes"
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("questions"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
