@@ -177,6 +177,14 @@ def _acc_line(res) -> str:
     return f"{100 * res.accuracy:.1f}% exact (n={res.n})"
 
 
+def _at_least_one(value: Optional[int]) -> Optional[int]:
+    """Option callback: ``value >= 1`` or unset. (Typer's ``min=1`` would print a range column that squeezes the
+    option names of ``run --help`` below 80 columns.)"""
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"{value} is not >= 1")
+    return value
+
+
 @app.command()
 def run(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (default: the embedded tiny CPU setup)"),
@@ -189,14 +197,15 @@ def run(
     no_eval: bool = typer.Option(False, "--no-eval", help="skip the before/after held-out evaluation"),
     status_port: Optional[int] = typer.Option(None, "--status-port", help="serve status/metrics on 127.0.0.1:PORT"),
     threads: Optional[int] = typer.Option(
-        None, "--threads", min=1, help="torch CPU threads (default: one per core, at most the CPUs this process may use)"),
+        None, "--threads", callback=_at_least_one,
+        help="torch CPU threads, >= 1 (default: one per core, at most the CPUs this process may use)"),
     swarm: Optional[bool] = typer.Option(None, "--swarm/--no-swarm", help="join a swarm (default: swarm.enabled)"),
     initial_peers: Optional[list[str]] = typer.Option(
-        None, "--initial-peers", help="bootstrap multiaddr /ip4/…/tcp/…/p2p/<PeerID> (repeatable)"),
+        None, "--initial-peers", help="multiaddr of a peer to join through (repeatable; see the swarm guide)"),
     host_maddrs: Optional[list[str]] = typer.Option(
-        None, "--host-maddrs", help="where to listen, e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)"),
+        None, "--host-maddrs", help="multiaddr to listen on (repeatable; see the swarm guide)"),
     announce_maddrs: Optional[list[str]] = typer.Option(
-        None, "--announce-maddrs", help="public address to announce, e.g. /ip4/203.0.113.5/tcp/31337 (repeatable)"),
+        None, "--announce-maddrs", help="public multiaddr other hosts dial (repeatable; see the swarm guide)"),
     swarm_id: Optional[str] = typer.Option(None, "--swarm-id", help="private swarm id (no ':')"),
     identity: Optional[Path] = typer.Option(
         None, "--identity", help="Ed25519 key file; a missing one is an error unless --create-identity"),
@@ -204,7 +213,7 @@ def run(
         False, "--create-identity", help="create the --identity key file if it does not exist"),
     fresh: bool = typer.Option(
         False, "--fresh", help="start from step 0 when every checkpoint of the run dir is corrupt (they are kept, "
-        "moved to checkpoints/quarantine/)"),
+        "moved to the quarantine folder of checkpoints/)"),
     allow_config_change: bool = typer.Option(
         False, "--allow-config-change", help="resume with changed training keys (learning rate, tasks, sampling, "
         "...): apply them from the checkpoint's step on and list them; without it such a resume is refused"),
@@ -394,18 +403,23 @@ def _evaluate_with_progress(node: Node, when: str) -> EvalResult:
     from rich.progress import MofNCompleteColumn, TimeRemainingColumn
 
     label = f"held-out eval ({when})"
+    held_out = node.cfg.tasks.eval_size
     if not console.is_terminal:
         t0 = time.monotonic()
 
         def plain(done: int, total: int) -> None:
             if done == 0:
-                console.print(f"{label}: {total} questions…", markup=False, highlight=False)
+                split = (f" ({held_out} held-out + {total - held_out} probe questions)"
+                         if 0 < held_out < total else "")
+                console.print(f"{label}: {total} questions{split}…", markup=False, highlight=False)
                 return
             el = time.monotonic() - t0
             console.print(f"{label}: {done}/{total} questions, {el:.0f}s elapsed, ETA {el / done * (total - done):.0f}s",
                           markup=False, highlight=False)
 
         return node.evaluate(progress=plain)
+    if 0 < held_out and node.cfg.tasks.probes:
+        label += " + probes"
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("questions"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                   transient=True) as bar:

@@ -238,17 +238,19 @@ def render_node(name: str, doc: dict[str, Any], verdict: Verdict, history: list[
         ("GPU memory", f"{fmt_bytes(gpu.get('allocated'))} allocated, {fmt_bytes(gpu.get('reserved'))} reserved of "
                        f"{fmt_bytes(gpu.get('total'))}" if gpu else "- (CPU)"),
         ("last checkpoint", f"step {ck.get('step')}  {ck.get('path')}" if ck.get("path") else "none yet"),
-        ("checkpoint every", f"{ck.get('save_steps')} steps"),
+        ("checkpoint every", f"{ck['save_steps']} steps" if ck.get("save_steps") else "-"),
     ]
     stall = doc.get("stall") or {}
     if stall.get("count"):
         res_rows.append(("stalls", f"{stall.get('count')}  last: {stall.get('last_cause')}"))
     warns = doc.get("warnings") or []
     wtext = Text()
-    for w in warns[-5:]:
+    for i, w in enumerate(warns[-5:]):
+        if i:
+            wtext.append("\n")
         wtext.append(f"{fmt_age(now - w.get('time', now))} ago ", style="dim")
-        wtext.append(f"{w.get('level')}: {w.get('message')}\n", style="red" if w.get("level") in ("ERROR",
-                                                                                                  "CRITICAL") else "yellow")
+        wtext.append(f"{w.get('level')}: {w.get('message')}", style="red" if w.get("level") in ("ERROR",
+                                                                                              "CRITICAL") else "yellow")
     parts: list[RenderableType] = [
         _header(name, doc, verdict, now),
         Panel(training, title="training", border_style="green"),
