@@ -49,7 +49,7 @@ swarm's hivemind DHT that announces the factory's bytes in signed manifests insi
 them over the real bundle stream, misbehaves on the stream itself (silent, over-claiming, short, lying), writes
 garbage records and records under other publishers' subkeys, and replays / floods bundles that its victims
 already accepted. :data:`NETWORK_CASES` lists every class with the stage where an honest node stops it and the
-reason it is counted under (``tests/integration/test_hostile_swarm.py``; ``swarmnode bench swarm --hostile``).
+reason it is counted under (``tests/test_hostile_swarm.py``; ``swarmnode bench swarm --hostile``).
 
 Two of the trust attacks are network-level and not bad bytes at all, so they are not :data:`NETWORK_CASES`
 (an honest node *should* accept the bytes; what it must not do is starve its honest peers):
@@ -106,10 +106,10 @@ BYTE_VOCAB_SIZE = 256
 
 TRANSPORT_CASES: dict[str, str] = {
     "silent_stream": "a peer that accepts a bundle stream and never answers: the fetch must time out "
-                     "(swarm.fetch_timeout) and the next source be tried (tests/integration/test_transport.py)",
+                     "(swarm.fetch_timeout) and the next source be tried (tests/test_transport.py)",
     "foreign_subkey": "a DHT record written under another publisher's owner-marked subkey: the record "
-                      "validator refuses it (tests/integration/test_dht.py); the verifier-level counterpart is "
-                      "the owner_mismatch case here",
+                      "validator refuses it (tests/test_dht.py); the verifier-level counterpart is the "
+                      "owner_mismatch case here",
 }
 """Hostile classes handled below the verifier, by name; the transport tests own them."""
 
