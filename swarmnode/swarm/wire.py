@@ -23,6 +23,29 @@ re-encode to exactly the received bytes. Every failure raises :class:`WireError`
 Claimed rewards in a bundle are the publisher's claims. Receivers must not trust them: they re-score every
 leaf (docs/reference/design.md §6 step 6). :func:`trees_from_bundle` therefore leaves ``TreeNode.reward`` unset and the
 claims stay in :attr:`WireNode.claimed_reward`.
+
+How the module is laid out: constants and reason codes; the message dataclasses; the key sets; the value
+validators (``_int``, ``_float``, ``_str``, ``_bin``, TaskRefs); the schema tables (each message's scalar fields
+as ``(wire key, attribute, rule)`` rows that both the decoder and the encoder read, and ``_ARRAYS``, the bounds,
+reason codes and details of every bounded array, checked by the one function ``_array``); the limited msgpack
+reader and the canonical re-encoding check; per-kind body decoders (tree shape, vocab and log-prob checks
+stay hand-written: they relate fields to each other); encoders; envelope; public codec; manifests; DHT records.
+
+Why msgpack and not msgspec (msgspec 0.23 ``Struct`` types were tried): its encoder with
+``msgspec.msgpack.Encoder(order="sorted")`` writes the same bytes as this codec (shortest ints, float64, sorted
+keys, optional keys left out with ``omit_defaults``), but its typed decoder cannot keep SPEC.md §6:
+
+* string limits: ``msgspec.Meta(max_length=4)`` counts code points, so ``"éééé"`` (8 UTF-8 bytes) passes; the
+  limits of §7 are in UTF-8 bytes;
+* floats: a ``float`` field accepts an integer, even with ``strict=True`` (``{"t": 1}`` decodes to ``t=1.0``);
+  this codec rejects it as ``schema`` (wrong type), msgspec would leave only the re-encoding check
+  (``non_canonical``);
+* reason codes: every constraint fails with the one ``msgspec.ValidationError`` ("Expected `array` of length
+  <= 64", "Expected `float` >= 0.0"), where §5 gives ``too_large`` for 65 trees, ``schema`` for none and
+  ``numeric`` for NaN; the code would have to be parsed out of the message text;
+* decoder limits (§6 step 6, checked before the schema): no per-type length caps or container count; an
+  untyped array header of 2^32-1 items is "Input data was truncated" (``malformed``, not ``too_large``), 5000
+  nested arrays raise ``RecursionError``, and a repeated map key silently keeps the last value.
 """
 
 from __future__ import annotations
@@ -33,7 +56,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, NamedTuple, Union
 
 import msgpack
 import numpy as np
@@ -481,83 +504,60 @@ def _pubkey(v: Any, path: str, envelope_key: bytes | None) -> bytes:
 # ============================================================================================ schema tables
 # Each message's scalar fields are one table of (wire key, attribute, rule): the decoder checks them in table
 # order, the encoder writes them in key order, so a field's type, range and reason codes are written once.
-@dataclass(frozen=True)
-class _Int:
+class _Rule(NamedTuple):
+    """How one scalar field is checked when decoded and written when encoded."""
+
+    check: Callable[[Any, str], Any]
+    """``check(value, path)``: the decoded value, or a :class:`WireError` with the field's reason code."""
+    enc: Callable[[Any, str], Any]
+    """``enc(attribute, path)``: the wire value (which the encoder's own decode then checks)."""
+
+
+def _int_rule(lo: int = 0, hi: int = MAX_INT, over: str = "schema") -> _Rule:
     """An integer in ``[lo, hi]``: ``schema`` below ``lo``, ``over`` above ``hi``."""
-
-    lo: int = 0
-    hi: int = MAX_INT
-    over: str = "schema"
-
-    def check(self, v: Any, path: str) -> int:
-        return _int(v, path, self.lo, self.hi, self.over)
-
-    def enc(self, v: Any, path: str) -> Any:
-        return _enc_int(v)
+    return _Rule(lambda v, p: _int(v, p, lo, hi, over), lambda v, p: _enc_int(v))
 
 
-@dataclass(frozen=True)
-class _Float:
+def _float_rule(hi: float | None = None, optional: bool = False) -> _Rule:
     """A finite float64 in ``[0, hi]`` (``numeric`` outside), or ``nil`` when ``optional``."""
-
-    hi: float | None = None
-    optional: bool = False
-
-    def check(self, v: Any, path: str) -> float | None:
-        return None if v is None and self.optional else _float(v, path, 0.0, self.hi)
-
-    def enc(self, v: Any, path: str) -> float | None:
-        return None if v is None and self.optional else _enc_float(v, path)
+    return _Rule(lambda v, p: None if v is None and optional else _float(v, p, 0.0, hi),
+                 lambda v, p: None if v is None and optional else _enc_float(v, p))
 
 
-@dataclass(frozen=True)
-class _Str:
-    """A string of ``min_bytes..max_bytes`` UTF-8 bytes (``schema`` when short, ``too_large`` when long)."""
-
-    max_bytes: int = MAX_ID_BYTES
-    min_bytes: int = 0
-
-    def check(self, v: Any, path: str) -> str:
-        return _str(v, path, self.max_bytes, self.min_bytes)
-
-    def enc(self, v: Any, path: str) -> Any:
-        return v
+def _str_rule(max_bytes: int = MAX_ID_BYTES, min_bytes: int = 0) -> _Rule:
+    """A string of ``min_bytes..max_bytes`` UTF-8 bytes (``schema`` when shorter, ``too_large`` when longer)."""
+    return _Rule(lambda v, p: _str(v, p, max_bytes, min_bytes), lambda v, p: v)
 
 
-@dataclass(frozen=True)
-class _Bin:
+def _bin_rule(size: int) -> _Rule:
     """A bin of exactly ``size`` bytes (``schema`` otherwise)."""
-
-    size: int
-
-    def check(self, v: Any, path: str) -> bytes:
-        return _bin(v, path, self.size)
-
-    def enc(self, v: Any, path: str) -> bytes:
-        return _enc_bytes(v, path)
+    return _Rule(lambda v, p: _bin(v, p, size), lambda v, p: _enc_bytes(v, p))
 
 
-_Field = tuple[str, str, Union[_Int, _Float, _Str, _Bin]]
-_REWARD = _Float(MAX_REWARD, optional=True)
+_Field = tuple[str, str, _Rule]
+_REWARD = _float_rule(MAX_REWARD, optional=True)
 """A claimed reward (node ``r``) or a heartbeat's reward mean (``rmean``)."""
-_SIGNER_FIELDS: tuple[_Field, ...] = (("pub", "publisher_key", _Bin(PUBLIC_KEY_BYTES)), ("v", "version", _Int(lo=1)))
+_SIGNER_FIELDS: tuple[_Field, ...] = (
+    ("pub", "publisher_key", _bin_rule(PUBLIC_KEY_BYTES)), ("v", "version", _int_rule(lo=1)))
 """Written by the encoder; the decoder checks them first, against the envelope (``_version``, ``_pubkey``)."""
 _BUNDLE_FIELDS: tuple[_Field, ...] = (
-    ("swarm", "swarm_id", _Str(min_bytes=1)), ("model", "model_id", _Str()), ("tok", "tokenizer_id", _Str()),
-    ("vocab", "vocab_size", _Int(1, MAX_VOCAB_SIZE, "too_large")), ("pv", "policy_version", _Int()),
-    ("t", "created_at", _Float()))
+    ("swarm", "swarm_id", _str_rule(min_bytes=1)), ("model", "model_id", _str_rule()),
+    ("tok", "tokenizer_id", _str_rule()), ("vocab", "vocab_size", _int_rule(1, MAX_VOCAB_SIZE, "too_large")),
+    ("pv", "policy_version", _int_rule()), ("t", "created_at", _float_rule()))
 _MANIFEST_FIELDS: tuple[_Field, ...] = (
-    ("swarm", "swarm_id", _Str(min_bytes=1)), ("digest", "bundle_digest", _Bin(DIGEST_BYTES)),
-    ("size", "bundle_size", _Int(1, MAX_ENVELOPE_BYTES, "too_large")), ("t", "created_at", _Float()),
-    ("pv", "policy_version", _Int()))
-_MANIFEST_COUNTS: tuple[_Field, ...] = (("nleaves", "num_leaves", _Int()), ("ntrees", "num_trees", _Int()))
+    ("swarm", "swarm_id", _str_rule(min_bytes=1)), ("digest", "bundle_digest", _bin_rule(DIGEST_BYTES)),
+    ("size", "bundle_size", _int_rule(1, MAX_ENVELOPE_BYTES, "too_large")), ("t", "created_at", _float_rule()),
+    ("pv", "policy_version", _int_rule()))
+_MANIFEST_COUNTS: tuple[_Field, ...] = (("nleaves", "num_leaves", _int_rule()), ("ntrees", "num_trees", _int_rule()))
 """Written by the encoder; the decoder checks them after the TaskRefs, whose count bounds them."""
 _HEARTBEAT_FIELDS: tuple[_Field, ...] = (
-    ("swarm", "swarm_id", _Str(min_bytes=1)), ("model", "model_id", _Str()), ("step", "step", _Int()),
-    ("rmean", "reward_mean", _REWARD), ("acc", "accuracy", _Float(1.0, optional=True)),
-    ("npub", "samples_published", _Int()), ("nacc", "samples_accepted", _Int()),
-    ("nrej", "samples_rejected", _Int()), ("t", "created_at", _Float()))
-_HEARTBEAT_SIGNER_FIELDS: tuple[_Field, ...] = (("peer", "peer_id", _Str(min_bytes=1)), ("v", "version", _Int(lo=1)))
+    ("swarm", "swarm_id", _str_rule(min_bytes=1)), ("model", "model_id", _str_rule()), ("step", "step", _int_rule()),
+    ("rmean", "reward_mean", _REWARD), ("acc", "accuracy", _float_rule(1.0, optional=True)),
+    ("npub", "samples_published", _int_rule()), ("nacc", "samples_accepted", _int_rule()),
+    ("nrej", "samples_rejected", _int_rule()), ("t", "created_at", _float_rule()))
+_HEARTBEAT_SIGNER_FIELDS: tuple[_Field, ...] = (
+    ("peer", "peer_id", _str_rule(min_bytes=1)), ("v", "version", _int_rule(lo=1)))
+"""Written by the encoder; the decoder checks them first (``_version``, and ``peer`` against the signer)."""
 
 
 def _fields_from_raw(m: dict, table: tuple[_Field, ...], what: str) -> dict[str, Any]:
@@ -575,8 +575,7 @@ def _in_key_order(raw: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted(raw.items(), key=lambda kv: kv[0].encode()))
 
 
-@dataclass(frozen=True)
-class _Bounds:
+class _Bounds(NamedTuple):
     """An array field's bounds: ``1..most`` items when ``empty`` names the (reason, detail) of an empty one,
     else ``0..most``; ``noun`` names the items in the ``too_large`` detail."""
 
