@@ -1070,12 +1070,17 @@ def _rates_to_raw(rates: Any) -> list:
 def _heartbeat_to_raw(h: Heartbeat) -> dict:
     if not isinstance(h, Heartbeat):
         raise _fail("schema", f"expected a Heartbeat, got {_tname(h)}")
-    raw = _fields_to_raw(h, _HEARTBEAT_SIGNER_FIELDS + _HEARTBEAT_FIELDS, "heartbeat")
+    raw = _heartbeat_base_raw(h)
     if h.task_rates:  # the optional keys: absent when empty (the body is then a plain heartbeat)
         raw["rates"] = _rates_to_raw(h.task_rates)
     if h.rescue:
         raw["rescue"] = _rescue_to_raw(h.rescue)
     return _in_key_order(raw)
+
+
+def _heartbeat_base_raw(h: Heartbeat) -> dict:
+    """The heartbeat's keys without the optional ones, in key order."""
+    return _fields_to_raw(h, _HEARTBEAT_SIGNER_FIELDS + _HEARTBEAT_FIELDS, "heartbeat")
 
 
 def _rescue_to_raw(refs: Any) -> list:
