@@ -55,7 +55,7 @@ import hashlib
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Iterable, NamedTuple, Union
 
 import msgpack
@@ -1562,78 +1562,38 @@ def decode_manifest_record(data: bytes, *, max_bytes: int = MAX_RECORD_BYTES) ->
 
 
 # ============================================================================================ JSON view
+_JSON_FIELD_ORDER = {WireTree: ("task", "prompt_text", "prompt_ids", "nodes")}
+"""Dataclasses whose JSON view lists their fields in another order than the class does."""
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, TaskRef):
+        return v.to_list()
+    if isinstance(v, _BYTES):
+        return bytes(v).hex()
+    if is_dataclass(v):
+        return {name: _jsonable(getattr(v, name))
+                for name in _JSON_FIELD_ORDER.get(type(v)) or [f.name for f in fields(v)]}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
 def to_jsonable(msg: Message) -> dict:
-    """A JSON-ready view of a message (bytes as lowercase hex, TaskRefs as 4-item lists).
+    """A JSON-ready view of a message: ``kind`` and ``version`` first, then the fields in class order (bytes as
+    lowercase hex, TaskRefs as 4-item lists, tuples as lists); a heartbeat's empty optional fields are left out.
 
     This is the "expected decoded" form of the golden vectors (protocol/vectors/).
-    """
-    def task(t: TaskRef) -> list:
-        return t.to_list()
 
-    if isinstance(msg, RolloutBundle):
-        return {
-            "kind": KIND_BUNDLE,
-            "version": msg.version,
-            "swarm_id": msg.swarm_id,
-            "publisher_key": bytes(msg.publisher_key).hex(),
-            "model_id": msg.model_id,
-            "tokenizer_id": msg.tokenizer_id,
-            "vocab_size": msg.vocab_size,
-            "policy_version": msg.policy_version,
-            "created_at": msg.created_at,
-            "trees": [
-                {
-                    "task": task(t.task),
-                    "prompt_text": t.prompt_text,
-                    "prompt_ids": list(t.prompt_ids),
-                    "nodes": [
-                        {
-                            "parent": n.parent,
-                            "token_ids": list(n.token_ids),
-                            "text": n.text,
-                            "logprobs": None if n.logprobs is None else list(n.logprobs),
-                            "policy_version": n.policy_version,
-                            "finish_reason": n.finish_reason,
-                            "claimed_reward": n.claimed_reward,
-                        }
-                        for n in t.nodes
-                    ],
-                }
-                for t in msg.trees
-            ],
-        }
-    if isinstance(msg, Manifest):
-        return {
-            "kind": KIND_MANIFEST,
-            "version": msg.version,
-            "swarm_id": msg.swarm_id,
-            "publisher_key": bytes(msg.publisher_key).hex(),
-            "bundle_digest": bytes(msg.bundle_digest).hex(),
-            "bundle_size": msg.bundle_size,
-            "tasks": [task(t) for t in msg.tasks],
-            "created_at": msg.created_at,
-            "policy_version": msg.policy_version,
-            "num_trees": msg.num_trees,
-            "num_leaves": msg.num_leaves,
-        }
-    if isinstance(msg, Heartbeat):
-        return {
-            "kind": KIND_HEARTBEAT,
-            "version": msg.version,
-            "swarm_id": msg.swarm_id,
-            "peer_id": msg.peer_id,
-            "model_id": msg.model_id,
-            "step": msg.step,
-            "reward_mean": msg.reward_mean,
-            "accuracy": msg.accuracy,
-            "samples_published": msg.samples_published,
-            "samples_accepted": msg.samples_accepted,
-            "samples_rejected": msg.samples_rejected,
-            "created_at": msg.created_at,
-            **({"task_rates": {k: list(v) for k, v in msg.task_rates.items()}} if msg.task_rates else {}),
-            **({"rescue": [task(t) for t in msg.rescue]} if msg.rescue else {}),
-        }
-    raise TypeError(f"expected a RolloutBundle, Manifest or Heartbeat, got {_tname(msg)}")
+    Raises:
+        TypeError: not a RolloutBundle, Manifest or Heartbeat.
+    """
+    if type(msg) not in _TO_RAW:
+        raise TypeError(f"expected a RolloutBundle, Manifest or Heartbeat, got {_tname(msg)}")
+    out = {"kind": _TO_RAW[type(msg)][0], "version": msg.version, **_jsonable(msg)}
+    return {k: v for k, v in out.items() if v or k not in ("task_rates", "rescue")}  # the optional heartbeat keys
 
 
 __all__ = [
