@@ -38,7 +38,8 @@ honest votes, at most about ``k / 2`` ranks from the honest votes' own median, a
 honest votes agree**, so the factor is the honest one. Every established peer sits while at most
 ``max_voters`` are established (the default, 1,024, is the most peers whose rates the swarm layer keeps);
 beyond that the bound holds for the drawn seats, and the liars hold a majority of them only with the
-hypergeometric chance of the draw (e.g. 40 liars among 100 established peers, 32 seats: 5.3% of steps).
+hypergeometric chance of the draw (e.g. 40 liars among 100 established peers, 32 seats and our own vote: 5.3%
+of steps).
 
 The weights only choose among sources; :meth:`swarmnode.tasks.mix.TaskMix.refs_for_step` keeps the held-out
 partition out of training and stays a pure function of ``(tasks.seed, step, n, stream, weights)``.
