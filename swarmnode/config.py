@@ -388,10 +388,10 @@ class CurriculumConfig(_Strict):
         "heartbeat) are ignored. Default 120"
     )
     max_voters: int = Field(
-        32, ge=0, description="most peers whose rates are counted per task (those with the most earned standing "
-        "first, ties in a salted order), besides our own vote; young peers (fewer than swarm.established_after "
-        "useful trained trees) fill at most (trusted votes - 3) of the seats, trusted = our own vote and those "
-        "of established peers. Default 32"
+        1024, ge=0, description="seats: every established peer (at least swarm.established_after useful trained "
+        "trees) votes once, whatever its standing, while at most this many are established; beyond that a "
+        "uniformly random subset of this many, drawn afresh each step from a secret seed. Young peers get no "
+        "seat. Bounds the work per step. Default 1024 (the most peers whose rates the swarm layer keeps)"
     )
     min_factor: float = Field(
         0.5, gt=0, le=1, description="floor of a task's weight as a multiple of its configured weight (success "

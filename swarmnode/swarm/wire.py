@@ -23,6 +23,29 @@ re-encode to exactly the received bytes. Every failure raises :class:`WireError`
 Claimed rewards in a bundle are the publisher's claims. Receivers must not trust them: they re-score every
 leaf (docs/reference/design.md §6 step 6). :func:`trees_from_bundle` therefore leaves ``TreeNode.reward`` unset and the
 claims stay in :attr:`WireNode.claimed_reward`.
+
+How the module is laid out: constants and reason codes; the message dataclasses; the key sets; the value
+validators (``_int``, ``_float``, ``_str``, ``_bin``, TaskRefs); the schema tables (each message's scalar fields
+as ``(wire key, attribute, rule)`` rows that both the decoder and the encoder read, and ``_ARRAYS``, the bounds,
+reason codes and details of every bounded array, checked by the one function ``_array``); the limited msgpack
+reader and the canonical re-encoding check; per-kind body decoders (tree shape, vocab and log-prob checks
+stay hand-written: they relate fields to each other); encoders; envelope; public codec; manifests; DHT records.
+
+Why msgpack and not msgspec (msgspec 0.23 ``Struct`` types were tried): its encoder with
+``msgspec.msgpack.Encoder(order="sorted")`` writes the same bytes as this codec (shortest ints, float64, sorted
+keys, optional keys left out with ``omit_defaults``), but its typed decoder cannot keep SPEC.md §6:
+
+* string limits: ``msgspec.Meta(max_length=4)`` counts code points, so ``"éééé"`` (8 UTF-8 bytes) passes; the
+  limits of §7 are in UTF-8 bytes;
+* floats: a ``float`` field accepts an integer, even with ``strict=True`` (``{"t": 1}`` decodes to ``t=1.0``);
+  this codec rejects it as ``schema`` (wrong type), msgspec would leave only the re-encoding check
+  (``non_canonical``);
+* reason codes: every constraint fails with the one ``msgspec.ValidationError`` ("Expected `array` of length
+  <= 64", "Expected `float` >= 0.0"), where §5 gives ``too_large`` for 65 trees, ``schema`` for none and
+  ``numeric`` for NaN; the code would have to be parsed out of the message text;
+* decoder limits (§6 step 6, checked before the schema): no per-type length caps or container count; an
+  untyped array header of 2^32-1 items is "Input data was truncated" (``malformed``, not ``too_large``), 5000
+  nested arrays raise ``RecursionError``, and a repeated map key silently keeps the last value.
 """
 
 from __future__ import annotations
@@ -32,8 +55,8 @@ import hashlib
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Union
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Callable, Iterable, NamedTuple, Union
 
 import msgpack
 import numpy as np
@@ -98,6 +121,12 @@ MAX_REWARD = 2.0
 """Claimed rewards lie in [0, MAX_REWARD]: task reward in [0, 1] plus a format bonus of at most 1."""
 DIGEST_BYTES = 32
 """SHA-256 digest length."""
+MAX_RECORD_BYTES = 64 * 1024
+"""Largest manifest record (the value of one DHT entry; equals the DHT's default per-record cap)."""
+MAX_RECORD_MANIFESTS = 16
+"""Most manifests in one record (a publisher's newest manifests of one time bucket)."""
+MAX_RECORD_ADDRS = 8
+"""Most multiaddrs in a record's contact."""
 
 # --- reason codes (SPEC.md §6). Peer accounting counts rejections by these strings.
 REASONS = (
@@ -472,6 +501,115 @@ def _pubkey(v: Any, path: str, envelope_key: bytes | None) -> bytes:
     return pk
 
 
+# ============================================================================================ schema tables
+# Each message's scalar fields are one table of (wire key, attribute, rule): the decoder checks them in table
+# order, the encoder writes them in key order, so a field's type, range and reason codes are written once.
+class _Rule(NamedTuple):
+    """How one scalar field is checked when decoded and written when encoded."""
+
+    check: Callable[[Any, str], Any]
+    """``check(value, path)``: the decoded value, or a :class:`WireError` with the field's reason code."""
+    enc: Callable[[Any, str], Any]
+    """``enc(attribute, path)``: the wire value (which the encoder's own decode then checks)."""
+
+
+def _int_rule(lo: int = 0, hi: int = MAX_INT, over: str = "schema") -> _Rule:
+    """An integer in ``[lo, hi]``: ``schema`` below ``lo``, ``over`` above ``hi``."""
+    return _Rule(lambda v, p: _int(v, p, lo, hi, over), lambda v, p: _enc_int(v))
+
+
+def _float_rule(hi: float | None = None, optional: bool = False) -> _Rule:
+    """A finite float64 in ``[0, hi]`` (``numeric`` outside), or ``nil`` when ``optional``."""
+    return _Rule(lambda v, p: None if v is None and optional else _float(v, p, 0.0, hi),
+                 lambda v, p: None if v is None and optional else _enc_float(v, p))
+
+
+def _str_rule(max_bytes: int = MAX_ID_BYTES, min_bytes: int = 0) -> _Rule:
+    """A string of ``min_bytes..max_bytes`` UTF-8 bytes (``schema`` when shorter, ``too_large`` when longer)."""
+    return _Rule(lambda v, p: _str(v, p, max_bytes, min_bytes), lambda v, p: v)
+
+
+def _bin_rule(size: int) -> _Rule:
+    """A bin of exactly ``size`` bytes (``schema`` otherwise)."""
+    return _Rule(lambda v, p: _bin(v, p, size), lambda v, p: _enc_bytes(v, p))
+
+
+_Field = tuple[str, str, _Rule]
+_REWARD = _float_rule(MAX_REWARD, optional=True)
+"""A claimed reward (node ``r``) or a heartbeat's reward mean (``rmean``)."""
+_SIGNER_FIELDS: tuple[_Field, ...] = (
+    ("pub", "publisher_key", _bin_rule(PUBLIC_KEY_BYTES)), ("v", "version", _int_rule(lo=1)))
+"""Written by the encoder; the decoder checks them first, against the envelope (``_version``, ``_pubkey``)."""
+_BUNDLE_FIELDS: tuple[_Field, ...] = (
+    ("swarm", "swarm_id", _str_rule(min_bytes=1)), ("model", "model_id", _str_rule()),
+    ("tok", "tokenizer_id", _str_rule()), ("vocab", "vocab_size", _int_rule(1, MAX_VOCAB_SIZE, "too_large")),
+    ("pv", "policy_version", _int_rule()), ("t", "created_at", _float_rule()))
+_MANIFEST_FIELDS: tuple[_Field, ...] = (
+    ("swarm", "swarm_id", _str_rule(min_bytes=1)), ("digest", "bundle_digest", _bin_rule(DIGEST_BYTES)),
+    ("size", "bundle_size", _int_rule(1, MAX_ENVELOPE_BYTES, "too_large")), ("t", "created_at", _float_rule()),
+    ("pv", "policy_version", _int_rule()))
+_MANIFEST_COUNTS: tuple[_Field, ...] = (("nleaves", "num_leaves", _int_rule()), ("ntrees", "num_trees", _int_rule()))
+"""Written by the encoder; the decoder checks them after the TaskRefs, whose count bounds them."""
+_HEARTBEAT_FIELDS: tuple[_Field, ...] = (
+    ("swarm", "swarm_id", _str_rule(min_bytes=1)), ("model", "model_id", _str_rule()), ("step", "step", _int_rule()),
+    ("rmean", "reward_mean", _REWARD), ("acc", "accuracy", _float_rule(1.0, optional=True)),
+    ("npub", "samples_published", _int_rule()), ("nacc", "samples_accepted", _int_rule()),
+    ("nrej", "samples_rejected", _int_rule()), ("t", "created_at", _float_rule()))
+_HEARTBEAT_SIGNER_FIELDS: tuple[_Field, ...] = (
+    ("peer", "peer_id", _str_rule(min_bytes=1)), ("v", "version", _int_rule(lo=1)))
+"""Written by the encoder; the decoder checks them first (``_version``, and ``peer`` against the signer)."""
+
+
+def _fields_from_raw(m: dict, table: tuple[_Field, ...], what: str) -> dict[str, Any]:
+    """``{attribute: checked value}`` of a decoded map's table fields, checked in table order."""
+    return {attr: rule.check(m[key], f"{what}.{key}") for key, attr, rule in table}
+
+
+def _fields_to_raw(obj: Any, table: tuple[_Field, ...], what: str) -> dict[str, Any]:
+    """``{wire key: wire value}`` of an object's table fields, converted in key order."""
+    return {key: rule.enc(getattr(obj, attr), f"{what}.{key}") for key, attr, rule in sorted(table)}
+
+
+def _in_key_order(raw: dict[str, Any]) -> dict[str, Any]:
+    """The map with its keys in canonical (ascending UTF-8 byte) order (SPEC.md §3 rule 1)."""
+    return dict(sorted(raw.items(), key=lambda kv: kv[0].encode()))
+
+
+class _Bounds(NamedTuple):
+    """An array field's bounds: ``1..most`` items when ``empty`` names the (reason, detail) of an empty one,
+    else ``0..most``; ``noun`` names the items in the ``too_large`` detail."""
+
+    most: int
+    noun: str
+    empty: tuple[str, str] | None = None
+    expected: str = "an array"
+
+
+_LEAVE_OUT = ("schema", "an empty array is not allowed (leave the key out)")
+_ARRAYS = {  # by wire key; SPEC.md §5, §7, §11.2
+    "trees": _Bounds(MAX_TREES_PER_BUNDLE, "trees", ("schema", "a bundle holds at least one tree")),
+    "nodes": _Bounds(MAX_NODES_PER_TREE, "nodes", ("tree_shape", "a tree needs a root node")),
+    "tasks": _Bounds(MAX_TREES_PER_BUNDLE, "TaskRefs"),
+    "rates": _Bounds(MAX_RATE_TASKS, "entries", _LEAVE_OUT),
+    "rescue": _Bounds(MAX_RESCUE_REFS, "TaskRefs", _LEAVE_OUT, "an array of TaskRefs"),
+    "addrs": _Bounds(MAX_RECORD_ADDRS, "multiaddrs"),
+    "m": _Bounds(MAX_RECORD_MANIFESTS, "manifests", ("schema", "a record holds at least one manifest")),
+}
+
+
+def _array(v: Any, path: str, key: str) -> list:
+    """The bounded array at ``path`` whose bounds are ``_ARRAYS[key]``: not a list or empty when it may not be
+    (``schema``, or the table's reason), longer than its limit (``too_large``)."""
+    b = _ARRAYS[key]
+    if not isinstance(v, list):
+        raise _fail("schema", f"{path}: expected {b.expected}, got {_tname(v)}")
+    if not v and b.empty is not None:
+        raise _fail(b.empty[0], f"{path}: {b.empty[1]}")
+    if len(v) > b.most:
+        raise _fail("too_large", f"{path}: {len(v)} {b.noun} exceed the limit {b.most}")
+    return v
+
+
 # ============================================================================================ msgpack
 class _ContainerLimit(Exception):
     pass
@@ -573,29 +711,16 @@ def _bundle_from_raw(raw: Any, envelope_version: int | None, envelope_key: bytes
     m = _check_map(raw, BUNDLE_KEYS, "bundle")
     version = _version(m["v"], "bundle.v", envelope_version)
     pub = _pubkey(m["pub"], "bundle.pub", envelope_key)
-    swarm = _str(m["swarm"], "bundle.swarm", MAX_ID_BYTES, min_bytes=1)
-    model = _str(m["model"], "bundle.model", MAX_ID_BYTES)
-    tok = _str(m["tok"], "bundle.tok", MAX_ID_BYTES)
-    vocab = _int(m["vocab"], "bundle.vocab", lo=1, hi=MAX_VOCAB_SIZE, over="too_large")
-    pv = _int(m["pv"], "bundle.pv")
-    created = _float(m["t"], "bundle.t", 0.0, None)
-    raw_trees = m["trees"]
-    if not isinstance(raw_trees, list):
-        raise _fail("schema", f"bundle.trees: expected an array, got {_tname(raw_trees)}")
-    if not raw_trees:
-        raise _fail("schema", "bundle.trees: a bundle holds at least one tree")
-    if len(raw_trees) > MAX_TREES_PER_BUNDLE:
-        raise _fail("too_large", f"bundle.trees: {len(raw_trees)} trees exceed the limit {MAX_TREES_PER_BUNDLE}")
+    f = _fields_from_raw(m, _BUNDLE_FIELDS, "bundle")
     total_nodes = 0
     trees = []
-    for ti, rt in enumerate(raw_trees):
-        tree = _tree_from_raw(rt, f"bundle.trees[{ti}]", vocab, pv)
+    for ti, rt in enumerate(_array(m["trees"], "bundle.trees", "trees")):
+        tree = _tree_from_raw(rt, f"bundle.trees[{ti}]", f["vocab_size"], f["policy_version"])
         total_nodes += len(tree.nodes)
         if total_nodes > MAX_NODES_PER_BUNDLE:
             raise _fail("too_large", f"bundle.trees: more than {MAX_NODES_PER_BUNDLE} nodes in the bundle")
         trees.append(tree)
-    return RolloutBundle(swarm_id=swarm, publisher_key=pub, model_id=model, tokenizer_id=tok, vocab_size=vocab,
-                         policy_version=pv, created_at=created, trees=trees, version=version)
+    return RolloutBundle(**f, publisher_key=pub, trees=trees, version=version)
 
 
 def _tree_from_raw(raw: Any, path: str, vocab: int, bundle_pv: int) -> WireTree:
@@ -605,14 +730,8 @@ def _tree_from_raw(raw: Any, path: str, vocab: int, bundle_pv: int) -> WireTree:
     pids = _token_ids(m["pids"], f"{path}.pids", vocab, MAX_PROMPT_TOKENS)
     if not pids:
         raise _fail("schema", f"{path}.pids: the prompt needs at least one token")
-    raw_nodes = m["nodes"]
-    if not isinstance(raw_nodes, list):
-        raise _fail("schema", f"{path}.nodes: expected an array, got {_tname(raw_nodes)}")
+    raw_nodes = _array(m["nodes"], f"{path}.nodes", "nodes")
     n = len(raw_nodes)
-    if n == 0:
-        raise _fail("tree_shape", f"{path}.nodes: a tree needs a root node")
-    if n > MAX_NODES_PER_TREE:
-        raise _fail("too_large", f"{path}.nodes: {n} nodes exceed the limit {MAX_NODES_PER_TREE}")
     depth = [0] * n
     path_tokens = [0] * n
     has_child = [False] * n
@@ -660,9 +779,7 @@ def _tree_from_raw(raw: Any, path: str, vocab: int, bundle_pv: int) -> WireTree:
                 raise _fail("schema", f"{np_}.fin: expected nil or a string, got {_tname(fin)}")
             if fin not in FINISH_REASONS:
                 raise _fail("schema", f"{np_}.fin: {_short(fin)} is not one of {list(FINISH_REASONS)}")
-        r = nm["r"]
-        if r is not None:
-            r = _float(r, f"{np_}.r", 0.0, MAX_REWARD)
+        r = _REWARD.check(nm["r"], f"{np_}.r")
         if i == 0:
             if n_tok or text or lp is not None or fin is not None or r is not None:
                 raise _fail("tree_shape", f"{np_}: the root holds no tokens, text, log-probs, finish reason or reward")
@@ -731,38 +848,22 @@ def _manifest_from_raw(raw: Any, envelope_version: int | None, envelope_key: byt
     m = _check_map(raw, MANIFEST_KEYS, "manifest")
     version = _version(m["v"], "manifest.v", envelope_version)
     pub = _pubkey(m["pub"], "manifest.pub", envelope_key)
-    swarm = _str(m["swarm"], "manifest.swarm", MAX_ID_BYTES, min_bytes=1)
-    digest = _bin(m["digest"], "manifest.digest", DIGEST_BYTES)
-    size = _int(m["size"], "manifest.size", lo=1, hi=MAX_ENVELOPE_BYTES, over="too_large")
-    created = _float(m["t"], "manifest.t", 0.0, None)
-    pv = _int(m["pv"], "manifest.pv")
-    raw_tasks = m["tasks"]
-    if not isinstance(raw_tasks, list):
-        raise _fail("schema", f"manifest.tasks: expected an array, got {_tname(raw_tasks)}")
-    if len(raw_tasks) > MAX_TREES_PER_BUNDLE:
-        raise _fail("too_large", f"manifest.tasks: {len(raw_tasks)} TaskRefs exceed the limit {MAX_TREES_PER_BUNDLE}")
-    tasks = [_task_ref(t, f"manifest.tasks[{i}]") for i, t in enumerate(raw_tasks)]
+    f = _fields_from_raw(m, _MANIFEST_FIELDS, "manifest")
+    tasks = [_task_ref(t, f"manifest.tasks[{i}]") for i, t in enumerate(_array(m["tasks"], "manifest.tasks", "tasks"))]
     ntrees = _int(m["ntrees"], "manifest.ntrees", lo=1, hi=MAX_TREES_PER_BUNDLE, over="too_large")
     if ntrees != len(tasks):
         raise _fail("schema", f"manifest.ntrees: {ntrees} differs from the {len(tasks)} TaskRefs")
     nleaves = _int(m["nleaves"], "manifest.nleaves", lo=1, hi=ntrees * MAX_LEAVES_PER_TREE, over="too_large")
     if nleaves < ntrees:
         raise _fail("schema", f"manifest.nleaves: {nleaves} leaves cannot fill {ntrees} trees (each has >= 1)")
-    return Manifest(swarm_id=swarm, publisher_key=pub, bundle_digest=digest, bundle_size=size, tasks=tasks,
-                    created_at=created, policy_version=pv, num_trees=ntrees, num_leaves=nleaves, version=version)
+    return Manifest(**f, publisher_key=pub, tasks=tasks, num_trees=ntrees, num_leaves=nleaves, version=version)
 
 
 def _rates_from_raw(v: Any) -> dict[str, tuple[int, int]]:
     """``heartbeat.rates``: 1..MAX_RATE_TASKS ``[key, n, k]`` arrays, keys strictly ascending by UTF-8 bytes."""
-    if not isinstance(v, list):
-        raise _fail("schema", f"heartbeat.rates: expected an array, got {_tname(v)}")
-    if not v:
-        raise _fail("schema", "heartbeat.rates: an empty array is not allowed (leave the key out)")
-    if len(v) > MAX_RATE_TASKS:
-        raise _fail("too_large", f"heartbeat.rates: {len(v)} entries exceed the limit {MAX_RATE_TASKS}")
     out: dict[str, tuple[int, int]] = {}
     prev: bytes | None = None
-    for i, e in enumerate(v):
+    for i, e in enumerate(_array(v, "heartbeat.rates", "rates")):
         path = f"heartbeat.rates[{i}]"
         if not isinstance(e, list) or len(e) != 3:
             raise _fail("schema", f"{path}: expected [task key, n, k], got {_tname(e)}")
@@ -779,13 +880,7 @@ def _rates_from_raw(v: Any) -> dict[str, tuple[int, int]]:
 
 def _rescue_from_raw(v: Any) -> list[TaskRef]:
     """``heartbeat.rescue``: 1..MAX_RESCUE_REFS distinct TaskRefs (SPEC.md §3.1 encoding)."""
-    if not isinstance(v, list):
-        raise _fail("schema", f"heartbeat.rescue: expected an array of TaskRefs, got {_tname(v)}")
-    if not v:
-        raise _fail("schema", "heartbeat.rescue: an empty array is not allowed (leave the key out)")
-    if len(v) > MAX_RESCUE_REFS:
-        raise _fail("too_large", f"heartbeat.rescue: {len(v)} TaskRefs exceed the limit {MAX_RESCUE_REFS}")
-    out = [_task_ref(t, f"heartbeat.rescue[{i}]") for i, t in enumerate(v)]
+    out = [_task_ref(t, f"heartbeat.rescue[{i}]") for i, t in enumerate(_array(v, "heartbeat.rescue", "rescue"))]
     if len(set(out)) != len(out):
         raise _fail("schema", "heartbeat.rescue: a TaskRef appears twice")
     return out
@@ -800,20 +895,10 @@ def _heartbeat_from_raw(raw: Any, envelope_version: int | None, envelope_key: by
     if envelope_key is not None and peer != peer_id_from_public_key(envelope_key):
         raise _fail("key_mismatch", f"heartbeat.peer: {_short(peer)} is not the signer's peer id "
                     f"{peer_id_from_public_key(envelope_key)}")
-    swarm = _str(m["swarm"], "heartbeat.swarm", MAX_ID_BYTES, min_bytes=1)
-    model = _str(m["model"], "heartbeat.model", MAX_ID_BYTES)
-    step = _int(m["step"], "heartbeat.step")
-    rmean = None if m["rmean"] is None else _float(m["rmean"], "heartbeat.rmean", 0.0, MAX_REWARD)
-    acc = None if m["acc"] is None else _float(m["acc"], "heartbeat.acc", 0.0, 1.0)
-    npub = _int(m["npub"], "heartbeat.npub")
-    nacc = _int(m["nacc"], "heartbeat.nacc")
-    nrej = _int(m["nrej"], "heartbeat.nrej")
-    created = _float(m["t"], "heartbeat.t", 0.0, None)
+    f = _fields_from_raw(m, _HEARTBEAT_FIELDS, "heartbeat")
     rates = _rates_from_raw(m["rates"]) if with_rates else None
     rescue = _rescue_from_raw(m["rescue"]) if with_rescue else None
-    return Heartbeat(swarm_id=swarm, peer_id=peer, model_id=model, step=step, reward_mean=rmean, accuracy=acc,
-                     samples_published=npub, samples_accepted=nacc, samples_rejected=nrej, created_at=created,
-                     version=version, task_rates=rates, rescue=rescue)
+    return Heartbeat(**f, peer_id=peer, version=version, task_rates=rates, rescue=rescue)
 
 
 # msgpack limits per body kind: (max_str, max_bin, max_array, max_map, max_containers)
@@ -911,10 +996,6 @@ def _enc_float(v: Any, path: str) -> float:
     return float(v)
 
 
-def _enc_opt_float(v: Any, path: str) -> float | None:
-    return None if v is None else _enc_float(v, path)
-
-
 def _enc_int(v: Any) -> Any:
     # pass ints through untouched (the validator rejects anything else); numpy ints become int
     return int(v) if isinstance(v, np.integer) else v
@@ -952,39 +1033,19 @@ def _bundle_to_raw(b: RolloutBundle) -> dict:
                 "lp": _enc_lp(n.logprobs, len(ids) // 4, f"{np_}.lp"),
                 "p": _enc_int(n.parent),
                 "pv": _enc_int(n.policy_version),
-                "r": _enc_opt_float(n.claimed_reward, f"{np_}.r"),
+                "r": _REWARD.enc(n.claimed_reward, f"{np_}.r"),
                 "text": n.text,
             })
         trees.append({"nodes": nodes, "pids": _enc_ids(t.prompt_ids, f"{path}.pids"), "ptext": t.prompt_text,
                       "task": _enc_task(t.task, f"{path}.task")})
-    return {
-        "model": b.model_id,
-        "pub": _enc_bytes(b.publisher_key, "bundle.pub"),
-        "pv": _enc_int(b.policy_version),
-        "swarm": b.swarm_id,
-        "t": _enc_float(b.created_at, "bundle.t"),
-        "tok": b.tokenizer_id,
-        "trees": trees,
-        "v": _enc_int(b.version),
-        "vocab": _enc_int(b.vocab_size),
-    }
+    return _in_key_order({**_fields_to_raw(b, _SIGNER_FIELDS + _BUNDLE_FIELDS, "bundle"), "trees": trees})
 
 
 def _manifest_to_raw(m: Manifest) -> dict:
     if not isinstance(m, Manifest):
         raise _fail("schema", f"expected a Manifest, got {_tname(m)}")
-    return {
-        "digest": _enc_bytes(m.bundle_digest, "manifest.digest"),
-        "nleaves": _enc_int(m.num_leaves),
-        "ntrees": _enc_int(m.num_trees),
-        "pub": _enc_bytes(m.publisher_key, "manifest.pub"),
-        "pv": _enc_int(m.policy_version),
-        "size": _enc_int(m.bundle_size),
-        "swarm": m.swarm_id,
-        "t": _enc_float(m.created_at, "manifest.t"),
-        "tasks": [_enc_task(t, f"manifest.tasks[{i}]") for i, t in enumerate(m.tasks)],
-        "v": _enc_int(m.version),
-    }
+    raw = _fields_to_raw(m, _SIGNER_FIELDS + _MANIFEST_FIELDS + _MANIFEST_COUNTS, "manifest")
+    return _in_key_order({**raw, "tasks": [_enc_task(t, f"manifest.tasks[{i}]") for i, t in enumerate(m.tasks)]})
 
 
 def _rates_to_raw(rates: Any) -> list:
@@ -1014,36 +1075,24 @@ def _heartbeat_to_raw(h: Heartbeat) -> dict:
         raw["rates"] = _rates_to_raw(h.task_rates)
     if h.rescue:
         raw["rescue"] = _rescue_to_raw(h.rescue)
-    return {k: raw[k] for k in heartbeat_keys(k for k in HEARTBEAT_OPTIONAL_KEYS if k in raw)}
+    return _in_key_order(raw)
+
+
+def _heartbeat_base_raw(h: Heartbeat) -> dict:
+    """The heartbeat's keys without the optional ones, in key order."""
+    return _fields_to_raw(h, _HEARTBEAT_SIGNER_FIELDS + _HEARTBEAT_FIELDS, "heartbeat")
 
 
 def _rescue_to_raw(refs: Any) -> list:
     if not isinstance(refs, (list, tuple)):
         raise _fail("schema", f"heartbeat.rescue: expected a list of TaskRefs, got {_tname(refs)}")
-    if len(refs) > MAX_RESCUE_REFS:
-        raise _fail("too_large", f"heartbeat.rescue: {len(refs)} TaskRefs exceed the limit {MAX_RESCUE_REFS}")
+    _array(list(refs), "heartbeat.rescue", "rescue")
     if len(set(refs)) != len(refs):
         raise _fail("schema", "heartbeat.rescue: a TaskRef appears twice")
     out = [_enc_task(t, f"heartbeat.rescue[{i}]") for i, t in enumerate(refs)]
     for i, t in enumerate(out):
         _task_ref(t, f"heartbeat.rescue[{i}]")  # the bounds a receiver checks
     return out
-
-
-def _heartbeat_base_raw(h: Heartbeat) -> dict:
-    return {
-        "acc": _enc_opt_float(h.accuracy, "heartbeat.acc"),
-        "model": h.model_id,
-        "nacc": _enc_int(h.samples_accepted),
-        "npub": _enc_int(h.samples_published),
-        "nrej": _enc_int(h.samples_rejected),
-        "peer": h.peer_id,
-        "rmean": _enc_opt_float(h.reward_mean, "heartbeat.rmean"),
-        "step": _enc_int(h.step),
-        "swarm": h.swarm_id,
-        "t": _enc_float(h.created_at, "heartbeat.t"),
-        "v": _enc_int(h.version),
-    }
 
 
 _TO_RAW: dict[type, tuple[str, Callable[[Any], dict]]] = {
@@ -1415,12 +1464,6 @@ def trees_from_bundle(bundle: RolloutBundle) -> list[RolloutTree]:
 
 
 # ============================================================================================ DHT records
-MAX_RECORD_BYTES = 64 * 1024
-"""Largest manifest record (the value of one DHT entry; equals the DHT's default per-record cap)."""
-MAX_RECORD_MANIFESTS = 16
-"""Most manifests in one record (a publisher's newest manifests of one time bucket)."""
-MAX_RECORD_ADDRS = 8
-"""Most multiaddrs in a record's contact."""
 RECORD_KEYS = ("addrs", "m", "peer", "v")
 assert tuple(sorted(RECORD_KEYS, key=lambda k: k.encode())) == RECORD_KEYS
 
@@ -1455,21 +1498,10 @@ def _record_from_raw(raw: Any) -> ManifestRecord:
         raise _fail("bad_version", f"record.v: protocol version {v} is not supported (supported: "
                     f"{sorted(SUPPORTED_VERSIONS)})")
     peer = _str(m["peer"], "record.peer", MAX_ID_BYTES, min_bytes=1)
-    addrs = m["addrs"]
-    if not isinstance(addrs, list):
-        raise _fail("schema", f"record.addrs: expected an array, got {_tname(addrs)}")
-    if len(addrs) > MAX_RECORD_ADDRS:
-        raise _fail("too_large", f"record.addrs: {len(addrs)} multiaddrs exceed the limit {MAX_RECORD_ADDRS}")
+    addrs = _array(m["addrs"], "record.addrs", "addrs")
     maddrs = [_str(a, f"record.addrs[{i}]", MAX_ID_BYTES, min_bytes=1) for i, a in enumerate(addrs)]
-    ms = m["m"]
-    if not isinstance(ms, list):
-        raise _fail("schema", f"record.m: expected an array, got {_tname(ms)}")
-    if not ms:
-        raise _fail("schema", "record.m: a record holds at least one manifest")
-    if len(ms) > MAX_RECORD_MANIFESTS:
-        raise _fail("too_large", f"record.m: {len(ms)} manifests exceed the limit {MAX_RECORD_MANIFESTS}")
     manifests = []
-    for i, b in enumerate(ms):
+    for i, b in enumerate(_array(m["m"], "record.m", "m")):
         b = _bin(b, f"record.m[{i}]")
         if not b or len(b) > MAX_MANIFEST_BYTES:
             raise _fail("too_large" if b else "schema",
@@ -1530,78 +1562,38 @@ def decode_manifest_record(data: bytes, *, max_bytes: int = MAX_RECORD_BYTES) ->
 
 
 # ============================================================================================ JSON view
+_JSON_FIELD_ORDER = {WireTree: ("task", "prompt_text", "prompt_ids", "nodes")}
+"""Dataclasses whose JSON view lists their fields in another order than the class does."""
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, TaskRef):
+        return v.to_list()
+    if isinstance(v, _BYTES):
+        return bytes(v).hex()
+    if is_dataclass(v):
+        return {name: _jsonable(getattr(v, name))
+                for name in _JSON_FIELD_ORDER.get(type(v)) or [f.name for f in fields(v)]}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
 def to_jsonable(msg: Message) -> dict:
-    """A JSON-ready view of a message (bytes as lowercase hex, TaskRefs as 4-item lists).
+    """A JSON-ready view of a message: ``kind`` and ``version`` first, then the fields in class order (bytes as
+    lowercase hex, TaskRefs as 4-item lists, tuples as lists); a heartbeat's empty optional fields are left out.
 
     This is the "expected decoded" form of the golden vectors (protocol/vectors/).
-    """
-    def task(t: TaskRef) -> list:
-        return t.to_list()
 
-    if isinstance(msg, RolloutBundle):
-        return {
-            "kind": KIND_BUNDLE,
-            "version": msg.version,
-            "swarm_id": msg.swarm_id,
-            "publisher_key": bytes(msg.publisher_key).hex(),
-            "model_id": msg.model_id,
-            "tokenizer_id": msg.tokenizer_id,
-            "vocab_size": msg.vocab_size,
-            "policy_version": msg.policy_version,
-            "created_at": msg.created_at,
-            "trees": [
-                {
-                    "task": task(t.task),
-                    "prompt_text": t.prompt_text,
-                    "prompt_ids": list(t.prompt_ids),
-                    "nodes": [
-                        {
-                            "parent": n.parent,
-                            "token_ids": list(n.token_ids),
-                            "text": n.text,
-                            "logprobs": None if n.logprobs is None else list(n.logprobs),
-                            "policy_version": n.policy_version,
-                            "finish_reason": n.finish_reason,
-                            "claimed_reward": n.claimed_reward,
-                        }
-                        for n in t.nodes
-                    ],
-                }
-                for t in msg.trees
-            ],
-        }
-    if isinstance(msg, Manifest):
-        return {
-            "kind": KIND_MANIFEST,
-            "version": msg.version,
-            "swarm_id": msg.swarm_id,
-            "publisher_key": bytes(msg.publisher_key).hex(),
-            "bundle_digest": bytes(msg.bundle_digest).hex(),
-            "bundle_size": msg.bundle_size,
-            "tasks": [task(t) for t in msg.tasks],
-            "created_at": msg.created_at,
-            "policy_version": msg.policy_version,
-            "num_trees": msg.num_trees,
-            "num_leaves": msg.num_leaves,
-        }
-    if isinstance(msg, Heartbeat):
-        return {
-            "kind": KIND_HEARTBEAT,
-            "version": msg.version,
-            "swarm_id": msg.swarm_id,
-            "peer_id": msg.peer_id,
-            "model_id": msg.model_id,
-            "step": msg.step,
-            "reward_mean": msg.reward_mean,
-            "accuracy": msg.accuracy,
-            "samples_published": msg.samples_published,
-            "samples_accepted": msg.samples_accepted,
-            "samples_rejected": msg.samples_rejected,
-            "created_at": msg.created_at,
-            **({"task_rates": {k: list(v) for k, v in msg.task_rates.items()}} if msg.task_rates else {}),
-            **({"rescue": [task(t) for t in msg.rescue]} if msg.rescue else {}),
-        }
-    raise TypeError(f"expected a RolloutBundle, Manifest or Heartbeat, got {_tname(msg)}")
+    Raises:
+        TypeError: not a RolloutBundle, Manifest or Heartbeat.
+    """
+    if type(msg) not in _TO_RAW:
+        raise TypeError(f"expected a RolloutBundle, Manifest or Heartbeat, got {_tname(msg)}")
+    out = {"kind": _TO_RAW[type(msg)][0], "version": msg.version, **_jsonable(msg)}
+    return {k: v for k, v in out.items() if v or k not in ("task_rates", "rescue")}  # the optional heartbeat keys
 
 
 __all__ = [

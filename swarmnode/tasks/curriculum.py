@@ -6,27 +6,40 @@ group of ``G`` leaves has variance with probability ``1 - p^G - (1-p)^G``, and t
 in its heartbeats (protocol/SPEC.md §5.3, key ``rates``); every node combines the swarm's rates and reweights
 its task mix toward tasks whose success is near 0.5 and away from those at ~0 or ~1.
 
-Peers are untrusted, so the statistic is bounded by construction:
+Peers are untrusted, so the statistic is bounded by construction (:func:`tally_votes`):
 
 * **one vote per peer id** (the newest heartbeat of a peer), plus our own; banned peers, rates older than
   ``max_age_seconds`` (measured from when *we* first read the heartbeat, never from its signed time) and
-  rates with fewer than ``min_samples`` leaves are no votes; at most ``max_voters`` peers vote per task, those
-  with the most earned standing first (:meth:`swarmnode.swarm.peers.PeerBook.earned`), ties in an order
-  salted per process (a key cannot be ground to sort first);
-* **trusted votes hold a strict majority**: our own vote and those of *established* peers (at least
-  ``established_after`` useful trees trained on, ``swarm.established_after``; at least 1) are trusted; young
-  keys (fresh or with a few useful trees, possibly Sybils: one cheap mixed tree per key used to be enough) fill
-  at most ``trusted - 3`` seats (none below 3 trusted votes), so the median always lies between the lowest and
-  the highest trusted vote however many keys vote, and the honest trusted votes keep a strict majority even
-  when one established peer lies and its Sybils take every young seat (an outside attack held ``H + 2`` of
-  ``2H + 3`` votes with ``trusted - 1`` young seats). With no trusted vote the task has no rate and keeps its
-  configured weight;
+  rates with fewer than ``min_samples`` leaves are no votes;
+* **only trusted votes count**: our own and those of *established* peers (at least ``established_after``
+  useful trees trained on, ``swarm.established_after``; at least 1). Young keys (fresh or with a few useful
+  trees, possibly Sybils: one cheap mixed tree per key used to be enough) get no seat: any seat they could
+  fill, free keys fill. With no trusted vote the task has no rate and keeps its configured weight;
+* **every established peer counts once, whatever its standing**: standing only decides whether a peer is
+  established, never which peers sit or how much a vote weighs (seats ranked by standing let a few liars with
+  top standing take every seat beside a majority of honest peers). When more peers are established than
+  ``max_voters`` (bounded work), the seats are a uniformly random subset of them, drawn afresh on every call
+  (once per step in the node) from a secret seed no voter can know or steer, the same seats for every task;
+* a seated peer without ``min_samples`` leaves of a task abstains on it: with our own vote, each abstention
+  repeats it; without it, the task has a rate only when more than half of the seats voted (a few peers
+  claiming samples of a rare task cannot set its rate);
 * every rate is ``k / n`` clamped to [0, 1]; a NaN, an infinity, a negative or non-numeric count is no vote;
   counts are capped at :data:`MAX_RATE_COUNT` and only decide whether a rate is a vote (they weigh nothing);
-* the swarm's rate of a task is the **median** of its votes, so half of the voters must agree to move it;
+* the swarm's rate of a task is the **median** of the trusted votes;
 * whatever the median says, a task's weight stays within ``[min_factor, max_factor]`` x its configured
   weight (:func:`curriculum_weights`): hostile values can move a task's share of the draws by at most the
   factor ``max_factor / min_factor`` and can never take a task out of the mix or make it the only one.
+
+**Guarantee.** Let a task's trusted votes be ``m`` honest ones (our own vote and its repeats count as honest)
+and ``k`` lies, any values from peers of any standing. While ``m > k`` (with our own vote: ``H >= k`` honest
+established voters; the honest outnumbering the liars is enough), the rate lies between the honest votes of
+ranks ``ceil((m - k) / 2)`` and ``floor((m + k) / 2) + 1`` (1-based, ascending): within the range of the
+honest votes, at most about ``k / 2`` ranks from the honest votes' own median, and **equal to it when the
+honest votes agree**, so the factor is the honest one. Every established peer sits while at most
+``max_voters`` are established (the default, 1,024, is the most peers whose rates the swarm layer keeps);
+beyond that the bound holds for the drawn seats, and the liars hold a majority of them only with the
+hypergeometric chance of the draw (e.g. 40 liars among 100 established peers, 32 seats and our own vote: 5.3%
+of steps).
 
 The weights only choose among sources; :meth:`swarmnode.tasks.mix.TaskMix.refs_for_step` keeps the held-out
 partition out of training and stays a pure function of ``(tasks.seed, step, n, stream, weights)``.
@@ -35,6 +48,7 @@ partition out of training and stays a pure function of ``(tasks.seed, step, n, s
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 import os
 from collections import deque
@@ -50,6 +64,7 @@ __all__ = [
     "clean_count",
     "vote_rate",
     "VoteTally",
+    "draw_seats",
     "tally_votes",
     "combine_rates",
     "learnability",
@@ -63,8 +78,6 @@ MAX_RATE_TASKS = 16
 MAX_TASK_KEY_BYTES = 128
 #: Largest leaf count a rate may claim; larger counts are capped (they only decide whether a rate is a vote).
 MAX_RATE_COUNT = 1 << 20
-#: Salts the order of voters with equal standing (per process: a peer id cannot be ground to sort first).
-_TIE_SALT = os.urandom(16)
 
 
 @dataclass(frozen=True)
@@ -75,7 +88,8 @@ class PeerRates:
         peer_id: the signer's peer id (one vote per id).
         rates: task key -> ``(n, k)``: ``n`` leaves of which ``k`` were correct (claims; sanitized on use).
         age_s: seconds since WE first read this heartbeat (receiver's clock).
-        standing: the peer's earned standing (useful trees admitted from it; voters are ranked by it).
+        standing: the peer's earned standing (useful trees trained on from it); it only decides whether the peer
+            is established (its vote counts, once), never its seat or its weight.
     """
 
     peer_id: str
@@ -126,13 +140,42 @@ class VoteTally:
 
     Attributes:
         rate: the median of the votes used, in [0, 1]; ``None`` when no trusted vote exists.
-        peers: peer ids whose votes were used (established peers only, by standing).
+        peers: peer ids whose votes were used (seated established peers that voted on the task).
         trusted: trusted votes used (our own, if any, plus established peers').
     """
 
     rate: float | None
     peers: tuple[str, ...] = ()
     trusted: int = 0
+
+
+def draw_seats(peer_ids: Iterable[str], max_voters: int, seed: bytes | None = None) -> list[str]:
+    """The peers that hold the curriculum's seats: all of ``peer_ids`` when there are at most ``max_voters``,
+    otherwise a uniformly random subset of ``max_voters`` of them.
+
+    The subset is the ``max_voters`` ids with the smallest keyed BLAKE2b digest under ``seed``: for a seed the
+    peers cannot know (the default: 16 fresh bytes from ``os.urandom`` on every call), every subset of that size
+    is equally likely whatever the ids and whatever their standing, and no key can be ground to be seated.
+
+    Args:
+        peer_ids: distinct peer ids (the established ones).
+        max_voters: seats (values below 0 count as 0).
+        seed: the draw's seed (any bytes; tests pass one to repeat a draw), ``None`` for a fresh secret one.
+
+    Returns:
+        The seated ids: in the given order when all sit, else in draw order. O(N log max_voters) work.
+
+    Raises:
+        TypeError: ``seed`` is neither bytes nor ``None``.
+    """
+    ids = list(peer_ids)
+    cap = max(0, int(max_voters))
+    if len(ids) <= cap:
+        return ids
+    if seed is not None and not isinstance(seed, (bytes, bytearray)):
+        raise TypeError(f"seed must be bytes or None, got {type(seed).__name__}")
+    key = hashlib.blake2b(os.urandom(16) if seed is None else bytes(seed), digest_size=32).digest()
+    return heapq.nsmallest(cap, ids, key=lambda pid: hashlib.blake2b(pid.encode("utf-8", "replace"), key=key).digest())
 
 
 def tally_votes(
@@ -142,12 +185,13 @@ def tally_votes(
     *,
     min_samples: int = 8,
     max_age_s: float = 120.0,
-    max_voters: int = 32,
+    max_voters: int = 1024,
     established_after: int = 16,
     own_peer_id: str | None = None,
+    seed: bytes | None = None,
 ) -> dict[str, VoteTally]:
-    """The swarm's success rate of each task, with the votes it used: the median over one vote per peer id plus
-    our own.
+    """The swarm's success rate of each task, with the votes it used: the median over our own vote and one vote
+    per seated established peer (the module docstring gives the rule and its guarantee).
 
     Args:
         keys: the task keys to rate (:meth:`swarmnode.tasks.mix.TaskMix.source_key`, config order).
@@ -157,20 +201,21 @@ def tally_votes(
             back from the DHT) is skipped.
         min_samples: leaves a rate needs to be a vote (int >= 1).
         max_age_s: seconds; entries with a larger (or non-finite) ``age_s`` are ignored.
-        max_voters: most peers counted per task, ranked by ``standing`` (highest first), ties in a per-process
-            salted order of the peer id.
+        max_voters: seats: every established peer sits while there are at most this many, otherwise a uniformly
+            random subset of this many (:func:`draw_seats`, one draw for all tasks); standing never ranks them.
         established_after: useful trained trees (``standing``) that make a peer's vote count
-            (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) do not vote:
-            any seat they could fill, free keys fill. With ``H`` honest established voters, ``k`` lying ones and
-            our own vote, the median stays within the honest votes' range while ``H + 1 > k`` (so whenever the
-            honest established voters outnumber the liars). Only the ``max_voters`` highest-ranked established
-            peers hold seats; a seated peer without ``min_samples`` leaves of a task abstains on it: with our own
-            vote, each abstention repeats our vote; without it, the task has a rate only when more than half of
-            the seats voted. So a few peers claiming samples of a rare task cannot set its rate.
+            (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) get no seat:
+            any seat they could fill, free keys fill. A seated peer without ``min_samples`` leaves of a task
+            abstains on it: with our own vote, each abstention repeats our vote; without it, the task has a rate
+            only when more than half of the seats voted.
+        own_peer_id: our own peer id, or ``None``.
+        seed: the seat draw's seed (only used when more than ``max_voters`` peers are established); ``None``, the
+            default, draws a fresh secret one per call.
 
     Returns:
-        task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote.
-        Never raises on hostile peer values.
+        task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote; with
+        ``k`` lying seats and ``m > k`` honest trusted votes, between the honest votes of ranks
+        ``ceil((m - k) / 2)`` and ``floor((m + k) / 2) + 1``. Never raises on hostile peer values.
     """
     best: dict[str, PeerRates] = {}
     for pr in peers:
@@ -188,34 +233,22 @@ def tally_votes(
         if prev is None or age < float(prev.age_s):
             best[pr.peer_id] = pr
 
-    def standing(pr: PeerRates) -> int:
-        return clean_count(pr.standing) or 0
-
-    def rank(pr: PeerRates) -> tuple[int, bytes]:
-        return (-standing(pr), hashlib.blake2b(pr.peer_id.encode("utf-8", "replace"), key=_TIE_SALT).digest())
-
-    def votes(prs: list[PeerRates], key: str, limit: int) -> list[tuple[str, float]]:
-        """The first ``limit`` ``(peer id, vote)`` pairs for ``key`` among ``prs`` (in rank order)."""
-        got: list[tuple[str, float]] = []
-        for pr in prs:
-            if len(got) >= limit:
-                break
+    bar = max(1, int(established_after))
+    # standing decides only who is established (young keys get no seat: any seat they could fill, free keys fill);
+    # it never ranks the seats (outside attack: liars with top standing took every seat beside more honest peers)
+    established = [pid for pid, pr in best.items() if (clean_count(pr.standing) or 0) >= bar]
+    seated = [best[pid] for pid in draw_seats(established, max_voters, seed)]
+    out: dict[str, VoteTally] = {}
+    for key in keys:
+        mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
+        peer_votes: list[tuple[str, float]] = []
+        for pr in seated:
             try:
                 r = vote_rate(pr.rates.get(key), min_samples)
             except Exception:  # noqa: BLE001 - a hostile mapping is no vote
                 r = None
             if r is not None:
-                got.append((pr.peer_id, r))
-        return got
-
-    bar = max(1, int(established_after))
-    ranked = sorted(best.values(), key=rank)
-    established = [pr for pr in ranked if standing(pr) >= bar]
-    out: dict[str, VoteTally] = {}
-    for key in keys:
-        mine = vote_rate(own.get(key), min_samples) if isinstance(own, Mapping) else None
-        seated = established[:max(0, int(max_voters))]
-        peer_votes = votes(seated, key, len(seated))
+                peer_votes.append((pr.peer_id, r))
         # a seated peer without enough samples of this task abstains, and an abstention is not a free seat for
         # whoever claims samples (outside attack: two liars owned a rare task's rate for any number of honest
         # established peers): with our own vote, each abstaining seat repeats it; without it, the task gets a rate
@@ -228,8 +261,6 @@ def tally_votes(
         else:
             out[key] = VoteTally(None, tuple(p for p, _ in peer_votes), len(peer_votes))
             continue
-        # young keys get no seat: any seat they could fill, free keys fill (outside attack: two established liars
-        # plus Sybils in trusted - 3 young seats owned the median at H = 0..8 honest established peers)
         out[key] = VoteTally(_median(trusted), tuple(p for p, _ in peer_votes),
                              len(peer_votes) + (mine is not None))
     return out

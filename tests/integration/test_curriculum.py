@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import time
 from pathlib import Path
 
@@ -466,3 +467,114 @@ def test_two_liars_cannot_set_a_rare_tasks_rate_while_honest_peers_abstain(hones
     hv = [PeerRates(f"h{i}", {rare: (16, 8)}, standing=16) for i in range(honest)]
     t = tally_votes([rare], {rare: (16, 8)}, hv + liars, min_samples=8, established_after=16)[rare]
     assert t.rate == 0.5 and t.trusted == honest + 3, t
+
+
+# ------------------------------------------------------------------ liars with top standing
+def _binomial_votes(rng, n_peers, probs, prefix, standing):
+    """``n_peers`` honest peers at ``standing``, each with its own sampled counts of every task (n in 8..64)."""
+    out = []
+    for i in range(n_peers):
+        rates = {}
+        for key, p in zip(KEYS, probs):
+            n = rng.randint(8, 64)
+            rates[key] = (n, sum(rng.random() < p for _ in range(n)))
+        out.append(PeerRates(f"{prefix}{i}", rates, standing=standing))
+    return out
+
+
+def _factor_range(lo, hi):
+    """The smallest and largest :func:`curriculum_factor` over rates in ``[lo, hi]`` (it peaks at 0.5)."""
+    ends = (curriculum_factor(lo), curriculum_factor(hi))
+    return min(ends), (curriculum_factor(0.5) if lo <= 0.5 <= hi else max(ends))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_liars_with_top_standing_cannot_move_a_rate_the_honest_majority_gives(k):
+    """Outside attack: seats went by standing, so k liars with top standing took the seats even while honest
+    established voters outnumbered them. Every established voter now counts once: against H = k+1 .. 8 honest
+    voters at the lowest established standing, k liars at standing 10**6 (and 1,000 Sybils) give the honest rate
+    exactly when the honest votes agree, and otherwise a rate between the honest votes of ranks
+    ceil((m-k)/2) and floor((m+k)/2)+1 (m honest trusted votes): no farther from the honest median than that."""
+    probs = (0.15, 0.5, 0.85)
+    lies = {"zero": lambda h: 0.0, "one": lambda h: 1.0, "half": lambda h: 0.5,
+            "below": lambda h: max(0.0, min(h) - 0.01), "above": lambda h: min(1.0, max(h) + 0.01)}
+    for seed in range(6):
+        rng = random.Random(f"{seed}/{k}")
+        for honest in range(k + 1, 9):
+            sybils = peers(1000, {key: (16, 16 * (seed % 2)) for key in KEYS}, standing=1)
+            # agreeing honest votes: the liars move nothing, rate and factor are the honest ones
+            agree = {key: (32, round(32 * p)) for key, p in zip(KEYS, probs)}
+            hp = peers(honest, agree, standing=16, prefix="honest")
+            for own in (agree, {}):
+                base = tally_votes(KEYS, own, hp)
+                for name, lie in lies.items():
+                    liars = [PeerRates(f"liar{i}", {key: (64, round(64 * lie([a[1] / 32]))) for key, a in agree.items()},
+                                       standing=10**6) for i in range(k)]
+                    got = tally_votes(KEYS, own, hp + liars + sybils)
+                    for key in KEYS:
+                        assert got[key].rate == base[key].rate == agree[key][1] / 32, (seed, honest, name, key)
+                        assert curriculum_factor(got[key].rate) == curriculum_factor(base[key].rate)
+                        assert got[key].trusted == honest + k + bool(own)
+            # noisy honest votes (each peer's own sample of each task): within the rank band of the honest votes
+            hp = _binomial_votes(rng, honest, probs, "honest", 16)
+            for own in (_binomial_votes(rng, 1, probs, "me", 0)[0].rates, {}):
+                base = tally_votes(KEYS, own, hp)
+                for name, lie in lies.items():
+                    for key in KEYS:
+                        h = sorted(([vote_rate(own[key], 8)] if own else []) + [vote_rate(p.rates[key], 8) for p in hp])
+                        m = len(h)
+                        lo, hi = h[math.ceil((m - k) / 2) - 1], h[(m + k) // 2]
+                        liars = [PeerRates(f"liar{i}", {key: (10**6, round(10**6 * lie(h)))}, standing=10**6)
+                                 for i in range(k)]
+                        rate = tally_votes([key], own, hp + liars + sybils)[key].rate
+                        assert lo <= rate <= hi and lo <= base[key].rate <= hi, (seed, honest, name, key, h, rate)
+                        fmin, fmax = _factor_range(lo, hi)
+                        assert fmin - 1e-12 <= curriculum_factor(rate) <= fmax + 1e-12
+                        assert abs(rate - base[key].rate) <= hi - lo
+    # fewer seats than voters (max_voters = H): ranked seats went to the k liars first; drawn seats hold them at the
+    # draw's rate, k H / (H + k) of the H seats on average
+    for honest in range(k + 1, 9):
+        voters = peers(honest, {KEYS[0]: (16, 8)}, standing=16, prefix="honest") + peers(
+            k, {KEYS[0]: (16, 0)}, standing=10**6, prefix="liar")
+        seated = [sum(p.startswith("liar") for p in tally_votes(KEYS[:1], {}, voters, max_voters=honest,
+                                                                 seed=bytes([d]))[KEYS[0]].peers)
+                  for d in range(200)]
+        assert abs(sum(seated) / 200 - k * honest / (honest + k)) < 0.25 * k, (k, honest, sum(seated) / 200)
+
+
+def test_seats_are_a_uniform_draw_whatever_the_standing():
+    """Beyond ``max_voters`` established peers the seats are a random subset drawn per call from a secret seed,
+    never the highest standing: 20 liars at standing 10**6 among 100 established peers get 20% of 10 seats on
+    average, and own the median (with our own vote: 6 of 10 seats) about as often as the hypergeometric draw
+    says (1.2%), where ranked seats gave it to them on every step."""
+    honest = peers(80, {"rg:a#1": (16, 8)}, standing=16, prefix="honest")
+    liars = peers(20, {"rg:a#1": (16, 16)}, standing=10**6, prefix="liar")
+    own = {"rg:a#1": (16, 8)}
+    seated_liars = owned = 0
+    draws = 1000
+    for s in range(draws):
+        t = tally_votes(["rg:a#1"], own, liars + honest, max_voters=10, seed=s.to_bytes(4, "big"))["rg:a#1"]
+        assert len(t.peers) == 10 and t.trusted == 11
+        seated_liars += sum(p.startswith("liar") for p in t.peers)
+        owned += t.rate == 1.0
+        assert t.rate in (0.5, 1.0)
+    assert 0.17 <= seated_liars / (10 * draws) <= 0.23, seated_liars
+    p_own = sum(math.comb(20, n) * math.comb(80, 10 - n) for n in range(6, 11)) / math.comb(100, 10)
+    assert p_own < 0.02 and owned <= 3 * p_own * draws + 5, (owned, p_own)
+    # the same seed repeats a draw; without one every call draws afresh; no key is seated by its id
+    ids = lambda seed: tally_votes(["rg:a#1"], own, liars + honest, max_voters=10, seed=seed)["rg:a#1"].peers
+    assert ids(b"x") == ids(b"x") and len({ids(None) for _ in range(20)}) > 1
+    with pytest.raises(TypeError):
+        tally_votes(["rg:a#1"], own, liars + honest, max_voters=10, seed=7)  # type: ignore[arg-type]
+
+
+def test_the_outside_attack_on_ranked_seats_is_held():
+    """The outside test against ranked seats: 17 liars at standing 100 beside 40 honest at 16 (32 seats) owned the
+    median. With the default seats all 57 count (the honest 0.5); with 32 seats drawn at random the liars need 17
+    of them (chance 4e-6 a step): over 300 draws the rate stays 0.5."""
+    honest = peers(40, {"rg:a#1": (16, 8)}, standing=16, prefix="honest")
+    liars = peers(17, {"rg:a#1": (16, 0)}, standing=100, prefix="liar")
+    own = {"rg:a#1": (16, 8)}
+    t = tally_votes(["rg:a#1"], own, liars + honest)["rg:a#1"]
+    assert (t.rate, t.trusted) == (0.5, 58)
+    assert all(tally_votes(["rg:a#1"], own, liars + honest, max_voters=32)["rg:a#1"].rate == 0.5 for _ in range(300))
