@@ -7,7 +7,7 @@ How the package is organized: one subpackage, :mod:`swarmnode.testing.adversary`
 bytes in ``adversary/factory.py``; :class:`~swarmnode.testing.adversary.HostilePeer` delivers them over a real
 hivemind DHT and bundle streams in ``adversary/peer.py``; :class:`~swarmnode.testing.adversary.Mutator` mutates
 valid encodings for the fuzzer; its ``__init__`` says which module owns what). The project's hostile suite
-(``tests/test_hostile_swarm.py``), the fuzzer (``scripts/fuzz.py``, ``tests/test_fuzz.py``) and
+(``tests/integration/test_hostile_swarm.py``), the fuzzer (``scripts/fuzz.py``, ``tests/unit/swarm/test_fuzz.py``) and
 ``swarmnode bench swarm --hostile`` use it; it is shipped so that operators and implementers of other nodes can
 attack their own swarms with it. It reaches into private parts of the swarm layer on purpose (it forges what the
 public API refuses to build).

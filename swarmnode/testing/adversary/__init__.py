@@ -67,7 +67,7 @@ swarm's hivemind DHT that announces the factory's bytes in signed manifests insi
 them over the real bundle stream, misbehaves on the stream itself (silent, over-claiming, short, lying), writes
 garbage records and records under other publishers' subkeys, and replays / floods bundles that its victims
 already accepted. :data:`NETWORK_CASES` lists every class with the stage where an honest node stops it and the
-reason it is counted under (``tests/test_hostile_swarm.py``; ``swarmnode bench swarm --hostile``).
+reason it is counted under (``tests/integration/test_hostile_swarm.py``; ``swarmnode bench swarm --hostile``).
 
 Two of the trust attacks are network-level and not bad bytes at all, so they are not :data:`NETWORK_CASES`
 (an honest node *should* accept the bytes; what it must not do is starve its honest peers):

@@ -25,9 +25,9 @@ __all__ = ["CaseBuilder", "NETWORK_CASES", "NetworkCase", "TRANSPORT_CASES"]
 
 TRANSPORT_CASES: dict[str, str] = {
     "silent_stream": "a peer that accepts a bundle stream and never answers: the fetch must time out "
-                     "(swarm.fetch_timeout) and the next source be tried (tests/test_transport.py)",
+                     "(swarm.fetch_timeout) and the next source be tried (tests/integration/test_transport.py)",
     "foreign_subkey": "a DHT record written under another publisher's owner-marked subkey: the record "
-                      "validator refuses it (tests/test_dht.py); the verifier-level counterpart is the "
+                      "validator refuses it (tests/integration/test_dht.py); the verifier-level counterpart is the "
                       "owner_mismatch case here",
 }
 """Hostile classes handled below the verifier, by name; the transport tests own them."""

@@ -1,6 +1,6 @@
 """Random mutations of valid encodings, for fuzzing the decoder and the verifier (:class:`Mutator`).
 
-``scripts/fuzz.py`` and ``tests/test_fuzz.py`` drive it from honest and hostile inputs of
+``scripts/fuzz.py`` and ``tests/unit/swarm/test_fuzz.py`` drive it from honest and hostile inputs of
 :class:`~swarmnode.testing.adversary.factory.HostileFactory`; the rules a mutation must still meet are the wire
 codec's (protocol/SPEC.md) and the verifier's (docs/reference/design.md §6).
 """

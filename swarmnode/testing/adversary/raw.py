@@ -3,7 +3,7 @@
 The hostile peer builds what the codec (:mod:`swarmnode.swarm.wire`, protocol/SPEC.md) refuses to build: an
 envelope with one signature bit flipped, a body with its keys out of order, a value of the wrong type. It packs
 and unpacks those here, without the codec's limits, schema or canonical form, so that the forging stays in one
-place (``tests/test_architecture.py`` lists this module as the one deliberate exception to "only the wire codec
+place (``tests/unit/test_architecture.py`` lists this module as the one deliberate exception to "only the wire codec
 imports msgpack"). Never use it to read bytes from a peer: that is :func:`swarmnode.swarm.wire.open_envelope`.
 """
 
