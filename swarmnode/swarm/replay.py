@@ -1,4 +1,4 @@
-"""Bounded memories of what the verifier has seen: exact bytes (:class:`TTLSet`) and tree contents (:class:`ReplayMemory`).
+"""Bounded memories of what the verifier has seen: exact bytes (:class:`TTLSet`), tree contents (:class:`ReplayMemory`).
 
 The ``duplicate`` and ``replay`` checks of the trust table (:mod:`swarmnode.swarm.verify`, step 1c and step 6) read
 them. Both are bounded by a capacity (oldest insertion evicted first) and a time to live.
@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 __all__ = ["ReplayMemory", "TTLSet"]
+
 
 class TTLSet:
     """A bounded set with expiry: at most ``capacity`` keys, each forgotten ``ttl`` seconds after insertion.
@@ -67,6 +68,7 @@ class TTLSet:
 
 
 _MISSING = object()
+
 
 class ReplayMemory:
     """The content keys of trees seen (ours, and accepted peers'), in two bounded parts of ``capacity`` keys each.
