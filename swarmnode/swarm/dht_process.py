@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from hivemind.dht import DHT
+from hivemind.dht import DHT, DHTNode
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
@@ -185,7 +185,7 @@ class NodeBoundDHT(DHT):
 
 
 # --------------------------------------------------------------------------- helpers (picklable coroutines)
-async def startup_info(_dht: DHT, node: Any) -> dict:
+async def startup_info(_dht: DHT, node: DHTNode) -> dict:
     """Runs inside the DHT process: identity and daemon facts needed by the host process."""
     p2p = node.p2p
     child = getattr(p2p, "_child", None)
@@ -201,19 +201,19 @@ async def startup_info(_dht: DHT, node: Any) -> dict:
     }
 
 
-async def health_info(_dht: DHT, node: Any) -> dict:
+async def health_info(_dht: DHT, node: DHTNode) -> dict:
     """Runs inside the DHT process: routing-table size and whether p2pd is still running."""
     child = getattr(node.p2p, "_child", None)
     p2pd_alive = child is None or child.returncode is None
     return {"num_peers": len(node.protocol.routing_table.uid_to_peer_id), "p2pd_alive": p2pd_alive}
 
 
-async def read_visible_maddrs(_dht: DHT, node: Any, latest: bool) -> list[str]:
+async def read_visible_maddrs(_dht: DHT, node: DHTNode, latest: bool) -> list[str]:
     """Runs inside the DHT process: the multiaddrs (with ``/p2p/<peer id>``) other peers can dial."""
     return [str(m) for m in await node.get_visible_maddrs(latest=latest)]
 
 
-async def join_peers(_dht: DHT, node: Any, maddrs: list[str], timeout: float) -> int:
+async def join_peers(_dht: DHT, node: DHTNode, maddrs: list[str], timeout: float) -> int:
     """Runs inside the DHT process: connect to, ping and look ourselves up through ``maddrs``.
 
     Mirrors the three bootstrap stages of ``DHTNode.create`` (hivemind 1.1.12 ``dht/node.py``). Returns
