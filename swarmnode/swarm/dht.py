@@ -47,7 +47,6 @@ with the node, stopping them, hivemind's shared locks) and :mod:`swarmnode.swarm
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -112,10 +111,8 @@ class SwarmDHT(DHTHost):
     :param max_record_bytes: cap on one manifest/heartbeat (bytes); the whole dictionary of a key must stay
         under hivemind's 4 MiB reply cap
     :param start: start immediately (otherwise call :meth:`start`)
-
-    Every other keyword (initial peers, listen and announce addresses, timeouts, watchdog, join backoff, identity
-    file, ``pid_file``) is :class:`~swarmnode.swarm.dht_host.DHTHost`'s and documented there.
-
+    :param host: every other keyword (initial peers, listen and announce addresses, timeouts, watchdog, join
+        backoff, identity file, ``pid_file``) is :class:`~swarmnode.swarm.dht_host.DHTHost`'s and documented there
     :raises ValueError: on malformed multiaddrs, ids or limits (the message names the argument)
     :raises TypeError: ``private_key`` is not an ``Ed25519PrivateKey``
     """
@@ -125,40 +122,21 @@ class SwarmDHT(DHTHost):
         private_key: Ed25519PrivateKey,
         *,
         swarm_ids: Iterable[str] = (),
-        initial_peers: Sequence[str] = (),
-        host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
-        announce_maddrs: Sequence[str] = (),
         bucket_seconds: float = 30.0,
         manifest_ttl: float = 600.0,
         heartbeat_ttl: float = 120.0,
         max_ttl: float = 900.0,
         max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW,
         max_record_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        call_timeout: float = 10.0,
-        startup_timeout: float = 120.0,
-        health_interval: float = 5.0,
-        join_backoff: tuple[float, float] = (1.0, 60.0),
-        rejoin_interval: float = 300.0,
-        maddrs_refresh_interval: float = 300.0,
-        p2p_identity_path: str | None = None,
-        client_mode: bool = False,
-        dht_kwargs: dict | None = None,
-        pid_file: str | os.PathLike | None = None,
-        shutdown_grace: float = 15.0,
         start: bool = True,
+        **host: Any,
     ):
         if not isinstance(private_key, Ed25519PrivateKey):
             raise TypeError(f"private_key must be an Ed25519PrivateKey, got {type(private_key).__name__}")
         for name, value in [("manifest_ttl", manifest_ttl), ("heartbeat_ttl", heartbeat_ttl)]:
             if not (isinstance(value, (int, float)) and 0 < value <= max_ttl):
                 raise ValueError(f"{name} must be in (0, max_ttl={max_ttl}] seconds, got {value!r}")
-        super().__init__(
-            initial_peers=initial_peers, host_maddrs=host_maddrs, announce_maddrs=announce_maddrs,
-            call_timeout=call_timeout, startup_timeout=startup_timeout, health_interval=health_interval,
-            join_backoff=join_backoff, rejoin_interval=rejoin_interval, maddrs_refresh_interval=maddrs_refresh_interval,
-            p2p_identity_path=p2p_identity_path, client_mode=client_mode, dht_kwargs=dht_kwargs, pid_file=pid_file,
-            shutdown_grace=shutdown_grace,
-        )
+        super().__init__(**host)
         self.swarm_ids = tuple(dict.fromkeys(swarm_ids))
         self.key_spaces = tuple(SwarmKeySpace(s, bucket_seconds) for s in self.swarm_ids)
         self.bucket_seconds = float(bucket_seconds)
