@@ -1,13 +1,15 @@
-"""Step 6 of the trust table: the trees inside a signed bundle (tasks, tokens, prompts, replays, re-scoring).
+"""The checks of a peer's bundle, in the order of the trust table: bytes, envelope, signature, body (steps 0 to 5),
+then the trees inside it (step 6: tasks, tokens, prompts, replays, re-scoring).
 
-:class:`BundleChecks` holds the checks that run once a bundle's signature, swarm id and freshness are known good
-(:mod:`swarmnode.swarm.verify` lists them in order, with their reasons); :class:`~swarmnode.swarm.verify.Verifier`
-inherits it. The token checks are :class:`~swarmnode.swarm.tokens.TokenChecks`, the content keys of the
-``replay`` check :mod:`swarmnode.swarm.content`.
+:class:`BundleChecks` holds :meth:`~swarmnode.swarm.verify.Verifier.verify_bundle`'s work
+(:mod:`swarmnode.swarm.verify` lists the checks in order, with their reasons); the verifier inherits it. The
+token checks are :class:`~swarmnode.swarm.tokens.TokenChecks`, the content keys of the ``replay`` check
+:mod:`swarmnode.swarm.content`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Callable
 
@@ -15,9 +17,10 @@ from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.content import content_key, leaf_keys
-from swarmnode.swarm.peers import PeerBook
-from swarmnode.swarm.rejection import UNCHARGED_REASONS, Rejection
-from swarmnode.swarm.replay import ReplayMemory
+from swarmnode.swarm.identity import peer_id_from_public_key
+from swarmnode.swarm.peers import UNATTRIBUTED, PeerBook
+from swarmnode.swarm.rejection import BODY_SOFT, ENVELOPE_HARD, UNCHARGED_REASONS, Rejection
+from swarmnode.swarm.replay import ReplayMemory, TTLSet
 from swarmnode.swarm.tokens import TokenChecks, ids_ok
 from swarmnode.tasks.base import Scorer, Task
 
@@ -28,10 +31,16 @@ REWARD_TOL = 1e-6
 
 
 class BundleChecks(TokenChecks):
-    """Step 6 of :class:`~swarmnode.swarm.verify.Verifier` (see its Args for the attributes read here)."""
+    """Bundle verification, as methods of :class:`~swarmnode.swarm.verify.Verifier`, which inherits it.
+
+    A mixin: the attributes annotated here are the verifier's, set by its constructor (see its Args).
+    """
 
     tasks: Scorer
+    swarm_id: str
     our_tokenizer_id: str
+    clock: Callable[[], float]
+    max_bundle_bytes: int
     prompt_for: Callable[[Task], str] | None
     max_prompt_length: int
     max_completion_chars: int
@@ -41,14 +50,103 @@ class BundleChecks(TokenChecks):
     timer: Callable[[], float]
     peers: PeerBook
     stats: dict[str, Any]
-    _seen_bundles: Any
+    _seen_bundles: TTLSet
     _seen_content: ReplayMemory
     _young_after: int
     _claim_authorship: Callable[..., None]
+    _allowed_key: Callable[[bytes], bool]
+    _freshness: Callable[[float], tuple[str, str] | None]
+
+    def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None,
+                       received_at: float | None = None, prepaid: bool = False,
+                       committed_at: float | None = None) -> list[PeerTree]:
+        """:meth:`Verifier.verify_bundle`'s checks (same arguments); raises
+        :class:`~swarmnode.swarm.rejection.Rejection`."""
+        deliverer = sender or UNATTRIBUTED
+        publisher_hint = None
+        if manifest is not None:
+            if not isinstance(manifest, wire.Manifest):
+                raise self._reject("internal", f"manifest must be a wire.Manifest, got {type(manifest).__name__}",
+                                   deliverer, False, charge=False)
+            publisher_hint = peer_id_from_public_key(manifest.publisher_key)
+        # ---- step 0: bans and rate limit, before any work on the bytes
+        for p in {deliverer, publisher_hint} - {None, UNATTRIBUTED}:
+            if self.peers.is_banned(p):
+                raise self._reject("banned", "peer is banned", p, False, charge=False)
+        gate = publisher_hint or deliverer
+        if not (prepaid and publisher_hint is not None) and not self.peers.allow(gate):
+            reason = "banned" if self.peers.is_banned(gate) else "rate_limited"
+            raise self._reject(reason, "dropped before decoding", gate, False, charge=False)
+        # ---- step 1: type and size cap, before decoding
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise self._reject("malformed", f"expected bundle bytes, got {type(data).__name__}", deliverer, False)
+        data = bytes(data)
+        if len(data) > self.max_bundle_bytes:
+            raise self._reject("too_large", f"bundle of {len(data)} bytes exceeds our cap {self.max_bundle_bytes}",
+                               deliverer, False)
+        digest = hashlib.sha256(data).digest()
+        if manifest is not None:
+            try:
+                wire.check_manifest(manifest, data)
+            except wire.WireError as e:
+                # the deliverer served exactly the bytes the digest names: any other mismatch (their size) is a
+                # lie of the manifest's signer, never of the peer that relayed them
+                liar = publisher_hint if digest == bytes(manifest.bundle_digest) else deliverer
+                raise self._reject(e.reason, e.detail, liar, True) from None
+        if digest in self._seen_bundles:
+            raise self._reject("duplicate", f"bundle {digest.hex()[:16]}… was seen before", deliverer, False,
+                               charge=manifest is None)
+        # ---- steps 2-3: envelope and signature
+        try:
+            env = wire.open_envelope(data, expected_kind=wire.KIND_BUNDLE, max_bytes=self.max_bundle_bytes)
+        except wire.WireError as e:
+            raise self._reject(e.reason, e.detail, deliverer, e.reason in ENVELOPE_HARD)
+        signer = env.peer_id
+        context_peer = sender or signer
+
+        def final(r: Rejection) -> Rejection:  # a verdict on authenticated bytes: remember the digest
+            self._seen_bundles.add(digest, r.reason)
+            return r
+
+        if self.peers.is_banned(signer):
+            raise self._reject("banned", "signer is banned", signer, False, charge=False)
+        if not self._allowed_key(env.public_key):
+            raise final(self._reject("not_allowed", f"signer {signer} is not in the allowlist", context_peer, False))
+        try:
+            b = wire.decode_body(wire.KIND_BUNDLE, env.body, version=env.version, public_key=env.public_key)
+        except wire.WireError as e:
+            raise final(self._reject(e.reason, e.detail, signer, e.reason not in BODY_SOFT))
+        assert isinstance(b, wire.RolloutBundle)
+        if manifest is not None:
+            try:
+                wire.check_manifest(manifest, data, b)
+            except wire.WireError as e:
+                if bytes(manifest.publisher_key) != bytes(env.public_key):
+                    # genuine bytes of another signer announced by the manifest's publisher: the announcer lied
+                    raise self._reject(e.reason, e.detail, publisher_hint, True) from None
+                raise final(self._reject(e.reason, e.detail, signer, True))
+        # ---- step 4: swarm id (protocol version and allowlist were checked above)
+        if b.swarm_id != self.swarm_id:
+            raise final(self._reject("wrong_swarm", f"bundle for swarm {b.swarm_id[:64]!r}, we are {self.swarm_id!r}",
+                                     context_peer, False))
+        # ---- step 5: freshness
+        fresh = self._freshness(b.created_at)
+        if fresh is not None:
+            raise final(self._reject(fresh[0], "bundle " + fresh[1], context_peer, False))
+        # ---- step 6: tasks, tokens, prompt, replays, re-scoring
+        return self._check_content(b, env, digest, signer, final,
+                                   self.clock() if received_at is None else float(received_at), committed_at)
 
     def _check_content(self, b: wire.RolloutBundle, env: wire.Envelope, digest: bytes, signer: str,
                        final: Callable[[Rejection], Rejection], received_at: float,
                        committed_at: float | None = None) -> list[PeerTree]:
+        """Step 6 for bundle ``b`` whose envelope ``env`` (SHA-256 ``digest``) verified and whose swarm id and
+        freshness passed: the accepted trees with our prompt, our ids and our rewards (at least one), in bundle
+        order, minus dropped trees (copies, special tokens, ids that do not round-trip).
+
+        ``final`` marks a rejection as the bundle's verdict (its digest is remembered); ``received_at`` becomes
+        :attr:`PeerTree.received_at`; ``committed_at`` as in :meth:`Verifier.verify_bundle`. Raises
+        :class:`~swarmnode.swarm.rejection.Rejection` (through ``final``) for the whole bundle."""
         seeds: dict[tuple[str, str], set[int]] = {}
         for i, wt in enumerate(b.trees):
             ref = wt.task

@@ -19,7 +19,10 @@ __all__ = ["ManifestChecks"]
 
 
 class ManifestChecks:
-    """Manifest verification, as methods of :class:`~swarmnode.swarm.verify.Verifier` (see its Args)."""
+    """Manifest verification, as methods of :class:`~swarmnode.swarm.verify.Verifier`, which inherits it.
+
+    A mixin: the attributes annotated here are the verifier's, set by its constructor (see its Args).
+    """
 
     tasks: Scorer
     swarm_id: str
@@ -33,6 +36,8 @@ class ManifestChecks:
     _freshness: Callable[[float], tuple[str, str] | None]
 
     def _verify_manifest(self, data: Any, record_owner: Any, owner_id: str | None) -> wire.Manifest:
+        """:meth:`Verifier.verify_manifest` after the record owner's peer id ``owner_id`` is known (None: unknown);
+        raises :class:`~swarmnode.swarm.rejection.Rejection`."""
         deliverer = owner_id or UNATTRIBUTED
         if record_owner is not None and owner_id is None:
             raise self._reject("internal", "record_owner must be a 32-byte public key (caller bug)", None, False,

@@ -49,7 +49,8 @@ def special_token_ids(tokenizer: Any) -> set[int]:
 class TokenChecks:
     """The token checks of step 6, as methods of :class:`~swarmnode.swarm.verify.Verifier` (see its Args).
 
-    Reads the verifier's ``our_vocab_size``, ``retokenize``, ``detokenize``, ``encode``, ``special_ids``,
+    A mixin (the verifier inherits it through :class:`~swarmnode.swarm.bundle_checks.BundleChecks`); reads the
+    verifier's ``our_vocab_size``, ``retokenize``, ``detokenize``, ``encode``, ``special_ids``,
     ``eos_ids`` and ``max_completion_tokens``/``max_bundle_tokens``; rejects through its ``_reject``.
     """
 

@@ -159,6 +159,14 @@ completions and bundles (tokens) are length-checked by prefix sums before any co
 seeds are regenerated per source and bundle; re-scoring stops after ``verify_budget_s`` (checked between
 leaves; each reasoning-gym ``score_answer`` is itself bounded by ``SIGALRM`` on the **main thread** only:
 call the verifier from the main thread or a worker process).
+
+Where each check lives
+----------------------
+This module: :class:`Verifier` (its settings, the memories, the entry points). A manifest's checks:
+:mod:`~swarmnode.swarm.manifest_checks`; a bundle's, steps 0 to 6 in order: :mod:`~swarmnode.swarm.bundle_checks`,
+with the ids' checks in :mod:`~swarmnode.swarm.tokens`, content keys and authorship in
+:mod:`~swarmnode.swarm.content` and the bounded memories in :mod:`~swarmnode.swarm.replay`. Reason codes and
+:class:`Rejection`: :mod:`~swarmnode.swarm.rejection`.
 """
 
 
@@ -179,8 +187,6 @@ from swarmnode.swarm.identity import peer_id_from_public_key
 from swarmnode.swarm.manifest_checks import ManifestChecks
 from swarmnode.swarm.peers import UNATTRIBUTED, LogLimiter, PeerBook
 from swarmnode.swarm.rejection import (
-    BODY_SOFT,
-    ENVELOPE_HARD,
     HARD_REASONS,
     REASONS,
     SOFT_REASONS,
@@ -521,83 +527,6 @@ class Verifier(ManifestChecks, BundleChecks):
         out, self._authorship_changes = self._authorship_changes, []
         return out
 
-    def _verify_bundle(self, data: Any, manifest: wire.Manifest | None, sender: str | None,
-                       received_at: float | None = None, prepaid: bool = False,
-                       committed_at: float | None = None) -> list[PeerTree]:
-        deliverer = sender or UNATTRIBUTED
-        publisher_hint = None
-        if manifest is not None:
-            if not isinstance(manifest, wire.Manifest):
-                raise self._reject("internal", f"manifest must be a wire.Manifest, got {type(manifest).__name__}",
-                                   deliverer, False, charge=False)
-            publisher_hint = peer_id_from_public_key(manifest.publisher_key)
-        # ---- step 0: bans and rate limit, before any work on the bytes
-        for p in {deliverer, publisher_hint} - {None, UNATTRIBUTED}:
-            if self.peers.is_banned(p):
-                raise self._reject("banned", "peer is banned", p, False, charge=False)
-        gate = publisher_hint or deliverer
-        if not (prepaid and publisher_hint is not None) and not self.peers.allow(gate):
-            reason = "banned" if self.peers.is_banned(gate) else "rate_limited"
-            raise self._reject(reason, "dropped before decoding", gate, False, charge=False)
-        # ---- step 1: type and size cap, before decoding
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise self._reject("malformed", f"expected bundle bytes, got {type(data).__name__}", deliverer, False)
-        data = bytes(data)
-        if len(data) > self.max_bundle_bytes:
-            raise self._reject("too_large", f"bundle of {len(data)} bytes exceeds our cap {self.max_bundle_bytes}",
-                               deliverer, False)
-        digest = hashlib.sha256(data).digest()
-        if manifest is not None:
-            try:
-                wire.check_manifest(manifest, data)
-            except wire.WireError as e:
-                # the deliverer served exactly the bytes the digest names: any other mismatch (their size) is a
-                # lie of the manifest's signer, never of the peer that relayed them
-                liar = publisher_hint if digest == bytes(manifest.bundle_digest) else deliverer
-                raise self._reject(e.reason, e.detail, liar, True) from None
-        if digest in self._seen_bundles:
-            raise self._reject("duplicate", f"bundle {digest.hex()[:16]}… was seen before", deliverer, False,
-                               charge=manifest is None)
-        # ---- steps 2-3: envelope and signature
-        try:
-            env = wire.open_envelope(data, expected_kind=wire.KIND_BUNDLE, max_bytes=self.max_bundle_bytes)
-        except wire.WireError as e:
-            raise self._reject(e.reason, e.detail, deliverer, e.reason in ENVELOPE_HARD)
-        signer = env.peer_id
-        context_peer = sender or signer
-
-        def final(r: Rejection) -> Rejection:  # a verdict on authenticated bytes: remember the digest
-            self._seen_bundles.add(digest, r.reason)
-            return r
-
-        if self.peers.is_banned(signer):
-            raise self._reject("banned", "signer is banned", signer, False, charge=False)
-        if not self._allowed_key(env.public_key):
-            raise final(self._reject("not_allowed", f"signer {signer} is not in the allowlist", context_peer, False))
-        try:
-            b = wire.decode_body(wire.KIND_BUNDLE, env.body, version=env.version, public_key=env.public_key)
-        except wire.WireError as e:
-            raise final(self._reject(e.reason, e.detail, signer, e.reason not in BODY_SOFT))
-        assert isinstance(b, wire.RolloutBundle)
-        if manifest is not None:
-            try:
-                wire.check_manifest(manifest, data, b)
-            except wire.WireError as e:
-                if bytes(manifest.publisher_key) != bytes(env.public_key):
-                    # genuine bytes of another signer announced by the manifest's publisher: the announcer lied
-                    raise self._reject(e.reason, e.detail, publisher_hint, True) from None
-                raise final(self._reject(e.reason, e.detail, signer, True))
-        # ---- step 4: swarm id (protocol version and allowlist were checked above)
-        if b.swarm_id != self.swarm_id:
-            raise final(self._reject("wrong_swarm", f"bundle for swarm {b.swarm_id[:64]!r}, we are {self.swarm_id!r}",
-                                     context_peer, False))
-        # ---- step 5: freshness
-        fresh = self._freshness(b.created_at)
-        if fresh is not None:
-            raise final(self._reject(fresh[0], "bundle " + fresh[1], context_peer, False))
-        # ---- step 6: tasks, tokens, prompt, replays, re-scoring
-        return self._check_content(b, env, digest, signer, final,
-                                   self.clock() if received_at is None else float(received_at), committed_at)
 
 
 def verify_many(verifier: Verifier, items: Sequence[tuple[bytes, wire.Manifest | None, str | None]]
