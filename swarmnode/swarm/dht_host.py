@@ -286,8 +286,8 @@ class DHTHost:
                 old, old_info = self._dht, self._info
                 self._dht, self._info = None, {}
             stop_dht_process(old, old_info, graceful=graceful)
+            self._restarts += 1  # counted before the new generation shows, so a reader never sees one without it
             ok = self._start_dht()
-            self._restarts += 1
             if ok:
                 for callback in list(self._callbacks):
                     try:
