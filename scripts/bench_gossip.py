@@ -1,8 +1,11 @@
 #!/usr/bin/env python
-"""Wrapper kept for recorded commands: the benchmark is the module ``swarmnode.benchmarks.gossip``
-(``swarmnode bench gossip``, or ``python -m swarmnode.benchmarks.gossip``)."""
+"""``swarmnode bench gossip`` as a script, kept for the commands recorded in docs/lab/.
 
-import runpy
+Same flags (``swarmnode bench gossip --help``); the benchmark is :mod:`swarmnode.bench.gossip`."""
+
+import sys
+
+from swarmnode.bench import run
 
 if __name__ == "__main__":
-    runpy.run_module("swarmnode.benchmarks.gossip", run_name="__main__", alter_sys=True)
+    sys.exit(run("gossip", sys.argv[1:], prog="python scripts/bench_gossip.py"))

@@ -1,8 +1,11 @@
 #!/usr/bin/env python
-"""Wrapper kept for recorded commands: the benchmark is the module ``swarmnode.benchmarks.tree_learning``
-(``swarmnode bench tree-learning``, or ``python -m swarmnode.benchmarks.tree_learning``)."""
+"""``swarmnode bench tree-learning`` as a script, kept for the commands recorded in docs/lab/.
 
-import runpy
+Same flags (``swarmnode bench tree-learning --help``); the benchmark is :mod:`swarmnode.bench.tree_learning`."""
+
+import sys
+
+from swarmnode.bench import run
 
 if __name__ == "__main__":
-    runpy.run_module("swarmnode.benchmarks.tree_learning", run_name="__main__", alter_sys=True)
+    sys.exit(run("tree-learning", sys.argv[1:], prog="python scripts/bench_tree_learning.py"))

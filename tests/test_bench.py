@@ -1,4 +1,4 @@
-"""The swarm-vs-isolated benchmark's plumbing (swarmnode/benchmarks/swarm.py): planning, configs, summaries, a tiny real run."""
+"""The swarm-vs-isolated benchmark's plumbing (swarmnode/bench/swarm/): planning, configs, summaries, a tiny real run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.benchmarks.swarm import (
+from swarmnode.bench.swarm import (
     Arm,
     node_config,
     parse_splits,
@@ -76,7 +76,7 @@ def test_node_config_models_gives_node_i_its_own_model_in_every_arm(tmp_path):
 
 
 def test_run_bench_refuses_an_empty_model_in_models(tmp_path):
-    from swarmnode.benchmarks.swarm import run_bench
+    from swarmnode.bench.swarm import run_bench
 
     with pytest.raises(ValueError, match="--models"):
         run_bench(nodes=2, steps=1, models="embedded,,embedded-bpe", work_dir=tmp_path, out=tmp_path)
@@ -279,7 +279,7 @@ def test_specialize_lever_gives_each_node_its_own_task_and_peers_still_verify_it
     and a peer with other weights still accepts and rebuilds its TaskRefs (weights are not in the digest)."""
     from collections import Counter
 
-    from swarmnode.benchmarks.swarm import SPECIALIZE_WEIGHT, specialized_sources
+    from swarmnode.bench.swarm import SPECIALIZE_WEIGHT, specialized_sources
     from swarmnode.tasks.mix import TaskMix
 
     arms = plan_arms([(4, 4)], levers=["none", "specialize"], isolated=False)
@@ -331,7 +331,7 @@ def test_first_repeat_adds_repeats_and_a_failed_arm_keeps_the_finished_arms_repo
     """``--first-repeat 2`` runs repeat 2 (its seeds and question streams, ``-r2`` directory); when a later arm
     fails, the arms finished before it are still reported and the error says where (a real first arm; the second
     arm's failure is injected, as a loaded machine's kill would end it)."""
-    import swarmnode.benchmarks.swarm as sb
+    import swarmnode.bench.swarm.run as sb
 
     real = sb.run_arm
     calls: list[str] = []
@@ -414,7 +414,7 @@ def _synthetic_arm(work: Path, arm: Arm, repeat: int, curves: list[list[tuple[in
     ``spec.json`` holds its :func:`node_config` (``--models`` embedded,embedded-bpe), its ``metrics.jsonl`` is
     written by the node's :class:`MetricsWriter` (train steps, then the evaluations as the node tags them), and
     ``summary.json`` by :func:`write_arm_summary`."""
-    from swarmnode.benchmarks.swarm import arm_dir_name, write_arm_summary
+    from swarmnode.bench.swarm import arm_dir_name, write_arm_summary
     from swarmnode.monitor.metrics import MetricsWriter
 
     base = load_config(None)
@@ -453,7 +453,7 @@ def _pair_work_dir(work: Path) -> None:
 
 
 def test_heldout_auc_is_the_mean_accuracy_over_training():
-    from swarmnode.benchmarks.swarm import heldout_auc
+    from swarmnode.bench.swarm import heldout_auc
 
     assert heldout_auc([(0, 0.1), (2, 0.3), (4, 0.4)]) == pytest.approx((0.2 * 2 + 0.35 * 2) / 4)
     assert heldout_auc([(0, 0.2), (100, 0.2), (300, 0.2)]) == pytest.approx(0.2)  # flat: its value, any spacing
@@ -462,7 +462,7 @@ def test_heldout_auc_is_the_mean_accuracy_over_training():
 
 
 def test_per_node_rows_pair_each_node_with_its_solo_twin_of_the_same_repeat(tmp_path):
-    from swarmnode.benchmarks.swarm import per_node_rows
+    from swarmnode.bench.swarm import per_node_rows
 
     _pair_work_dir(tmp_path)
     results = []
@@ -522,7 +522,7 @@ def test_report_of_arms_stopped_early_compares_every_arm_at_max_step(tmp_path):
     --unfinished they are reported, and --max-step reads every arm, isolated ones included, at that step."""
     import importlib.util
 
-    from swarmnode.benchmarks.swarm import ARM_FILE
+    from swarmnode.bench.swarm import ARM_FILE
 
     work = tmp_path / "work"
     _pair_work_dir(work)
@@ -551,7 +551,7 @@ def test_report_of_arms_stopped_early_compares_every_arm_at_max_step(tmp_path):
 
 
 def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
-    from swarmnode.benchmarks.swarm import parse_swarm_set
+    from swarmnode.bench.swarm import parse_swarm_set
 
     ov = parse_swarm_set("train.learning_rate=2e-5, swarm.max_external_share=0.6")
     assert ov == (("train.learning_rate", "2e-5"), ("swarm.max_external_share", "0.6"))
@@ -626,7 +626,7 @@ class _RescueClient(_FakeClient):
 
 
 def test_buffered_swarm_passes_rescue_through_only_when_the_client_has_it():
-    from swarmnode.benchmarks.swarm import RESCUE_METHODS, BufferedSwarm
+    from swarmnode.bench.swarm import RESCUE_METHODS, BufferedSwarm
 
     plain = BufferedSwarm(_FakeClient(), per_step=2)
     for name in RESCUE_METHODS:  # the node's getattr(hook, name, None) must see no rescue support
