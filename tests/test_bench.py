@@ -656,3 +656,94 @@ def test_cli_bench_refuses_a_bad_swarm_set_before_running(tmp_path):
     assert not (tmp_path / "w").exists()
     r = CliRunner().invoke(app, ["bench", "swarm", "--help"])
     assert "--swarm-set" in r.output and "--per-node" in r.output
+
+
+# ------------------------------------------------------------------ the one entry: swarmnode bench NAME ARGS
+#: a benchmark command named in the docs: ``swarmnode bench NAME``, ``python -m swarmnode.bench.MODULE`` or a
+#: ``scripts/`` wrapper, with its arguments (continuation lines joined; up to a code span's end, ``&``, ``#``, ``|``)
+_DOC_CMD = r"(swarmnode bench [\w-]+|python -m swarmnode\.bench\.\w+|scripts/(?:bench_(?:swarm|tree|tree_learning|" \
+           r"gossip|verify)|swarm_bench_report)\.py)((?:[^`&#|;\n]|\\\n)*)"
+
+
+def _doc_bench_commands() -> list[tuple[str, str, list[str]]]:
+    """``(doc file, benchmark name, argv)`` of every benchmark command line in README.md and docs/**/*.md; the
+    report script's name is ``"swarm-report"``."""
+    import re
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for f in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for m in re.finditer(_DOC_CMD, f.read_text(encoding="utf-8")):
+            head = m.group(1)
+            name = ("swarm-report" if "report" in head else head.split()[-1] if head.startswith("swarmnode") else
+                    head.rsplit(".", 1)[-1] if head.startswith("python -m") else head[len("scripts/bench_"):-3])
+            if name in ("worker", "hostile"):  # a node process of an arm, not a command a user types
+                continue
+            rest = re.sub(r"\\\n\s*", " ", m.group(2))
+            try:
+                argv = shlex.split(rest)
+            except ValueError:  # an unbalanced quote in running text: the flags are still checked
+                argv = rest.split()
+            out.append((str(f.relative_to(root)), name.replace("_", "-"), argv))
+    return out
+
+
+def _parser_of(name: str):
+    """The argparse parser a benchmark builds (captured from its ``main`` at ``parse_args``, so nothing runs)."""
+    import argparse
+
+    from swarmnode.bench import run
+    from swarmnode.bench.swarm import report_main
+
+    class Captured(Exception):
+        pass
+
+    def capture(self, args=None, namespace=None):
+        raise Captured(self)
+
+    real, argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_args, capture
+    try:
+        if name == "swarm-report":
+            report_main([])
+        else:
+            run(name, [])
+    except Captured as c:
+        return c.args[0]
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    raise AssertionError(f"{name}: main returned without parsing its arguments")
+
+
+def test_every_benchmark_command_in_the_docs_names_existing_options():
+    """Every ``swarmnode bench NAME ...``, ``python scripts/bench_*.py ...`` and ``scripts/swarm_bench_report.py``
+    command line in README.md and docs/ names a benchmark and only options its parser has (values are not
+    checked: the docs' placeholders, such as ``--max-step S``, stay placeholders)."""
+    from swarmnode.bench import BENCHMARKS
+
+    cmds = _doc_bench_commands()
+    assert len(cmds) >= 50 and {n for _, n, _ in cmds} >= {*BENCHMARKS, "swarm-report"}
+    parsers = {n: _parser_of(n) for n in {*BENCHMARKS, "swarm-report"}}
+    bad = [f"{doc}: {name} {' '.join(argv)}: no {tok}" for doc, name, argv in cmds
+           for tok in argv if tok.startswith("-") and tok not in ("-", "--")
+           and tok.split("=")[0] not in parsers[name]._option_string_actions]
+    assert not bad, "\n".join(bad)
+
+
+def test_bench_help_lists_every_benchmark_and_passes_args_through():
+    """``swarmnode bench --help``: one line per benchmark; ``swarmnode bench NAME --help``: that benchmark's own
+    parser; an unknown NAME: one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from swarmnode.bench import BENCHMARKS
+    from swarmnode.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "--help"])
+    assert r.exit_code == 0 and "usage: swarmnode bench NAME [ARGS...]" in r.output
+    listed = [line.split()[0] for line in r.output.splitlines() if line.startswith("  ")]
+    assert listed == list(BENCHMARKS)
+    for name in ("swarm", "gossip", "verify", "tree-learning"):
+        r = CliRunner().invoke(app, ["bench", name, "--help"])
+        assert r.exit_code == 0 and r.output.startswith(f"usage: swarmnode bench {name} "), (name, r.output[:300])
+    r = CliRunner().invoke(app, ["bench", "nope"])
+    assert r.exit_code == 2 and "no benchmark 'nope'" in r.output and "tree-learning" in r.output
