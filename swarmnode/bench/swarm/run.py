@@ -199,7 +199,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               payload: str = DEFAULT_PAYLOAD, repeats: int = 1, levers: str = "none", first_repeat: int = 0,
               models: str | None = None, swarm_set: str | Sequence[str] | None = None,
               per_node: bool | None = None, log: Any = print) -> BenchResult:
-    """Plan, run and report the swarm-vs-isolated benchmark (see the module docstring).
+    """Plan, run and report the swarm-vs-isolated benchmark (the method: :mod:`swarmnode.bench.swarm`).
 
     Args:
         nodes: N (>= 2 for a swarm to exist).

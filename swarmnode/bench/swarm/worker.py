@@ -1,11 +1,12 @@
 """What runs inside one process of a swarm-benchmark arm (``python -m swarmnode.bench.swarm worker|hostile SPEC``).
 
-:func:`worker_main` runs one benchmark node from its JSON spec: the file barrier that starts all nodes of an arm
-together, the node's training run, and in a swarm its client wrapped in :class:`BufferedSwarm` (external groups
-held back until the node asks, so every node sees the same supply rhythm); with a payload
-:class:`PayloadCounter` counts it in screened, trained and held-out text (:func:`payload_start_probability`).
-:func:`hostile_main` runs the arm's :class:`~swarmnode.testing.adversary.HostilePeer` until the stop file.
-Both write their results into the arm directory for :mod:`swarmnode.bench.swarm.results` to read.
+:func:`worker_main` runs one benchmark node from its JSON spec (the file barrier that starts the arm's nodes
+together, the held-out evaluations, the training run, ``result.json``); in a swarm arm its client is wrapped in
+:class:`BufferedSwarm` (peers' trees arrive in bursts; the node gets at most ``per_step`` of them a step and the
+rest wait), and with a payload :class:`PayloadCounter` counts that string in what the node screened and trained
+and in its greedy held-out completions (:func:`payload_start_probability`). :func:`hostile_main` runs the arm's
+:class:`~swarmnode.testing.adversary.HostilePeer` until the stop file appears and writes ``hostile.json``. What
+both write, :mod:`swarmnode.bench.swarm.results` reads.
 """
 
 from __future__ import annotations
