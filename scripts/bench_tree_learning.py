@@ -7,5 +7,11 @@ import sys
 
 from swarmnode.bench import run
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark with ``argv`` (default: the command line); returns the exit code."""
+    return run("tree-learning", sys.argv[1:] if argv is None else argv, prog="python scripts/bench_tree_learning.py")
+
+
 if __name__ == "__main__":
-    sys.exit(run("tree-learning", sys.argv[1:], prog="python scripts/bench_tree_learning.py"))
+    sys.exit(main())

@@ -18,5 +18,11 @@ import sys
 
 from swarmnode.bench.swarm import report_main
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the report for ``argv`` (default: the command line); returns the exit code."""
+    return report_main(argv, prog="python scripts/swarm_bench_report.py")
+
+
 if __name__ == "__main__":
-    sys.exit(report_main(sys.argv[1:], prog="python scripts/swarm_bench_report.py"))
+    sys.exit(main())
