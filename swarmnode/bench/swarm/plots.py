@@ -23,6 +23,18 @@ def _mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int
     return [(st, sum(m[st] for m in maps) / len(maps)) for st in steps]
 
 
+def _save(plt: Any, fig: Any, ax: Any, xlabel: str, title: str, path: Path) -> Path:
+    """Label, grid and legend ``ax``, write ``fig`` to ``path`` (PNG, 100 dpi), close it; returns ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_per_node(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLike,
                   prefix: str) -> list[Path]:
     """One PNG per node index, ``<out>/<prefix>_node<i>.png``: that node's held-out exact accuracy (%) against the
@@ -55,16 +67,9 @@ def plot_per_node(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathL
             mean = _mean_curve(cs)
             ax.plot([st for st, _ in mean], [100 * v for _, v in mean], "o" + style, color=c, lw=2.4, ms=4,
                     label=f"{a.label} (mean of {len(cs)})")
-        ax.set_xlabel("optimizer step")
         ax.set_ylabel("held-out exact accuracy (%)")
-        ax.set_title(f"node {i} ({models.get(i, '?')}): swarm vs alone")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        pth = outp / f"{prefix}_node{i}.png"
-        fig.savefig(pth, dpi=100)
-        plt.close(fig)
-        paths.append(pth)
+        paths.append(_save(plt, fig, ax, "optimizer step", f"node {i} ({models.get(i, '?')}): swarm vs alone",
+                           outp / f"{prefix}_node{i}.png"))
     return paths
 
 
@@ -102,13 +107,6 @@ def plot_arms(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLike,
                 ax.plot([p[0] for p in s["accuracy"]], [100 * p[1] for p in s["accuracy"]], "o" + style, color=c,
                         label=a.label)
                 ax.set_ylabel("held-out accuracy (%, node mean)")
-        ax.set_xlabel("optimizer step (round)")
-        ax.set_title(f"swarm vs isolated: {kind}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = outp / f"{prefix}_{kind}.png"
-        fig.savefig(p, dpi=100)
-        plt.close(fig)
-        pngs.append(p)
+        pngs.append(_save(plt, fig, ax, "optimizer step (round)", f"swarm vs isolated: {kind}",
+                          outp / f"{prefix}_{kind}.png"))
     return pngs

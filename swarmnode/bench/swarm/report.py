@@ -242,22 +242,15 @@ def write_report(results: list[tuple[Arm, dict[str, Any]]], out: str | os.PathLi
             f"| {a.label}{s.get('repeat_label', '')} | {s['cumulative_reward']:.2f} | {r_i} | {r_ij} | {pct(s['accuracy_before'])} → "
             f"{pct(s['accuracy_after'])} | {reach} | {s['external_per_step']:.1f} | {s['seconds_per_step']:.2f} |"
         )
-    held = heldout_report(results)
-    if held:
-        lines += ["", "## Held-out accuracy per arm (node mean; mean ± standard error [min–max] over repeats)", "",
-                  held]
-    spread = repeats_report(results)
-    if spread:
-        lines += ["", "## Run-to-run spread (mean ± standard error over repeats)", "", spread]
-    supply = supply_report(results)
-    if supply:
-        lines += ["", "## External-sample supply", "", supply]
-    poison = poison_report(results)
-    if poison:
-        lines += ["", "## Poisoned but correct", "", poison]
-    hostile = hostile_report(results)
-    if hostile:
-        lines += ["", "## Hostile peer", "", hostile]
+    for title, section in (
+            ("Held-out accuracy per arm (node mean; mean ± standard error [min–max] over repeats)", heldout_report),
+            ("Run-to-run spread (mean ± standard error over repeats)", repeats_report),
+            ("External-sample supply", supply_report),
+            ("Poisoned but correct", poison_report),
+            ("Hostile peer", hostile_report)):
+        text = section(results)
+        if text:  # an empty section (no repeats, no hostile arm, ...) is left out
+            lines += ["", f"## {title}", "", text]
     md = outp / f"{prefix}.md"
     md.write_text("\n".join(lines) + "\n")
 
