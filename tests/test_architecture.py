@@ -3,12 +3,12 @@
 Every ``import`` and ``from ... import`` statement of every ``swarmnode/**/*.py`` file counts, wherever it stands
 (module level, inside a function, under ``TYPE_CHECKING``): a lazy import is still a dependency. Modules are
 grouped into *rooms*: the top-level modules (``cli``, ``node``, ``config``, ``evaluation``) and the
-subpackages (``tasks``, ``policy``, ``rollout``, ``train``, ``swarm``, ``monitor``, ``benchmarks``).
+subpackages (``tasks``, ``policy``, ``rollout``, ``train``, ``swarm``, ``monitor``, ``bench``).
 
 Rules (docs/reference/design.md §3, docs/reference/architecture.md):
 
 1. ``cli -> node -> {rollout, train, swarm, tasks, policy, monitor}``: nothing imports ``cli``; only the entry
-   rooms (``cli``, and ``benchmarks``, which ``swarmnode bench`` runs) import ``node``;
+   rooms (``cli``, and ``bench``, which ``swarmnode bench`` runs) import ``node``;
 2. ``rollout``, ``train``, ``tasks`` never import ``swarm``;
 3. ``swarm`` never imports ``train`` or ``policy``;
 4. no import cycle between rooms;
@@ -28,7 +28,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "swarmnode"
 
 #: rooms that may import ``node``: the front ends a user runs
-ENTRY_ROOMS = {"cli", "benchmarks"}
+ENTRY_ROOMS = {"cli", "bench"}
 
 #: (importing module, imported module) pairs that break a rule on purpose, with the reason
 KNOWN: dict[tuple[str, str], str] = {
