@@ -95,13 +95,13 @@ def _violations() -> list[tuple[str, str, str]]:
             if dst == "cli":
                 out.append((mod, imp, "nothing imports cli"))
             if dst == "node" and src not in ENTRY_ROOMS:
-                out.append((mod, imp, "only cli (and benchmarks) import node"))
+                out.append((mod, imp, "only cli (and bench) import node"))
             if src in ("rollout", "train", "tasks") and dst == "swarm":
                 out.append((mod, imp, f"{src} never imports swarm"))
             if src == "swarm" and dst in ("train", "policy"):
                 out.append((mod, imp, f"swarm never imports {dst}"))
             if dst == "testing" and src not in ENTRY_ROOMS:
-                out.append((mod, imp, "only the front ends (cli, benchmarks) import the testing support"))
+                out.append((mod, imp, "only the front ends (cli, bench) import the testing support"))
     return out
 
 
