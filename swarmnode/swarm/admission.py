@@ -88,6 +88,24 @@ class Admission:
         self.waiting: OrderedDict[str, int] = OrderedDict()
         self.turn = 0
 
+    def credit(self, peer_id: str, n: int = 1) -> None:
+        """The node trained on ``n`` useful trees of ``peer_id``: ``n`` trees of earned standing
+        (``PeerBook.record_earned``; ``n`` clamped to [0, max_trees_per_peer]). Standing is earned here, after
+        the update, never at admission (see ``SwarmClient.credit``)."""
+        n = max(0, min(int(n), self.max_trees_per_peer))
+        if n:
+            self.peers.record_earned(str(peer_id), n)
+
+    def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
+        """The trainer rejected ``n`` (clamped to [0, 1024]) of ``peer_id``'s samples under ``reason``: ``n`` soft
+        rejections (no strike, no ban) and one earned tree taken back (see ``SwarmClient.charge``)."""
+        n = max(0, min(int(n), 1024))
+        peer_id = str(peer_id)
+        for _ in range(n):
+            self.peers.record_reject(peer_id, str(reason), False, "rejected by the trainer")
+        if n:
+            self.peers.record_unearned(peer_id, 1)
+
     def admit(self, trees: list[PeerTree], asked: Collection[str] = ()) -> tuple[list[PeerTree], int, int]:
         """Admit this step's verified trees (and the carried ones) under the per-key caps.
 

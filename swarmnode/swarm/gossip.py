@@ -395,12 +395,7 @@ class SwarmClient:
         a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them, and one earned
         tree taken back per charge (``PeerBook.record_unearned``): a key whose junk is rejected every step cannot
         keep standing it bought with one copied tree (outside attack: two such keys held the young pool)."""
-        n = max(0, min(int(n), 1024))
-        peer_id = str(peer_id)
-        for _ in range(n):
-            self.peers.record_reject(peer_id, str(reason), False, "rejected by the trainer")
-        if n:
-            self.peers.record_unearned(peer_id, 1)
+        self.admission.charge(peer_id, reason, n)
 
     def credit(self, peer_id: str, n: int = 1) -> None:
         """The node trained on ``n`` useful trees of ``peer_id`` this step (node.py ``SwarmHook.credit``): ``n``
@@ -410,9 +405,7 @@ class SwarmClient:
         trained on (over the token budget, cut by the share cap, rejected by the screen) was not useful
         (outside attacks: junk trees over the per-step token budget made a fresh key established in 16 steps;
         junk the screen rejected every step did it in 11)."""
-        n = max(0, min(int(n), self.admission.max_trees_per_peer))
-        if n:
-            self.peers.record_earned(str(peer_id), n)
+        self.admission.credit(peer_id, n)
 
     # ------------------------------------------------------------------ state
     def maddrs(self) -> list[str]:
