@@ -4,9 +4,14 @@ Keys are free to mint (docs/reference/design.md §7; docs/guide/swarm.md, the tr
 :class:`Admission` admits per step at most ``PeerBook.tree_cap`` trees of a young key and at most
 ``swarm.max_young_trees`` trees of all young keys together, handed out one per key per turn, the key that has
 waited longest first; an established key (``swarm.established_after`` useful trees) gets
-``swarm.max_trees_per_peer``. Trees over a cap wait for later steps (bounded), then are dropped and counted.
-Admission earns nothing: standing comes from ``SwarmClient.credit`` once the node trained on a tree, and
-:func:`move_authorship` hands a copied tree's standing to the key whose manifest we read first.
+``swarm.max_trees_per_peer``. Trees over a cap wait for later steps (bounded, ``swarm/trees_carried``); what
+no longer fits, or waited longer than the read window, is dropped and counted (``swarm/trees_capped``).
+
+Admission earns nothing: standing comes from :meth:`Admission.credit` (``SwarmClient.credit``) once the node
+trained on a tree -- a tree is *useful* when some of its samples passed selection, the token budget, the
+likelihood screen and the share cap, and our re-scored rewards of its leaves differ -- so standing grows with
+time and verified, kept work, not with the number of keys; :func:`move_authorship` hands a copied tree's
+standing to the key whose manifest we read first.
 
 State is this object's own (the gather runs on one thread, the node's main thread); the clock is injectable
 (``clock``: monotonic seconds) so the policy is tested with a fake clock (tests/test_swarm_policies.py).

@@ -45,10 +45,6 @@ endpoint expects): ``swarm/bundles_published``, ``swarm/bundles_received`` (bodi
 ``swarm/connected``, ``swarm/solo``, ``swarm/pending``, plus the prune counters and latencies. The fetcher's
 cumulative counters (``fetch/<reason>``, ``fetch_over_budget``, ``fetch_gave_up``, ...) are in
 :meth:`SwarmClient.snapshot`.
-
-Files in the run directory: ``swarm.json`` (our peer id, public key, libp2p PeerID and multiaddrs; read by
-``swarmnode peers --run-dir`` and ``swarmnode swarm up``) and ``p2p.key`` (the libp2p identity, used only
-when ``swarm.host_maddrs`` has an explicit port, so that our bootstrap address survives restarts).
 """
 
 from __future__ import annotations
@@ -87,20 +83,9 @@ from swarmnode.tasks.base import Scorer, Task, TaskRef
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "SWARM_INFO_FILE",
-    "P2P_KEY_FILE",
-    "AcceptedBundle",
-    "RescueRequest",
-    "SwarmClient",
-    "SwarmPolicy",
-    "build_swarm",
-    "default_identity_path",
-    "heartbeat_time_ok",
-    "identity_path_for",
-    "list_peers",
-    "read_swarm_info",
-]
+__all__ = ["SWARM_INFO_FILE", "P2P_KEY_FILE", "AcceptedBundle", "RescueRequest", "SwarmClient", "SwarmPolicy",
+           "build_swarm", "default_identity_path", "heartbeat_time_ok", "identity_path_for", "list_peers",
+           "read_swarm_info"]
 
 _fork_hook_installed = False
 

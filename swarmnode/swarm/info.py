@@ -3,7 +3,9 @@
 What ``swarmnode peers`` and ``swarmnode swarm up`` read about a running node, and where a node keeps its key:
 
 - :func:`write_swarm_info` / :func:`read_swarm_info`: ``swarm.json`` in the run directory (our peer id, public
-  key, libp2p PeerID and multiaddrs);
+  key, libp2p PeerID and multiaddrs; read by ``swarmnode peers --run-dir`` and ``swarmnode swarm up``), beside
+  ``p2p.key`` (the libp2p identity, used only when ``swarm.host_maddrs`` has an explicit port, so that our
+  bootstrap address survives restarts);
 - :func:`default_identity_path` / :func:`identity_path_for`: the node's Ed25519 key file;
 - :func:`list_peers`: the swarm as its signed DHT heartbeats show it (protocol/SPEC.md §5.3), with the time
   checks of :func:`heartbeat_time_ok` (the checks manifests get, docs/reference/design.md §7).
