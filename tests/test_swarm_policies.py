@@ -27,22 +27,10 @@ from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.rates import HeartbeatBook
 from swarmnode.swarm.scheduler import FetchScheduler, Pending
 from swarmnode.tasks.base import TaskRef
+from test_peers import FakeClock  # a clock that moves only when told to (advance)
 
 SWARM = "policies"
 REF = TaskRef("rg:chain_sum", "d" * 16, 0, 7)
-
-
-class FakeClock:
-    """A clock that moves only when told to (``advance``)."""
-
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
 
 
 def _manifest(digest: bytes, created_at: float = 0.0) -> wire.Manifest:

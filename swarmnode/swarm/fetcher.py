@@ -22,10 +22,11 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from cachetools import LRUCache
+from cachetools import Cache, LRUCache
 
 from swarmnode.swarm import wire
 from swarmnode.swarm.counters import SwarmCounters
@@ -48,6 +49,12 @@ NEW_OWNERS_PER_POLL = 16
 SHARED_READ_SOFT_BYTES = 256 * 1024
 MAX_OWNER_KEYS = 4096
 MAX_CONTACTS = 1024
+
+
+def _peek(cache: LRUCache) -> dict:
+    """The entries of ``cache`` without refreshing them (``LRUCache.__getitem__`` would: a read of every entry
+    would reorder the cache by insertion and let a flood of new entries evict the ones written last)."""
+    return {k: Cache.__getitem__(cache, k) for k in cache}
 
 
 class Fetcher:
@@ -80,8 +87,11 @@ class Fetcher:
         self.max_bundle_bytes = int(max_bundle_bytes)
         self.full_read_every = max(1, round(scfg.bucket_seconds / (2 * self.poll_interval)))
         self.lock = threading.Lock()  # contacts, owner keys, the last shared read's size
-        self.contacts: LRUCache = LRUCache(maxsize=MAX_CONTACTS)  # owner -> (libp2p PeerID, seen (monotonic))
-        self.owner_keys: LRUCache = LRUCache(maxsize=MAX_OWNER_KEYS)  # record owner's peer id -> its public key
+        # owner -> (libp2p PeerID, seen (monotonic)); the newest record refreshes an owner, reads do not (_peek)
+        self.contacts: LRUCache = LRUCache(maxsize=MAX_CONTACTS)
+        # record owner's peer id -> its public key, least recently seen first. Not an LRUCache: the known-publisher
+        # ranking reads every entry each poll, and its ties follow this order, which only writes may change
+        self.owner_keys: OrderedDict[str, bytes] = OrderedDict()
         self.last_shared_bytes = 0  # bytes the last read of the shared bucket keys returned
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=max_concurrent_fetches, thread_name_prefix="swarm-fetch")
@@ -145,6 +155,9 @@ class Fetcher:
             owner_id = peer_id_from_public_key(owner)
             with self.lock:
                 self.owner_keys[owner_id] = owner
+                self.owner_keys.move_to_end(owner_id)
+                while len(self.owner_keys) > MAX_OWNER_KEYS:
+                    self.owner_keys.popitem(last=False)
             if self.peers.is_banned(owner_id):  # no work and no state for a banned key's records
                 continue
             try:
@@ -256,7 +269,7 @@ class Fetcher:
         """libp2p PeerIDs to ask: the publisher's first, then up to ``fetch_relays`` other peers seen within the
         read window (who may have cached it)."""
         with self.lock:
-            contacts = dict(self.contacts.items())
+            contacts = _peek(self.contacts)
         out = []
         if publisher in contacts:
             out.append(contacts[publisher][0])
