@@ -433,8 +433,8 @@ def test_every_client_knob_comes_from_the_swarm_config():
                         serve_first_byte_timeout=0.5, max_young_trees=3)
     try:
         assert (c.poll_interval, c.heartbeat_interval, c.gather_budget_s, c.max_pending) == (1.5, 7.0, 2.5, 5)
-        assert (c.scheduler.max_concurrent_fetches, c.server.store.max_total_bytes) == (3, 8 * 1024 * 1024)
-        assert (c.fetch_retries, c.fetch_relays, c.max_fetches_per_publisher, c.scheduler.publisher_budget_s) == (2, 1, 2, 4.0)
+        assert (c.max_concurrent_fetches, c.server.store.max_total_bytes) == (3, 8 * 1024 * 1024)
+        assert (c.fetch_retries, c.fetch_relays, c.max_fetches_per_publisher, c.publisher_budget_s) == (2, 1, 2, 4.0)
         assert (c.server.max_concurrent_serves, c.server.max_serves_per_peer, c.server.first_byte_timeout) == (9, 2, 0.5)
         assert c.max_young_trees == 3 and c.server.max_concurrent_fetches == 3
         # the policy objects get the same knobs

@@ -510,6 +510,7 @@ def test_rescue_requests_age_out_and_a_newer_heartbeat_without_them_withdraws_th
     assert book.rescue_requests() == [] and asker.peer_id not in book.peer_rescue
     # our own announcements: TaskRefs only, no duplicates, at most max_rescue_requests
     mine = _book(clock, wall, rescue=True, max_rescue_requests=2)
-    mine.announce_rescue([ref, ref, "x", TaskRef("rg:chain_sum", "d" * 16, 0, 4), TaskRef("rg:chain_sum", "d" * 16, 0, 5)])
-    assert mine.rescue_refs() == [ref, TaskRef("rg:chain_sum", "d" * 16, 0, 4)]
+    more = [TaskRef("rg:chain_sum", "d" * 16, 0, 4), TaskRef("rg:chain_sum", "d" * 16, 0, 5)]
+    mine.announce_rescue([ref, ref, "x", *more])
+    assert mine.rescue_refs() == [ref, more[0]]
     assert mine.heartbeat("m").rescue == mine.rescue_refs() and mine.heartbeat("m").created_at == wall()

@@ -5,18 +5,18 @@ that own their state, on top of :class:`~swarmnode.swarm.dht.SwarmDHT` (signed, 
 :class:`~swarmnode.swarm.transport.BundleServer` (bundle bodies over libp2p streams), :mod:`~swarmnode.swarm.wire`
 (the only byte codec) and :class:`~swarmnode.swarm.verify.Verifier` (trust nothing):
 
-==============================================  =====================================================================
-``swarm/publisher.py`` (:class:`Publisher`)     publish (prune, sign, split, serve, announce), manifest records, the
-                                                publisher thread (record stores, heartbeats)
-``swarm/fetcher.py`` (:class:`Fetcher`)         the fetcher thread: DHT polls (known publishers first), manifest
-                                                verification under the rate limit, fetches from publisher and relays
-``swarm/scheduler.py`` (:class:`FetchScheduler`) the fair order, one manifest per digest, per-publisher limits and
-                                                budgets, manifest states and retries, the queue of fetched bodies
-``swarm/admission.py`` (:class:`Admission`)     young keys' caps and turns per step, carried trees, authorship moves
-``swarm/rates.py`` (:class:`HeartbeatBook`)     our heartbeat's fields; peers' task rates and rescue requests
-``swarm/info.py``                               ``swarm.json``, identity paths, ``list_peers`` (the CLI's helpers)
-``swarm/counters.py``                           the counters all three kinds of thread share
-==============================================  =====================================================================
+- ``swarm/publisher.py`` (:class:`Publisher`): publish (prune, sign, split, serve, announce), manifest records,
+  the publisher thread (record stores, heartbeats);
+- ``swarm/fetcher.py`` (:class:`Fetcher`): the fetcher thread: DHT polls (known publishers first), manifests
+  verified under the rate limit, fetches from the publisher and relays;
+- ``swarm/scheduler.py`` (:class:`FetchScheduler`): the fair order, one manifest per digest, per-publisher limits
+  and time budgets, manifest states and retries, the queue of fetched bodies;
+- ``swarm/gather.py`` (:class:`Gatherer`): verification of the queue within a time budget, re-serving;
+- ``swarm/admission.py`` (:class:`Admission`): young keys' caps and turns per step, carried trees, credit and
+  charge, authorship moves;
+- ``swarm/rates.py`` (:class:`HeartbeatBook`): our heartbeat's fields; peers' task rates and rescue requests;
+- ``swarm/info.py``: ``swarm.json``, identity paths, ``list_peers`` (the CLI's helpers);
+- ``swarm/counters.py``: the counters all three kinds of thread share.
 
 SAPO-style and asynchronous (Swarm sAmpling Policy Optimization, arXiv 2509.08721; docs/reference/design.md §7): there
 are no global rounds. A node publishes whenever it finishes a step and trains on whatever its peers published
