@@ -15,7 +15,7 @@ Network
     ``dht``         :class:`SwarmDHT`: signed, time-bucketed records on a hivemind DHT, restart and join logic
     ``validator``   the DHT's record validator (Ed25519 owner signatures) and the swarm's key space
     ``transport``   :class:`BundleServer`: bundle bodies over libp2p streams, bounded serving and fetching
-    (the verify helper's split of ``verify.py`` / ``dht.py`` adds its modules here)
+    (modules split from ``verify`` and ``dht``: one line each here)
 
 Trust
     ``verify``      :class:`Verifier`: the ordered checks of manifests and bundles, every leaf re-scored
