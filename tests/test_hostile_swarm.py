@@ -470,9 +470,9 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
 
 def _newest_digest(client) -> str:
     """Hex digest of the newest bundle ``client`` published (the last manifest of its newest outbox bucket)."""
-    with client._lock:
-        bucket = max(client._outbox)
-        menv = client._outbox[bucket][-1]
+    with client.publisher.lock:
+        bucket = max(client.publisher.outbox)
+        menv = client.publisher.outbox[bucket][-1]
     _, m = wire.decode(menv, expected_kind=wire.KIND_MANIFEST)
     return m.bundle_digest.hex()
 
