@@ -60,7 +60,7 @@ _UNSET: Any = object()
 
 
 WATCHED_CALL_THREAD = "swarmnode-swarm-call"
-"""Name of the thread a node runs a watched swarm call on (``node.py``); a stall log shows its stack too."""
+"""Name of the thread a node runs a watched swarm call on (``node/stop.py``); a stall log shows its stack too."""
 
 
 @runtime_checkable
