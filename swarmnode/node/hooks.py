@@ -75,4 +75,3 @@ class RescueSwarm(Protocol):
 
     def publish_rescue(self, trees: list[RolloutTree], step: int, policy_version: int) -> dict[str, Any]:
         """Publish our scored answers (each with a correct leaf) as ordinary signed bundles; returns metrics."""
-

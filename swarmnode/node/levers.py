@@ -290,4 +290,3 @@ class Levers:
         m["rescue/merged"] = len(out)
         m["rescue/merged_samples"] = sum(len(g.own) + len(g.peer) for g in out)
         return out
-

@@ -89,8 +89,6 @@ class NothingToTrainError(ValueError):
             "from step 0")
 
 
-
-
 class Node(RoundLoop, StopControl, Levers):
     """A swarmnode node: owns the policy, the task mix, the trainer and the run directory.
 

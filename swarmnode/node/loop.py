@@ -27,11 +27,10 @@ supervisor's grace (``node/stop.py``).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import logging
 
 from swarmnode.monitor.metrics import node_memory_bytes
 from swarmnode.node.hooks import RescueSwarm
