@@ -242,7 +242,7 @@ def split_copies(total: int, n_paths: int, generator: torch.Generator | None = N
     out = [base] * n_paths
     if rem:
         # the permutation is drawn on the generator's own device: a CUDA generator (the sampler's RNG on a GPU
-        # node, see ``policy.backends.device_generator``) cannot drive a CPU randperm
+        # node, see ``rollout.generate.device_generator``) cannot drive a CPU randperm
         order = (torch.randperm(n_paths, generator=generator, device=generator.device).tolist()
                  if generator is not None else list(range(n_paths)))
         for i in order[:rem]:
@@ -887,7 +887,7 @@ def sample_rollouts(
         engine: a :class:`~swarmnode.rollout.engine.SegmentEngine` -- the Hugging Face KV-sharing engine
             (:class:`swarmnode.policy.decode.DecodeEngine`) or the request engine over a segment backend such as
             vLLM (:class:`swarmnode.policy.vllm_backend.SegmentRequestEngine`). The node goes through
-            :func:`swarmnode.policy.backends.generate_rollouts`, which builds the engine for its backend.
+            :func:`swarmnode.rollout.generate.generate_rollouts`, which builds the engine for its backend.
         tokenizer: the policy's tokenizer (decodes segment texts); ``None`` = ``engine.tokenizer``.
         prompts: :class:`PromptSpec` per prompt; prompts longer than ``max_prompt_length`` are left-truncated
             (the tree stores the ids the model saw).
@@ -908,7 +908,7 @@ def sample_rollouts(
     if not isinstance(engine, SegmentEngine):
         raise TypeError(
             f"sample_rollouts needs a SegmentEngine, got {type(engine).__name__}; wrap a Hugging Face model in "
-            "swarmnode.policy.decode.DecodeEngine(model, tokenizer) or call swarmnode.policy.backends.generate_rollouts"
+            "swarmnode.policy.decode.DecodeEngine(model, tokenizer) or call swarmnode.rollout.generate.generate_rollouts"
         )
     if tokenizer is None:
         tokenizer = engine.tokenizer
