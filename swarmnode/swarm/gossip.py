@@ -376,7 +376,8 @@ class SwarmClient:
     # ------------------------------------------------------------------ standing
     def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
         """The trainer rejected ``n`` of ``peer_id``'s samples under ``reason`` (``SwarmHook.charge`` in
-        node/hooks.py, applied by node/loop.py; e.g. the likelihood screen): ``n`` soft rejections in the peer's PeerBook record (no strike, no ban:
+        node/hooks.py, applied by node/loop.py; e.g. the likelihood screen): ``n`` soft rejections in the
+        peer's PeerBook record (no strike, no ban:
         a screen can err on an honest peer), so its reputation and ``swarmnode peers`` show them, and one earned
         tree taken back per charge (``PeerBook.record_unearned``): a key whose junk is rejected every step cannot
         keep standing it bought with one copied tree (outside attack: two such keys held the young pool)."""
@@ -384,7 +385,8 @@ class SwarmClient:
 
     def credit(self, peer_id: str, n: int = 1) -> None:
         """The node trained on ``n`` useful trees of ``peer_id`` this step (``SwarmHook.credit`` in
-        node/hooks.py, applied by node/loop.py): ``n`` trees of earned standing (``PeerBook.record_earned``; ``n`` is clamped to [0, max_trees_per_peer]).
+        node/hooks.py, applied by node/loop.py): ``n`` trees of earned standing (``PeerBook.record_earned``;
+        ``n`` is clamped to [0, max_trees_per_peer]).
 
         Standing is earned here, after the update, and not at admission: a tree that is admitted but never
         trained on (over the token budget, cut by the share cap, rejected by the screen) was not useful
