@@ -7,6 +7,8 @@ module                owns
 ====================  ============================================================================================
 ``loading.py``        loading a causal LM and its tokenizer (the embedded default included); :class:`Policy`
 ``decode.py``         :class:`DecodeEngine`: batched decoding with KV-prefix sharing (a ``rollout`` segment engine)
+``kv_cache.py``       :class:`KVBatch` (the engine's KV-cache rows) and the row operations on it (select, concat, fork)
+``sampling.py``       sampling one token (temperature, top-k, top-p; behaviour log-prob) and the repetition stop
 ``vllm_backend.py``   vLLM and the HF reference as segment-request backends (optional extra ``gpu``)
 ``backends.py``       backend selection and construction (``make_generation_backend``), ``sync_weights``
 ``memory.py``         the memory planner (micro-batch and decode-row sizes for the device)
