@@ -80,6 +80,7 @@ from typing import Sequence
 import torch
 
 from swarmnode.config import SamplingConfig
+from swarmnode.rollout import branching as _branching
 from swarmnode.rollout.branching import (
     lookahead_alternative,
     near_duplicate,
@@ -98,13 +99,7 @@ __all__ = [
     "SamplerStats",
     "SampledTrees",
     "sample_rollouts",
-    "treepo_total_copies",
-    "split_copies",
-    "surprisal_fork_points",
-    "step_fork_points",
-    "lookahead_alternative",
-    "near_duplicate",
-    "prune_near_duplicates",
+    *_branching.__all__,  # the branching rules, re-exported
 ]
 
 #: finish reasons that make a leaf a preferred fallback source (TreePO's ``soft_boxed_and_eos``)
