@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """A node fed the 16k-token shared-node tree every step: RSS growth of the real processing + training path.
 
-Issue 12 finding 1: a ~100 KB bundle whose 255 leaves share one 16k-token segment became 32 samples of
+The finding: a ~100 KB bundle whose 255 leaves share one 16k-token segment became 32 samples of
 16k tokens and killed the node (``can't allocate memory``). Here a real node (embedded model, CPU) gets that
 tree from a crafted swarm layer as if it had passed verification, ``--steps`` times, beside one honest-looking
 group, under each length policy, and the script reports the process RSS (psutil) after a first warm-up step

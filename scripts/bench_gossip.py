@@ -1,8 +1,17 @@
 #!/usr/bin/env python
-"""Wrapper kept for recorded commands: the benchmark is the module ``swarmnode.benchmarks.gossip``
-(``swarmnode bench gossip``, or ``python -m swarmnode.benchmarks.gossip``)."""
+"""``swarmnode bench gossip`` as a script, kept for the commands recorded in docs/lab/.
 
-import runpy
+Same flags (``swarmnode bench gossip --help``); the benchmark is :mod:`swarmnode.bench.gossip`."""
+
+import sys
+
+from swarmnode.bench import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark with ``argv`` (default: the command line); returns the exit code."""
+    return run("gossip", sys.argv[1:] if argv is None else argv, prog="python scripts/bench_gossip.py")
+
 
 if __name__ == "__main__":
-    runpy.run_module("swarmnode.benchmarks.gossip", run_name="__main__", alter_sys=True)
+    sys.exit(main())

@@ -1,8 +1,17 @@
 #!/usr/bin/env python
-"""Wrapper kept for recorded commands: the benchmark is the module ``swarmnode.benchmarks.tree_learning``
-(``swarmnode bench tree-learning``, or ``python -m swarmnode.benchmarks.tree_learning``)."""
+"""``swarmnode bench tree-learning`` as a script, kept for the commands recorded in docs/lab/.
 
-import runpy
+Same flags (``swarmnode bench tree-learning --help``); the benchmark is :mod:`swarmnode.bench.tree_learning`."""
+
+import sys
+
+from swarmnode.bench import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark with ``argv`` (default: the command line); returns the exit code."""
+    return run("tree-learning", sys.argv[1:] if argv is None else argv, prog="python scripts/bench_tree_learning.py")
+
 
 if __name__ == "__main__":
-    runpy.run_module("swarmnode.benchmarks.tree_learning", run_name="__main__", alter_sys=True)
+    sys.exit(main())

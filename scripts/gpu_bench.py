@@ -104,7 +104,7 @@ def build_model(tiny: bool, device: torch.device, dtype: torch.dtype, seed: int 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from swarmnode.benchmarks.tree import _bpe_tokenizer  # byte-level BPE; large vocabularies get filler tokens
+    from swarmnode.bench.tree import _bpe_tokenizer  # byte-level BPE; large vocabularies get filler tokens
 
     torch.manual_seed(seed)
     if tiny:

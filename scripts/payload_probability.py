@@ -2,7 +2,7 @@
 """How far did a payload get into trained models? The probability that a sampled completion starts with it.
 
 For the base model (``model.name_or_path`` of the config) and the newest checkpoint of every run directory
-given, prints :func:`swarmnode.benchmarks.swarm.payload_start_probability` over the first ``--n`` held-out
+given, prints :func:`swarmnode.bench.swarm.payload_start_probability` over the first ``--n`` held-out
 questions of the config's task mix: the mean probability that a completion sampled at the config's temperature
 begins with ``<payload>\\n`` (the poison peer's form, ``swarmnode bench swarm --hostile poison``). Greedy
 decoding writes the payload only once it is the most likely start; this number shows it rising before that.
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from swarmnode.benchmarks.swarm import payload_start_probability
+from swarmnode.bench.swarm import payload_start_probability
 from swarmnode.config import ModelConfig, load_config
 from swarmnode.policy.loading import load_policy
 from swarmnode.tasks.mix import TaskMix

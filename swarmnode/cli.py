@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
@@ -854,124 +853,30 @@ def report_table(title: str, rows: list[dict]) -> Table:
     return t
 
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: swarm vs isolated learning, tree sampling, gossip, verify.")
-app.add_typer(bench_app, name="bench")
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
-@bench_app.command("swarm")
-def bench_swarm(
-    nodes: int = typer.Option(2, "--nodes", help="N nodes in the swarm and N isolated nodes"),
-    steps: int = typer.Option(200, "--steps", help="optimizer steps (rounds) per node"),
-    model: Optional[str] = typer.Option(None, "--model", help='"embedded" (default), a local HF model dir or a hub id'),
-    models: Optional[str] = typer.Option(None, "--models", help="a model per node, comma-separated (node i runs the "
-                                         "i mod len-th, in every arm), e.g. embedded,embedded-bpe; wins over --model"),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config of every node (default: packaged)"),
-    splits: str = typer.Option("8/0,4/4", "--splits", help="local/external prompts per step, e.g. 8/0,6/2,4/4,2/6"),
-    normalization: str = typer.Option("per_source,joint", "--normalization", help="per_source,joint"),
-    off_policy: str = typer.Option("none", "--off-policy", help="none,luffy,tis"),
-    eval_size: int = typer.Option(100, "--eval-size", help="held-out tasks per evaluation"),
-    eval_every: int = typer.Option(50, "--eval-every", help="held-out evaluation every K steps (0: before/after)"),
-    out: Path = typer.Option(Path("docs/lab"), "--out", help="directory of the markdown table and PNG plots"),
-    work_dir: Path = typer.Option(Path("runs/bench_swarm"), "--work-dir", help="run directories of the nodes"),
-    prefix: str = typer.Option("swarm_bench_results", "--prefix", help="file name prefix of the outputs"),
-    hostile: str = typer.Option("none", "--hostile", help="also run every swarm arm with one hostile peer "
-                                "(swarmnode.testing.adversary.HostilePeer) in the swarm: none, network (every "
-                                "protocol attack, labelled +hostile) or poison (poisoned but correct groups "
-                                "carrying --payload, labelled +poison)"),
-    screen_off: bool = typer.Option(False, "--screen-off-arm", help="with --hostile, also run each hostile arm "
-                                    "with the honest nodes' likelihood screen off (what the attack does without it)"),
-    isolated: bool = typer.Option(True, "--isolated/--no-isolated", help="run the isolated arms"),
-    payload: str = typer.Option("pwned!", "--payload", help="the string the poison peer plants"),
-    repeats: int = typer.Option(1, "--repeats", help="runs of every arm with other seeds and question streams "
-                                "(the report adds mean ± standard error)"),
-    first_repeat: int = typer.Option(0, "--first-repeat", help="index of the first repeat: with --repeats R runs "
-                                     "repeats K..K+R-1, to add repeats to an earlier benchmark in the same --work-dir "
-                                     "(scripts/swarm_bench_report.py reports them together)"),
-    levers: str = typer.Option("none", "--levers", help="swarm arms with the swarm levers: a comma-separated "
-                               "subset of none,curriculum,expansion,both,specialize,rescue (swarm.curriculum / "
-                               "swarm.expansion; specialize: node i weights task source i mod T by 4; rescue: "
-                               "swarm.rescue.enabled, peers answer a node's all-wrong questions)"),
-    swarm_set: Optional[list[str]] = typer.Option(None, "--swarm-set", help="KEY=VALUE[,KEY=VALUE] config "
-                                                  "overrides (dotted keys) of the swarm arms only, e.g. "
-                                                  "train.learning_rate=2e-5 for the larger batch; shown in the "
-                                                  "arm's name and label; repeatable"),
-    per_node: Optional[bool] = typer.Option(None, "--per-node/--no-per-node", help="start the report with each "
-                                            "node against itself alone (held-out endpoint, gain, AUC, gain in the "
-                                            "swarm minus gain alone, steps to its solo twin's final accuracy) and "
-                                            "a learning-curve PNG per node; default: on when --models names "
-                                            "several models"),
-    arm_timeout: float = typer.Option(1800.0, "--arm-timeout", help="seconds an arm's nodes may run before they "
-                                      "are killed and the benchmark stops (0: no limit); a loaded machine needs more"),
-) -> None:
-    """Swarm vs isolated learning at equal generation compute per node (held-out accuracy curves, AUC, endpoint,
-    steps to the solo final accuracy; per node with --models or --per-node; cumulative reward)."""
-    from swarmnode.bench import run_bench
+@app.command("bench", context_settings=_PASSTHROUGH)
+def bench(ctx: typer.Context) -> None:
+    """Benchmarks: swarm vs isolated learning, tree sampling, gossip, verify (`swarmnode bench NAME --help`).
 
+    `swarmnode bench NAME [ARGS...]` hands ARGS to the benchmark's own parser (swarmnode/bench/); `swarmnode bench
+    --help` lists the benchmarks.
+    """
+    from swarmnode.bench import load, run, summary
+
+    args = list(ctx.args)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: swarmnode bench NAME [ARGS...]\n\nBenchmarks (`swarmnode bench NAME --help` shows the options "
+              "of one; results: docs/lab/benchmarks.md):\n")
+        print("\n".join("  " + line for line in summary().splitlines()))
+        raise typer.Exit(0 if args else 2)
     try:
-        res = run_bench(nodes=nodes, steps=steps, model=model, config=str(config) if config else None, splits=splits,
-                        normalization=normalization, off_policy=off_policy, eval_size=eval_size,
-                        eval_every=eval_every, out=out, work_dir=work_dir, prefix=prefix,
-                        hostile="" if hostile == "none" else hostile, isolated=isolated, screen_off=screen_off,
-                        payload=payload, repeats=repeats, levers=levers, arm_timeout=arm_timeout,
-                        first_repeat=first_repeat, models=models, swarm_set=swarm_set, per_node=per_node,
-                        log=lambda s: console.print(s, highlight=False, markup=False))
-    except (ValueError, RuntimeError) as e:
+        load(args[0])
+    except ValueError as e:
         _fail(str(e))
         return
-    console.print(res.markdown.read_text(), highlight=False, markup=False)
-    console.print(f"wrote {res.markdown} and {', '.join(str(p) for p in res.plots)}", highlight=False)
-
-
-@bench_app.command("tree", context_settings=_PASSTHROUGH)
-def bench_tree(ctx: typer.Context) -> None:
-    """Tree vs independent sampling (scripts/bench_tree.py; its flags pass through, --help shows them)."""
-    from swarmnode.bench import load_script
-
-    try:
-        mod = load_script("bench_tree")
-    except FileNotFoundError as e:
-        _fail(str(e))
-        return
-    argv0, sys.argv[0] = sys.argv[0], "swarmnode bench tree"  # argparse's usage line names the real command
-    try:
-        code = mod.main(list(ctx.args)) or 0
-    finally:
-        sys.argv[0] = argv0
-    raise typer.Exit(code)
-
-
-@bench_app.command("tree-learning", context_settings=_PASSTHROUGH)
-def bench_tree_learning(ctx: typer.Context) -> None:
-    """Tree vs chain held-out accuracy at equal generated tokens (scripts/bench_tree_learning.py; flags pass through)."""
-    from swarmnode.bench import run_script
-
-    try:
-        raise typer.Exit(run_script("bench_tree_learning", list(ctx.args)))
-    except FileNotFoundError as e:
-        _fail(str(e))
-
-
-@bench_app.command("gossip", context_settings=_PASSTHROUGH)
-def bench_gossip(ctx: typer.Context) -> None:
-    """Gossip propagation latency and bytes on loopback (scripts/bench_gossip.py; flags pass through)."""
-    from swarmnode.bench import run_script
-
-    try:
-        raise typer.Exit(run_script("bench_gossip", list(ctx.args)))
-    except FileNotFoundError as e:
-        _fail(str(e))
-
-
-@bench_app.command("verify", context_settings=_PASSTHROUGH)
-def bench_verify(ctx: typer.Context) -> None:
-    """Verification throughput (scripts/bench_verify.py; flags pass through)."""
-    from swarmnode.bench import run_script
-
-    try:
-        raise typer.Exit(run_script("bench_verify", list(ctx.args)))
-    except FileNotFoundError as e:
-        _fail(str(e))
+    raise typer.Exit(run(args[0], args[1:]))
 
 
 def main() -> None:  # pragma: no cover

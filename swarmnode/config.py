@@ -582,7 +582,7 @@ class SwarmConfig(_Strict):
     rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
     ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")
     ban_seconds: float = Field(600.0, gt=0, description="seconds a banned peer stays banned; default 600")
-    # ---- the swarm client's networking knobs (swarmnode/swarm/gossip.py and transport.py; issues 12 and 13)
+    # ---- the swarm client's networking knobs (swarmnode/swarm/: gossip.py and the publisher, fetcher, scheduler and transport it wires)
     poll_interval: float | None = Field(
         None, gt=0, description="seconds between the fetcher thread's DHT polls; None = min(2, bucket_seconds / 4)"
     )

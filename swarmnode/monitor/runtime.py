@@ -17,7 +17,7 @@ CLI, so that a node evaluating before training is already visible). It
 
 Monitoring reads. The watchdog observes and flags; it never drives the swarm layer. A stall in a swarm phase
 sets a flag that the node's round loop takes (:meth:`NodeMonitor.take_swarm_recovery`) while it waits on a
-watched swarm call (``node.py``), and acts on through the swarm layer's declared ``recover``. The one action the
+watched swarm call (``node/stop.py``), and acts on through the swarm layer's declared ``recover``. The one action the
 monitor takes on the node itself is :meth:`MonitoredNode.request_stop` (the round loop stops after its step).
 
 Knobs come from :func:`swarmnode.monitor.watchdog.knob` (env ``SWARMNODE_<NAME>``, ``cfg.monitor.<name>``,
@@ -60,7 +60,7 @@ _UNSET: Any = object()
 
 
 WATCHED_CALL_THREAD = "swarmnode-swarm-call"
-"""Name of the thread a node runs a watched swarm call on (``node.py``); a stall log shows its stack too."""
+"""Name of the thread a node runs a watched swarm call on (``node/stop.py``); a stall log shows its stack too."""
 
 
 @runtime_checkable

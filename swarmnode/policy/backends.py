@@ -1,12 +1,13 @@
 """Generation-backend selection: the HF decode engine (any device) or vLLM (CUDA, optional extra ``gpu``).
 
+What it builds, :func:`swarmnode.rollout.generate.generate_rollouts` samples with (the sampling driver lives in
+``rollout/generate.py``, which dispatches on the protocols these classes implement).
+
 Public API::
 
     select_backend(model_cfg, device) -> "hf" | "vllm"            # refuses impossible combinations
     make_generation_backend(policy, model_cfg, sampling_cfg, plan=None) -> HFDecodeEngine | VLLMBackend
-    generate_rollouts(backend, tokenizer, prompts, sampling_cfg, policy_version, generator=None, ...)
     sync_weights(backend, model)                                     # after every optimizer step
-    device_generator(generator, device)                              # a sampling RNG on the model's device
     HFDecodeEngine(model, tokenizer, compile_decode=False, ...)      # DecodeEngine + optional torch.compile
 
 Knobs of :class:`swarmnode.config.ModelConfig` it reads (with these defaults when a partial config object lacks
@@ -50,11 +51,10 @@ from swarmnode.policy.vllm_backend import (
     VLLMBackend,
     vllm_status,
 )
-from swarmnode.rollout.sampler import PromptSpec, SampledTrees, SamplerStats, sample_rollouts
 
-#: what :func:`make_generation_backend` returns and :func:`generate_rollouts` / :func:`sync_weights` take: the HF
-#: KV-sharing engine (any device) or a segment backend (vLLM; the CPU reference). Dispatch is on these declared
-#: classes, never on which attributes an object happens to have.
+#: what :func:`make_generation_backend` returns and ``rollout.generate.generate_rollouts`` / :func:`sync_weights`
+#: take: the HF KV-sharing engine (any device) or a segment backend (vLLM; the CPU reference). Dispatch is on these
+#: declared classes (and the protocols of ``rollout/`` they implement), never on which attributes an object has.
 GenerationBackend = DecodeEngine | SegmentBackend
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,8 @@ class HFDecodeEngine(DecodeEngine):
         compile_decode: compile the decode forward.
         compile_backend: ``torch.compile`` backend (``"inductor"``; ``"eager"`` only traces, for tests).
         compile_mode: ``torch.compile`` mode (``None``, ``"max-autotune-no-cudagraphs"``, ...).
-        max_rows: advisory cap on rows per sampling call, used by :func:`generate_rollouts` to chunk prompts.
+        max_rows: advisory cap on rows per sampling call, used by ``rollout.generate.generate_rollouts`` to chunk
+            prompts.
 
     Attributes:
         compiled: whether decode forwards go through the compiled module.
@@ -180,7 +181,8 @@ def _ensure_sdpa(model: Any, model_cfg: ModelConfig) -> str | None:
 def make_generation_backend(
     policy: Policy, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, plan: MemoryPlan | None = None
 ) -> GenerationBackend:
-    """Build what the node passes to :func:`generate_rollouts` (or, for the HF engine, to ``sample_rollouts``).
+    """Build what the node passes to ``rollout.generate.generate_rollouts`` (or, for the HF engine, to
+    ``sample_rollouts``).
 
     Args:
         policy: a loaded :class:`swarmnode.policy.loading.Policy` (model on its device in its dtype).
@@ -229,109 +231,7 @@ def make_generation_backend(
     return HFDecodeEngine(policy.model, policy.tokenizer, compile_decode=compile_decode, max_rows=max_rows)
 
 
-# ============================================================================ running
-def device_generator(generator: torch.Generator | None, device: torch.device | str) -> torch.Generator | None:
-    """A generator on ``device`` derived deterministically from ``generator``.
-
-    :func:`swarmnode.policy.decode.sample_next` needs the RNG on the logits' device. A generator already there
-    is returned as is; otherwise one 63-bit seed is drawn from ``generator`` (advancing it) and a new generator
-    on ``device`` is seeded with it, so the result is still a pure function of the caller's RNG state (a resumed
-    node samples as an uninterrupted one). ``None`` stays ``None``.
-    """
-    if generator is None:
-        return None
-    dev = torch.device(device)
-    if generator.device.type == dev.type:
-        return generator
-    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64).item())
-    return torch.Generator(device=dev).manual_seed(seed)
-
-
-def _merge(parts: list[SampledTrees]) -> SampledTrees:
-    out = SampledTrees([t for part in parts for t in part])
-    st = SamplerStats(mode=parts[0].stats.mode, branching=parts[0].stats.branching)
-    for part in parts:
-        s = part.stats
-        st.prompts.extend(s.prompts)
-        st.prefill_tokens += s.prefill_tokens
-        st.forward_calls += s.forward_calls
-        st.decode_rows += s.decode_rows
-        st.refeed_rows += s.refeed_rows
-        st.copied_rows += s.copied_rows
-        st.steps += s.steps
-        st.wall_time_s += s.wall_time_s
-    out.stats = st
-    return out
-
-
-def _prompt_chunks(n: int, num_generations: int, max_rows: int | None) -> list[tuple[int, int]]:
-    if not max_rows:
-        return [(0, n)]
-    per = max(1, int(max_rows) // max(1, int(num_generations)))
-    return [(i, min(n, i + per)) for i in range(0, n, per)]
-
-
-def generate_rollouts(
-    backend: GenerationBackend | torch.nn.Module,
-    tokenizer: Any,
-    prompts: Sequence[PromptSpec],
-    sampling_cfg: SamplingConfig,
-    policy_version: int,
-    generator: torch.Generator | None = None,
-    *,
-    max_rows: int | None = None,
-    seed: int | None = None,
-) -> SampledTrees:
-    """Sample rollouts with whichever backend :func:`make_generation_backend` built: the node's entry to the one
-    tree sampler (:func:`swarmnode.rollout.sampler.sample_rollouts`), which runs on the backend's engine.
-
-    Args:
-        backend: a :class:`~swarmnode.policy.decode.DecodeEngine` (e.g. :class:`HFDecodeEngine`), a
-            :class:`~swarmnode.policy.vllm_backend.SegmentBackend` (:class:`VLLMBackend`, or
-            :class:`~swarmnode.policy.vllm_backend.ReferenceSegmentGenerator` without vLLM; the sampler runs on
-            its :class:`~swarmnode.policy.vllm_backend.SegmentRequestEngine`), or a Hugging Face causal LM (an
-            :class:`HFDecodeEngine` is built around it with ``tokenizer``).
-        tokenizer: the policy's tokenizer (``None``: the backend's).
-        prompts, sampling_cfg, policy_version: as ``sample_rollouts``.
-        generator: the round's RNG (any device; moved with :func:`device_generator`). For a segment backend
-            it seeds the requests (one draw) unless ``seed`` is given.
-        max_rows: rows per sampling call of a decode engine (default: the engine's ``max_rows``); prompts are
-            sampled in chunks of ``max(1, max_rows // num_generations)``, trees and stats merged in prompt order.
-        seed: explicit request seed for a segment backend; its trees are a pure function of ``seed``, the
-            weights and the inputs (the sampler's own random choices use ``torch.Generator().manual_seed(seed)``).
-
-    Returns:
-        :class:`SampledTrees` in prompt order with merged :class:`SamplerStats`.
-
-    Raises:
-        BackendError: ``lookahead`` branching on a segment backend (it forks inside a segment; use backend hf).
-        ValueError: as ``sample_rollouts``.
-    """
-    prompts = list(prompts)
-    if isinstance(backend, SegmentBackend):
-        tcfg = sampling_cfg.tree
-        if tcfg.mode == "tree" and tcfg.branching == "lookahead":
-            raise BackendError(
-                "the vllm backend cannot sample tree.branching lookahead (it forks inside a segment from per-token "
-                "top-2 probabilities); use branching uniform, surprisal or step, or backend: hf"
-            )
-        if seed is None:
-            seed = 0 if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
-        engine = backend.request_engine(seed, first_step=0 if tcfg.mode == "chain" else 1)
-        return sample_rollouts(engine, tokenizer, prompts, sampling_cfg, policy_version,
-                               generator=torch.Generator().manual_seed(int(seed)))
-    engine = backend if isinstance(backend, DecodeEngine) else HFDecodeEngine(backend, tokenizer)
-    gen = device_generator(generator, engine.device)
-    if max_rows is None and isinstance(engine, HFDecodeEngine):
-        max_rows = engine.max_rows
-    chunks = _prompt_chunks(len(prompts), sampling_cfg.num_generations, max_rows)
-    if len(chunks) == 1:
-        return sample_rollouts(engine, tokenizer, prompts, sampling_cfg, policy_version, generator=gen)
-    parts = [sample_rollouts(engine, tokenizer, prompts[a:b], sampling_cfg, policy_version, generator=gen)
-             for a, b in chunks]
-    return _merge(parts)
-
-
+# ============================================================================ after an update
 def sync_weights(backend: GenerationBackend, model: torch.nn.Module) -> int:
     """Bring the generation backend up to date with ``model`` after an optimizer step.
 
@@ -356,9 +256,7 @@ __all__ = [
     "HFDecodeEngine",
     "select_backend",
     "make_generation_backend",
-    "generate_rollouts",
     "sync_weights",
-    "device_generator",
     "vllm_installed",
     "vllm_status",
 ]

@@ -36,24 +36,35 @@ repeated >= 8 times, docs/reference/references.md §1.1 step 3), and ``max_compl
 
 Limitations: sliding-window / hybrid / recurrent cache layers are refused (their cache cannot be forked
 by row copy with holes); requires transformers with the layered ``DynamicCache`` API (>= 4.56).
+
+Layout: this module is the engine (forwards, forks inside decoded text, the decoding loop and its stop checks);
+the KV batch and its row operations are ``policy/kv_cache.py``; sampling a token and the repetition stop are
+``policy/sampling.py``. Their public names import from here too.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from swarmnode.policy.kv_cache import (
+    KVBatch,
+    append_kv_copies,
+    cache_from_kv,
+    cache_kv,
+    concat_kv_batches,
+    empty_kv_batch,
+    select_kv_rows,
+)
+from swarmnode.policy.sampling import SampleOutput, is_repetition, sample_next
 from swarmnode.rollout.engine import (  # the interface this engine implements
     DecodeParams,
     ForkCandidate,
     ForkFn,
     SegmentRecord,
-    TokenRows,
     check_branch_specs,
-    check_sampling,
 )
 
 __all__ = [
@@ -68,179 +79,6 @@ __all__ = [
 ]
 
 
-# ============================================================================ sampling
-@dataclass
-class SampleOutput:
-    """Result of :func:`sample_next` for a batch of ``B`` rows.
-
-    Attributes:
-        tokens: sampled token ids, LongTensor ``[B]``.
-        logprobs: behaviour log-probs of ``tokens`` under ``log_softmax(logits / temperature)``, float32 ``[B]``.
-        log_probs_full: the full tempered log-softmax, float32 ``[B, V]`` (used to score a fork's alternative token).
-        top2_ids: LongTensor ``[B, 2]`` of the two most likely tokens of the untempered softmax, or ``None``.
-        top2_probs: float32 ``[B, 2]`` of their untempered probabilities ``(p1, p2)``, or ``None``.
-    """
-
-    tokens: torch.Tensor
-    logprobs: torch.Tensor
-    log_probs_full: torch.Tensor
-    top2_ids: torch.Tensor | None = None
-    top2_probs: torch.Tensor | None = None
-
-    @property
-    def surprisal(self) -> torch.Tensor:
-        """``-log p`` of each sampled token, float32 ``[B]`` (nats)."""
-        return -self.logprobs
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    generator: torch.Generator | None = None,
-    with_top2: bool = False,
-) -> SampleOutput:
-    """Sample one token per row with temperature, top-k and nucleus (top-p) filtering.
-
-    Args:
-        logits: raw next-token logits, float ``[B, V]``.
-        temperature: softmax temperature (> 0); logits are divided by it.
-        top_p: nucleus mass in (0, 1]; keeps the smallest set of most likely tokens whose tempered mass reaches
-            ``top_p`` (Holtzman et al. 2020; same set as transformers' ``TopPLogitsWarper`` up to ties).
-        top_k: keep the ``top_k`` most likely tokens (0 disables).
-        generator: torch RNG for reproducible draws; must live on ``logits.device``.
-        with_top2: also return the top-2 ids and probabilities of the untempered softmax (LATR's branch test).
-
-    Returns:
-        :class:`SampleOutput`. ``logprobs`` are from the unfiltered tempered distribution, so a token kept by
-        top-k/top-p has the same behaviour log-prob as without filtering.
-
-    Raises:
-        ValueError: ``logits`` is not 2-D, a sampling knob is out of range, or the generator is on another device.
-    """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
-    check_sampling(temperature, top_p, top_k)
-    if generator is not None and generator.device.type != logits.device.type:
-        raise ValueError(
-            f"generator is on {generator.device}, logits on {logits.device}; create it on the model device"
-        )
-    logits = logits.float()
-    vocab = logits.shape[-1]
-    scaled = logits / temperature
-    log_probs = torch.log_softmax(scaled, dim=-1)
-    filt = scaled
-    if 0 < top_k < vocab:
-        kth = torch.topk(filt, top_k, dim=-1).values[:, -1:]
-        filt = filt.masked_fill(filt < kth, float("-inf"))
-    probs = log_probs.exp() if filt is scaled else torch.softmax(filt, dim=-1)
-    if top_p < 1.0:
-        k0 = min(vocab, 64)
-        vals, idx = torch.topk(probs, k0, dim=-1)
-        if not bool((vals.sum(-1) >= top_p).all()):
-            vals, idx = torch.sort(probs, dim=-1, descending=True)
-        before = vals.cumsum(-1) - vals  # mass of strictly more likely tokens
-        keep = before < top_p
-        kept = torch.zeros_like(probs)
-        kept.scatter_(1, idx, torch.where(keep, vals, torch.zeros_like(vals)))
-        probs = kept
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    lp = log_probs.gather(1, tokens[:, None]).squeeze(-1)
-    out = SampleOutput(tokens=tokens, logprobs=lp, log_probs_full=log_probs)
-    if with_top2:
-        k = min(2, vocab)
-        p_raw = torch.softmax(logits, dim=-1)
-        tv, ti = torch.topk(p_raw, k, dim=-1)
-        if k == 1:
-            tv = torch.cat([tv, torch.zeros_like(tv)], dim=-1)
-            ti = torch.cat([ti, ti], dim=-1)
-        out.top2_ids, out.top2_probs = ti, tv
-    return out
-
-
-def is_repetition(completion: Sequence[int], count: int, max_period: int = 16) -> bool:
-    """True when ``completion`` ends with a block of 1..``max_period`` tokens repeated ``count`` times back to back.
-
-    Example: ``[5, 1, 2, 1, 2, 1, 2]`` with ``count=3`` is a repetition (block ``[1, 2]`` three times).
-    The token-level counterpart of TreePO's repetition stop (docs/reference/references.md §1.1 step 3).
-
-    Raises:
-        ValueError: ``count < 2`` or ``max_period < 1``.
-    """
-    if count < 2 or max_period < 1:
-        raise ValueError(f"need count >= 2 and max_period >= 1, got count={count}, max_period={max_period}")
-    n = len(completion)
-    seq = list(completion[-(max_period * count):]) if n > max_period * count else list(completion)
-    m = len(seq)
-    for p in range(1, max_period + 1):
-        span = p * count
-        if span > m:
-            break
-        block = seq[m - p:]
-        if seq[m - span:] == block * count:
-            return True
-    return False
-
-
-# ============================================================================ KV batch
-@dataclass(kw_only=True)
-class KVBatch(TokenRows):
-    """Decoding state of ``B`` rows (paths), all prompts mixed: :class:`~swarmnode.rollout.engine.TokenRows`
-    (``tokens``, ``prompt_lens``, ``answer_start``) plus the KV cache.
-
-    Attributes:
-        cache: a ``DynamicCache`` whose layers hold keys/values ``[B, kv_heads, T, head_dim]``; ``None`` when empty.
-        attention_mask: LongTensor ``[B, T]``; 1 for a real token's slot, 0 for a hole (padding, cut tail, idle step).
-        next_pos: LongTensor ``[B]``; position id of each row's next token (= number of real tokens so far).
-        logits: float32 ``[B, V]``; raw logits of each row's next token.
-    """
-
-    cache: object | None
-    attention_mask: torch.Tensor
-    next_pos: torch.Tensor
-    logits: torch.Tensor
-
-    @property
-    def seq_len(self) -> int:
-        """Number of cache slots ``T`` (real tokens plus holes)."""
-        return int(self.attention_mask.shape[1]) if self.size else 0
-
-
-def _layers(cache) -> list:
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise RuntimeError(
-            "this transformers version has no layered DynamicCache (cache.layers); "
-            "DecodeEngine needs transformers>=4.56"
-        )
-    return layers
-
-
-def _cache_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    out = []
-    for i, layer in enumerate(_layers(cache)):
-        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-            raise NotImplementedError(
-                f"cache layer {i} is {type(layer).__name__}; DecodeEngine forks caches by row copy and supports only "
-                "full-attention DynamicLayer caches (no sliding-window, linear-attention or quantized layers)"
-            )
-        out.append((layer.keys, layer.values))
-    return out
-
-
-def _cache_from_kv(kv: Sequence[tuple[torch.Tensor, torch.Tensor]]):
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(kv):
-        cache.update(k[:, :, :0], v[:, :, :0], i)  # creates and initializes layer i (public API)
-        layer = cache.layers[i]
-        layer.keys, layer.values = k, v  # what DynamicLayer.batch_select_indices itself does
-    return cache
-
-
-# ============================================================================ engine
 class DecodeEngine:
     """Batched prefill / fork / decode for a Hugging Face causal LM with KV-prefix sharing; implements
     :class:`swarmnode.rollout.engine.SegmentEngine` (rows are KV-cache rows; token-level forks supported).
@@ -350,16 +188,7 @@ class DecodeEngine:
 
     def empty_batch(self) -> KVBatch:
         """A batch with no rows."""
-        dev = self.device
-        return KVBatch(
-            cache=None,
-            attention_mask=torch.zeros(0, 0, dtype=torch.long, device=dev),
-            next_pos=torch.zeros(0, dtype=torch.long, device=dev),
-            logits=torch.zeros(0, 0, device=dev),
-            tokens=[],
-            prompt_lens=[],
-            answer_start=[],
-        )
+        return empty_kv_batch(self.device)
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, prompts: Sequence[Sequence[int]]) -> KVBatch:
@@ -394,11 +223,11 @@ class DecodeEngine:
                 keep = mask.bool()[:, None, :, None]
                 kv = [
                     (torch.where(keep, k, torch.zeros_like(k)), torch.where(keep, v, torch.zeros_like(v)))
-                    for k, v in _cache_kv(cache)
+                    for k, v in cache_kv(cache)
                 ]
-                cache = _cache_from_kv(kv)
+                cache = cache_from_kv(kv)
             else:
-                _cache_kv(cache)  # validates layer types
+                cache_kv(cache)  # validates layer types
         self.prefill_tokens += int(mask.sum())
         return KVBatch(
             cache=cache,
@@ -422,18 +251,7 @@ class DecodeEngine:
                 raise IndexError(f"row {r} not in batch of {batch.size} rows")
         if not rows:
             return self.empty_batch()
-        idx = torch.tensor(rows, dtype=torch.long, device=batch.attention_mask.device)
-        with torch.inference_mode():
-            kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in _cache_kv(batch.cache)]
-            out = KVBatch(
-                cache=_cache_from_kv(kv),
-                attention_mask=batch.attention_mask.index_select(0, idx),
-                next_pos=batch.next_pos.index_select(0, idx),
-                logits=batch.logits.index_select(0, idx),
-                tokens=[list(batch.tokens[r]) for r in rows],
-                prompt_lens=[batch.prompt_lens[r] for r in rows],
-                answer_start=[batch.answer_start[r] for r in rows],
-            )
+        out = select_kv_rows(batch, rows)
         self.copied_rows += len(rows)
         return out
 
@@ -444,31 +262,7 @@ class DecodeEngine:
             return self.empty_batch()
         if len(parts) == 1:
             return parts[0]
-        T = max(b.seq_len for b in parts)
-        with torch.inference_mode():
-            kvs = [_cache_kv(b.cache) for b in parts]
-            new_kv = []
-            for li in range(len(kvs[0])):
-                ks, vs = [], []
-                for kv in kvs:
-                    k, v = kv[li]
-                    pad = T - k.shape[-2]
-                    if pad:
-                        k = torch.nn.functional.pad(k, (0, 0, 0, pad))
-                        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
-                    ks.append(k)
-                    vs.append(v)
-                new_kv.append((torch.cat(ks, 0), torch.cat(vs, 0)))
-            masks = [torch.nn.functional.pad(b.attention_mask, (0, T - b.seq_len)) for b in parts]
-            return KVBatch(
-                cache=_cache_from_kv(new_kv),
-                attention_mask=torch.cat(masks, 0),
-                next_pos=torch.cat([b.next_pos for b in parts]),
-                logits=torch.cat([b.logits for b in parts]),
-                tokens=[t for b in parts for t in b.tokens],
-                prompt_lens=[p for b in parts for p in b.prompt_lens],
-                answer_start=[a for b in parts for a in b.answer_start],
-            )
+        return concat_kv_batches(parts)
 
     def branch(self, batch: KVBatch, specs: Sequence[tuple[int, int]]) -> KVBatch:
         """New rows that continue ``batch`` rows from an earlier point of their completion.
@@ -523,19 +317,7 @@ class DecodeEngine:
 
     def _append_copies(self, batch: KVBatch, rows: Sequence[int]) -> None:
         """Append copies of ``rows`` to ``batch`` in place (the state before this step's token is fed)."""
-        idx = torch.tensor(list(rows), dtype=torch.long, device=batch.attention_mask.device)
-        kv = [
-            (torch.cat([k, k.index_select(0, idx)], 0), torch.cat([v, v.index_select(0, idx)], 0))
-            for k, v in _cache_kv(batch.cache)
-        ]
-        batch.cache = _cache_from_kv(kv)
-        batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.index_select(0, idx)], 0)
-        batch.next_pos = torch.cat([batch.next_pos, batch.next_pos.index_select(0, idx)], 0)
-        batch.logits = torch.cat([batch.logits, batch.logits.index_select(0, idx)], 0)
-        for r in rows:
-            batch.tokens.append(list(batch.tokens[r]))
-            batch.prompt_lens.append(batch.prompt_lens[r])
-            batch.answer_start.append(batch.answer_start[r])
+        append_kv_copies(batch, rows)
         self.copied_rows += len(rows)
 
     # ------------------------------------------------------------------ text checks

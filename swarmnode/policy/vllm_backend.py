@@ -13,7 +13,7 @@ carry their own ``seed``, so a path's tokens do not depend on which other reques
 
 The tree itself is grown by the one tree sampler, :func:`swarmnode.rollout.sampler.sample_rollouts`, on a
 :class:`SegmentRequestEngine` (the segment-engine interface of :mod:`swarmnode.rollout.engine` implemented over
-requests); :func:`swarmnode.policy.backends.generate_rollouts` builds it for any :class:`SegmentBackend`. So
+requests); :func:`swarmnode.rollout.generate.generate_rollouts` builds it for any :class:`SegmentBackend`. So
 ``tree.mode: chain`` (``num_generations`` independent requests per prompt, one leaf each) and ``tree.mode:
 tree`` with TreePO's budget transfer and fallback, ``uniform``, ``surprisal`` and ``step`` branching run here
 exactly as on the HF engine (a fork inside decoded text is a shorter request; the prefix cache serves the
@@ -61,6 +61,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from swarmnode.config import SamplingConfig
 from swarmnode.policy.decode import DecodeEngine, is_repetition
 from swarmnode.policy.loading import PolicyLoadError
 from swarmnode.rollout.engine import DecodeParams, SegmentRecord, TokenRows, check_branch_specs
@@ -169,6 +170,16 @@ class SegmentBackend(abc.ABC):
         """Load new weights after an optimizer step; returns tensors loaded (0: the backend decodes the
         training module itself)."""
         return 0
+
+    def check_sampling(self, sampling_cfg: SamplingConfig) -> None:
+        """Refuse ``tree.branching: lookahead`` (:class:`BackendError`): it forks inside a segment from per-token
+        top-2 probabilities, which a segment request cannot do. Surprisal forks are a shorter request."""
+        tcfg = sampling_cfg.tree
+        if tcfg.mode == "tree" and tcfg.branching == "lookahead":
+            raise BackendError(
+                "the vllm backend cannot sample tree.branching lookahead (it forks inside a segment from per-token "
+                "top-2 probabilities); use branching uniform, surprisal or step, or backend: hf"
+            )
 
     def request_engine(self, seed: int, first_step: int = 1) -> "SegmentRequestEngine":
         """A :class:`SegmentRequestEngine` over this backend for one sampling call (see its ``seed``)."""

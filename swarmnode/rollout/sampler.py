@@ -65,23 +65,33 @@ non-pruned leaves per prompt <= ``num_generations`` (so ``len(tree.leaves()) <= 
 
 Token accounting: a node's ``token_ids`` are the tokens sampled for it; the re-fed token of a cut fork and
 the prompt prefill are compute, not generated tokens (see :class:`SamplerStats`).
+
+Layout: this module holds the sampling loop (``_Run``) and :func:`sample_rollouts`; the branching rules, as pure
+functions, are ``rollout/branching.py``; the inputs, the statistics and the run's bookkeeping (tree nodes, token
+budget, step ends, RNG draws) are ``rollout/sampler_state.py``. Their public names import from here too.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from swarmnode.config import SamplingConfig
-from swarmnode.rollout.engine import DecodeParams, EngineRows, ForkCandidate, SegmentEngine, SegmentRecord
-from swarmnode.rollout.tree import RolloutTree
-from swarmnode.tasks.base import TaskRef
+from swarmnode.rollout import branching as _branching
+from swarmnode.rollout.branching import (
+    lookahead_alternative,
+    near_duplicate,
+    prune_near_duplicates,
+    split_copies,
+    step_fork_points,
+    surprisal_fork_points,
+    treepo_total_copies,
+)
+from swarmnode.rollout.engine import EngineRows, ForkCandidate, SegmentEngine, SegmentRecord
+from swarmnode.rollout.sampler_state import LivePath, PromptSpec, PromptStats, RunState, SampledTrees, SamplerStats
 
 __all__ = [
     "PromptSpec",
@@ -89,413 +99,17 @@ __all__ = [
     "SamplerStats",
     "SampledTrees",
     "sample_rollouts",
-    "treepo_total_copies",
-    "split_copies",
-    "surprisal_fork_points",
-    "step_fork_points",
-    "lookahead_alternative",
-    "near_duplicate",
-    "prune_near_duplicates",
+    *_branching.__all__,  # the branching rules, re-exported
 ]
 
 #: finish reasons that make a leaf a preferred fallback source (TreePO's ``soft_boxed_and_eos``)
 _FALLBACK_PREFERRED = ("eos", "answer")
 
 
-# ============================================================================ data
-@dataclass
-class PromptSpec:
-    """One prompt to roll out.
-
-    Attributes:
-        task: the TaskRef the prompt was made from.
-        prompt_ids: token ids of the full prompt (chat template applied), ``list[int]``, non-empty.
-        prompt_text: the prompt as text (stored on the tree).
-        task_name: task-family name (for metrics).
-    """
-
-    task: TaskRef
-    prompt_ids: list[int]
-    prompt_text: str = ""
-    task_name: str = ""
-
-
-@dataclass
-class PromptStats:
-    """Per-prompt sampling statistics.
-
-    Attributes:
-        generated_tokens: tokens sampled for this prompt (all nodes, pruned ones included).
-        leaves: non-pruned leaves.
-        pruned: pruned leaves.
-        forks: branches created after the root fork (boundary copies, surprisal/lookahead forks, fallbacks).
-        fallbacks: fallback re-forks.
-        finish_reasons: leaf count per finish reason.
-        token_budget: the per-prompt cap (``None`` = none).
-    """
-
-    generated_tokens: int = 0
-    leaves: int = 0
-    pruned: int = 0
-    forks: int = 0
-    fallbacks: int = 0
-    finish_reasons: Counter = field(default_factory=Counter)
-    token_budget: int | None = None
-
-
-@dataclass
-class SamplerStats:
-    """Statistics of one :func:`sample_rollouts` call.
-
-    Attributes:
-        mode / branching: what ran.
-        prompts: one :class:`PromptStats` per prompt, in input order.
-        prefill_tokens: real prompt tokens run through the model (each prompt once).
-        forward_calls: model forward calls (prefill, decode steps, re-feeds).
-        decode_rows: row-steps of decode forwards, holes included (a compute proxy).
-        refeed_rows: single-token re-feeds for forks inside decoded text.
-        copied_rows: KV rows copied (forks, compaction).
-        steps: segment steps run.
-        wall_time_s: wall-clock seconds of the call (for benchmarks; never asserted on).
-    """
-
-    mode: str = "chain"
-    branching: str = "uniform"
-    prompts: list[PromptStats] = field(default_factory=list)
-    prefill_tokens: int = 0
-    forward_calls: int = 0
-    decode_rows: int = 0
-    refeed_rows: int = 0
-    copied_rows: int = 0
-    steps: int = 0
-    wall_time_s: float = 0.0
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(p.generated_tokens for p in self.prompts)
-
-    @property
-    def leaves(self) -> int:
-        return sum(p.leaves for p in self.prompts)
-
-    @property
-    def pruned(self) -> int:
-        return sum(p.pruned for p in self.prompts)
-
-    def as_dict(self) -> dict:
-        """Flat numbers for logs/metrics."""
-        reasons: Counter = Counter()
-        for p in self.prompts:
-            reasons.update(p.finish_reasons)
-        return {
-            "mode": self.mode,
-            "branching": self.branching,
-            "generated_tokens": self.generated_tokens,
-            "leaves": self.leaves,
-            "pruned": self.pruned,
-            "forks": sum(p.forks for p in self.prompts),
-            "fallbacks": sum(p.fallbacks for p in self.prompts),
-            "prefill_tokens": self.prefill_tokens,
-            "forward_calls": self.forward_calls,
-            "decode_rows": self.decode_rows,
-            "refeed_rows": self.refeed_rows,
-            "copied_rows": self.copied_rows,
-            "steps": self.steps,
-            "wall_time_s": self.wall_time_s,
-            **{f"finish_{k}": v for k, v in sorted(reasons.items())},
-        }
-
-
-class SampledTrees(list):
-    """``list[RolloutTree]`` (input prompt order) with the run's :class:`SamplerStats` in ``.stats``."""
-
-    stats: SamplerStats
-
-
-# ============================================================================ branching rules (pure functions)
-def treepo_total_copies(width: int, finished_total: int, finished_now: int, live: int, branching_factor: int) -> int:
-    """TreePO budget transfer (docs/reference/references.md §1.1 step 4): how many paths continue after this step.
-
-    ``remaining = max(width - finished_total, 0)``; ``total = max(min(remaining, b*finished_now + b*live), live)``.
-    ``finished_total`` includes ``finished_now``. Returns 0 when ``live == 0``.
-
-    Example: width 8, nothing finished, 2 live, b=2 -> 4 (each path forks in two).
-    """
-    if live <= 0:
-        return 0
-    remaining = max(width - finished_total, 0)
-    return max(min(remaining, branching_factor * finished_now + branching_factor * live), live)
-
-
-def split_copies(total: int, n_paths: int, generator: torch.Generator | None = None) -> list[int]:
-    """Spread ``total`` continuations over ``n_paths`` live paths: ``floor(total/n)`` each (>= 1), the remainder
-    one each to randomly chosen paths (drawn with ``generator``; first paths when it is ``None``).
-
-    Raises:
-        ValueError: ``total < n_paths`` (every live path continues at least once).
-    """
-    if n_paths == 0:
-        return []
-    if total < n_paths:
-        raise ValueError(f"total copies {total} < live paths {n_paths}")
-    base, rem = divmod(total, n_paths)
-    out = [base] * n_paths
-    if rem:
-        # the permutation is drawn on the generator's own device: a CUDA generator (the sampler's RNG on a GPU
-        # node, see ``policy.backends.device_generator``) cannot drive a CPU randperm
-        order = (torch.randperm(n_paths, generator=generator, device=generator.device).tolist()
-                 if generator is not None else list(range(n_paths)))
-        for i in order[:rem]:
-            out[i] += 1
-    return out
-
-
-def surprisal_fork_points(
-    surprisals: Sequence[Sequence[float]],
-    eligible: Sequence[Sequence[bool]],
-    n: int,
-) -> list[tuple[int, int]]:
-    """TreeRL/EPTree fork selection (docs/reference/references.md §1.2 step 2): the ``n`` eligible tokens with the highest
-    surprisal ``-log p(sampled token)`` across all given segments.
-
-    Args:
-        surprisals: per segment, per token surprisal (nats).
-        eligible: same shape; ``False`` excludes a token (a branch's first token, inside/after the answer).
-        n: forks wanted (>= 0).
-
-    Returns:
-        ``(segment index, token offset)`` pairs, highest surprisal first; ties go to the earlier segment, then
-        the earlier token. Fewer than ``n`` when fewer tokens are eligible.
-    """
-    if len(surprisals) != len(eligible):
-        raise ValueError("surprisals and eligible must have one entry per segment")
-    cands = []
-    for si, (ss, ee) in enumerate(zip(surprisals, eligible)):
-        if len(ss) != len(ee):
-            raise ValueError(f"segment {si}: {len(ss)} surprisals but {len(ee)} eligibility flags")
-        for ti, (s, e) in enumerate(zip(ss, ee)):
-            if e:
-                cands.append((-float(s), si, ti))
-    cands.sort()
-    return [(si, ti) for _, si, ti in cands[: max(n, 0)]]
-
-
-def step_fork_points(
-    boundaries: Sequence[Sequence[int]],
-    n: int,
-) -> list[tuple[int, int]]:
-    """Step-boundary fork selection (``tree.branching: step``): ``n`` fork points among the step ends of this step's
-    segments, one row at a time.
-
-    Args:
-        boundaries: per segment (row), the eligible fork points -- completion indices right after a token that
-            ends a reasoning step -- in any order.
-        n: forks wanted (>= 0).
-
-    Returns:
-        ``(segment index, fork point)`` pairs: round-robin over the segments in order, each segment's latest step
-        end first (the fork shares the longest prefix), then its next latest, ... Fewer than ``n`` when fewer
-        points are eligible.
-    """
-    per = [sorted(set(int(k) for k in b), reverse=True) for b in boundaries]
-    out: list[tuple[int, int]] = []
-    depth = 0
-    while len(out) < n and any(depth < len(b) for b in per):
-        for si, b in enumerate(per):
-            if depth < len(b) and len(out) < n:
-                out.append((si, b[depth]))
-        depth += 1
-    return out
-
-
-def lookahead_alternative(
-    top2_ids: Sequence[int],
-    top2_probs: Sequence[float],
-    sampled: int,
-    tau_abs: float,
-    tau_rel: float,
-) -> int | None:
-    """LATR's branch test (docs/reference/references.md §1.4 step 2): branch when ``p2 > tau_abs`` and ``p1 - p2 < tau_rel``.
-
-    Args:
-        top2_ids: the two most likely token ids (untempered softmax), most likely first.
-        top2_probs: their probabilities ``(p1, p2)``.
-        sampled: the token the path sampled at this position.
-        tau_abs, tau_rel: thresholds.
-
-    Returns:
-        The token the new branch takes -- the second-ranked token, or the first-ranked one when the path itself
-        sampled the second -- or ``None`` when the test fails.
-    """
-    (i1, i2), (p1, p2) = top2_ids, top2_probs
-    if not (p2 > tau_abs and p1 - p2 < tau_rel):
-        return None
-    return int(i1) if int(sampled) == int(i2) else int(i2)
-
-
-def near_duplicate(a: str, b: str, threshold: float) -> bool:
-    """True when ``difflib.SequenceMatcher(None, a, b).ratio() >= threshold`` (LATR-style near-duplicate test)."""
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= threshold
-
-
-def prune_near_duplicates(paths: Sequence, decode_text, threshold: float, min_tokens: int) -> int:
-    """LATR's lookahead pruning (docs/reference/references.md §1.4 step 6) of the live paths of one decoding step, in place.
-
-    Each path (any object with ``completion: list[int]``, ``born_at: int``, ``ref`` (the sibling it is compared
-    with, or ``None``), ``finish_reason`` and ``pruned``) that is a new branch is compared once, as soon as it
-    has decoded ``min_tokens`` tokens since it diverged, with its sibling's continuation cut to the same length;
-    if :func:`near_duplicate` holds at ``threshold`` it stops with ``finish_reason="pruned"``. A finished
-    branch is a result and never pruned. Shared by the HF sampler and the vLLM backend.
-
-    Args:
-        paths: the live paths after a segment was decoded.
-        decode_text: ``token ids -> str`` (the tokenizer's decode).
-        threshold: ``tree.prune_similarity`` in (0, 1].
-        min_tokens: ``tree.prune_min_tokens`` (LATR's r), >= 1.
-
-    Returns:
-        The number of paths pruned.
-    """
-    pruned = 0
-    for pp in paths:
-        ref = pp.ref
-        if ref is None:
-            continue
-        if pp.finish_reason is not None:
-            pp.ref = None  # a finished branch is a result, never pruned
-            continue
-        mine = pp.completion[pp.born_at:]
-        if len(mine) < min_tokens:
-            continue
-        pp.ref = None
-        theirs = ref.completion[pp.born_at:] if len(ref.completion) > pp.born_at else []
-        n = min(len(mine), len(theirs))
-        if n == 0 or ref.completion[: pp.born_at] != pp.completion[: pp.born_at]:
-            continue
-        if near_duplicate(decode_text(mine[:n]), decode_text(theirs[:n]), threshold):
-            pp.finish_reason = "pruned"
-            pp.pruned = True
-            pruned += 1
-    return pruned
-
-
-# ============================================================================ sampler internals
-@dataclass
-class _Path:
-    """A live decoding path (one batch row)."""
-
-    prompt: int
-    node: int  # node the next segment attaches under
-    completion: list[int]
-    steps: int  # segments decoded along this path
-    born_at: int = 0  # completion index where this branch diverged
-    first_resampled: int | None = None  # completion index of a fork's first (resampled/alternative) token
-    ref: "_Path | None" = None  # sibling to compare with for pruning; None once checked (or never a branch)
-    parked_row: int | None = None
-    finish_reason: str | None = None
-    pruned: bool = False
-    answer_start: int | None = None
-
-
-class _Run:
-    """State of one tree-mode or chain-mode sampling run."""
-
-    def __init__(self, engine: SegmentEngine, tokenizer, prompts: list[PromptSpec], cfg: SamplingConfig,
-                 policy_version: int,
-                 generator: torch.Generator | None) -> None:
-        self.engine = engine
-        self.tok = tokenizer
-        self.cfg = cfg
-        self.tcfg = cfg.tree
-        self.version = int(policy_version)
-        self.gen = generator
-        self.params = DecodeParams.from_config(cfg)
-        self.width = cfg.num_generations
-        self.budget = self.tcfg.token_budget
-        self.max_len = cfg.max_completion_length
-        self.seg = self.tcfg.segment_length
-        self.prune_min = self.tcfg.prune_min_tokens or self.seg  # LATR r: compare a branch only after this many tokens
-        self.b = self.tcfg.branching_factor
-        self.delimiters = tuple(self.tcfg.step_delimiters)
-        self._ends_step: dict[int, bool] = {}
-        self.prompts = prompts
-        model_id = str(engine.model_id or "")
-        tok_id = str(getattr(tokenizer, "name_or_path", "") or "")
-        self.trees: list[RolloutTree] = []
-        self.stats = SamplerStats(mode=self.tcfg.mode, branching=self.tcfg.branching)
-        for p in prompts:
-            ids = list(p.prompt_ids)[-cfg.max_prompt_length:]
-            self.trees.append(RolloutTree(task=p.task, prompt_ids=ids, prompt_text=p.prompt_text,
-                                          task_name=p.task_name, model_id=model_id, tokenizer_id=tok_id))
-            self.stats.prompts.append(PromptStats(token_budget=self.budget))
-        self.acc_text: list[dict[int, str]] = [{0: ""} for _ in prompts]
-        self.node_steps: list[dict[int, int]] = [{0: 0} for _ in prompts]
-        self.node_end: list[dict[int, int]] = [{0: 0} for _ in prompts]  # completion length at node end
-
-    # ------------------------------------------------------------------ helpers
-    def left(self, p: int) -> float:
-        """Tokens left in prompt ``p``'s budget."""
-        if self.budget is None:
-            return math.inf
-        return self.budget - self.stats.prompts[p].generated_tokens
-
-    def decode_text(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
-
-    def add_node(self, p: int, parent: int, completion: list[int], start: int, end: int, logprobs: list[float],
-                 leaf: bool, steps: int, finish_reason: str | None = None) -> int:
-        """Add completion[start:end] as a node under ``parent`` with text that concatenates exactly."""
-        tree = self.trees[p]
-        acc_parent = self.acc_text[p][parent]
-        full = self.decode_text(completion[:end])
-        acc = full if leaf else full.rstrip("\ufffd")
-        if acc.startswith(acc_parent):
-            text = acc[len(acc_parent):]
-        else:  # tokenizer decodes a prefix differently than the whole; keep the segment's own decode
-            text = self.decode_text(completion[start:end])
-            acc = acc_parent + text
-        nid = tree.add_child(parent, completion[start:end], text=text, logprobs=logprobs,
-                             policy_version=self.version, finish_reason=finish_reason)
-        self.acc_text[p][nid] = acc
-        self.node_steps[p][nid] = steps
-        self.node_end[p][nid] = end
-        return nid
-
-    def finish_leaf(self, p: int, node: int, reason: str, completion: list[int]) -> None:
-        """Mark an existing childless node as a leaf with ``reason`` (re-deriving its text as a leaf)."""
-        tree = self.trees[p]
-        n = tree.nodes[node]
-        if n.children or node == 0:
-            raise RuntimeError(f"node {node} of prompt {p} cannot become a leaf")
-        n.finish_reason = reason
-        parent = n.parent
-        full = self.decode_text(completion)
-        acc_parent = self.acc_text[p][parent]
-        if full.startswith(acc_parent):
-            n.text = full[len(acc_parent):]
-        self.acc_text[p][node] = self.acc_text[p][parent] + n.text
-        self.count_leaf(p, reason)
-
-    def count_leaf(self, p: int, reason: str) -> None:
-        st = self.stats.prompts[p]
-        st.finish_reasons[reason] += 1
-        if reason == "pruned":
-            st.pruned += 1
-        else:
-            st.leaves += 1
-
-    def ends_step(self, token: int) -> bool:
-        """Whether ``token``'s decoded text ends with one of ``tree.step_delimiters`` (cached per token id)."""
-        hit = self._ends_step.get(token)
-        if hit is None:
-            text = self.tok.decode([int(token)], skip_special_tokens=True)
-            hit = self._ends_step[token] = bool(text) and text.endswith(self.delimiters)
-        return hit
-
-    def check_leaf(self, p: int, leaf: int, decoded: list[int]) -> None:
-        """Internal invariant: the tree's path for ``leaf`` is exactly what the engine decoded."""
-        if self.trees[p].completion_ids(leaf) != decoded:
-            raise RuntimeError(f"internal error: leaf {leaf} of prompt {p} does not match its decoded tokens")
+# ============================================================================ the sampling loop
+class _Run(RunState):
+    """The sampling loop of one tree-mode or chain-mode run; its state and bookkeeping helpers are
+    :class:`~swarmnode.rollout.sampler_state.RunState`'s."""
 
     # ------------------------------------------------------------------ chain mode
     def run_chain(self) -> None:
@@ -512,7 +126,7 @@ class _Run:
         rows = [p for p in range(P) for _ in range(counts[p])]
         batch = eng.select(base, rows)
         del base
-        paths = [_Path(prompt=p, node=0, completion=[], steps=0) for p in rows]
+        paths = [LivePath(prompt=p, node=0, completion=[], steps=0) for p in rows]
         logps: list[list[float]] = [[] for _ in rows]
         chunk = eng.chain_segment_length(self.seg, self.max_len)
         while batch.size:
@@ -524,7 +138,7 @@ class _Run:
             # budget: never exceed (only binds when budget < max_len for the single admitted sample)
             for p in set(pp.prompt for pp in paths):
                 idx = [i for i, pp in enumerate(paths) if pp.prompt == p]
-                self._cap_to_budget(p, idx, caps)
+                self.cap_to_budget(p, idx, caps)
             recs = eng.decode_segment(batch, caps, self.params, self.gen)
             keep = []
             for i, (path, rec) in enumerate(zip(paths, recs)):
@@ -548,24 +162,13 @@ class _Run:
             paths = [paths[i] for i in keep]
             logps = [logps[i] for i in keep]
 
-    def _cap_to_budget(self, p: int, idx: list[int], caps: list[int]) -> None:
-        """Shrink ``caps[i]`` for rows ``idx`` of prompt ``p`` so that their sum fits the remaining budget."""
-        left = self.left(p)
-        if left == math.inf or sum(caps[i] for i in idx) <= left:
-            return
-        left = int(left)
-        n = len(idx)
-        share, rem = divmod(left, n) if n else (0, 0)
-        for j, i in enumerate(idx):
-            caps[i] = min(caps[i], share + (1 if j < rem else 0))
-
     # ------------------------------------------------------------------ tree mode
     def run_tree(self) -> None:
         eng = self.engine
         P = len(self.prompts)
         self.prompt_batch = eng.prefill([t.prompt_ids for t in self.trees])  # kept for fallback restarts
         self.parked = eng.empty_batch()
-        self.parked_paths: list[_Path] = []
+        self.parked_paths: list[LivePath] = []
         self.fallback_count = [0] * P
         self.finished = [0] * P  # non-pruned leaves
         k0 = []
@@ -576,11 +179,11 @@ class _Run:
             k0.append(k)
         rows = [p for p in range(P) for _ in range(k0[p])]
         batch = eng.select(self.prompt_batch, rows)
-        paths: list[_Path] = []
+        paths: list[LivePath] = []
         for p in rows:
-            paths.append(_Path(prompt=p, node=0, completion=[], steps=0, born_at=0))
+            paths.append(LivePath(prompt=p, node=0, completion=[], steps=0, born_at=0))
         # root siblings: compare later copies with the first copy of the same prompt
-        firsts: dict[int, _Path] = {}
+        firsts: dict[int, LivePath] = {}
         for path in paths:
             if path.prompt in firsts:
                 path.ref = firsts[path.prompt]
@@ -596,17 +199,17 @@ class _Run:
             batch, paths = self._step(batch, paths, rule)
         self.parked = eng.empty_batch()
 
-    def _segment_caps(self, batch: EngineRows, paths: list[_Path]) -> tuple[list[int], list[int]]:
+    def _segment_caps(self, batch: EngineRows, paths: list[LivePath]) -> tuple[list[int], list[int]]:
         """Per-row token caps for the next segment; returns (caps, rows to retire with zero budget)."""
         caps = [max(0, min(self.seg, self.max_len - len(pp.completion))) for pp in paths]
         by_prompt: dict[int, list[int]] = {}
         for i, pp in enumerate(paths):
             by_prompt.setdefault(pp.prompt, []).append(i)
         for p, idx in by_prompt.items():
-            self._cap_to_budget(p, idx, caps)
+            self.cap_to_budget(p, idx, caps)
         return caps, [i for i, c in enumerate(caps) if c == 0]
 
-    def _step(self, batch: EngineRows, paths: list[_Path], rule: str) -> tuple[EngineRows, list[_Path]]:
+    def _step(self, batch: EngineRows, paths: list[LivePath], rule: str) -> tuple[EngineRows, list[LivePath]]:
         eng = self.engine
         caps, zero = self._segment_caps(batch, paths)
         if zero:
@@ -661,7 +264,7 @@ class _Run:
         # ---- paths for rows forked during the segment
         for rec in recs[len(paths):]:
             parent = paths[rec.parent_row]
-            child = _Path(prompt=parent.prompt, node=-1, completion=[], steps=parent.steps,
+            child = LivePath(prompt=parent.prompt, node=-1, completion=[], steps=parent.steps,
                           born_at=rec.start_len, first_resampled=rec.start_len, ref=parent)
             paths.append(child)
             self.stats.prompts[child.prompt].forks += 1
@@ -780,14 +383,14 @@ class _Run:
                 self.check_leaf(p, prev, pp.completion)
         # ---- next batch: live rows with their copies, surprisal branches; park finished rows
         sel: list[int] = []
-        new_paths: list[_Path] = []
+        new_paths: list[LivePath] = []
         for i, pp in enumerate(paths):
             for c in range(copies[i]):
                 sel.append(i)
                 if c == 0:
                     new_paths.append(pp)
                 else:
-                    cp = _Path(prompt=pp.prompt, node=pp.node, completion=list(pp.completion), steps=pp.steps,
+                    cp = LivePath(prompt=pp.prompt, node=pp.node, completion=list(pp.completion), steps=pp.steps,
                                born_at=len(pp.completion), first_resampled=len(pp.completion), ref=pp,
                                answer_start=pp.answer_start)
                     new_paths.append(cp)
@@ -799,7 +402,7 @@ class _Run:
                 pp = paths[i]
                 o = c - recs[i].start_len
                 ans = pp.answer_start if pp.answer_start is not None and pp.answer_start < c else None
-                new_paths.append(_Path(prompt=pp.prompt, node=node_at[(i, o)], completion=pp.completion[:c],
+                new_paths.append(LivePath(prompt=pp.prompt, node=node_at[(i, o)], completion=pp.completion[:c],
                                        steps=pp.steps, born_at=c, first_resampled=c, ref=pp, answer_start=ans))
                 self.stats.prompts[pp.prompt].forks += 1
         park = [i for i, pp in enumerate(paths) if pp.finish_reason is not None and not pp.pruned
@@ -812,17 +415,17 @@ class _Run:
                 self.parked_paths.append(paths[i])
         return eng.concat(parts), new_paths
 
-    def _prune(self, paths: list[_Path], recs: list[SegmentRecord]) -> None:
+    def _prune(self, paths: list[LivePath], recs: list[SegmentRecord]) -> None:
         prune_near_duplicates(paths, self.decode_text, self.tcfg.prune_similarity, self.prune_min)
 
-    def _fallback(self, batch: EngineRows, paths: list[_Path]) -> tuple[EngineRows, list[_Path]]:
+    def _fallback(self, batch: EngineRows, paths: list[LivePath]) -> tuple[EngineRows, list[LivePath]]:
         """TreePO fallback: re-fork a finished leaf at a segment boundary for prompts with no live path."""
         eng = self.engine
         live_prompts = {pp.prompt for pp in paths}
         specs: list[tuple[int, int]] = []
-        spec_paths: list[_Path] = []
+        spec_paths: list[LivePath] = []
         restart: list[int] = []
-        restart_paths: list[_Path] = []
+        restart_paths: list[LivePath] = []
         for p in range(len(self.prompts)):
             if p in live_prompts or self.finished[p] >= self.width or self.left(p) < 1:
                 continue
@@ -840,20 +443,20 @@ class _Run:
             self.stats.prompts[p].forks += n
             if not cands:  # nothing finished to cut (e.g. all pruned): restart from the prompt's prefilled row
                 restart.extend([p] * n)
-                restart_paths.extend(_Path(prompt=p, node=0, completion=[], steps=0) for _ in range(n))
+                restart_paths.extend(LivePath(prompt=p, node=0, completion=[], steps=0) for _ in range(n))
                 continue
-            src = cands[self._randint(len(cands))]
+            src = cands[self.randint(len(cands))]
             nodes = self.trees[p].path(src.node)
             step_only = self.tcfg.branching == "step"  # cut only right after a step end (or at the prompt)
             bounds = [(0, 0)] + [(self.node_end[p][u], u) for u in nodes[:-1]
                                  if not step_only or self.ends_step(self.trees[p].nodes[u].token_ids[-1])]
             if src.answer_start is not None:
                 bounds = [bd for bd in bounds if bd[0] <= src.answer_start] or [(0, 0)]
-            cut, u = bounds[self._randint(len(bounds))]
+            cut, u = bounds[self.randint(len(bounds))]
             ans = src.answer_start if src.answer_start is not None and src.answer_start < cut else None
             for _ in range(n):
                 specs.append((src.parked_row, cut))
-                spec_paths.append(_Path(prompt=p, node=u, completion=src.completion[:cut],
+                spec_paths.append(LivePath(prompt=p, node=u, completion=src.completion[:cut],
                                         steps=self.node_steps[p][u], born_at=cut, first_resampled=cut, ref=src,
                                         answer_start=ans))
         if not restart and not specs:
@@ -864,12 +467,6 @@ class _Run:
         if specs:
             parts.append(eng.branch(self.parked, specs))
         return eng.concat(parts), paths + restart_paths + spec_paths
-
-    def _randint(self, n: int) -> int:
-        if n <= 1:
-            return 0
-        dev = self.gen.device if self.gen is not None else None
-        return int(torch.randint(n, (1,), generator=self.gen, device=dev).item())
 
 
 # ============================================================================ entry point
@@ -887,7 +484,7 @@ def sample_rollouts(
         engine: a :class:`~swarmnode.rollout.engine.SegmentEngine` -- the Hugging Face KV-sharing engine
             (:class:`swarmnode.policy.decode.DecodeEngine`) or the request engine over a segment backend such as
             vLLM (:class:`swarmnode.policy.vllm_backend.SegmentRequestEngine`). The node goes through
-            :func:`swarmnode.policy.backends.generate_rollouts`, which builds the engine for its backend.
+            :func:`swarmnode.rollout.generate.generate_rollouts`, which builds the engine for its backend.
         tokenizer: the policy's tokenizer (decodes segment texts); ``None`` = ``engine.tokenizer``.
         prompts: :class:`PromptSpec` per prompt; prompts longer than ``max_prompt_length`` are left-truncated
             (the tree stores the ids the model saw).
@@ -908,7 +505,7 @@ def sample_rollouts(
     if not isinstance(engine, SegmentEngine):
         raise TypeError(
             f"sample_rollouts needs a SegmentEngine, got {type(engine).__name__}; wrap a Hugging Face model in "
-            "swarmnode.policy.decode.DecodeEngine(model, tokenizer) or call swarmnode.policy.backends.generate_rollouts"
+            "swarmnode.policy.decode.DecodeEngine(model, tokenizer) or call swarmnode.rollout.generate.generate_rollouts"
         )
     if tokenizer is None:
         tokenizer = engine.tokenizer

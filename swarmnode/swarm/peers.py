@@ -50,7 +50,7 @@ Keys are free to mint, so a fresh key must not get the share of an established o
 four fresh keys took all four external slots). :meth:`PeerBook.record_earned` counts the *useful* trees of
 a peer: trees the node trained on (accepted by the verifier, admitted, selected within the token budget,
 kept by the likelihood screen and the share cap), with reward variance under our own re-score
-(``SwarmClient.credit`` in ``swarmnode/swarm/gossip.py``, called by ``node.py`` after the update).
+(``SwarmClient.credit`` in ``swarmnode/swarm/gossip.py``, called by ``swarmnode/node/loop.py`` after the update).
 :meth:`PeerBook.tree_cap` turns that record into a per-step cap, ``min(ceiling, base + earned // per)``, and
 :meth:`PeerBook.is_young` tells keys with fewer than ``established_after`` earned trees apart (the swarm layer caps the trees of all young keys together
 per step). Since only trained trees earn, and admission is itself capped per step, standing grows with

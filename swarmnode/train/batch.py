@@ -356,7 +356,7 @@ def external_samples(
                 m["external/tis_fallback_samples"] += 1
             prompt = list(ext.tree.prompt_ids)
             if max_prompt_len is not None and len(prompt) > max_prompt_len:
-                prompt = prompt[-max_prompt_len:]  # left-truncated, as our own prompts (node.py)
+                prompt = prompt[-max_prompt_len:]  # left-truncated, as our own prompts (node/lifecycle.py)
                 m["external/prompts_truncated"] += 1
             if step_credit is not None:
                 advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report, a_out)

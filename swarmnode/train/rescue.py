@@ -4,7 +4,7 @@ An own group (rollout tree) whose leaves are all wrong has no reward variance: e
 node learns nothing from the question. Sharing pays exactly there: Mutual RL (arXiv 2605.07244) finds that
 sharing a peer's successes on prompts the learner fails works best, and LUFFY (arXiv 2504.14945) / HACPO mix
 off-policy correct completions into on-policy groups. This module holds the three pure parts; the node
-(``swarmnode/node.py``) wires them to the swarm layer:
+(``swarmnode/node/levers.py``) wires them to the swarm layer:
 
 * **asker** -- :class:`RescueBook`: the pending all-wrong groups (task key -> own tree, task, step), bounded in
   size, expired after ``swarm.rescue.max_age_steps``; the newest refs are announced in heartbeats

@@ -1,4 +1,4 @@
-"""The swarm-vs-isolated benchmark's plumbing (swarmnode/benchmarks/swarm.py): planning, configs, summaries, a tiny real run."""
+"""The swarm-vs-isolated benchmark's plumbing (swarmnode/bench/swarm/): planning, configs, summaries, a tiny real run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.benchmarks.swarm import (
+from swarmnode.bench.swarm import (
     Arm,
     node_config,
     parse_splits,
@@ -76,7 +76,7 @@ def test_node_config_models_gives_node_i_its_own_model_in_every_arm(tmp_path):
 
 
 def test_run_bench_refuses_an_empty_model_in_models(tmp_path):
-    from swarmnode.benchmarks.swarm import run_bench
+    from swarmnode.bench.swarm import run_bench
 
     with pytest.raises(ValueError, match="--models"):
         run_bench(nodes=2, steps=1, models="embedded,,embedded-bpe", work_dir=tmp_path, out=tmp_path)
@@ -233,8 +233,8 @@ def test_cli_bench_rejects_bad_input_before_running(tmp_path):
     assert r.exit_code == 2 and "directory" in r.output and "YAML" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--arm-timeout", "-5", *work])
     assert r.exit_code == 2 and "--arm-timeout must be >= 0" in r.output
-    r = CliRunner().invoke(app, ["bench", "swarm", "--hostile", "--no-isolated", *work])  # a flag taken as the value
-    assert r.exit_code == 2 and "--hostile takes a value" in r.output
+    r = CliRunner().invoke(app, ["bench", "swarm", "--hostile", "--no-isolated", *work])  # a flag is not a value
+    assert r.exit_code == 2 and "argument --hostile: expected one argument" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--first-repeat", "-1", *work])
     assert r.exit_code == 2 and "--first-repeat must be >= 0" in r.output
     r = CliRunner().invoke(app, ["bench", "swarm", "--arm-timeout", "nan", *work])
@@ -279,7 +279,7 @@ def test_specialize_lever_gives_each_node_its_own_task_and_peers_still_verify_it
     and a peer with other weights still accepts and rebuilds its TaskRefs (weights are not in the digest)."""
     from collections import Counter
 
-    from swarmnode.benchmarks.swarm import SPECIALIZE_WEIGHT, specialized_sources
+    from swarmnode.bench.swarm import SPECIALIZE_WEIGHT, specialized_sources
     from swarmnode.tasks.mix import TaskMix
 
     arms = plan_arms([(4, 4)], levers=["none", "specialize"], isolated=False)
@@ -331,7 +331,7 @@ def test_first_repeat_adds_repeats_and_a_failed_arm_keeps_the_finished_arms_repo
     """``--first-repeat 2`` runs repeat 2 (its seeds and question streams, ``-r2`` directory); when a later arm
     fails, the arms finished before it are still reported and the error says where (a real first arm; the second
     arm's failure is injected, as a loaded machine's kill would end it)."""
-    import swarmnode.benchmarks.swarm as sb
+    import swarmnode.bench.swarm.run as sb
 
     real = sb.run_arm
     calls: list[str] = []
@@ -414,7 +414,7 @@ def _synthetic_arm(work: Path, arm: Arm, repeat: int, curves: list[list[tuple[in
     ``spec.json`` holds its :func:`node_config` (``--models`` embedded,embedded-bpe), its ``metrics.jsonl`` is
     written by the node's :class:`MetricsWriter` (train steps, then the evaluations as the node tags them), and
     ``summary.json`` by :func:`write_arm_summary`."""
-    from swarmnode.benchmarks.swarm import arm_dir_name, write_arm_summary
+    from swarmnode.bench.swarm import arm_dir_name, write_arm_summary
     from swarmnode.monitor.metrics import MetricsWriter
 
     base = load_config(None)
@@ -453,7 +453,7 @@ def _pair_work_dir(work: Path) -> None:
 
 
 def test_heldout_auc_is_the_mean_accuracy_over_training():
-    from swarmnode.benchmarks.swarm import heldout_auc
+    from swarmnode.bench.swarm import heldout_auc
 
     assert heldout_auc([(0, 0.1), (2, 0.3), (4, 0.4)]) == pytest.approx((0.2 * 2 + 0.35 * 2) / 4)
     assert heldout_auc([(0, 0.2), (100, 0.2), (300, 0.2)]) == pytest.approx(0.2)  # flat: its value, any spacing
@@ -462,7 +462,7 @@ def test_heldout_auc_is_the_mean_accuracy_over_training():
 
 
 def test_per_node_rows_pair_each_node_with_its_solo_twin_of_the_same_repeat(tmp_path):
-    from swarmnode.benchmarks.swarm import per_node_rows
+    from swarmnode.bench.swarm import per_node_rows
 
     _pair_work_dir(tmp_path)
     results = []
@@ -522,7 +522,7 @@ def test_report_of_arms_stopped_early_compares_every_arm_at_max_step(tmp_path):
     --unfinished they are reported, and --max-step reads every arm, isolated ones included, at that step."""
     import importlib.util
 
-    from swarmnode.benchmarks.swarm import ARM_FILE
+    from swarmnode.bench.swarm import ARM_FILE
 
     work = tmp_path / "work"
     _pair_work_dir(work)
@@ -551,7 +551,7 @@ def test_report_of_arms_stopped_early_compares_every_arm_at_max_step(tmp_path):
 
 
 def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
-    from swarmnode.benchmarks.swarm import parse_swarm_set
+    from swarmnode.bench.swarm import parse_swarm_set
 
     ov = parse_swarm_set("train.learning_rate=2e-5, swarm.max_external_share=0.6")
     assert ov == (("train.learning_rate", "2e-5"), ("swarm.max_external_share", "0.6"))
@@ -626,7 +626,7 @@ class _RescueClient(_FakeClient):
 
 
 def test_buffered_swarm_passes_rescue_through_only_when_the_client_has_it():
-    from swarmnode.benchmarks.swarm import RESCUE_METHODS, BufferedSwarm
+    from swarmnode.bench.swarm import RESCUE_METHODS, BufferedSwarm
 
     plain = BufferedSwarm(_FakeClient(), per_step=2)
     for name in RESCUE_METHODS:  # the node's getattr(hook, name, None) must see no rescue support
@@ -656,3 +656,94 @@ def test_cli_bench_refuses_a_bad_swarm_set_before_running(tmp_path):
     assert not (tmp_path / "w").exists()
     r = CliRunner().invoke(app, ["bench", "swarm", "--help"])
     assert "--swarm-set" in r.output and "--per-node" in r.output
+
+
+# ------------------------------------------------------------------ the one entry: swarmnode bench NAME ARGS
+#: a benchmark command named in the docs: ``swarmnode bench NAME``, ``python -m swarmnode.bench.MODULE`` or a
+#: ``scripts/`` wrapper, with its arguments (continuation lines joined; up to a code span's end, ``&``, ``#``, ``|``)
+_DOC_CMD = r"(swarmnode bench [\w-]+|python -m swarmnode\.bench\.\w+|scripts/(?:bench_(?:swarm|tree|tree_learning|" \
+           r"gossip|verify)|swarm_bench_report)\.py)((?:[^`&#|;\n]|\\\n)*)"
+
+
+def _doc_bench_commands() -> list[tuple[str, str, list[str]]]:
+    """``(doc file, benchmark name, argv)`` of every benchmark command line in README.md and docs/**/*.md; the
+    report script's name is ``"swarm-report"``."""
+    import re
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for f in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for m in re.finditer(_DOC_CMD, f.read_text(encoding="utf-8")):
+            head = m.group(1)
+            name = ("swarm-report" if "report" in head else head.split()[-1] if head.startswith("swarmnode") else
+                    head.rsplit(".", 1)[-1] if head.startswith("python -m") else head[len("scripts/bench_"):-3])
+            if name in ("worker", "hostile"):  # a node process of an arm, not a command a user types
+                continue
+            rest = re.sub(r"\\\n\s*", " ", m.group(2))
+            try:
+                argv = shlex.split(rest)
+            except ValueError:  # an unbalanced quote in running text: the flags are still checked
+                argv = rest.split()
+            out.append((str(f.relative_to(root)), name.replace("_", "-"), argv))
+    return out
+
+
+def _parser_of(name: str):
+    """The argparse parser a benchmark builds (captured from its ``main`` at ``parse_args``, so nothing runs)."""
+    import argparse
+
+    from swarmnode.bench import run
+    from swarmnode.bench.swarm import report_main
+
+    class Captured(Exception):
+        pass
+
+    def capture(self, args=None, namespace=None):
+        raise Captured(self)
+
+    real, argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_args, capture
+    try:
+        if name == "swarm-report":
+            report_main([])
+        else:
+            run(name, [])
+    except Captured as c:
+        return c.args[0]
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    raise AssertionError(f"{name}: main returned without parsing its arguments")
+
+
+def test_every_benchmark_command_in_the_docs_names_existing_options():
+    """Every ``swarmnode bench NAME ...``, ``python scripts/bench_*.py ...`` and ``scripts/swarm_bench_report.py``
+    command line in README.md and docs/ names a benchmark and only options its parser has (values are not
+    checked: the docs' placeholders, such as ``--max-step S``, stay placeholders)."""
+    from swarmnode.bench import BENCHMARKS
+
+    cmds = _doc_bench_commands()
+    assert len(cmds) >= 50 and {n for _, n, _ in cmds} >= {*BENCHMARKS, "swarm-report"}
+    parsers = {n: _parser_of(n) for n in {*BENCHMARKS, "swarm-report"}}
+    bad = [f"{doc}: {name} {' '.join(argv)}: no {tok}" for doc, name, argv in cmds
+           for tok in argv if tok.startswith("-") and tok not in ("-", "--")
+           and tok.split("=")[0] not in parsers[name]._option_string_actions]
+    assert not bad, "\n".join(bad)
+
+
+def test_bench_help_lists_every_benchmark_and_passes_args_through():
+    """``swarmnode bench --help``: one line per benchmark; ``swarmnode bench NAME --help``: that benchmark's own
+    parser; an unknown NAME: one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from swarmnode.bench import BENCHMARKS
+    from swarmnode.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "--help"])
+    assert r.exit_code == 0 and "usage: swarmnode bench NAME [ARGS...]" in r.output
+    listed = [line.split()[0] for line in r.output.splitlines() if line.startswith("  ")]
+    assert listed == list(BENCHMARKS)
+    for name in ("swarm", "gossip", "verify", "tree-learning"):
+        r = CliRunner().invoke(app, ["bench", name, "--help"])
+        assert r.exit_code == 0 and r.output.startswith(f"usage: swarmnode bench {name} "), (name, r.output[:300])
+    r = CliRunner().invoke(app, ["bench", "nope"])
+    assert r.exit_code == 2 and "no benchmark 'nope'" in r.output and "tree-learning" in r.output

@@ -1,4 +1,4 @@
-"""Issue 3's learning check (swarmnode/benchmarks/tree_learning.py): arm parsing, configs, and a tiny real run."""
+"""Issue 3's learning check (swarmnode/bench/tree_learning.py): arm parsing, configs, and a tiny real run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.benchmarks import tree_learning as mod
+from swarmnode.bench import tree_learning as mod
 from swarmnode.config import RunConfig, load_config
 
 
@@ -36,7 +36,7 @@ def test_arm_config_changes_only_sampler_and_estimator(tmp_path):
 @pytest.mark.slow
 def test_tiny_run_stops_at_the_token_budget_and_reports(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "swarmnode.benchmarks.tree_learning", "--arms", "chain:grpo,tree:treerl", "--seeds", "0",
+    cmd = [sys.executable, "-m", "swarmnode.bench.tree_learning", "--arms", "chain:grpo,tree:treerl", "--seeds", "0",
            "--tokens", "800", "--evals", "2", "--eval-size", "10", "--work-dir", str(tmp_path / "w"),
            "--out", str(out), "--prefix", "t"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

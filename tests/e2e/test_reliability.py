@@ -320,7 +320,7 @@ def test_resume_with_steps_at_or_below_the_checkpoint_says_so_and_changes_nothin
     assert "summary" not in out and _tree_digest(rd) == before
     # the library refuses it before the model loads (only when asked: a caller may resume a finished run to
     # evaluate it)
-    import swarmnode.node as node_mod
+    import swarmnode.node.lifecycle as node_mod  # the module that loads the model
     from swarmnode.config import load_config
     from swarmnode.node import Node, NothingToTrainError
 

@@ -25,9 +25,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from swarmnode.config import SamplingConfig, TrainConfig, TreeConfig
-from swarmnode.policy.backends import HFDecodeEngine, generate_rollouts, select_backend, sync_weights
+from swarmnode.policy.backends import HFDecodeEngine, select_backend, sync_weights
 from swarmnode.policy.memory import plan_for_model
 from swarmnode.policy.vllm_backend import vllm_status
+from swarmnode.rollout.generate import generate_rollouts
 from swarmnode.rollout.sampler import PromptSpec, sample_rollouts, split_copies
 from swarmnode.rollout.tree import FINISH_REASONS
 from swarmnode.tasks.base import TaskRef

@@ -24,12 +24,11 @@ from swarmnode.config import ModelConfig, SamplingConfig, TreeConfig
 from swarmnode.policy.backends import (
     BackendError,
     HFDecodeEngine,
-    device_generator,
-    generate_rollouts,
     make_generation_backend,
     select_backend,
     sync_weights,
 )
+from swarmnode.rollout.generate import device_generator, generate_rollouts
 from swarmnode.policy.decode import DecodeEngine, DecodeParams
 from swarmnode.policy.loading import Policy
 from swarmnode.policy.memory import plan_for_model
@@ -189,9 +188,12 @@ def test_generate_rollouts_chunks_prompts_to_the_row_cap(tok, model):
     assert len(st.prompts) == 5 and st.generated_tokens == sum(t.generated_tokens() for t in out)
     assert st.prefill_tokens == sum(len(s.prompt_ids) for s in specs)
     assert st.steps == 3  # three chunks (2 + 2 + 1 prompts), one chain step each
-    # a bare model is wrapped in an engine
-    out2 = generate_rollouts(model, tok, specs[:2], cfg, 1, generator=torch.Generator().manual_seed(0))
+    # a bare model is wrapped in an engine by the caller (rollout/ does not import policy/); unwrapped it is refused
+    out2 = generate_rollouts(HFDecodeEngine(model, tok), tok, specs[:2], cfg, 1,
+                             generator=torch.Generator().manual_seed(0))
     assert len(out2) == 2
+    with pytest.raises(TypeError, match="HFDecodeEngine"):
+        generate_rollouts(model, tok, specs[:2], cfg, 1, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="max_rows"):
         HFDecodeEngine(model, tok, max_rows=0)
 

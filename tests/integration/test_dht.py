@@ -520,9 +520,9 @@ def _hold_mpfuture_lock_forever() -> None:
 def test_restart_survives_a_process_that_died_holding_hiveminds_shared_lock():
     import multiprocessing as mp
 
-    from swarmnode.swarm.dht import _fresh_mpfuture_locks
+    from swarmnode.swarm.dht_process import fresh_mpfuture_locks
 
-    _fresh_mpfuture_locks()  # other tests' DHT processes keep their own (healthy) lock objects
+    fresh_mpfuture_locks()  # other tests' DHT processes keep their own (healthy) lock objects
     node = _node(call_timeout=2.0, health_interval=0)
     holder = mp.get_context("fork").Process(target=_hold_mpfuture_lock_forever, daemon=True)
     try:

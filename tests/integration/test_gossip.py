@@ -337,273 +337,29 @@ def test_future_dated_heartbeats_are_left_out_of_the_peer_list(swarm):
         dht.shutdown()
 
 
-# ============================================================================ young-key caps and fair order (no network)
+# ============================================================================ wiring of the policy objects (no network)
+# the policies themselves (fair order, budgets, retry states, young-key turns, peers' rates) are unit-tested with a
+# fake clock in tests/test_swarm_policies.py
 def _offline_client(mix, **swarm) -> SwarmClient:
     cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, **swarm))
     ident = Identity.from_private_bytes(hashlib.sha256(b"test_gossip offline").digest())
     return SwarmClient(cfg, ident, mix, 256, "m", BYTE_TOKENIZER_ID, byte_tokenize, None, start=False)
 
 
-def _heartbeat_entry(ident: Identity, rates: dict, created_at: float) -> tuple[bytes, bytes]:
-    beat = wire.Heartbeat(swarm_id=SWARM, peer_id=ident.peer_id, model_id="m", step=1, reward_mean=None,
-                          accuracy=None, samples_published=0, samples_accepted=0, samples_rejected=0,
-                          created_at=created_at, task_rates=rates)
-    return ident.public_key_bytes, wire.encode_heartbeat(beat, ident)
-
-
-def test_a_heartbeat_flood_of_fresh_keys_does_not_evict_a_peer_with_standing():
-    """Issue 16 attack finding 1: ~1,100 fresh keys' heartbeats (real Ed25519 signatures) pushed an honest peer
-    with earned standing out of the 1,024 curriculum rates the node keeps (oldest first), and a heartbeat read
-    again after its eviction counted as fresh (age from our new first read). Now fresh keys evict fresh keys
-    (at most 64 kept) and a rate's age is never below its signed age less max_clock_skew."""
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, curriculum={"enabled": True})
-    key = mix.source_key(0)
-    honest = Identity.from_private_bytes(hashlib.sha256(b"test_gossip rates honest").digest())
-    old = Identity.from_private_bytes(hashlib.sha256(b"test_gossip rates old").digest())
-    flood = [Identity.from_private_bytes(hashlib.sha256(f"test_gossip flood {i}".encode()).digest())
-             for i in range(1100)]
-    c.peers.record_earned(honest.peer_id, 5)
-    c.peers.record_earned(old.peer_id, 5)
-    now = time.time()
-    first = [_heartbeat_entry(honest, {key: (16, 8)}, now - 1), _heartbeat_entry(old, {key: (16, 8)}, now - 100)]
-    t_read = time.monotonic()  # the honest rate's age counts from here (our first read), however slow the flood
-    c.note_peer_rates(first)
-    for r in range(3):  # the flood goes on: newer heartbeats every read
-        c.note_peer_rates([_heartbeat_entry(k, {key: (16, 0)}, now + r) for k in flood])
-    got = {p.peer_id: p for p in c.peer_task_rates()}
-    assert honest.peer_id in got and old.peer_id in got
-    assert sum(1 for p in got.values() if p.standing == 0) <= 64 and len(got) <= 66
-    # the signed time can only age a rate: 100 s old, skew 30 s -> at least 70 s, though we read it just now
-    # and the honest one is as old as our first read of it (the flood's signing takes seconds on a loaded machine)
-    assert got[old.peer_id].age_s >= 100 - c.scfg.max_clock_skew - 1
-    assert got[honest.peer_id].age_s <= time.monotonic() - t_read + 0.5
-    # malformed entries are skipped, never raised on
-    c.note_peer_rates([(b"x", b"y"), ("not", "bytes"), (honest.public_key_bytes, b"\x00" * 10)])
-    c.note_peer_rates([None, 3, (1, 2, 3)])  # type: ignore[list-item]
-    assert honest.peer_id in {p.peer_id for p in c.peer_task_rates()}
-
-
-def _peer_trees(mix, key: str, n: int, contrast: bool = True):
-    from swarmnode.rollout.peer_tree import PeerTree
-
-    ident = Identity.from_private_bytes(hashlib.sha256(key.encode()).digest())
-    f = HostileFactory(ident, mix, swarm_id=SWARM)
-    trees = f.contrast_trees(n) if contrast else f.honest_trees(n, 4)
-    if not contrast:  # no reward variance: accepted, but not useful
-        for t in trees:
-            for lid in t.leaves():
-                t.nodes[lid].reward = 0.0
-    return ident.peer_id, [PeerTree(t, ident.peer_id) for t in trees]
-
-
-def test_young_keys_share_a_pool_earn_standing_and_wait_for_later_steps():
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, num_external=4, young_key_trees=1, trees_per_earned_tree=2, established_after=4,
-                        max_trees_per_peer=3)
-    try:
-        assert c.max_young_trees == 2  # None -> num_external // 2
-        keys = [_peer_trees(mix, f"young {i}", 3) for i in range(3)]
-        trees = [t for _, ts in keys for t in ts]
-        out, young, dropped = c._admit(trees)
-        # 3 young keys, 3 trees each: the pool admits 2 trees (one per key per turn), the rest waits
-        assert (len(out), young, dropped) == (2, 2, 0) and len({t.peer_id for t in out}) == 2
-        assert not any(t.established for t in out)  # young keys' trees: cross-node expansion skips them
-        assert len(c._carry) == 7
-        assert sum(c.peers.earned(p) for p, _ in keys) == 0  # admission earns nothing: the node credits trees
-        # next step, nothing new arrives: the carried trees are admitted two at a time, older first
-        out2, _, _ = c._admit([])
-        assert len(out2) == 2 and not set(map(id, out2)) & set(map(id, out))
-        # an established key is not limited by the pool, only by max_trees_per_peer
-        est, est_trees = _peer_trees(mix, "established", 5)
-        c.peers.record_earned(est, 4)
-        out3, young3, _ = c._admit(est_trees)
-        assert sum(1 for t in out3 if t.peer_id == est) == 3 and young3 == 2
-        assert all(t.established == (t.peer_id == est) for t in out3)
-        # standing comes from the node's credit after its update, at most max_trees_per_peer at a time
-        lazy, _ = _peer_trees(mix, "lazy", 1, contrast=False)
-        c.credit(lazy, 2)
-        c.credit(lazy, 100)
-        c.credit(lazy, -4)
-        assert c.peers.earned(lazy) == 5
-        # a young key's cap grows with what it earned: 1 + earned // 2
-        grown, grown_trees = _peer_trees(mix, "grown", 3)
-        c.peers.record_earned(grown, 2)
-        assert c.peers.tree_cap(grown, base=1, per=2, ceiling=3) == 2
-    finally:
-        c.close()
-
-
-@pytest.mark.parametrize("n_sybils,sybil_standing", [(2, 1), (8, 1), (8, 0), (32, 1)])
-def test_young_keys_take_turns_and_no_standing_locks_out_a_newcomer(n_sybils, sybil_standing):
-    """Outside attack: two Sybil keys with one earned tree each (one copied tree) took both young-pool slots
-    every step, because young keys were served by earned standing, and the screen's rejections of their junk never
-    lowered it: an honest newcomer was admitted 0 of 20 steps. Young keys now take turns (the one served longest
-    ago first), and each trainer rejection takes an earned tree back. The newcomer beside any number of Sybils,
-    with or without standing, is admitted at least once per ceil(keys / pool) steps and becomes established."""
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    est_after = 2
-    c = _offline_client(mix, num_external=4, young_key_trees=1, established_after=est_after)
-    try:
-        pool = c.max_young_trees
-        assert pool == 2
-        period = -(-(n_sybils + 1) // pool)
-        steps = period * (est_after + 1)
-        sybils = [_peer_trees(mix, f"sybil {n_sybils} {i}", steps) for i in range(n_sybils)]
-        for p, _ in sybils:
-            c.credit(p, sybil_standing)
-        newcomer, trees = _peer_trees(mix, f"newcomer {n_sybils}", steps)
-        admitted = []
-        for step in range(steps):
-            out, young, _ = c._admit([ts[step] for _, ts in sybils] + [trees[step]])
-            assert young == pool, step
-            got = [t for t in out if t.peer_id == newcomer]
-            admitted.append(len(got))
-            if got:
-                c.credit(newcomer, 1)  # the node trains on the honest tree
-            for t in out:
-                if t.peer_id != newcomer:
-                    c.charge(t.peer_id, "screen")  # the Sybils' junk is screen-rejected
-            c._carry = []  # what waits over the cap is the next steps' business, not this measurement's
-        # a turn at least once per period, from the first period on, whatever the Sybils' standing
-        for k in range(0, steps, period):
-            assert sum(admitted[k:k + period]) >= 1, (k, admitted)
-        assert not c.peers.is_young(newcomer, est_after), admitted
-        # a screen rejection costs standing: the Sybils' bought tree is gone
-        assert all(c.peers.earned(p) == 0 for p, _ in sybils)
-    finally:
-        c.close()
-
-
-@pytest.mark.parametrize("fresh_per_step", [2, 3, 8])
-def test_fresh_keys_minted_every_step_queue_behind_a_waiting_newcomer(fresh_per_step):
-    """Outside attack on the turns: "never served goes first" let two brand-new keys a step, each with one valid
-    tree with contrast, take both young-pool slots, and the honest newcomer was admitted 1 step in 12. A key's place
-    is now the turn it last got a slot, or the turn it first waited: fresh keys queue behind it."""
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, num_external=4, young_key_trees=1, established_after=16)
-    try:
-        steps = 12
-        newcomer, trees = _peer_trees(mix, f"newcomer fresh {fresh_per_step}", steps)
-        admitted = []
-        for step in range(steps):
-            fresh = [_peer_trees(mix, f"fresh {fresh_per_step} {step} {i}", 1) for i in range(fresh_per_step)]
-            out, _, _ = c._admit([ts[0] for _, ts in fresh] + [trees[step]])
-            admitted.append(sum(1 for t in out if t.peer_id == newcomer))
-            c._carry = []
-        # the first step is a random draw among keys that all arrived together; from then on the newcomer waits
-        # longest (it was served, or queued, before any key minted later)
-        assert all(admitted[1:]), admitted
-    finally:
-        c.close()
-
-
-def test_a_flood_of_flat_trees_takes_no_young_pool_slot():
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    # helper-14: Sybils sending trees without reward contrast (nothing to train) take no pool slot at all
-    c = _offline_client(mix, num_external=4, young_key_trees=1, established_after=16)
-    try:
-        late, late_trees = _peer_trees(mix, "late newcomer", 1)
-        flat = [_peer_trees(mix, f"flat {i}", 1, contrast=False) for i in range(32)]
-        out, young, dropped = c._admit([ts[0] for _, ts in flat] + late_trees)
-        assert [t.peer_id for t in out] == [late] and young == 1 and dropped == 32 and c._carry == []
-    finally:
-        c.close()
-
-
-def test_a_tree_carried_while_its_key_was_young_is_not_marked_established():
-    """Outside attack (helper-12, 2026-12-05), open item: a tree sent while its key was young waited over the cap
-    and was marked established (expandable) when the key became established before the tree was admitted. The
-    mark now follows the key's standing when the tree first arrived."""
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, num_external=4, young_key_trees=1, trees_per_earned_tree=100, established_after=4,
-                        max_trees_per_peer=3)
-    try:
-        key, trees = _peer_trees(mix, "carried", 6)
-        out, _, _ = c._admit(trees[:3])  # young: one tree admitted, two carried
-        assert len(out) == 1 and not out[0].established and len(c._carry) == 2
-        c.peers.record_earned(key, 10)  # the key becomes established before the carried trees are admitted
-        out2, _, _ = c._admit(trees[3:])  # carried (young at arrival) + new (established at arrival)
-        # max_trees_per_peer = 3, older first: the two carried trees and the first new one
-        assert [id(t) for t in out2] == [id(t) for t in trees[1:4]]
-        assert [t.established for t in out2] == [False, False, True]
-    finally:
-        c.close()
-
-
-def test_admitted_trees_earn_no_standing_until_the_node_trains_on_them():
-    """Outside attacks (helper-12 and helper-13, 2026-12-05): standing was earned at admission. A fresh key whose
-    mixed junk trees the screen rejected every step was established after 11 steps, and one junk tree a step
-    over the per-step token budget -- admitted, never selected, never screened -- after 16 steps. Admission now
-    earns nothing; the node credits what it trained on (``SwarmClient.credit``, tests/test_node_trust.py) and a
-    trainer rejection is a soft reject only."""
-    from swarmnode.train.screen import SCREEN_REASON
-
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, num_external=4, established_after=16)
-    try:
-        junk, junk_trees = _peer_trees(mix, "junk", 8 * 30)
-        for step in range(30):
-            out, _, _ = c._admit(junk_trees[8 * step: 8 * step + 8])
-            assert any(t.peer_id == junk for t in out)
-            rejected = sum(len(t.tree.leaves()) for t in out if t.peer_id == junk)
-            if step % 2:
-                c.charge(junk, SCREEN_REASON, rejected)  # what the node does when its screen rejects them
-            assert c.peers.earned(junk) == 0, step
-        assert c.peers.is_young(junk, 16)
-        assert c.peers.snapshot()["peers"][junk]["rejected"][SCREEN_REASON] > 0
-        honest, honest_trees = _peer_trees(mix, "honest", 2)
-        c._admit(honest_trees)
-        c.credit(honest, 2)  # the node trained on both
-        assert c.peers.earned(honest) == 2
-        c.charge(honest, SCREEN_REASON, 3)  # a soft reject (no strike), but it costs one earned tree
-        assert c.peers.earned(honest) == 1 and not c.peers.is_banned(honest)
-    finally:
-        c.close()
-
-
-def test_fair_order_round_robins_publishers_and_clamps_future_times():
-    from dataclasses import replace as dc_replace
-
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix)
-    try:
-        now = time.time()
-        m0 = wire.Manifest(swarm_id=SWARM, publisher_key=b"\x01" * 32, bundle_digest=b"\x00" * 32, bundle_size=10,
-                           tasks=[REF], created_at=now, policy_version=0, num_trees=1, num_leaves=2)
-
-        def cand(pub: str, t: float, k: int):
-            return (dc_replace(m0, created_at=t, bundle_digest=bytes([k]) * 32), bytes([k]) * 32, pub)
-
-        # "future" announces 5 bundles 25 s ahead; "honest" one made now, "old" one a minute ago
-        cands = [cand("future", now + 25 + i, i) for i in range(5)] + [cand("honest", now - 1, 10),
-                                                                       cand("old", now - 60, 11)]
-        c._spent["future"] = 3.0  # it already used fetch time this step
-        order = c._fair_order(cands)
-        pubs = [x[2] for x in order]
-        # one round over every publisher before anyone's second candidate; publishers that used time go last
-        assert set(pubs[:3]) == {"future", "honest", "old"} and pubs[2] == "future"
-        assert pubs[3:] == ["future"] * 4
-        # future times are clamped to now, so within "future" the order is the announced one (all tie at now)
-        assert [x[1][0] for x in order if x[2] == "future"] == [0, 1, 2, 3, 4]
-    finally:
-        c.close()
-
-
 def test_gather_waits_for_a_busy_verifier_within_its_budget_only():
     """gather runs on the node's main thread (a stop waits for it): while the fetcher thread holds the verifier,
     gather waits for it at most its budget, and the fetched body waits for the next step instead."""
-    from swarmnode.swarm.gossip import _Pending
+    from swarmnode.swarm.scheduler import Pending as _Pending
 
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
     c = _offline_client(mix, gather_budget_seconds=0.2)
     f = HostileFactory(Identity.from_private_bytes(hashlib.sha256(b"busy verifier").digest()), mix, swarm_id=SWARM)
     h = f.honest()
-    c._pending.append(_Pending(h.data, h.manifest, h.sender, time.time()))
+    c.scheduler.pending.append(_Pending(h.data, h.manifest, h.sender, time.time()))
     held, release = threading.Event(), threading.Event()
 
     def fetcher_verifying() -> None:  # the fetcher thread inside a verify_manifest that does not end
-        with c._vlock:
+        with c.fetcher.vlock:
             held.set()
             release.wait(60)  # only a failure guard
 
@@ -620,6 +376,40 @@ def test_gather_waits_for_a_busy_verifier_within_its_budget_only():
         assert m["swarm/bundles_received"] == 1 and m["swarm/bundles_accepted"] == 1 and m["swarm/pending"] == 0
     finally:
         release.set()
+        c.close()
+
+
+def _heartbeat_entry(ident: Identity, rates: dict, created_at: float) -> tuple[bytes, bytes]:
+    beat = wire.Heartbeat(swarm_id=SWARM, peer_id=ident.peer_id, model_id="m", step=1, reward_mean=None,
+                          accuracy=None, samples_published=0, samples_accepted=0, samples_rejected=0,
+                          created_at=created_at, task_rates=rates)
+    return ident.public_key_bytes, wire.encode_heartbeat(beat, ident)
+
+
+def test_the_client_wires_standing_admission_and_heartbeats_to_its_policy_objects():
+    """``credit``/``charge``/``_admit`` reach :class:`Admission` with the client's knobs and PeerBook;
+    ``note_peer_rates``/``peer_task_rates`` reach the :class:`HeartbeatBook` with the curriculum switch."""
+    from swarmnode.rollout.peer_tree import PeerTree
+
+    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
+    c = _offline_client(mix, num_external=4, young_key_trees=1, max_trees_per_peer=3, established_after=4,
+                        curriculum={"enabled": True})
+    try:
+        assert c.admission.peers is c.peers and c.book.peers is c.peers and c.scheduler.peers is c.peers
+        assert (c.admission.max_trees_per_peer, c.admission.established_after, c.admission.max_young_trees) == (3, 4, 2)
+        c.credit("lazy", 100)  # clamped to max_trees_per_peer
+        assert c.peers.earned("lazy") == 3
+        c.charge("lazy", "screen", 2)
+        assert c.peers.earned("lazy") == 2 and c.peers.snapshot()["peers"]["lazy"]["rejected"]["screen"] == 2
+        f = HostileFactory(_key("wired young"), mix, swarm_id=SWARM)
+        trees = [PeerTree(t, f.identity.peer_id) for t in f.contrast_trees(3)]
+        out, young, dropped = c._admit(trees)  # the old entry point, kept for other suites
+        assert (len(out), young, dropped) == (1, 1, 0) and len(c._carry) == 2 and c._carry is c.admission.carry
+        assert c.book.curriculum_enabled and not c.book.rescue_enabled
+        honest = _key("wired rates")
+        c.note_peer_rates([_heartbeat_entry(honest, {mix.source_key(0): (16, 8)}, time.time())])
+        assert [p.peer_id for p in c.peer_task_rates()] == [honest.peer_id]
+    finally:
         c.close()
 
 
@@ -647,6 +437,12 @@ def test_every_client_knob_comes_from_the_swarm_config():
         assert (c.fetch_retries, c.fetch_relays, c.max_fetches_per_publisher, c.publisher_budget_s) == (2, 1, 2, 4.0)
         assert (c.server.max_concurrent_serves, c.server.max_serves_per_peer, c.server.first_byte_timeout) == (9, 2, 0.5)
         assert c.max_young_trees == 3 and c.server.max_concurrent_fetches == 3
+        # the policy objects get the same knobs
+        sch = c.scheduler
+        assert (sch.max_pending, sch.max_concurrent_fetches, sch.fetch_retries, sch.max_fetches_per_publisher,
+                sch.publisher_budget_s) == (5, 3, 2, 2, 4.0)
+        assert (c.fetcher.poll_interval, c.fetcher.fetch_relays, c.publisher.heartbeat_interval) == (1.5, 1, 7.0)
+        assert c.admission.max_young_trees == 3 and c.gatherer.gather_budget_s == 2.5
     finally:
         c.close()
     d = SwarmClient(RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, max_pending_bundles=5)),
@@ -654,6 +450,9 @@ def test_every_client_knob_comes_from_the_swarm_config():
                     byte_tokenize, None, max_pending=9, poll_interval=0.25, start=False)
     try:  # constructor arguments win over the config (tests and benchmarks use them)
         assert (d.max_pending, d.poll_interval, d.publisher_budget_s) == (9, 0.25, 2 * d.scfg.fetch_timeout)
+        assert (d.scheduler.max_pending, d.fetcher.poll_interval) == (9, 0.25)
+        # None -> max(1, num_external // 2)
+        assert d.max_young_trees == d.admission.max_young_trees == max(1, d.scfg.num_external // 2)
     finally:
         d.close()
 
@@ -673,16 +472,16 @@ def test_a_copy_in_flight_does_not_make_the_node_give_up_the_original():
                                tasks=[REF], created_at=time.time(), policy_version=0, num_trees=1, num_leaves=2)
         copy = dc_replace(honest, publisher_key=b"\x02" * 32)
         m_honest = b"m-honest" * 4
-        with c._lock:  # the copy's fetch is in flight (what _start records for it)
-            c._wanted.add(copy.bundle_digest.hex())
+        with c.scheduler.lock:  # the copy's fetch is in flight (what FetchScheduler.try_start records for it)
+            c.scheduler.wanted.add(copy.bundle_digest.hex())
         # the honest manifest, read while the copy is in flight: waits, never given up
-        assert c._start(honest, m_honest, "honest", extra=False) == "skip"
-        st = c._mstate[m_honest]
+        assert c.fetcher.start_fetch(honest, m_honest, "honest", extra=False) == "skip"
+        st = c.scheduler.mstate[m_honest]
         assert st.state == "retry" and st.next_try <= time.monotonic() + 1.0
         # the copy's fetch is over (it hung until its timeout, or its body was refused): the original starts
-        with c._lock:
-            c._wanted.discard(copy.bundle_digest.hex())
-        assert c._start(honest, m_honest, "honest", extra=False) == "started"
+        with c.scheduler.lock:
+            c.scheduler.wanted.discard(copy.bundle_digest.hex())
+        assert c.fetcher.start_fetch(honest, m_honest, "honest", extra=False) == "started"
     finally:
         c.close()
 
@@ -701,14 +500,14 @@ def _announce(mix, digest: bytes, key: Identity, i: int, copies: int = 1) -> tup
 
 def _reading(c: SwarmClient, records: list) -> list:
     """Make every DHT read of ``c`` return ``records`` (the DHT itself is tested on loopback elsewhere) and record
-    the publishers whose manifests ``_start`` is asked to fetch; returns that list."""
+    the publishers whose manifests ``Fetcher.start_fetch`` is asked to fetch; returns that list."""
     from types import SimpleNamespace
 
-    c.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0], read_manifests=lambda *a, **kw: records,
-                            shutdown=lambda: None)
+    c.fetcher.dht = SimpleNamespace(is_alive=True, recent_buckets=lambda k: [0],
+                                    read_manifests=lambda *a, **kw: records)
     started: list = []
-    start = c._start
-    c._start = lambda m, md, pub, extra: started.append(pub) or start(m, md, pub, extra)
+    start = c.fetcher.start_fetch
+    c.fetcher.start_fetch = lambda m, md, pub, extra: started.append(pub) or start(m, md, pub, extra)
     return started
 
 
@@ -725,10 +524,10 @@ def test_copies_waiting_on_a_digest_in_flight_are_not_verified_again_every_poll(
     verify = c.verifier.verify_manifest
     c.verifier.verify_manifest = lambda data, owner=None: calls.append(owner) or verify(data, owner)
     try:
-        with c._lock:
-            c._wanted.add(held.hex())  # another manifest's fetch of this digest is in flight (it may hang)
+        with c.scheduler.lock:
+            c.scheduler.wanted.add(held.hex())  # another manifest's fetch of this digest is in flight (it may hang)
         assert c.poll() == 0 and len(calls) == 18  # each verified once, each waits
-        waiting = [st for st in c._mstate.values() if st.state == "retry"]
+        waiting = [st for st in c.scheduler.mstate.values() if st.state == "retry"]
         assert len(waiting) == 18
         for st in waiting:  # their next look is due (no wall-clock wait in tests)
             st.next_try = 0.0
@@ -737,8 +536,8 @@ def test_copies_waiting_on_a_digest_in_flight_are_not_verified_again_every_poll(
         assert all(st.state == "retry" and st.next_try > 0 for st in waiting)
         for st in waiting:
             st.next_try = 0.0
-        with c._lock:
-            c._wanted.discard(held.hex())  # that fetch is over (it failed): the waiters are looked at again
+        with c.scheduler.lock:
+            c.scheduler.wanted.discard(held.hex())  # that fetch is over (it failed): the waiters are looked at again
         assert c.poll() == 1 and len(calls) == 18  # verified again; one fetch of the digest starts, not 18
     finally:
         c.close()
@@ -758,34 +557,12 @@ def test_a_copy_by_a_fresh_key_does_not_take_a_digest_from_its_established_publi
     started = _reading(c, records)
     c.peers.record_earned(owner.peer_id, 20)
     try:
-        with c._lock:  # the publisher's first fetch of this step took 3 s (the copiers' keys used none)
-            c._spent[owner.peer_id] = 3.0
+        with c.scheduler.lock:  # the publisher's first fetch of this step took 3 s (the copiers' keys used none)
+            c.scheduler.spent[owner.peer_id] = 3.0
         assert c.poll() == 1
         assert started == [owner.peer_id]  # the copies were not even tried: no copier holds the digest
-        copies = [c._mstate[md] for md in copy_digests]  # they wait (tokens paid), never given up
+        copies = [c.scheduler.mstate[md] for md in copy_digests]  # they wait (tokens paid), never given up
         assert all(st.state == "retry" and st.bundle_digest == digest and st.next_try > 0 for st in copies)
-    finally:
-        c.close()
-
-
-def test_a_copy_that_keeps_losing_its_digest_is_looked_at_less_and_less_often():
-    """Second outside attack (2026-12-03): every look at a waiting copy verifies it again (~1 ms), and 40 keys x 16
-    copies cost 10 verifications per paid token in 20 polls. A copy that loses its digest to another manifest
-    again and again now waits 2, 4, 8, ... 64 s between looks."""
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix)
-    digest = hashlib.sha256(b"a bundle and its copy").digest()
-    m = wire.Manifest(swarm_id=SWARM, publisher_key=b"\x01" * 32, bundle_digest=digest, bundle_size=10,
-                      tasks=[REF], created_at=time.time(), policy_version=0, num_trees=1, num_leaves=2)
-    c.peers.record_earned("publisher", 5)
-    try:
-        waits = []
-        for _ in range(8):
-            now = time.monotonic()
-            kept = c._one_per_digest([(m, b"copy", "copier"), (m, b"original", "publisher")], now)
-            assert [x[1] for x in kept] == [b"original"]
-            waits.append(round(c._mstate[b"copy"].next_try - now))
-        assert waits == [2, 4, 8, 16, 32, 64, 64, 64]
     finally:
         c.close()
 
@@ -803,8 +580,8 @@ def test_a_copier_with_more_standing_that_cannot_start_does_not_veto_the_publish
     c.peers.record_earned(owner.peer_id, 20)
     c.peers.record_earned(rival.peer_id, 21)
     try:
-        with c._lock:  # the rival spent its whole fetch budget this step (on hanging fetches of its own)
-            c._spent[rival.peer_id] = c.publisher_budget_s
+        with c.scheduler.lock:  # the rival spent its whole fetch budget this step (on hanging fetches of its own)
+            c.scheduler.spent[rival.peer_id] = c.scheduler.publisher_budget_s
         assert c.poll() == 1 and started == [owner.peer_id]
     finally:
         c.close()
@@ -821,77 +598,14 @@ def test_among_new_keys_the_manifest_read_first_is_fetched_not_a_later_copy():
     records = [_announce(mix, digest, owner, 0)]
     started = _reading(c, records)
     try:
-        with c._lock:  # the first read finds every fetch slot busy: the publisher's manifest waits
-            c._inflight = 2 * c.max_concurrent_fetches
+        with c.scheduler.lock:  # the first read finds every fetch slot busy: the publisher's manifest waits
+            c.scheduler.inflight = 2 * c.scheduler.max_concurrent_fetches
         assert c.poll() == 0
-        with c._lock:
-            c._inflight = 0
+        with c.scheduler.lock:
+            c.scheduler.inflight = 0
         records.extend(_announce(mix, digest, _key(f"late copier {i}"), i + 1) for i in range(8))  # at the next read
         started.clear()
         assert c.poll() == 1 and started == [owner.peer_id]
-    finally:
-        c.close()
-
-
-def test_a_flood_of_small_bundles_drops_its_own_bodies_not_an_honest_one():
-    """Outside attack (2026-12-03, F2): a fetched honest body waiting for verification was pushed out of the full
-    queue by eight keys' floods of small valid bundles, and its manifest stayed done (never fetched again). Now
-    the publisher holding the most places loses its oldest body, and that body's manifest goes back to retry."""
-    from swarmnode.swarm.gossip import _Pending
-
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix)
-    c.max_pending = 8
-    try:
-        def item(pub: str, k: int) -> _Pending:
-            m = wire.Manifest(swarm_id=SWARM, publisher_key=b"\x01" * 32, bundle_digest=bytes([k]) * 32,
-                              bundle_size=10, tasks=[REF], created_at=time.time(), policy_version=0, num_trees=1,
-                              num_leaves=2)
-            return _Pending(b"x" * 10, m, f"p2p:{pub}", time.time(), bytes([k]) * 32, pub)
-
-        with c._lock:
-            c._pending.append(item("honest", 1))
-            for k in range(2, 40):  # the flood arrives after the honest body
-                if len(c._pending) >= c.max_pending:
-                    c._drop_pending()
-                c._pending.append(item(f"flood{k % 3}", k))
-        assert any(p.publisher == "honest" for p in c._pending)
-        assert c._counts["dropped_queue_full"] == 31
-        st = c._mstate[bytes([2]) * 32]  # a dropped flood body: fetched again later, not given up
-        assert st.state == "retry" and st.next_try > 0
-        # with one publisher only, its own oldest body goes
-        c._pending.clear()
-        with c._lock:
-            for k in range(50, 60):
-                if len(c._pending) >= c.max_pending:
-                    c._drop_pending()
-                c._pending.append(item("solo", k))
-        assert [p.mdigest[0] for p in c._pending] == list(range(52, 60))
-    finally:
-        c.close()
-
-
-def test_a_manifest_is_paid_for_once_whatever_evicts_its_state():
-    """Outside attack (2026-12-03, F3): junk keys' records pushed an honest publisher's handled manifests out of
-    the bounded manifest-state table; read again, each looked new and took another of its rate-limit tokens,
-    until its new bundles waited as rate-limited. Payments are remembered per owner, apart from that table,
-    owners without earned standing forgotten first; a banned key's records make no state at all."""
-    import swarmnode.swarm.gossip as g
-
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix)
-    try:
-        c.peers.record_earned("honest", 3)
-        c._note_paid("honest", b"m1")
-        assert c._paid_for("honest", b"m1") and not c._paid_for("honest", b"m2")
-        assert not c._paid_for("junk0", b"m1")
-        for i in range(g._MAX_PAID_OWNERS + 50):  # a flood of fresh keys, each paying for manifests
-            c._note_paid(f"junk{i}", b"m")
-        assert len(c._paid) == g._MAX_PAID_OWNERS
-        assert c._paid_for("honest", b"m1")  # the key with standing is kept
-        for i in range(g._PAID_PER_OWNER + 5):
-            c._note_paid("honest", i.to_bytes(4, "big"))
-        assert len(c._paid["honest"]) == g._PAID_PER_OWNER and not c._paid_for("honest", b"m1")
     finally:
         c.close()
 
@@ -902,7 +616,7 @@ def test_a_copier_verified_first_earns_nothing_and_the_author_gets_the_standing(
     author bundle then arrives (a ``replay``, nothing trains twice), and because the receiver read the author's
     manifest before the copier's, the standing moves: the copier ends with none, the author with one per tree
     and established."""
-    from swarmnode.swarm.gossip import _Pending
+    from swarmnode.swarm.scheduler import Pending as _Pending
 
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
     c = _offline_client(mix, established_after=4, max_external_completion_length=256)
@@ -914,17 +628,17 @@ def test_a_copier_verified_first_earns_nothing_and_the_author_gets_the_standing(
             b, env = fa.bundle(trees, identity=ident)
             m, menv = fa.manifest(env, b, ident)
             mdigest = hashlib.sha256(menv).digest()
-            c._first_seen[mdigest] = first_read
+            c.scheduler.first_seen[mdigest] = first_read
             return _Pending(env, m, f"p2p:{ident.peer_id}", time.time(), mdigest, ident.peer_id)
 
         for step in range(5):
             trees = fa.contrast_trees(1)
             read_author, read_copier = 10.0 * step, 10.0 * step + 1.0  # the copy is announced after the original
-            c._pending.append(pending(copier, trees, read_copier))  # the copier's body arrives first
+            c.scheduler.pending.append(pending(copier, trees, read_copier))  # the copier's body arrives first
             got, _ = c.gather(2 * step, 0)
             assert [t.peer_id for t in got] == [copier.peer_id]
             c.credit(copier.peer_id, 1)  # the node trained on the copy
-            c._pending.append(pending(author, trees, read_author))
+            c.scheduler.pending.append(pending(author, trees, read_author))
             got, m = c.gather(2 * step + 1, 0)
             assert got == [] and m.get("swarm/rejected/replay") == 1  # nothing trains twice
             assert c.peers.earned(copier.peer_id) == 0, step

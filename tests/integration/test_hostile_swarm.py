@@ -136,7 +136,7 @@ def test_network_case_table_is_consistent():
 
 # ============================================================================ the benchmark's --hostile plumbing
 def test_bench_plans_hostile_twins_of_swarm_arms():
-    from swarmnode.bench import Arm, plan_arms
+    from swarmnode.bench.swarm import Arm, plan_arms
 
     arms = plan_arms([(4, 0), (4, 4)], ["per_source"], ["none"], hostile=True)
     assert [a.name for a in arms] == ["isolated-4", "swarm-4x4-per_source-none", "swarm-4x4-per_source-none-hostile"]
@@ -146,7 +146,7 @@ def test_bench_plans_hostile_twins_of_swarm_arms():
 
 
 def test_bench_summary_reports_rejections_of_the_hostile_peer(tmp_path):
-    from swarmnode.bench import Arm, hostile_report, summarize_arm, write_report
+    from swarmnode.bench.swarm import Arm, hostile_report, summarize_arm, write_report
 
     arm = tmp_path / "swarm-hostile"
     for i, (rej, refused) in enumerate([({"reward_mismatch": 2, "bad_signature": 1}, 5), ({"vocab": 1}, 0)]):
@@ -470,9 +470,9 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
 
 def _newest_digest(client) -> str:
     """Hex digest of the newest bundle ``client`` published (the last manifest of its newest outbox bucket)."""
-    with client._lock:
-        bucket = max(client._outbox)
-        menv = client._outbox[bucket][-1]
+    with client.publisher.lock:
+        bucket = max(client.publisher.outbox)
+        menv = client.publisher.outbox[bucket][-1]
     _, m = wire.decode(menv, expected_kind=wire.KIND_MANIFEST)
     return m.bundle_digest.hex()
 
@@ -581,7 +581,7 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
 
 # ============================================================================ the poison benchmark's plumbing
 def test_bench_plans_poison_twins_and_screen_off_arms():
-    from swarmnode.bench import Arm, plan_arms
+    from swarmnode.bench.swarm import Arm, plan_arms
 
     arms = plan_arms([(4, 4)], ["per_source"], ["none"], hostile="poison", isolated=False, screen_off=True)
     assert [a.name for a in arms] == ["swarm-4x4-per_source-none", "swarm-4x4-per_source-none-poison",
@@ -593,7 +593,7 @@ def test_bench_plans_poison_twins_and_screen_off_arms():
 
 
 def test_bench_poison_report_counts_attack_success_and_honest_false_positives(tmp_path):
-    from swarmnode.bench import Arm, summarize_arm, write_report
+    from swarmnode.bench.swarm import Arm, summarize_arm, write_report
 
     arm = tmp_path / "swarm-poison"
     for i, (share, acc) in enumerate([(0.0, 0.5), (0.25, 0.4)]):
@@ -621,7 +621,7 @@ def test_bench_poison_report_counts_attack_success_and_honest_false_positives(tm
 
 
 def test_bench_repeats_report_gives_mean_and_standard_error():
-    from swarmnode.bench import Arm, repeats_report
+    from swarmnode.bench.swarm import Arm, repeats_report
 
     a = Arm(4, 4, True)
     one = {"cumulative_reward": 10.0, "accuracy_after": 0.5, "accuracy_after_per_node": [0.4, 0.6]}
@@ -633,7 +633,7 @@ def test_bench_repeats_report_gives_mean_and_standard_error():
 
 
 def test_payload_start_probability_separates_the_models_own_start_from_a_payload():
-    from swarmnode.bench import payload_start_probability
+    from swarmnode.bench.swarm import payload_start_probability
     from swarmnode.config import ModelConfig
     from swarmnode.evaluation import greedy_completions
     from swarmnode.policy.loading import load_policy

@@ -3,12 +3,12 @@
 Every ``import`` and ``from ... import`` statement of every ``swarmnode/**/*.py`` file counts, wherever it stands
 (module level, inside a function, under ``TYPE_CHECKING``): a lazy import is still a dependency. Modules are
 grouped into *rooms*: the top-level modules (``cli``, ``node``, ``config``, ``evaluation``) and the
-subpackages (``tasks``, ``policy``, ``rollout``, ``train``, ``swarm``, ``monitor``, ``benchmarks``).
+subpackages (``tasks``, ``policy``, ``rollout``, ``train``, ``swarm``, ``monitor``, ``bench``).
 
 Rules (docs/reference/design.md §3, docs/reference/architecture.md):
 
 1. ``cli -> node -> {rollout, train, swarm, tasks, policy, monitor}``: nothing imports ``cli``; only the entry
-   rooms (``cli``, and ``benchmarks``, which ``swarmnode bench`` runs) import ``node``;
+   rooms (``cli``, and ``bench``, which ``swarmnode bench`` runs) import ``node``;
 2. ``rollout``, ``train``, ``tasks`` never import ``swarm``;
 3. ``swarm`` never imports ``train`` or ``policy``;
 4. no import cycle between rooms;
@@ -28,7 +28,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "swarmnode"
 
 #: rooms that may import ``node``: the front ends a user runs
-ENTRY_ROOMS = {"cli", "benchmarks"}
+ENTRY_ROOMS = {"cli", "bench"}
 
 #: (importing module, imported module) pairs that break a rule on purpose, with the reason
 KNOWN: dict[tuple[str, str], str] = {
@@ -95,13 +95,13 @@ def _violations() -> list[tuple[str, str, str]]:
             if dst == "cli":
                 out.append((mod, imp, "nothing imports cli"))
             if dst == "node" and src not in ENTRY_ROOMS:
-                out.append((mod, imp, "only cli (and benchmarks) import node"))
+                out.append((mod, imp, "only cli (and bench) import node"))
             if src in ("rollout", "train", "tasks") and dst == "swarm":
                 out.append((mod, imp, f"{src} never imports swarm"))
             if src == "swarm" and dst in ("train", "policy"):
                 out.append((mod, imp, f"swarm never imports {dst}"))
             if dst == "testing" and src not in ENTRY_ROOMS:
-                out.append((mod, imp, "only the front ends (cli, benchmarks) import the testing support"))
+                out.append((mod, imp, "only the front ends (cli, bench) import the testing support"))
     return out
 
 

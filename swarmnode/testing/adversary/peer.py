@@ -54,7 +54,7 @@ class HostilePeer:
     material of ``replay`` and ``flood`` (skipped until there is some).
 
     In-process (tests): call :meth:`publish_wave` / :meth:`run_round` yourself, or :meth:`start_loop`. As a
-    process (benchmarks): ``swarmnode.bench`` runs :meth:`run` until told to stop.
+    process (benchmarks): ``swarmnode.bench.swarm.worker.hostile_main`` runs :meth:`run` until told to stop.
 
     Args:
         swarm_cfg: the honest nodes' ``swarm`` config (:class:`~swarmnode.config.SwarmConfig`): ``swarm_id``,

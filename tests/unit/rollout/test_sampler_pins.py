@@ -20,7 +20,7 @@ import torch
 
 from swarmnode.config import SamplingConfig, TreeConfig
 from swarmnode.policy.decode import DecodeEngine
-from swarmnode.policy.backends import generate_rollouts
+from swarmnode.rollout.generate import generate_rollouts
 from swarmnode.policy.vllm_backend import ReferenceSegmentGenerator
 from swarmnode.rollout.sampler import PromptSpec, sample_rollouts
 from swarmnode.tasks.base import TaskRef

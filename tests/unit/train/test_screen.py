@@ -11,7 +11,7 @@ import torch
 
 from swarmnode.config import ModelConfig, SwarmConfig
 from swarmnode.policy.loading import load_policy
-from swarmnode.swarm.gossip import SwarmClient
+from swarmnode.swarm.admission import Admission
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.train.samples import Sample
 from swarmnode.train.screen import SCREEN_REASON, LikelihoodScreen, completion_stats
@@ -89,11 +89,12 @@ def test_screen_keeps_own_kind_and_rejects_a_payload_and_charges(policy):
     assert res.metrics["screen/checked"] == 11 and res.metrics["screen/warmup"] == 0
     assert all(s.source == "external:h" for s in res.kept)
 
-    # SwarmClient.charge (node.py SwarmHook.charge) books them in the peer's PeerBook record; run on a holder
-    # of a real PeerBook (the method only uses ``self.peers``; a full client would start a DHT)
+    # SwarmClient.charge (node.py SwarmHook.charge) books them in the peer's PeerBook record through its
+    # Admission; run on a holder of a real PeerBook (the method only uses ``self.peers``; a full client would
+    # start a DHT)
     book = PeerBook()
     for peer, n in res.rejected_by_peer.items():
-        SwarmClient.charge(SimpleNamespace(peers=book), peer, SCREEN_REASON, n)
+        Admission.charge(SimpleNamespace(peers=book), peer, SCREEN_REASON, n)
     assert book.snapshot()["peers"]["p"]["rejected"] == {SCREEN_REASON: 3}
     assert not book.is_banned("p")  # soft: a screen can err
 

@@ -11,7 +11,7 @@ tree used for one prompt): chain admits ``budget // max_completion_length`` samp
 
 Usage (the numbers in docs/lab/benchmarks.md come from these):
 
-    nice swarmnode bench tree --model tiny-llama      # or: python -m swarmnode.benchmarks.tree ...
+    nice swarmnode bench tree --model tiny-llama      # or: python -m swarmnode.bench.tree ...
     nice swarmnode bench tree --model qwen2.5-0.5b-shape --prompts 4 --num-generations 8
     nice swarmnode bench tree --model path/to/hf_dir
 
@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -306,9 +306,12 @@ def format_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``swarmnode bench tree [OPTIONS]``: parse ``argv`` (default ``sys.argv[1:]``), run :func:`run_bench`, print
+    :func:`format_table`. ``prog`` is the command ``--help`` names. Returns the exit code (argparse exits 2 on a bad
+    flag)."""
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     default_model = "embedded" if (EMBEDDED_DIR / "config.json").is_file() else "tiny-llama"
     ap.add_argument("--model", default=default_model,
@@ -330,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens a branch decodes before the near-duplicate test (default: segment length)")
     ap.add_argument("--no-budget", action="store_true", help="skip the equal-budget comparison")
     ap.add_argument("--json", type=str, default=None, help="also write the results as JSON to this file")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(None if argv is None else list(argv))
     for flag, v in (("--prompts", args.prompts), ("--num-generations", args.num_generations),
                     ("--max-completion-length", args.max_completion_length),
                     ("--segment-length", args.segment_length), ("--branching-factor", args.branching_factor),

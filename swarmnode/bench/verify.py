@@ -22,7 +22,9 @@ import argparse
 import hashlib
 import logging
 import statistics
+import sys
 import time
+from typing import Sequence
 
 from swarmnode.config import SwarmConfig
 from swarmnode.swarm import wire
@@ -33,13 +35,16 @@ from swarmnode.swarm.verify import Verifier
 from swarmnode.tasks import ReasoningGymSource, TaskMix
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``swarmnode bench verify [OPTIONS]``: build ``--bundles`` honest bundles, time ``wire.decode`` and full
+    verification ``--repeat`` times, print the medians per core. ``prog`` is the command ``--help`` names.
+    Returns 0."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--bundles", type=int, default=300)
     ap.add_argument("--trees", type=int, default=8)
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3, help="timed passes; the median is reported")
-    args = ap.parse_args()
+    args = ap.parse_args(None if argv is None else list(argv))
     logging.disable(logging.CRITICAL)
 
     now = 1767225600.0
@@ -87,7 +92,8 @@ def main() -> None:
     print(f"verify_bundle (full)  : {n / ver_cpu:8.1f} bundles/s per core (cpu)  {ver_cpu / n * 1e3:6.2f} ms/bundle  "
           f"{leaves / ver_cpu:8.0f} leaves/s  (wall: {n / ver_wall:.1f} bundles/s)")
     print(f"share of verify time in wire.decode: {dec_cpu / ver_cpu:.0%}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

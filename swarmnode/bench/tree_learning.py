@@ -180,8 +180,13 @@ def write_report(results: dict[str, list[dict]], out: Path, prefix: str, command
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``swarmnode bench tree-learning [OPTIONS]``: check every input, run the (arm, seed) runs ``--parallel`` at a
+    time in child processes, write the report. ``prog`` is the command ``--help`` names and the report records
+    (default ``swarmnode bench tree-learning``). Returns the exit code: 0, 1 when a run failed, 2 on bad input."""
+    prog = prog or "swarmnode bench tree-learning"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=None, help="base YAML config (default: the packaged default)")
     ap.add_argument("--arms", default="chain:grpo,tree:grpo,tree:treerl",
                     help="comma-separated MODE:ESTIMATOR[:BRANCHING], e.g. chain:grpo,tree:grpo:lookahead")
@@ -265,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             arm, rd = pending.pop(0)
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             log = open(rd / "worker.log", "w")
-            p = subprocess.Popen([sys.executable, "-m", "swarmnode.benchmarks.tree_learning", "--worker",
+            p = subprocess.Popen([sys.executable, "-m", "swarmnode.bench.tree_learning", "--worker",
                                   str(rd / "spec.json")], stdout=log,
                                  stderr=subprocess.STDOUT, env=env)
             running.append((arm, rd, p))
@@ -284,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {}
     for arm, rd in jobs:
         results.setdefault(arm, []).append(read_curve(rd))
-    argv_list = sys.argv[1:] if argv is None else argv
-    command = " ".join(shlex.quote(x) for x in ["swarmnode", "bench", "tree-learning", *argv_list])
+    command = " ".join([prog, *(shlex.quote(x) for x in argv)])
     md = write_report(results, Path(a.out), a.prefix, command, a.tokens)
     print(md.read_text())
     return 0

@@ -44,7 +44,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -171,8 +171,13 @@ def _node_main(index: int, args: argparse.Namespace, boot: list[str], q: Any, st
     client.close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``swarmnode bench gossip [OPTIONS]``: start ``--nodes`` light nodes (spawned processes), publish and gather
+    for ``--rounds`` steps, print the summary as JSON (and write it with ``--json``). ``prog`` is the command
+    ``--help`` names and the summary records (default ``swarmnode bench gossip``). Returns 0."""
+    prog = prog or "swarmnode bench gossip"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=6, help="bundles published per node")
     ap.add_argument("--interval", type=float, default=6.0, help="seconds per simulated training step")
@@ -184,7 +189,7 @@ def main() -> None:
     ap.add_argument("--leaf-tokens", type=int, default=256, help="tokens per completion (byte-level)")
     ap.add_argument("--swarm-id", default=f"bench-gossip-{os.getpid()}")
     ap.add_argument("--json", default=None, help="write the summary (and per-pair latencies) here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.drain is None:
         args.drain = 3 * args.interval
     ctx = mp.get_context("spawn")  # clean children: no inherited threads or locks
@@ -270,13 +275,14 @@ def main() -> None:
                                            if k.startswith("fetch/")})},
         "served_by_publisher_share": from_publisher / len(pairs) if pairs else None,
         "publish_s_mean": statistics.mean(p["publish_s"] for r in results.values() for p in r["published"]),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": " ".join([prog, *argv]),
     }
     print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"summary": summary, "latencies": pairs}, f)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

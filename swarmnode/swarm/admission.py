@@ -1,0 +1,206 @@
+"""Admission of verified peer trees per step: the caps on young keys, their turns, and authorship moves.
+
+Keys are free to mint (docs/reference/design.md §7; docs/guide/swarm.md, the trust table), so
+:class:`Admission` admits per step at most ``PeerBook.tree_cap`` trees of a young key and at most
+``swarm.max_young_trees`` trees of all young keys together, handed out one per key per turn, the key that has
+waited longest first; an established key (``swarm.established_after`` useful trees) gets
+``swarm.max_trees_per_peer``. Trees over a cap wait for later steps (bounded, ``swarm/trees_carried``); what
+no longer fits, or waited longer than the read window, is dropped and counted (``swarm/trees_capped``).
+
+Admission earns nothing: standing comes from :meth:`Admission.credit` (``SwarmClient.credit``) once the node
+trained on a tree -- a tree is *useful* when some of its samples passed selection, the token budget, the
+likelihood screen and the share cap, and our re-scored rewards of its leaves differ -- so standing grows with
+time and verified, kept work, not with the number of keys; :func:`move_authorship` hands a copied tree's
+standing to the key whose manifest we read first.
+
+State is this object's own (the gather runs on one thread, the node's main thread); the clock is injectable
+(``clock``: monotonic seconds) so the policy is tested with a fake clock (tests/test_swarm_policies.py).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, OrderedDict
+from typing import Callable, Collection, Iterable
+
+from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.swarm.peers import PeerBook
+
+__all__ = ["Admission", "MAX_CARRY_TREES", "MAX_YOUNG_KEYS", "has_contrast", "move_authorship"]
+
+MAX_CARRY_TREES = 64
+"""Verified trees over a per-step cap carried to the next steps, at most."""
+MAX_YOUNG_KEYS = 4096
+"""Young keys remembered for their turn (served or waiting), at most."""
+
+
+def has_contrast(vt: PeerTree) -> bool:
+    """Our re-scored rewards of the tree's leaves differ (it can carry an advantage)."""
+    try:
+        r = vt.rewards()
+    except ValueError:
+        return False
+    return len(r) >= 2 and max(r) - min(r) > 1e-9
+
+
+def move_authorship(peers: PeerBook, changes: Iterable[tuple[str, str | None]],
+                    count: Callable[[str], None]) -> None:
+    """Apply the verifier's authorship changes (``Verifier.take_authorship_changes``): per tree, the key that
+    held its content loses one earned tree, and the key whose manifest we read first (None: a tie, no one)
+    gains one; ``count`` is told ``"authorship_moved"`` or ``"authorship_disputed"`` per change. A copier
+    verified before the author thus earns nothing once the author's bundle arrives, and the author earns what
+    its trees were worth (outside attack: a copier verified first took 32 trained samples and +1 standing a
+    step, the author 0)."""
+    for loser, winner in changes:
+        peers.record_unearned(loser, 1)
+        if winner is not None:
+            peers.record_earned(winner, 1)
+        count("authorship_moved" if winner is not None else "authorship_disputed")
+
+
+class Admission:
+    """The per-step caps on trees per key (Sybil resistance), with the young keys' turns and the carried trees.
+
+    Args:
+        peers: the :class:`~swarmnode.swarm.peers.PeerBook` (earned standing, ``is_young``, ``tree_cap``).
+        young_key_trees / trees_per_earned_tree / max_trees_per_peer / established_after: ``swarm.*`` of the same
+            names (pydantic checks their bounds).
+        max_young_trees: trees of all young keys together per step (``swarm.max_young_trees``, its None resolved
+            to ``max(1, num_external // 2)`` by the caller).
+        window_s: seconds a carried tree may wait, ``(read_buckets + 1) * bucket_seconds``.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, peers: PeerBook, *, young_key_trees: int, trees_per_earned_tree: int, max_trees_per_peer: int,
+                 established_after: int, max_young_trees: int, window_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.peers = peers
+        self.young_key_trees = int(young_key_trees)
+        self.trees_per_earned_tree = int(trees_per_earned_tree)
+        self.max_trees_per_peer = int(max_trees_per_peer)
+        self.established_after = int(established_after)
+        self.max_young_trees = int(max_young_trees)
+        self.window_s = float(window_s)
+        self.clock = clock
+        # trees over a per-step cap: (first seen, tree, key was young then)
+        self.carry: list[tuple[float, PeerTree, bool]] = []
+        # young key -> the last admission turn it got. Not an LRUCache: the turn order reads it on every step,
+        # and an LRUCache read would refresh a key that only waits (eviction order would change)
+        self.served: OrderedDict[str, int] = OrderedDict()
+        # young key never served -> turn it first waited. Not a cache: when full, a new key is not remembered
+        # (it waits at the back) rather than evicting one that has waited longer
+        self.waiting: OrderedDict[str, int] = OrderedDict()
+        self.turn = 0
+
+    def credit(self, peer_id: str, n: int = 1) -> None:
+        """The node trained on ``n`` useful trees of ``peer_id``: ``n`` trees of earned standing
+        (``PeerBook.record_earned``; ``n`` clamped to [0, max_trees_per_peer]). Standing is earned here, after
+        the update, never at admission (see ``SwarmClient.credit``)."""
+        n = max(0, min(int(n), self.max_trees_per_peer))
+        if n:
+            self.peers.record_earned(str(peer_id), n)
+
+    def charge(self, peer_id: str, reason: str, n: int = 1) -> None:
+        """The trainer rejected ``n`` (clamped to [0, 1024]) of ``peer_id``'s samples under ``reason``: ``n`` soft
+        rejections (no strike, no ban) and one earned tree taken back (see ``SwarmClient.charge``)."""
+        n = max(0, min(int(n), 1024))
+        peer_id = str(peer_id)
+        for _ in range(n):
+            self.peers.record_reject(peer_id, str(reason), False, "rejected by the trainer")
+        if n:
+            self.peers.record_unearned(peer_id, 1)
+
+    def admit(self, trees: list[PeerTree], asked: Collection[str] = ()) -> tuple[list[PeerTree], int, int]:
+        """Admit this step's verified trees (and the carried ones) under the per-key caps.
+
+        An established key (``PeerBook.earned >= established_after``) gets up to ``max_trees_per_peer``
+        trees; a young key up to ``PeerBook.tree_cap`` (``young_key_trees + earned // trees_per_earned_tree``),
+        and all young keys together up to ``max_young_trees``, handed out one tree per key per turn (a young
+        key's trees whose rewards do not differ are dropped first -- unless they answer a question we asked,
+        ``asked`` holds those task keys -- they have nothing to train and must not take a slot), the key that has
+        waited longest first: a key's place is the turn it last got a slot, or, never served, the turn it first
+        waited; ties in random order. Every young key with something to train gets a turn at least once per
+        ``ceil(young keys / max_young_trees)`` steps; no standing a copied tree buys moves it ahead (outside
+        attack: two keys with one earned tree each took both slots every step and locked an honest newcomer
+        out), and fresh keys minted every step queue behind a key that has been waiting (outside attack: with
+        "never served goes first", two fresh keys a step took both slots and an honest newcomer was admitted 1
+        step in 12). Admission earns nothing. The trees of an established key are marked
+        ``PeerTree.established`` (what cross-node expansion requires), but only when the key was already
+        established when the tree first arrived.
+
+        Trees over a cap are carried to the next steps (older first), at most ``max_trees_per_peer`` per key and
+        :data:`MAX_CARRY_TREES` in all, for at most ``window_s``; beyond that they are dropped.
+
+        Returns:
+            ``(admitted trees, admitted trees of young keys, trees dropped this step)``: dropped by a cap, by
+            age, or as a young key's tree without reward contrast.
+        """
+        now = self.clock()
+        horizon = now - self.window_s
+        dropped = sum(1 for t0, _, _ in self.carry if t0 < horizon)
+        arrived_young = {vt.peer_id: self.peers.is_young(vt.peer_id, self.established_after) for vt in trees}
+        items = ([(t0, vt, y) for t0, vt, y in self.carry if t0 >= horizon]
+                 + [(now, vt, arrived_young[vt.peer_id]) for vt in trees])
+        self.carry = []
+        if not items:
+            return [], 0, dropped
+        by_peer: dict[str, list[int]] = {}
+        for i, (_, vt, _) in enumerate(items):
+            by_peer.setdefault(vt.peer_id, []).append(i)
+        keep: set[int] = set()
+        gone: set[int] = set()  # young keys' trees without reward contrast
+        young: dict[str, list[int]] = {}
+        for peer, idx in by_peer.items():
+            if self.peers.is_young(peer, self.established_after):
+                # an answer to a question we asked carries no contrast of its own (our wrong leaves bring it)
+                flat = {i for i in idx if not has_contrast(items[i][1]) and items[i][1].task_key not in asked}
+                if flat:  # no advantage, nothing to train: such trees take no slot of the young pool
+                    gone |= flat
+                    idx = [i for i in idx if i not in flat]
+                cap = self.peers.tree_cap(peer, base=self.young_key_trees, per=self.trees_per_earned_tree,
+                                          ceiling=max(self.young_key_trees, self.max_trees_per_peer))
+                young[peer] = idx[:cap]
+            else:
+                keep.update(idx[:self.max_trees_per_peer])
+                for i in idx:
+                    items[i][1].established = not items[i][2]
+        pool = self.max_young_trees
+        order = [p for p in young if young[p]]
+        self.turn += 1
+        for p in order:  # a key's place in the queue: the turn it last got a slot, else the turn it first waited
+            if p not in self.served and p not in self.waiting \
+                    and len(self.waiting) < MAX_YOUNG_KEYS:  # full: a new key waits at the back
+                self.waiting[p] = self.turn
+        random.shuffle(order)  # ties in a random order; then the key that has waited longest goes first:
+        order.sort(key=lambda p: (self.served[p], 1) if p in self.served  # waiting since after turn t
+                   else (self.waiting.get(p, self.turn), 0))  # waiting since before turn t
+        n_young = 0
+        while pool > 0 and any(young[p] for p in order):
+            for p in order:
+                if pool > 0 and young[p]:
+                    keep.add(young[p].pop(0))
+                    pool -= 1
+                    n_young += 1
+                    self.served[p] = self.turn
+                    self.served.move_to_end(p)
+                    self.waiting.pop(p, None)
+        while len(self.served) > MAX_YOUNG_KEYS:
+            self.served.popitem(last=False)
+        out = [vt for i, (_, vt, _) in enumerate(items) if i in keep]
+        carry: list[tuple[float, PeerTree, bool]] = []
+        per_peer: Counter[str] = Counter()
+        dropped += len(gone)
+        for i, (t0, vt, arrived) in enumerate(items):
+            if i in keep or i in gone:
+                continue
+            if per_peer[vt.peer_id] < self.max_trees_per_peer:
+                per_peer[vt.peer_id] += 1
+                carry.append((t0, vt, arrived))
+            else:
+                dropped += 1
+        if len(carry) > MAX_CARRY_TREES:  # the oldest go first
+            dropped += len(carry) - MAX_CARRY_TREES
+            carry = carry[-MAX_CARRY_TREES:]
+        self.carry = carry
+        return out, n_young, dropped

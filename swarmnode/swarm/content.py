@@ -1,0 +1,112 @@
+"""Names of tree contents for the ``replay`` check, and who holds the authorship of a content.
+
+:func:`content_key` and :func:`leaf_keys` name a tree's normalized content (TaskRef + normalized completion texts),
+so that a copy re-signed under another key, at another time, with a trailing space or with its leaves regrouped
+has a key the verifier has seen (:mod:`swarmnode.swarm.verify`, step 6 "replay"; the keys live in a
+:class:`~swarmnode.swarm.replay.ReplayMemory`). :func:`claim_authorship` moves a content's authorship to the earliest
+commitment (protocol/SPEC.md §5.1). :func:`tree_digest` is the exact-content digest of a tree (local use only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Any, Sequence
+
+from swarmnode.swarm import wire
+from swarmnode.swarm.replay import ReplayMemory
+from swarmnode.tasks.base import TaskRef
+from swarmnode.tasks.partition import normalize_question
+
+__all__ = ["claim_authorship", "content_key", "leaf_keys", "leaf_path", "tree_digest"]
+
+_U32 = "I" if array("I").itemsize == 4 else "L"  # a 4-byte unsigned typecode (token ids are < 2^32)
+
+
+def tree_digest(wt: wire.WireTree) -> bytes:
+    """SHA-256 of a tree's exact content: TaskRef, prompt ids and text, and every node's parent, ids and text.
+
+    Replay detection no longer uses it (a trailing space or another prompt changed it): see :func:`content_key`.
+
+    Policy versions, log-probs, finish reasons and claimed rewards are left out, so re-publishing the
+    same rollouts with other metadata (or another key) gives the same digest. Local use only (the byte
+    layout is not part of the protocol).
+    """
+    h = hashlib.sha256()
+    h.update(repr(wt.task.to_list()).encode("utf-8", "surrogatepass"))
+    h.update(len(wt.prompt_ids).to_bytes(4, "little"))
+    h.update(array(_U32, wt.prompt_ids).tobytes())
+    h.update(wt.prompt_text.encode("utf-8", "surrogatepass"))
+    for n in wt.nodes:
+        h.update(b"\x00N")
+        h.update((-1 if n.parent is None else n.parent).to_bytes(4, "little", signed=True))
+        h.update(len(n.token_ids).to_bytes(4, "little"))
+        h.update(array(_U32, n.token_ids).tobytes())
+        h.update(len(n.text).to_bytes(4, "little"))
+        h.update(n.text.encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
+    """SHA-256 naming a tree's normalized content: its TaskRef and the sorted set of normalized completion texts.
+
+    Normalization is :func:`~swarmnode.tasks.partition.normalize_question` (NFKC, lower case, whitespace runs
+    collapsed, ends stripped), and equal texts count once, so a copy with a trailing space, other line breaks,
+    reordered or duplicated leaves, another key, another signature time or other metadata has the same key.
+    ``content_key(ref, [text])`` names one leaf (:func:`leaf_keys`). Local use only (not part of the protocol).
+    """
+    h = hashlib.sha256()
+    h.update(repr(ref.to_list()).encode("utf-8", "surrogatepass"))
+    for t in sorted({normalize_question(x) for x in leaf_texts}):
+        h.update(b"\x00L")
+        h.update(len(t).to_bytes(4, "little"))
+        h.update(t.encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+def leaf_keys(ref: TaskRef, leaf_texts: Sequence[str]) -> list[bytes]:
+    """One :func:`content_key` per distinct normalized leaf text of a tree (``content_key(ref, [text])``): a tree
+    none of whose leaves is new (every key seen before) is a copy, however its leaves were regrouped."""
+    return [content_key(ref, [t]) for t in sorted({normalize_question(x) for x in leaf_texts})]
+
+
+def leaf_path(wt: wire.WireTree, leaf: int) -> list[int]:
+    """Node indices root-excluded down to ``leaf`` (parents are earlier: the walk ends in <= depth steps)."""
+    out = []
+    cur: int | None = leaf
+    while cur is not None and cur != 0:
+        out.append(cur)
+        cur = wt.nodes[cur].parent
+    return out[::-1]
+
+
+def claim_authorship(memory: ReplayMemory, key: bytes, seen: Any, signer: str,
+                     committed_at: float | None) -> tuple[str, str | None] | None:
+    """A copy of content ``key`` from ``signer``: move or dispute its authorship in ``memory``.
+
+    Args:
+        memory: the verifier's content memory; a tree key's value is ``(holder peer id | None, commitment time)``.
+        key: the tree's :func:`content_key`.
+        seen: the value ``memory`` holds for ``key`` (``"own"``, ``"peer"`` or a holder tuple; other values and
+            ``None`` claim nothing).
+        signer: peer id of the copy's signer.
+        committed_at: when we first read the manifest that announced the copy (the clock of
+            ``Verifier.verify_bundle``'s ``committed_at``); ``None`` claims nothing.
+
+    Returns:
+        ``(loser, winner)`` when the authorship changed: ``winner`` committed earlier than the holder ``loser``
+        (``memory`` now names ``winner``), or ``winner`` is None when both committed at the same time (disputed:
+        no one keeps it); ``None`` when nothing changed.
+    """
+    if not isinstance(seen, tuple) or committed_at is None:
+        return None
+    holder, held_at = seen
+    if holder is None or holder == signer or held_at is None:
+        return None
+    if committed_at < held_at:
+        memory.add(key, (signer, committed_at), young=None)
+        return holder, signer
+    if committed_at == held_at:
+        memory.add(key, (None, held_at), young=None)
+        return holder, None
+    return None

@@ -1,0 +1,312 @@
+"""The DHT's child processes: a hivemind DHT process that dies with the node, its p2pd, and talking to them.
+
+``hivemind.DHT`` forks a child process that starts a go-libp2p daemon (``p2pd``). :class:`NodeBoundDHT` makes both
+end with the node (parent-death signal, parent watch, no inherited listening sockets, own process group);
+:func:`pipe_room` measures the request pipe before a write (a hung process must not block its caller);
+:func:`fresh_mpfuture_locks` replaces hivemind's cross-process locks after a process died holding them;
+:func:`stop_dht_process` stops a process and cleans up after it. The coroutines :func:`startup_info`,
+:func:`health_info`, :func:`read_visible_maddrs` and :func:`join_peers` run *inside* the DHT process
+(``DHT.run_coroutine``). :class:`~swarmnode.swarm.dht_host.DHTHost` uses all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import struct
+import threading
+import time
+from typing import Any
+
+from hivemind.dht import DHT, DHTNode
+from hivemind.p2p import PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+__all__ = [
+    "PARENT_WATCH_INTERVAL",
+    "REQUEST_OVERHEAD",
+    "NodeBoundDHT",
+    "fresh_mpfuture_locks",
+    "health_info",
+    "join_peers",
+    "pipe_room",
+    "read_visible_maddrs",
+    "startup_info",
+    "stop_dht_process",
+]
+
+log = logging.getLogger("swarmnode.swarm.dht")  # all of the DHT's log lines under one name
+
+try:  # Linux/macOS: measure the free space of the request pipe before writing to it
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - hivemind itself needs a Unix
+    fcntl = termios = None  # type: ignore[assignment]
+_F_GETPIPE_SZ = 1032  # Linux fcntl command; elsewhere the check is skipped
+REQUEST_OVERHEAD = 2048  # bytes of a pickled request besides its value (method name, key, MPFuture)
+
+
+def pipe_room(dht: DHT) -> int | None:
+    """Free bytes in the DHT's request pipe, or None when this OS cannot tell.
+
+    ``DHT.store/get/run_coroutine`` write a pickled request into an ``mp.Pipe`` the DHT process reads from
+    its event loop. If that process hangs, the pipe fills up and the next write blocks forever; checking the
+    room first turns that into a bounded failure (rl-swarm #77 #102 saw the pipe errors of a sick DHT).
+    """
+    if fcntl is None:
+        return None
+    try:
+        fd = dht._outer_pipe.fileno()
+        unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        return fcntl.fcntl(fd, _F_GETPIPE_SZ) - unread
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- child processes
+# The DHT runs in a forked child that starts p2pd. Both must end with the node: ``kill -9`` of the node (or
+# the OOM killer) must not leave them holding the node's status port, its p2p identity or ~400 MB.
+# * p2pd gets PR_SET_PDEATHSIG(SIGKILL): the kernel kills it when the DHT child (its parent) dies.
+# * The DHT child watches its parent (``os.getppid()``) and exits when it changes (a parent-death signal
+#   would be wrong here: it fires when the *thread* that forked the child ends, and restarts fork from
+#   short-lived threads).
+# * The DHT child closes the listening sockets it inherited by fork (the status server's port).
+# * ``pid_file`` records both children (pid + start time); a node starting in the same run directory ends
+#   the ones a killed predecessor left behind, by that record and never by process name.
+_PR_SET_PDEATHSIG = 1
+PARENT_WATCH_INTERVAL = 0.5  # seconds between the DHT child's checks that its parent still lives
+
+
+def _libc_prctl():
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+
+_PRCTL = _libc_prctl() if os.name == "posix" and os.uname().sysname == "Linux" else None
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn`` of p2pd: SIGKILL it when its parent (the DHT child) dies (Linux; elsewhere a no-op)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _close_inherited_listeners() -> int:
+    """Close every listening socket this (just forked) process inherited; returns how many were closed."""
+    import socket as _socket
+
+    closed = 0
+    try:
+        fds = [int(x) for x in os.listdir("/proc/self/fd")]
+    except OSError:  # pragma: no cover - no /proc
+        return 0
+    for fd in fds:
+        if fd <= 2:
+            continue
+        try:
+            if not _socket_is_listening(_socket, fd):
+                continue
+            os.close(fd)
+            closed += 1
+        except OSError:
+            continue
+    return closed
+
+
+def _socket_is_listening(_socket: Any, fd: int) -> bool:
+    import stat
+
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        return False
+    s = _socket.socket(fileno=fd)
+    try:
+        return bool(s.getsockopt(_socket.SOL_SOCKET, _socket.SO_ACCEPTCONN))
+    finally:
+        s.detach()
+
+
+def _watch_parent(parent_pid: int, interval: float = PARENT_WATCH_INTERVAL) -> None:
+    """Daemon thread of the DHT child: exit the process (p2pd follows by its death signal) once the parent is gone."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=loop, name="swarm-dht-parent-watch", daemon=True).start()
+
+
+class NodeBoundDHT(DHT):
+    """``hivemind.DHT`` whose child process dies with the node, holds none of its sockets, and whose p2pd
+    dies with it (see the comment above :data:`PARENT_WATCH_INTERVAL`)."""
+
+    def run(self) -> None:  # runs in the forked child
+        try:  # own process group: a terminal's Ctrl-C (or a killpg of the node) reaches the node alone, which
+            os.setpgid(0, 0)  # then stops its DHT in order instead of losing p2pd under it mid-step
+        except OSError:  # pragma: no cover
+            pass
+        _close_inherited_listeners()
+        _watch_parent(os.getppid() if self._parent_pid is None else self._parent_pid)
+        real = asyncio.create_subprocess_exec
+
+        async def exec_bound(*args: Any, **kwargs: Any):
+            kwargs.setdefault("preexec_fn", _die_with_parent)
+            kwargs.setdefault("start_new_session", True)  # p2pd: no terminal signals either
+            return await real(*args, **kwargs)
+
+        asyncio.create_subprocess_exec = exec_bound  # this process is the DHT's alone: only p2pd is started here
+        asyncio.subprocess.create_subprocess_exec = exec_bound
+        super().run()
+
+    def shutdown(self) -> None:
+        """Ask the DHT process to stop, wait ``shutdown_timeout`` s, then terminate it (logged at INFO: on a
+        loaded machine a slow stop is normal, not an error)."""
+        if self.is_alive():
+            try:
+                self._outer_pipe.send(("_shutdown", [], {}))
+                self._outer_pipe.close()
+            except (OSError, ValueError):
+                pass
+            self.join(self.shutdown_timeout)
+            if self.is_alive():
+                log.info("the DHT process did not stop within %.0f s; terminating it", self.shutdown_timeout)
+                self.terminate()
+
+    _parent_pid: int | None = None
+
+
+# --------------------------------------------------------------------------- helpers (picklable coroutines)
+async def startup_info(_dht: DHT, node: DHTNode) -> dict:
+    """Runs inside the DHT process: identity and daemon facts needed by the host process."""
+    p2p = node.p2p
+    child = getattr(p2p, "_child", None)
+    try:
+        maddrs = [str(m) for m in await node.get_visible_maddrs(latest=False)]
+    except Exception:  # noqa: BLE001 - a daemon without addresses still works for outgoing calls
+        maddrs = []
+    return {
+        "peer_id": node.peer_id.to_base58(),
+        "daemon_listen_maddr": str(p2p.daemon_listen_maddr),
+        "p2pd_pid": child.pid if child is not None else None,
+        "maddrs": maddrs,
+    }
+
+
+async def health_info(_dht: DHT, node: DHTNode) -> dict:
+    """Runs inside the DHT process: routing-table size and whether p2pd is still running."""
+    child = getattr(node.p2p, "_child", None)
+    p2pd_alive = child is None or child.returncode is None
+    return {"num_peers": len(node.protocol.routing_table.uid_to_peer_id), "p2pd_alive": p2pd_alive}
+
+
+async def read_visible_maddrs(_dht: DHT, node: DHTNode, latest: bool) -> list[str]:
+    """Runs inside the DHT process: the multiaddrs (with ``/p2p/<peer id>``) other peers can dial."""
+    return [str(m) for m in await node.get_visible_maddrs(latest=latest)]
+
+
+async def join_peers(_dht: DHT, node: DHTNode, maddrs: list[str], timeout: float) -> int:
+    """Runs inside the DHT process: connect to, ping and look ourselves up through ``maddrs``.
+
+    Mirrors the three bootstrap stages of ``DHTNode.create`` (hivemind 1.1.12 ``dht/node.py``). Returns
+    how many of the peers answered the DHT ping.
+    """
+    by_peer: dict[str, list[Multiaddr]] = {}
+    for text in maddrs:
+        maddr = Multiaddr(text)
+        peer = maddr["p2p"]
+        by_peer.setdefault(peer, []).append(maddr.decapsulate(Multiaddr(f"/p2p/{peer}")))
+
+    async def one(peer_b58: str, addrs: list[Multiaddr]):
+        peer_id = PeerID.from_base58(peer_b58)
+        if peer_id == node.peer_id:
+            return None
+        try:
+            await asyncio.wait_for(node.p2p._client.connect(peer_id, addrs), timeout)
+        except Exception:  # noqa: BLE001 - unreachable peer
+            return None
+        return await node.protocol.call_ping(peer_id)
+
+    results = await asyncio.gather(*(one(p, a) for p, a in by_peer.items()), return_exceptions=True)
+    answered = sum(1 for r in results if r is not None and not isinstance(r, BaseException))
+    if answered:
+        try:
+            await asyncio.wait_for(node.find_nearest_nodes([node.node_id]), timeout)
+        except Exception:  # noqa: BLE001 - the routing table already holds the pinged peers
+            pass
+    return answered
+
+
+def fresh_mpfuture_locks() -> None:
+    """Give processes forked from now on fresh copies of hivemind's cross-process MPFuture locks.
+
+    hivemind 1.1.12 serializes every result a DHT process sends back with a *global* ``mp.Lock``
+    (``MPFuture._update_lock``; also ``_initialization_lock`` and ``SharedBytes._lock``) shared by every
+    process forked from ours. A DHT process killed or frozen while holding it (OOM killer, SIGKILL, a stop
+    right after it answered) leaves it locked for ever, and every DHT process started afterwards hangs on
+    its first ``set_result`` (its ready signal), so restarts never succeed. Replacing the lock objects in
+    this process before the next fork gives the new DHT process working locks; futures already in flight
+    keep using the current receiver pipe, which is left untouched (unlike ``MPFuture.reset_backend``).
+    """
+    import multiprocessing as mp
+
+    from hivemind.utils.mpfuture import MPFuture, SharedBytes
+
+    MPFuture._initialization_lock = mp.Lock()
+    MPFuture._update_lock = mp.Lock()
+    SharedBytes._lock = mp.Lock()
+
+
+def stop_dht_process(dht: DHT | None, info: dict, graceful: bool = True) -> None:
+    """Stop a DHT process and what it leaves behind: its p2pd (when orphaned) and p2pd's control socket file.
+
+    :param dht: the process (None: nothing to do)
+    :param info: its :func:`startup_info` (``p2pd_pid``, ``daemon_listen_maddr``), or ``{}`` when unknown
+    :param graceful: ask it to shut down first (skipped when its request pipe is full: that write would block);
+        then SIGTERM, then SIGKILL. A process that did not exit cleanly gets hivemind's shared locks replaced
+        (:func:`fresh_mpfuture_locks`). Never raises.
+    """
+    if dht is None:
+        return
+    clean = False
+    try:
+        room = pipe_room(dht)
+        if graceful and dht.is_alive() and (room is None or room >= 4096):
+            dht.shutdown()  # graceful (never blocks on a full pipe), then SIGTERM after shutdown_timeout
+            clean = dht.exitcode == 0
+        if dht.is_alive():
+            dht.terminate()
+            dht.join(1)
+        if dht.is_alive():
+            dht.kill()
+            dht.join(5)
+    except Exception as e:  # noqa: BLE001
+        log.debug("error while stopping the DHT process: %s", e)
+    if not clean:  # it died, hung or was killed: it may have taken hivemind's shared locks with it
+        fresh_mpfuture_locks()
+    # p2pd normally exits with its parent; make sure an orphan does not keep the port
+    pid, sock = info.get("p2pd_pid"), info.get("daemon_listen_maddr", "")
+    if pid:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            if b"p2pd" in cmdline and sock.split("/unix")[-1].encode() in cmdline:
+                os.kill(pid, signal.SIGTERM)
+        except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+            pass
+    # a killed DHT process cannot remove its daemon's control socket file; do it for it
+    if sock.startswith("/unix/"):
+        path = sock[len("/unix"):]
+        if os.path.basename(path).startswith("hivemind-p2pd-"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
