@@ -17,5 +17,5 @@ module                 owns
 ``expansion.py``       cross-node expansion: forks of peers' prefixes continued by our own policy
 =====================  ===========================================================================================
 
-``rollout`` imports neither ``policy`` nor ``swarm`` (tests/test_architecture.py).
+``rollout`` imports neither ``policy`` nor ``swarm`` (tests/unit/test_architecture.py).
 """

@@ -14,7 +14,7 @@ time and verified, kept work, not with the number of keys; :func:`move_authorshi
 standing to the key whose manifest we read first.
 
 State is this object's own (the gather runs on one thread, the node's main thread); the clock is injectable
-(``clock``: monotonic seconds) so the policy is tested with a fake clock (tests/test_swarm_policies.py).
+(``clock``: monotonic seconds) so the policy is tested with a fake clock (tests/unit/swarm/test_swarm_policies.py).
 """
 
 from __future__ import annotations

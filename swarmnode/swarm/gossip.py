@@ -73,9 +73,9 @@ from swarmnode.swarm.info import (P2P_KEY_FILE, SWARM_INFO_FILE, default_identit
                                   heartbeat_time_ok, identity_path_for, list_peers, read_swarm_info, write_swarm_info)
 from swarmnode.swarm.prune import PruneRule
 from swarmnode.swarm.publisher import Publisher
-from swarmnode.swarm.publisher import flat_subtree as _flat_subtree  # noqa: F401 - tests/test_rescue.py imports it here
+from swarmnode.swarm.publisher import flat_subtree as _flat_subtree  # noqa: F401 - tests/unit/train/test_rescue.py
 from swarmnode.swarm.rates import HeartbeatBook, RescueRequest
-from swarmnode.swarm.rates import fitting_heartbeat as _fitting_heartbeat  # noqa: F401 - tests/test_rescue.py
+from swarmnode.swarm.rates import fitting_heartbeat as _fitting_heartbeat  # noqa: F401 - test_rescue.py too
 from swarmnode.swarm.scheduler import FetchScheduler
 from swarmnode.swarm.transport import BundleServer, BundleStore
 from swarmnode.swarm.verify import Rejection, Verifier, special_token_ids
@@ -523,13 +523,13 @@ class SwarmClient:
         return self.gatherer.gather()
 
     def _admit(self, trees: list[PeerTree]) -> tuple[list[PeerTree], int, int]:
-        """:meth:`Admission.admit` with the questions we asked (kept for tests/test_curriculum.py and
-        tests/test_rescue.py, which call it here)."""
+        """:meth:`Admission.admit` with the questions we asked (kept for tests/integration/test_curriculum.py and
+        tests/unit/train/test_rescue.py, which call it here)."""
         return self.admission.admit(trees, {r.key() for r in self.rescue_refs()})
 
     @property
     def _carry(self) -> list:
-        """The trees waiting over a cap (:attr:`Admission.carry`; kept for tests/test_curriculum.py)."""
+        """The trees waiting over a cap (:attr:`Admission.carry`; kept for tests/integration/test_curriculum.py)."""
         return self.admission.carry
 
     # ------------------------------------------------------------------ reporting

@@ -11,7 +11,7 @@
   with it. A flood of fresh keys evicts fresh keys, never a peer with earned standing.
 
 Clocks are injectable (``clock``: monotonic seconds, ``wall``: seconds since the epoch) so the policies are tested
-with a fake clock (tests/test_swarm_policies.py).
+with a fake clock (tests/unit/swarm/test_swarm_policies.py).
 """
 
 from __future__ import annotations

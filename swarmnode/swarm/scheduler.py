@@ -18,7 +18,7 @@ bundles from 28/28 to 0/27. So :class:`FetchScheduler`
   rate-limit tokens, and bounds the queue of fetched bodies (:meth:`~FetchScheduler.drop_pending`).
 
 Thread-safe (``lock``); the clocks are injectable (``clock``: monotonic seconds, ``wall``: seconds since the
-epoch) so the policies are tested with a fake clock (tests/test_swarm_policies.py).
+epoch) so the policies are tested with a fake clock (tests/unit/swarm/test_swarm_policies.py).
 """
 
 from __future__ import annotations

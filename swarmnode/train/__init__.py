@@ -19,5 +19,5 @@ module              owns
 ``checkpoint.py``   crash-safe checkpoints and resuming
 ==================  ==============================================================================================
 
-``train`` never imports ``swarm`` (tests/test_architecture.py): it takes peers' trees and returns data.
+``train`` never imports ``swarm`` (tests/unit/test_architecture.py): it takes peers' trees and returns data.
 """

@@ -339,7 +339,7 @@ def test_future_dated_heartbeats_are_left_out_of_the_peer_list(swarm):
 
 # ============================================================================ wiring of the policy objects (no network)
 # the policies themselves (fair order, budgets, retry states, young-key turns, peers' rates) are unit-tested with a
-# fake clock in tests/test_swarm_policies.py
+# fake clock in tests/unit/swarm/test_swarm_policies.py
 def _offline_client(mix, **swarm) -> SwarmClient:
     cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, **swarm))
     ident = Identity.from_private_bytes(hashlib.sha256(b"test_gossip offline").digest())

@@ -5,7 +5,8 @@
 - :class:`~swarmnode.swarm.admission.Admission`: young keys' caps and turns, carried trees, standing;
 - :class:`~swarmnode.swarm.rates.HeartbeatBook`: peers' task rates and rescue requests.
 
-The wiring of these objects into ``SwarmClient`` (polls, gathers, real DHTs) is tested in tests/test_gossip.py.
+The wiring of these objects into ``SwarmClient`` (polls, gathers, real DHTs) is tested in
+tests/integration/test_gossip.py.
 """
 
 from __future__ import annotations
@@ -416,7 +417,7 @@ def test_admitted_trees_earn_no_standing_until_the_node_trains_on_them():
     """Outside attacks (2026-12-05): standing was earned at admission. A fresh key whose mixed junk trees the
     screen rejected every step was established after 11 steps, and one junk tree a step over the per-step token
     budget -- admitted, never selected, never screened -- after 16 steps. Admission now earns nothing; the node
-    credits what it trained on (``SwarmClient.credit``, tests/test_node_trust.py) and a trainer rejection is a
+    credits what it trained on (``SwarmClient.credit``, tests/unit/test_node_trust.py) and a trainer rejection is a
     soft reject only."""
     from swarmnode.train.screen import SCREEN_REASON
 
