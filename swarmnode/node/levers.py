@@ -44,10 +44,11 @@ class Levers:
         """This step's per-source sampling weights under the swarm curriculum, and their metrics.
 
         ``None`` (the configured weights) when ``swarm.curriculum.enabled`` is off. Otherwise each source's rate
-        is the median of our own recent rate and one vote per peer (:func:`tally_votes`; young peers never
-        outvote the trusted ones), and its weight is its configured weight times a factor within
-        ``[min_factor, max_factor]`` (:func:`curriculum_weights`).
-        Metrics: ``curriculum/rate/<task>`` (NaN = no votes), ``curriculum/share/<task>`` (share of the draws) and
+        is the median of our own recent rate and one vote per seated established peer, and its weight is its
+        configured weight times the median of the seats' factors within ``[min_factor, max_factor]``
+        (:func:`tally_votes`, :func:`curriculum_weights`; young peers get no seat).
+        Metrics: ``curriculum/rate/<task>`` (NaN = no votes), ``curriculum/factor/<task>`` (the weight
+        multiplier), ``curriculum/share/<task>`` (share of the draws) and
         ``curriculum/voters`` (peers whose votes were used for at least one task).
         """
         cc = self.cfg.swarm.curriculum
@@ -60,16 +61,18 @@ class Levers:
         tallies = tally_votes(keys, self.local_rates.counts(), peers, min_samples=cc.min_samples,
                               max_age_s=cc.max_age_seconds, max_voters=cc.max_voters,
                               established_after=self.cfg.swarm.established_after,
-                              own_peer_id=None if self.swarm is None else self.swarm.peer_id)
+                              own_peer_id=None if self.swarm is None else self.swarm.peer_id,
+                              min_factor=cc.min_factor, max_factor=cc.max_factor)
         rates = {k: t.rate for k, t in tallies.items()}
-        weights = curriculum_weights(self.tasks.weights, [rates[k] for k in keys], min_factor=cc.min_factor,
-                                     max_factor=cc.max_factor)
+        weights = curriculum_weights(self.tasks.weights, factors=[tallies[k].factor for k in keys],
+                                     min_factor=cc.min_factor, max_factor=cc.max_factor)
         total = sum(weights)
         # peers whose votes were used for at least one task (not every heartbeat read)
         m: dict[str, Any] = {"curriculum/voters": len({p for t in tallies.values() for p in t.peers})}
         for i, k in enumerate(keys):
             name = self._task_label(i)
             m[f"curriculum/rate/{name}"] = float("nan") if rates[k] is None else rates[k]
+            m[f"curriculum/factor/{name}"] = tallies[k].factor
             m[f"curriculum/share/{name}"] = weights[i] / total
         return weights, m
 

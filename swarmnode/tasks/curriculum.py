@@ -20,26 +20,31 @@ Peers are untrusted, so the statistic is bounded by construction (:func:`tally_v
   top standing take every seat beside a majority of honest peers). When more peers are established than
   ``max_voters`` (bounded work), the seats are a uniformly random subset of them, drawn afresh on every call
   (once per step in the node) from a secret seed no voter can know or steer, the same seats for every task;
-* a seated peer without ``min_samples`` leaves of a task abstains on it: with our own vote, each abstention
-  repeats it; without it, the task has a rate only when more than half of the seats voted (a few peers
-  claiming samples of a rare task cannot set its rate);
 * every rate is ``k / n`` clamped to [0, 1]; a NaN, an infinity, a negative or non-numeric count is no vote;
-  counts are capped at :data:`MAX_RATE_COUNT` and only decide whether a rate is a vote (they weigh nothing);
-* the swarm's rate of a task is the **median** of the trusted votes;
+  counts only decide whether a rate is a vote (they weigh nothing);
+* **the weight follows the seats' factors**: every seat (ours, and each seated established peer) holds one
+  value, the :func:`curriculum_factor` of its own rate, or the neutral factor 1 when it abstains (fewer than
+  ``min_samples`` leaves of the task, or, for our seat, no vote of ours); the task's factor is the **median** of
+  those values (of an even count, the geometric mean of the two middle ones). The median is taken over factors,
+  not rates, because the factor is not monotone in the rate (honest rates at 0 and 1 with one liar at 0.5 gave a
+  median rate of 0.5 and the maximum factor where every honest seat said the minimum), and an abstention is
+  neutral: it never repeats a vote, so liars cannot use their own or honest peers' abstentions;
+* the swarm's **rate** of a task (shown in the metrics, not used for the weight) is the median of the trusted
+  votes; with our own vote each abstaining seat repeats it, and without it the task has a rate only when more
+  than half of the seats voted;
 * whatever the median says, a task's weight stays within ``[min_factor, max_factor]`` x its configured
   weight (:func:`curriculum_weights`): hostile values can move a task's share of the draws by at most the
   factor ``max_factor / min_factor`` and can never take a task out of the mix or make it the only one.
 
-**Guarantee.** Let a task's trusted votes be ``m`` honest ones (our own vote and its repeats count as honest)
-and ``k`` lies, any values from peers of any standing. While ``m > k`` (with our own vote: ``H >= k`` honest
-established voters; the honest outnumbering the liars is enough), the rate lies between the honest votes of
-ranks ``ceil((m - k) / 2)`` and ``floor((m + k) / 2) + 1`` (1-based, ascending): within the range of the
-honest votes, at most about ``k / 2`` ranks from the honest votes' own median, and **equal to it when the
-honest votes agree**, so the factor is the honest one. Every established peer sits while at most
-``max_voters`` are established (the default, 1,024, is the most peers whose rates the swarm layer keeps);
-beyond that the bound holds for the drawn seats, and the liars hold a majority of them only with the
-hypergeometric chance of the draw (e.g. 40 liars among 100 established peers, 32 seats and our own vote: 5.3%
-of steps).
+**Guarantee.** Let a task's seats be ``m`` honest ones (our own seat always among them, abstaining or not) and
+``k`` held by liars, who may vote any values or abstain. While ``m > k`` (``H >= k`` honest established peers
+seated beside ``k`` liars), the factor lies between the honest seats' factors of ranks ``ceil((m - k) / 2)``
+and ``floor((m + k) / 2) + 1`` (1-based, ascending): within the range of the honest seats' factors, at most
+about ``k / 2`` ranks from their own median, and **equal to it when the honest seats agree**. Every established
+peer sits while at most ``max_voters`` are established (the default, 1,024, is the most peers whose rates the
+swarm layer keeps); beyond that the bound holds for the drawn seats, and the liars hold a majority of them only
+with the hypergeometric chance of the draw (e.g. 40 liars among 100 established peers, 32 seats and our own
+vote: 5.3% of steps).
 
 The weights only choose among sources; :meth:`swarmnode.tasks.mix.TaskMix.refs_for_step` keeps the held-out
 partition out of training and stays a pure function of ``(tasks.seed, step, n, stream, weights)``.
@@ -125,7 +130,8 @@ def vote_rate(entry: Any, min_samples: int) -> float | None:
     n, k = clean_count(n_raw), clean_count(k_raw)
     if n is None or k is None or n < max(1, int(min_samples)):
         return None
-    return min(1.0, max(0.0, min(k, n) / n))
+    n_f, k_f = float(n_raw), float(k_raw)  # finite and >= 0 (clean_count); the rate of the uncapped counts
+    return min(1.0, max(0.0, min(k_f, n_f) / n_f))
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -134,19 +140,32 @@ def _median(xs: Sequence[float]) -> float:
     return s[m] if len(s) % 2 else 0.5 * (s[m - 1] + s[m])
 
 
+def _log_median(xs: Sequence[float]) -> float:
+    """Median of positive factors; of an even count, the geometric mean of the two middle ones (factors are
+    log-linear)."""
+    s = sorted(xs)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else math.sqrt(s[m - 1] * s[m])
+
+
 @dataclass(frozen=True)
 class VoteTally:
     """How one task's swarm rate came about (:func:`tally_votes`).
 
     Attributes:
-        rate: the median of the votes used, in [0, 1]; ``None`` when no trusted vote exists.
+        rate: the median of the votes used, in [0, 1]; ``None`` when no trusted vote exists. Shown in metrics; the
+            weight follows ``factor``.
         peers: peer ids whose votes were used (seated established peers that voted on the task).
         trusted: trusted votes used (our own, if any, plus established peers').
+        factor: the task's weight multiplier in ``[min_factor, max_factor]``: the median over every seat (ours and
+            each seated established peer) of the seat's :func:`curriculum_factor`, an abstaining seat counting as
+            the neutral factor 1 (the module docstring gives the rule and its guarantee).
     """
 
     rate: float | None
     peers: tuple[str, ...] = ()
     trusted: int = 0
+    factor: float = 1.0
 
 
 def draw_seats(peer_ids: Iterable[str], max_voters: int, seed: bytes | None = None) -> list[str]:
@@ -189,6 +208,8 @@ def tally_votes(
     established_after: int = 16,
     own_peer_id: str | None = None,
     seed: bytes | None = None,
+    min_factor: float = 0.5,
+    max_factor: float = 2.0,
 ) -> dict[str, VoteTally]:
     """The swarm's success rate of each task, with the votes it used: the median over our own vote and one vote
     per seated established peer (the module docstring gives the rule and its guarantee).
@@ -211,12 +232,16 @@ def tally_votes(
         own_peer_id: our own peer id, or ``None``.
         seed: the seat draw's seed (only used when more than ``max_voters`` peers are established); ``None``, the
             default, draws a fresh secret one per call.
+        min_factor / max_factor: the factor bounds of :func:`curriculum_factor` (``curriculum.min_factor`` and
+            ``max_factor``); raises ValueError unless ``0 < min_factor <= max_factor``.
 
     Returns:
-        task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote; with
-        ``k`` lying seats and ``m > k`` honest trusted votes, between the honest votes of ranks
-        ``ceil((m - k) / 2)`` and ``floor((m + k) / 2) + 1``. Never raises on hostile peer values.
+        task key -> :class:`VoteTally`. Its ``rate`` lies between the lowest and the highest trusted vote. Its
+        ``factor`` (what the weight follows): with ``k`` lying seats and ``m > k`` honest seats (ours included,
+        voting or abstaining), between the honest seats' factors of ranks ``ceil((m - k) / 2)`` and
+        ``floor((m + k) / 2) + 1``. Never raises on hostile peer values.
     """
+    neutral = curriculum_factor(None, min_factor, max_factor)  # raises on bad bounds
     best: dict[str, PeerRates] = {}
     for pr in peers:
         if not isinstance(pr, PeerRates) or not isinstance(pr.peer_id, str) or not pr.peer_id:
@@ -254,15 +279,23 @@ def tally_votes(
         # established peers): with our own vote, each abstaining seat repeats it; without it, the task gets a rate
         # only when most seats voted
         abstain = len(seated) - len(peer_votes)
+        # the weight: one value per seat, its own factor or, abstaining, the neutral 1; the median over factors,
+        # not over rates, because the factor is not monotone in the rate (outside attack: honest votes at 0 and 1
+        # with one liar at 0.5 took a median rate of 0.5 and the maximum factor, where every honest seat said the
+        # minimum), and an abstention counts as neutral rather than repeating our vote or needing a quorum
+        # (outside attack: liars beside honest peers that abstained set a rare task's factor without our vote)
+        seat_factors = [neutral if mine is None else curriculum_factor(mine, min_factor, max_factor)]
+        seat_factors += [curriculum_factor(r, min_factor, max_factor) for _, r in peer_votes] + [neutral] * abstain
+        factor = _log_median(seat_factors)
         if mine is not None:
             trusted = [mine] * (1 + abstain) + [r for _, r in peer_votes]
         elif peer_votes and 2 * len(peer_votes) > len(seated):
             trusted = [r for _, r in peer_votes]
         else:
-            out[key] = VoteTally(None, tuple(p for p, _ in peer_votes), len(peer_votes))
+            out[key] = VoteTally(None, tuple(p for p, _ in peer_votes), len(peer_votes), factor)
             continue
         out[key] = VoteTally(_median(trusted), tuple(p for p, _ in peer_votes),
-                             len(peer_votes) + (mine is not None))
+                             len(peer_votes) + (mine is not None), factor)
     return out
 
 
@@ -296,13 +329,16 @@ def curriculum_factor(rate: float | None, min_factor: float = 0.5, max_factor: f
     return min(max_factor, max(min_factor, f))
 
 
-def curriculum_weights(configured: Sequence[float], rates: Sequence[float | None], *, min_factor: float = 0.5,
+def curriculum_weights(configured: Sequence[float], rates: Sequence[float | None] | None = None, *,
+                       factors: Sequence[float] | None = None, min_factor: float = 0.5,
                        max_factor: float = 2.0) -> list[float]:
-    """Per-source sampling weights: ``configured[i] * curriculum_factor(rates[i])``.
+    """Per-source sampling weights: ``configured[i] * curriculum_factor(rates[i])``, or ``configured[i] *
+    factors[i]`` (clamped into the bounds) when the factors are given (:attr:`VoteTally.factor`, what the node uses).
 
     Args:
         configured: the configured weights (finite, > 0), one per source.
         rates: the swarm's rate per source (:func:`combine_rates`, same order), ``None`` = unknown.
+        factors: instead of ``rates``, the factor per source (same order).
         min_factor / max_factor: the floor and ceiling multipliers (``swarm.curriculum``).
 
     Returns:
@@ -313,14 +349,23 @@ def curriculum_weights(configured: Sequence[float], rates: Sequence[float | None
     Raises:
         ValueError: lengths differ, a configured weight is not finite and > 0, or bad factors.
     """
-    if len(configured) != len(rates):
-        raise ValueError(f"{len(configured)} configured weights but {len(rates)} rates")
+    if (rates is None) == (factors is None):
+        raise ValueError("give either rates or factors")
+    if factors is not None:
+        curriculum_factor(None, min_factor, max_factor)  # checks the bounds
+        mults = [min(max_factor, max(min_factor, float(f))) if math.isfinite(float(f)) else 1.0 for f in factors]
+        what = "factors"
+    else:
+        mults = [curriculum_factor(r, min_factor, max_factor) for r in rates]
+        what = "rates"
+    if len(configured) != len(mults):
+        raise ValueError(f"{len(configured)} configured weights but {len(mults)} {what}")
     out = []
-    for w, r in zip(configured, rates):
+    for w, f in zip(configured, mults):
         w = float(w)
         if not math.isfinite(w) or w <= 0:
             raise ValueError(f"configured weights must be finite and > 0, got {w}")
-        out.append(w * curriculum_factor(r, min_factor, max_factor))
+        out.append(w * f)
     return out
 
 
@@ -359,4 +404,13 @@ class LocalRates:
                 t[1] += c
         items = [(k, v) for k, v in tot.items() if v[0] > 0 and len(k.encode("utf-8")) <= MAX_TASK_KEY_BYTES]
         items.sort(key=lambda kv: (-kv[1][0], kv[0]))
-        return {k: (min(n, MAX_RATE_COUNT), min(c, n, MAX_RATE_COUNT)) for k, (n, c) in items[:MAX_RATE_TASKS]}
+        return {k: _capped(n, c) for k, (n, c) in items[:MAX_RATE_TASKS]}
+
+
+def _capped(n: int, c: int) -> tuple[int, int]:
+    """``(n, c)`` with ``c <= n``, scaled down together when ``n`` exceeds :data:`MAX_RATE_COUNT` (the rate
+    ``c / n`` kept; capping each alone would turn ``(2**21, 2**20)``, rate 0.5, into rate 1)."""
+    c = min(c, n)
+    if n <= MAX_RATE_COUNT:
+        return n, c
+    return MAX_RATE_COUNT, (c * MAX_RATE_COUNT) // n

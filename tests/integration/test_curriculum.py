@@ -65,9 +65,11 @@ def test_stale_small_and_hostile_entries_are_no_votes():
         PeerRates("", {"rg:a#1": (10, 0)}),
     ]
     assert combine_rates(["rg:a#1"], own, hostile, min_samples=8, max_age_s=120.0) == {"rg:a#1": 0.5}
-    # k > n and huge counts: a rate of at most 1, a count capped (it only decides whether it is a vote)
+    # k > n and huge counts: a rate of at most 1, and the rate of the counts claimed (capping n and k each on its
+    # own turned (10**30, 10**29), rate 0.1, into rate 1: an outside attack)
     assert vote_rate((10, 10**30), 8) == 1.0
-    assert vote_rate((10**30, 10**29), 8) == pytest.approx(min(10**29, MAX_RATE_COUNT) / MAX_RATE_COUNT)
+    assert vote_rate((10**30, 10**29), 8) == pytest.approx(0.1)
+    assert vote_rate((2**21, 2**20), 8) == 0.5
     assert vote_rate((1e308, 0), 8) == 0.0
     for rate in combine_rates(KEYS, {}, [PeerRates("x", {k: (1e300, 1e301) for k in KEYS}, standing=16)]).values():
         assert rate is not None and 0.0 <= rate <= 1.0
@@ -578,3 +580,68 @@ def test_the_outside_attack_on_ranked_seats_is_held():
     t = tally_votes(["rg:a#1"], own, liars + honest)["rg:a#1"]
     assert (t.rate, t.trusted) == (0.5, 58)
     assert all(tally_votes(["rg:a#1"], own, liars + honest, max_voters=32)["rg:a#1"].rate == 0.5 for _ in range(300))
+
+
+# ------------------------------------------------------------------ the factor is a median over seats' factors
+def _seat(i, n, k, standing=16):
+    return PeerRates(f"p{i}", {"rg:a#1": (n, k)}, standing=standing)
+
+
+@pytest.mark.parametrize("honest_voting,honest_abstaining,liars", [(2, 2, 3), (1, 2, 2), (2, 3, 2), (2, 1, 2),
+                                                                   (1, 1, 1)])
+def test_liars_cannot_set_the_factor_while_honest_peers_abstain_and_we_have_no_vote(
+        honest_voting, honest_abstaining, liars):
+    """Outside attack: without a vote of ours, a task got a rate once most seats voted, and the liars' own votes
+    counted toward that majority, so fewer liars than honest established peers (some abstaining) set the factor
+    (H = 4 with 2 abstaining, 3 liars: factor 0.5, the liars' value). Every seat now holds its factor or, abstaining,
+    the neutral 1: the factor stays within the honest seats' values (here 1 and 2)."""
+    key = "rg:a#1"
+    hp = [_seat(i, 20, 10) for i in range(honest_voting)] + [_seat(10 + i, 4, 2) for i in range(honest_abstaining)]
+    for lie in ((20, 20), (20, 0), (20, 10)):
+        lp = [PeerRates(f"liar{j}", {key: lie}, standing=10**6) for j in range(liars)]
+        t = tally_votes([key], {}, hp + lp, min_samples=8, established_after=16)[key]
+        assert 1.0 - 1e-12 <= t.factor <= 2.0 + 1e-12, (lie, t)
+    # control: the honest seats alone
+    t = tally_votes([key], {}, hp, min_samples=8, established_after=16)[key]
+    assert 1.0 - 1e-12 <= t.factor <= 2.0 + 1e-12
+
+
+def test_one_liar_cannot_flip_the_factor_of_bimodal_honest_votes():
+    """Outside attack: the factor is not monotone in the rate; with our vote at 0.0 and two honest peers at 1.0
+    (every honest seat: factor 0.5), one liar at 0.0 made the median rate 0.5 and the factor 2.0. The median of the
+    seats' factors gives 0.5 whatever the liar says."""
+    key = "rg:a#1"
+    honest = [_seat(0, 20, 20), _seat(1, 20, 20)]
+    for lie in ((20, 0), (20, 10), (20, 20), (4, 2)):
+        t = tally_votes([key], {key: (20, 0)}, honest + [PeerRates("liar", {key: lie}, standing=10**6)],
+                        min_samples=8, established_after=16)[key]
+        assert t.factor == pytest.approx(0.5), (lie, t)
+    # and honest seats at 0.1 / 0.9 (each factor 0.824...): one liar cannot raise it to 2.0
+    honest = [_seat(0, 20, 18), _seat(1, 20, 18)]
+    t = tally_votes([key], {key: (20, 2)}, honest + [PeerRates("liar", {key: (20, 10)}, standing=10**6)],
+                    min_samples=8, established_after=16)[key]
+    assert t.factor == pytest.approx(curriculum_factor(0.1))
+
+
+def test_abstaining_liars_do_not_repeat_our_outlying_vote_into_the_factor():
+    """Outside attack: each abstention repeated our own vote, so k abstaining liars dragged the rate toward our
+    outlier (our 0.0 against H honest peers at 0.5: with k = H the rate was 0.0, factor 0.5). An abstention is now
+    the neutral factor 1: the factor stays within the honest seats' values (ours 0.5, theirs 2.0)."""
+    key = "rg:a#1"
+    for h in (2, 3, 5):
+        hp = [_seat(i, 64, 32) for i in range(h)]
+        for k in range(0, h + 1):
+            lp = [PeerRates(f"liar{j}", {key: (4, 0)}, standing=16) for j in range(k)]
+            t = tally_votes([key], {key: (64, 0)}, hp + lp, min_samples=8, established_after=16)[key]
+            assert 0.5 - 1e-12 <= t.factor <= 2.0 + 1e-12
+            if k < h:  # more than half the seats are honest peers at factor 2.0 (plus neutral liars)
+                assert t.factor >= 1.0 - 1e-12, (h, k, t)
+
+
+def test_local_rates_scale_huge_counts_together():
+    """A window with more than MAX_RATE_COUNT leaves publishes its rate, not 1 (each count capped alone gave
+    (2**20, 2**20) for 2**30 leaves at 0.5)."""
+    lr = LocalRates(window_steps=2)
+    lr.observe({"rg:a#1": (2**30, 2**29)})
+    n, k = lr.counts()["rg:a#1"]
+    assert n == MAX_RATE_COUNT and k == MAX_RATE_COUNT // 2
