@@ -417,7 +417,7 @@ def test_admitted_trees_earn_no_standing_until_the_node_trains_on_them():
     """Outside attacks (2026-12-05): standing was earned at admission. A fresh key whose mixed junk trees the
     screen rejected every step was established after 11 steps, and one junk tree a step over the per-step token
     budget -- admitted, never selected, never screened -- after 16 steps. Admission now earns nothing; the node
-    credits what it trained on (``SwarmClient.credit``, tests/unit/test_node_trust.py) and a trainer rejection is a
+    credits what it trained on (``SwarmClient.credit``, tests/unit/node/test_node_trust.py) and a trainer rejection is a
     soft reject only."""
     from swarmnode.train.screen import SCREEN_REASON
 
