@@ -125,6 +125,7 @@ class HeldOutSet:
                     seen.add(key)
                     refs.append(r)
         return refs
+
     def is_eval(self, ref: TaskRef) -> bool:
         """True when ``ref`` names a held-out question: a well-formed ref of this mix whose question is in the
         held-out partition, with a seed of the held-out walk (``eval_seed + k·S``, within the walk's reach)
