@@ -242,7 +242,7 @@ class RoundLoop:
     def _settle(self, rnd: Round, batch: BuiltBatch, trained: list[Sample], tm: dict[str, Any]) -> StepResult:
         """Hand the screen's charges and the credits to the swarm layer; count rescues; advance the step;
         checkpoint when due; write the round's metrics row."""
-        m, step = rnd.m, rnd.step
+        m = rnd.m
         external_used = [s for s in trained if not s.is_local]
         # standing for what we trained on and the screen judged, nothing else (its warm-up keeps nothing)
         updated = not tm.get("skipped") and tm.get("nonfinite_updates", 0) < tm.get("iterations", 1)

@@ -18,6 +18,7 @@ Network
     ``maddrs``      multiaddr parsing and checks
     ``validator``   the DHT's record validator (Ed25519 owner signatures) and the swarm's key space
     ``transport``   :class:`BundleServer`: bundle bodies over libp2p streams, bounded serving and fetching
+    ``bundle_fetch`` / ``bundle_store``  its fetch client (never dials a peer's address); protocol constants, store
 
 Trust
     ``verify``      :class:`Verifier` and the ordered trust table: manifests and bundles, every leaf re-scored

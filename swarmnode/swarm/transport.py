@@ -34,26 +34,43 @@ stall or OOM a node).
 
 Gossip: a fetched body is cached in the bounded :class:`BundleStore` (LRU by total bytes) and served to
 others under the same digest, so a bundle spreads beyond its publisher.
+
+Modules: this one is the server (:class:`BundleServer`: attaching to the daemon, bounded serving); its fetch
+methods are :class:`~swarmnode.swarm.bundle_fetch.BundleFetcher`'s, and the protocol's constants,
+:class:`BundleStore` and :class:`FetchResult` live in :mod:`swarmnode.swarm.bundle_store` (all re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import logging
-import re
 import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Coroutine
 from typing import Any
 
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarmnode.swarm.dht import SwarmDHT, parse_multiaddr
+from swarmnode.swarm.bundle_fetch import BundleFetcher
+from swarmnode.swarm.bundle_store import (
+    _CHUNK,
+    DEFAULT_MAX_BUNDLE_BYTES,
+    LENGTH_BYTES,
+    PROTOCOL,
+    REQUEST_LEN,
+    REQUEST_MAGIC,
+    STATUS_BAD_REQUEST,
+    STATUS_BUSY,
+    STATUS_FOUND,
+    STATUS_NOT_FOUND,
+    BundleStore,
+    FetchResult,
+    sha256_hex,
+)
+from swarmnode.swarm.dht import SwarmDHT
 
 __all__ = [
     "PROTOCOL",
@@ -72,129 +89,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-PROTOCOL = "/swarmnode/bundle/1.0.0"
-REQUEST_MAGIC = b"SNB1"
-"""The first 4 bytes of a request (then the 32-byte raw SHA-256 digest)."""
-REQUEST_LEN = len(REQUEST_MAGIC) + 32
-"""Bytes of a request: 36."""
-STATUS_FOUND, STATUS_NOT_FOUND, STATUS_BUSY, STATUS_BAD_REQUEST = b"\x00", b"\x01", b"\x02", b"\x03"
-"""The response's status byte."""
-LENGTH_BYTES = 8
-"""Bytes of the big-endian body length that follows :data:`STATUS_FOUND`."""
-_CHUNK = 64 * 1024
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
-
-DEFAULT_MAX_BUNDLE_BYTES = 4 * 1024 * 1024
-
-
-def sha256_hex(body: bytes) -> str:
-    """Lowercase hex SHA-256 of ``body`` (the content address of a bundle)."""
-    return hashlib.sha256(body).hexdigest()
-
-
-def _check_digest(digest: str) -> str:
-    if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
-        raise ValueError(f"digest must be 64 lowercase hex chars (sha256), got {digest!r}")
-    return digest
-
-
-def _to_peer_id(peer: PeerID | str) -> PeerID:
-    if isinstance(peer, PeerID):
-        return peer
-    if isinstance(peer, str):
-        try:
-            return PeerID.from_base58(peer)
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"peer must be a base58 libp2p PeerID (e.g. 12D3KooW...), got {peer!r} ({e})") from None
-    raise ValueError(f"peer must be a hivemind PeerID or its base58 str, got {type(peer).__name__}")
-
-
-class BundleStore:
-    """Thread-safe content-addressed byte store, evicting least-recently-used bodies beyond a byte budget.
-
-    :param max_total_bytes: sum of stored body lengths never exceeds this
-    :param max_item_bytes: larger bodies are refused
-    :raises ValueError: on non-positive limits or ``max_item_bytes > max_total_bytes``
-    """
-
-    def __init__(self, max_total_bytes: int = 256 * 1024 * 1024, max_item_bytes: int = DEFAULT_MAX_BUNDLE_BYTES):
-        if not (0 < max_item_bytes <= max_total_bytes):
-            raise ValueError(f"need 0 < max_item_bytes <= max_total_bytes, got {max_item_bytes}, {max_total_bytes}")
-        self.max_total_bytes = int(max_total_bytes)
-        self.max_item_bytes = int(max_item_bytes)
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-        self._total = 0
-        self._lock = threading.Lock()
-
-    def put(self, body: bytes, digest: str | None = None) -> str:
-        """Store ``body`` (evicting LRU bodies as needed) and return its sha256 hex digest.
-
-        :param digest: if given, must equal ``sha256_hex(body)``
-        :raises TypeError: ``body`` is not bytes
-        :raises ValueError: body over ``max_item_bytes`` or digest mismatch
-        """
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"body must be bytes, got {type(body).__name__}")
-        body = bytes(body)
-        if len(body) > self.max_item_bytes:
-            raise ValueError(f"body is {len(body)} bytes; the store's max_item_bytes is {self.max_item_bytes}")
-        actual = sha256_hex(body)
-        if digest is not None and _check_digest(digest) != actual:
-            raise ValueError(f"body hashes to {actual}, not the given digest {digest}")
-        with self._lock:
-            if actual in self._items:
-                self._items.move_to_end(actual)
-                return actual
-            while self._items and self._total + len(body) > self.max_total_bytes:
-                _, evicted = self._items.popitem(last=False)
-                self._total -= len(evicted)
-            self._items[actual] = body
-            self._total += len(body)
-        return actual
-
-    def get(self, digest: str) -> bytes | None:
-        """The body with this digest (marks it recently used), or None."""
-        with self._lock:
-            body = self._items.get(digest)
-            if body is not None:
-                self._items.move_to_end(digest)
-            return body
-
-    def __contains__(self, digest: object) -> bool:
-        with self._lock:
-            return digest in self._items
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
-    @property
-    def total_bytes(self) -> int:
-        """Sum of stored body lengths (bytes)."""
-        with self._lock:
-            return self._total
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """Outcome of one fetch.
-
-    :param body: the verified body, or None
-    :param reason: ``"ok"``, ``"not_found"``, ``"busy"``, ``"too_large"``, ``"truncated"``,
-        ``"digest_mismatch"``, ``"timeout"``, ``"unreachable"``, ``"bad_response"`` or ``"error"``
-    :param peer: base58 PeerID asked
-    :param nbytes: body bytes received (0 when aborted before the body)
-    """
-
-    body: bytes | None
-    reason: str
-    peer: str
-    nbytes: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.body is not None
 
 
 class _LoopThread:
@@ -240,7 +134,7 @@ class _LoopThread:
             self.loop.close()
 
 
-class BundleServer:
+class BundleServer(BundleFetcher):
     """Serves bundle bodies by digest on the DHT's libp2p daemon and fetches them from peers.
 
     :param dht: a started :class:`SwarmDHT`; the server re-attaches itself after each DHT restart
@@ -467,187 +361,3 @@ class BundleServer:
         await asyncio.wait_for(writer.drain(), 4 * self.request_timeout)
         self._count("served")
         self._count("served_bytes", len(body))
-
-    # ------------------------------------------------------------------ fetching
-    @property
-    def peer_id(self) -> str | None:
-        """Base58 PeerID peers fetch from (the DHT daemon's); put it in manifests with :meth:`SwarmDHT.contact`."""
-        return self.dht.peer_id
-
-    def fetch(
-        self,
-        peer: PeerID | str,
-        digest: str,
-        *,
-        timeout: float = 5.0,
-        max_bytes: int | None = None,
-        maddrs: Sequence[str] = (),
-        cache: bool = True,
-    ) -> bytes | None:
-        """Fetch the body with sha256 ``digest`` from ``peer``; see :meth:`fetch_result`. Returns body or None."""
-        return self.fetch_result(peer, digest, timeout=timeout, max_bytes=max_bytes, maddrs=maddrs, cache=cache).body
-
-    def fetch_result(
-        self,
-        peer: PeerID | str,
-        digest: str,
-        *,
-        timeout: float = 5.0,
-        max_bytes: int | None = None,
-        maddrs: Sequence[str] = (),
-        cache: bool = True,
-    ) -> FetchResult:
-        """Fetch one body, verified, with the failure reason.
-
-        :param peer: publisher's (or any caching peer's) libp2p PeerID, object or base58
-        :param digest: 64 lowercase hex chars, sha256 of the wanted body
-        :param timeout: total seconds, including waiting for a free fetch slot
-        :param max_bytes: body-size cap (default ``default_max_bytes``); a larger declared body is refused
-            before it is read
-        :param maddrs: multiaddrs of ``peer`` from its record: checked for form (each must end in ``/p2p/<peer>``)
-            but **never dialled** -- libp2p routes the stream by PeerID to addresses it observed itself
-        :param cache: on success, store the body for re-serving (gossip)
-        :raises ValueError: malformed ``peer``, ``digest``, ``timeout`` or ``max_bytes`` (the caller's bug,
-            not the peer's)
-        """
-        peer_id = _to_peer_id(peer)
-        _check_digest(digest)
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        max_bytes = self.default_max_bytes if max_bytes is None else max_bytes
-        if not (isinstance(max_bytes, int) and max_bytes > 0):
-            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
-        for m in maddrs:  # the caller's bug when malformed; never dialled (see the module docstring)
-            parse_multiaddr(m)
-        if self._closed or self._loop is None:
-            return FetchResult(None, "error", peer_id.to_base58())
-        self._ensure_attached(timeout)
-        try:
-            result = self._loop.run(self._fetch(peer_id, digest, float(timeout), max_bytes), timeout + 2.0)
-        except Exception as e:  # noqa: BLE001 - includes the outer safety timeout
-            result = FetchResult(None, "timeout" if isinstance(e, TimeoutError) else "error", peer_id.to_base58())
-        self._count(f"fetch_{result.reason}")
-        if result.ok:
-            self._count("fetched_bytes", result.nbytes)
-            if cache:
-                try:
-                    self.store.put(result.body, digest)
-                except ValueError:
-                    pass  # larger than the store's item cap: still returned, just not re-served
-        return result
-
-    def fetch_many(
-        self,
-        requests: Sequence[tuple[PeerID | str, str]],
-        *,
-        timeout: float = 5.0,
-        max_bytes: int | None = None,
-        cache: bool = True,
-    ) -> list[FetchResult]:
-        """Fetch several ``(peer, digest)`` pairs concurrently (at most ``max_concurrent_fetches`` at once).
-
-        :param timeout: bound for the whole batch (s)
-        :returns: one :class:`FetchResult` per request, in order
-        """
-        parsed = [(_to_peer_id(p), _check_digest(d)) for p, d in requests]
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        max_bytes = self.default_max_bytes if max_bytes is None else max_bytes
-        if not parsed:
-            return []
-        if self._closed or self._loop is None:
-            return [FetchResult(None, "error", p.to_base58()) for p, _ in parsed]
-        self._ensure_attached(timeout)
-
-        async def _all() -> list[FetchResult]:
-            return list(await asyncio.gather(*(self._fetch(p, d, float(timeout), max_bytes) for p, d in parsed)))
-
-        try:
-            results = self._loop.run(_all(), timeout + 2.0)
-        except Exception:  # noqa: BLE001
-            results = [FetchResult(None, "timeout", p.to_base58()) for p, _ in parsed]
-        for (_, digest), result in zip(parsed, results):
-            self._count(f"fetch_{result.reason}")
-            if result.ok and cache:
-                try:
-                    self.store.put(result.body, digest)
-                except ValueError:
-                    pass
-        return results
-
-    async def _fetch(
-        self, peer_id: PeerID, digest: str, timeout: float, max_bytes: int
-    ) -> FetchResult:
-        peer = peer_id.to_base58()
-        if peer == self.dht.peer_id:  # our own bundle: no network round-trip
-            body = self.store.get(digest)
-            return FetchResult(body, "ok" if body is not None else "not_found", peer, len(body or b""))
-        progress = {"nbytes": 0}
-        try:
-            return await asyncio.wait_for(self._fetch_inner(peer_id, digest, max_bytes, progress), timeout)
-        except asyncio.TimeoutError:
-            return FetchResult(None, "timeout", peer, progress["nbytes"])
-        except Exception as e:  # noqa: BLE001
-            log.debug("fetch %s from %s failed: %s", digest[:12], peer, e)
-            return FetchResult(None, "unreachable" if progress.get("stage") is None else "error", peer,
-                               progress["nbytes"])
-
-    async def _fetch_inner(
-        self, peer_id: PeerID, digest: str, max_bytes: int, progress: dict
-    ) -> FetchResult:
-        peer = peer_id.to_base58()
-        assert self._fetch_sem is not None
-        async with self._fetch_sem:
-            p2p = self._p2p
-            if p2p is None:
-                return FetchResult(None, "error", peer)
-            # by PeerID only: addresses from records are never dialled; libp2p routes to what it observed
-            _, reader, writer = await p2p.call_binary_stream_handler(peer_id, PROTOCOL)
-            progress["stage"] = "open"
-            try:
-                writer.write(REQUEST_MAGIC + bytes.fromhex(digest))
-                await writer.drain()
-                status = await reader.readexactly(1)
-                if status == STATUS_NOT_FOUND:
-                    return FetchResult(None, "not_found", peer)
-                if status == STATUS_BUSY:
-                    return FetchResult(None, "busy", peer)
-                if status != STATUS_FOUND:
-                    return FetchResult(None, "bad_response", peer)
-                length = int.from_bytes(await reader.readexactly(LENGTH_BYTES), "big")
-                if length > max_bytes:
-                    return FetchResult(None, "too_large", peer)  # abort before reading the body
-                chunks: list[bytes] = []
-                received = 0
-                while received < length:
-                    chunk = await reader.read(min(_CHUNK, length - received))
-                    if not chunk:
-                        return FetchResult(None, "truncated", peer, received)
-                    received += len(chunk)
-                    progress["nbytes"] = received
-                    if received > max_bytes:  # cannot happen given the bound above; defensive
-                        return FetchResult(None, "too_large", peer, received)
-                    chunks.append(chunk)
-                body = b"".join(chunks)
-                if sha256_hex(body) != digest:
-                    return FetchResult(None, "digest_mismatch", peer, received)
-                return FetchResult(body, "ok", peer, received)
-            finally:
-                writer.close()
-
-    def fetch_first(
-        self,
-        peers: Sequence[PeerID | str],
-        digest: str,
-        *,
-        timeout_per_peer: float = 5.0,
-        max_bytes: int | None = None,
-        cache: bool = True,
-    ) -> FetchResult:
-        """Try ``peers`` in order (publisher first, then peers that cached it) until one serves ``digest``."""
-        last = FetchResult(None, "not_found", "")
-        for peer in peers:
-            last = self.fetch_result(peer, digest, timeout=timeout_per_peer, max_bytes=max_bytes, cache=cache)
-            if last.ok:
-                return last
-        return last

@@ -6,6 +6,7 @@ Public API::
     ReasoningGymSource(name, config, size, max_answer_share=None)  # rg:<name> (balance: tasks/balance.py)
     JsonlSource(path, name=None), JsonlFormatError    # jsonl:<sha256>
     TaskMix(sources, weights, ...), TaskMix.from_config(cfg.tasks, base_dir)
+    # TaskMix: mix.py (stream, seeds), heldout.py (held-out set), reward.py (scoring), sources.py (from config)
     extract_answer, format_reward, math_verify_score  # verifiers (never raise)
 """
 

@@ -44,38 +44,37 @@ held out (duplicates by normalized content count once); training draws only the 
 
 Reward
 ------
-``reward = correct + format_reward · format`` where ``format`` is the answer format rule
-(:func:`~swarmnode.tasks.verifiers.format_reward` in {0, 1}: one ``<answer>…</answer>``, nothing but
-whitespace after it) and ``correct`` is **exact** -- 1 only when the source's verifier gives a full score of
-1.0, else 0; and 0 whenever the format rule fails -- unless ``tasks.partial_credit`` keeps the raw score for
-local rewards (never for a peer's leaves); the total lies in ``[0, 1 + format_reward]`` (the format term is an
-*extra* reward, as in DeepSeek-R1's rule-based rewards).
-:meth:`TaskMix.score_detail` keeps the two parts apart; compare ``correct`` (not the total) when
-re-scoring a peer's claim, since ``format_reward`` is a local setting.
+``reward = correct + format_reward · format``, exact correctness unless ``tasks.partial_credit``
+(:mod:`swarmnode.tasks.reward`).
+
+Modules
+-------
+The mix is one class over three modules: this one (construction, seeds, the partition, the training stream,
+membership), :mod:`swarmnode.tasks.heldout` (:class:`~swarmnode.tasks.heldout.HeldOutSet`: the held-out walk,
+``eval_refs``, ``is_eval``) and :mod:`swarmnode.tasks.reward` (:class:`~swarmnode.tasks.reward.MixRewards`:
+``score_detail``, ``rescore``, ``score``); sources are built from config by :mod:`swarmnode.tasks.sources`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Sequence
 
 import numpy as np
 
 from swarmnode.config import TasksConfig
-from swarmnode.tasks.balance import BalanceError
 from swarmnode.tasks.base import Task, TaskRef
+from swarmnode.tasks.heldout import MAX_EVAL_SCAN, HeldOutSet
 from swarmnode.tasks.jsonl_source import JsonlSource
 from swarmnode.tasks.partition import DEFAULT_EVAL_FRACTION, is_heldout_question, normalize_question
-from swarmnode.tasks.reasoning_gym_source import EXACT_TOL, ReasoningGymSource
-from swarmnode.tasks.verifiers import format_reward
+from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
+from swarmnode.tasks.reward import MixRewards
+from swarmnode.tasks.sources import Source, build_sources
 
-log = logging.getLogger(__name__)
-
-Source = Union[ReasoningGymSource, JsonlSource]
+__all__ = ["MAX_EVAL_SCAN", "MAX_REDRAWS", "MAX_TRAIN_DRAWS", "Source", "TaskMix", "build_sources", "stream_for_peer"]
 
 _STREAM_TAG = 0x53574E4D  # "SWNM": domain separation of the training stream's SeedSequence
 _REDRAW_TAG = 0x53574E52  # "SWNR": the generator that redraws held-out questions of the training stream
@@ -88,48 +87,8 @@ MAX_TRAIN_DRAWS = 2**32
 #: Redraws of one training item before the stream gives up (the held-out share would have to be ~1).
 MAX_REDRAWS = 10_000
 
-#: Most draws one held-out walk of a source makes (stops earlier when it has enough questions).
-MAX_EVAL_SCAN = 1_000_000
 
-
-def build_sources(configs: Sequence[Any], base_dir: str | Path | None = None, *, what: str = "tasks.sources"
-                  ) -> list[Source]:
-    """Task sources from validated source configs (:class:`~swarmnode.config.TaskSourceConfig`).
-
-    Args:
-        configs: the source configs, in order.
-        base_dir: directory that relative JSONL paths are resolved against; ``None`` = the current directory.
-        what: the config key named in errors (``"tasks.sources"`` or ``"tasks.probes"``).
-
-    Raises:
-        ValueError: ``"<what>[i]: …"`` for an unknown dataset, a bad config, an unreadable or malformed
-            JSONL file, or a ``config`` given to a JSONL source; ``"<what>[i].max_answer_share: …"`` (with the
-            range that can be met) for an answer balance the source's answers cannot meet.
-    """
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    sources: list[Source] = []
-    for i, sc in enumerate(configs):
-        try:
-            if sc.type == "reasoning_gym":
-                sources.append(ReasoningGymSource(sc.name, dict(sc.config), size=sc.size,
-                                                  max_answer_share=getattr(sc, "max_answer_share", None)))
-            else:
-                if sc.config:
-                    raise ValueError("`config` is not used by jsonl sources (remove it)")
-                if getattr(sc, "max_answer_share", None) is not None:
-                    raise ValueError("`max_answer_share` is only for reasoning_gym sources (remove it)")
-                p = Path(sc.path).expanduser()
-                if not p.is_absolute():
-                    p = base / p
-                sources.append(JsonlSource(p, name=sc.name))
-        except BalanceError as e:
-            raise ValueError(f"{what}[{i}].max_answer_share: {e}") from e
-        except ValueError as e:
-            raise ValueError(f"{what}[{i}]: {e}") from e
-    return sources
-
-
-class TaskMix:
+class TaskMix(HeldOutSet, MixRewards):
     """A weighted mix of task sources with a deterministic training stream and a content-disjoint held-out set.
 
     Args:
@@ -501,99 +460,6 @@ class TaskMix:
                 refs.append(TaskRef(s.source_id, "", 0, int(train[k])))
         return refs
 
-    # ------------------------------------------------------------------ the held-out set
-    def _eval_patience(self) -> int:
-        return max(2000, int(math.ceil(20 / self.eval_fraction)))
-
-    def _eval_extend(self, i: int, k: int) -> None:
-        """Walk reasoning-gym source ``i``'s held-out seeds until it has ``k`` distinct questions or is exhausted."""
-        s = self.sources[i]
-        found, seen = self._eval_found[i], self._eval_seen[i]
-        patience = self._eval_patience()
-        since_new = 0
-        while len(found) < k and not self._eval_done[i]:
-            pos = self._eval_pos[i]
-            if pos >= MAX_EVAL_SCAN or since_new >= patience:
-                self._eval_done[i] = True
-                break
-            ref = TaskRef(s.source_id, s.config_digest, self.eval_seed + (pos // s.size) * s.size, pos % s.size)
-            self._eval_pos[i] = pos + 1
-            task = self.get(ref)
-            q = task.question
-            since_new += 1
-            if not is_heldout_question(q, self.eval_fraction) or not s.accepts(task):
-                continue
-            key = normalize_question(q)
-            if key in seen:
-                continue
-            seen.add(key)
-            found.append(ref)
-            since_new = 0
-        if self._eval_done[i] and len(found) < k:
-            log.info("held-out walk of %s found %d distinct held-out questions (asked for %d): the task's "
-                     "question space is small", s.source_id, len(found), k)
-
-    def _eval_capacity(self, i: int, k: int) -> int:
-        """How many distinct held-out refs source ``i`` can give, looking for at most ``k``."""
-        if isinstance(self.sources[i], JsonlSource):
-            return min(k, len(self._jsonl_eval[i]))
-        self._eval_extend(i, k)
-        return min(k, len(self._eval_found[i]))
-
-    def eval_refs(self, n: int | None = None) -> list[TaskRef]:
-        """The held-out TaskRefs: questions of the held-out partition, distinct by normalized content.
-
-        ``n`` (default ``eval_size``) is split across sources in proportion to the weights (largest remainder,
-        ties to the earlier source); a source whose held-out space holds fewer distinct questions gives them
-        all and the rest goes to the other sources. A reasoning-gym source contributes the first held-out
-        questions of its walk (items ``0, 1, …`` of seed ``eval_seed``, see the module docstring); a JSONL
-        source its held-out lines in file order. A source with ``max_answer_share`` skips the questions its
-        answer balance rejects, as its training stream does (:meth:`is_balanced`). Refs are grouped by source
-        in config order; a question that two sources share counts once (the earlier source keeps it). Fewer
-        than ``n`` refs come back only when every source's held-out space is exhausted (small task spaces or
-        small files).
-
-        Deterministic: a pure function of the sources, ``eval_seed``, ``eval_fraction`` and ``n``.
-
-        Raises:
-            ValueError: ``n`` not an int >= 0.
-        """
-        n = self.eval_size if n is None else n
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got {n!r}")
-        alloc = [0] * len(self.sources)
-        full = [False] * len(self.sources)
-        while True:
-            active = [i for i in range(len(self.sources)) if not full[i]]
-            remaining = n - sum(alloc)
-            if remaining <= 0 or not active:
-                break
-            wsum = sum(self.weights[i] for i in active)
-            raw = {i: remaining * self.weights[i] / wsum for i in active}
-            quota = {i: int(math.floor(raw[i])) for i in active}
-            left = remaining - sum(quota.values())
-            for i in sorted(active, key=lambda i: (-(raw[i] - quota[i]), i))[:left]:
-                quota[i] += 1
-            for i in active:
-                want = alloc[i] + quota[i]
-                got = self._eval_capacity(i, want)
-                if got < want:
-                    full[i] = True
-                alloc[i] = got
-        refs: list[TaskRef] = []
-        seen: set[str] = set()
-        for i, s in enumerate(self.sources):
-            if isinstance(s, ReasoningGymSource):
-                mine = self._eval_found[i][: alloc[i]]
-            else:
-                mine = [TaskRef(s.source_id, "", 0, int(line)) for line in self._jsonl_eval[i][: alloc[i]]]
-            for r in mine:
-                key = normalize_question(self.get(r).question)
-                if key not in seen:
-                    seen.add(key)
-                    refs.append(r)
-        return refs
-
     # ------------------------------------------------------------------ membership and tasks
     def source_for(self, ref: TaskRef) -> Source | None:
         """The source that ``ref`` names (by source id and config digest), or ``None``."""
@@ -614,26 +480,6 @@ class TaskMix:
         if not isinstance(ref.seed, int) or not isinstance(ref.index, int):
             return None
         return i if self.sources[i].owns(ref) else None
-
-    def is_eval(self, ref: TaskRef) -> bool:
-        """True when ``ref`` names a held-out question: a well-formed ref of this mix whose question is in the
-        held-out partition, with a seed of the held-out walk (``eval_seed + k·S``, within the walk's reach)
-        or of the training schedule (reasoning-gym), or seed 0 (JSONL), and that its source's answer balance
-        accepts (:meth:`is_balanced`; the held-out set never holds a rejected question). Never raises."""
-        try:
-            i = self._well_formed(ref)
-            if i is None:
-                return False
-            s = self.sources[i]
-            if isinstance(s, ReasoningGymSource):
-                d = ref.seed - self.eval_seed
-                walk = d >= 0 and d % s.size == 0 and d // s.size <= MAX_EVAL_SCAN // s.size
-                if not walk and not self._is_train_seed(i, ref.seed):
-                    return False
-            held, balanced = self._split(ref)
-            return held and balanced
-        except Exception:
-            return False
 
     def contains(self, ref: Any, *, include_eval: bool = False) -> bool:
         """True when ``ref`` is a task the training stream of this mix can produce.
@@ -673,57 +519,6 @@ class TaskMix:
             key = ref.key() if isinstance(ref, TaskRef) else repr(ref)
             raise KeyError(f"TaskRef {key} is not from this task mix (sources: {[x.source_id for x in self.sources]})")
         return s.get(ref)
-
-    # ------------------------------------------------------------------ rewards
-    def score_detail(self, task: Task, completion: Any, *, external: bool = False) -> dict[str, float]:
-        """The reward of ``completion`` and its parts; never raises.
-
-        Args:
-            task: the regenerated task (its ``ref`` picks the source; the gold answer is regenerated from it).
-            completion: the completion text (untrusted; without a final EOS token).
-            external: ``True`` when re-scoring a peer's leaf: correctness is then always exact, whatever
-                ``partial_credit`` says.
-
-        Returns:
-            ``{"correct": c, "format": f, "reward": c + format_reward · f}`` with ``f`` in {0.0, 1.0} the answer
-            format rule (:func:`~swarmnode.tasks.verifiers.format_reward`: one ``<answer>…</answer>``, nothing
-            but whitespace after it) and ``c`` the source's correctness: exact (1.0 only for a full score of
-            1.0, else 0.0) unless ``partial_credit`` is on and ``external`` is False. A completion that breaks
-            the format rule gets ``c = 0`` and ``reward = 0`` (text outside the answer format is not free).
-            ``c`` is 0.0 when ``task.ref`` is not from this mix; ``reward`` lies in ``[0, 1 + format_reward]``.
-        """
-        d = self.rescore(task, completion)
-        correct = d["partial"] if (self.partial_credit and not external) else d["correct"]
-        return {"correct": correct, "format": d["format"], "reward": correct + self.format_reward * d["format"]}
-
-    def rescore(self, task: Task, completion: Any) -> dict[str, float]:
-        """Both correctness readings of ``completion`` from one verifier call; never raises.
-
-        Returns:
-            ``{"correct": exact correctness, "partial": the source's raw score in [0, 1], "format": f}``, both
-            correctness values 0.0 when the format rule fails (``f == 0``). The verifier (``swarm/verify.py``)
-            trains on ``correct`` and accepts a peer's claim of either reading (a peer with
-            ``tasks.partial_credit`` on claims its local partial rewards).
-        """
-        fmt = format_reward(completion)
-        raw = 0.0
-        if fmt > 0:
-            try:
-                s = self.source_for(getattr(task, "ref", None))
-                if s is not None:
-                    raw = float(s.score_raw(task, completion)) if hasattr(s, "score_raw") else float(
-                        s.score(task, completion))
-                    if not math.isfinite(raw):
-                        raw = 0.0
-                    raw = min(1.0, max(0.0, raw))
-            except Exception:
-                raw = 0.0
-        exact = 1.0 if raw >= 1.0 - EXACT_TOL else 0.0
-        return {"correct": exact, "partial": raw, "format": fmt}
-
-    def score(self, task: Task, completion: Any) -> float:
-        """``score_detail(task, completion)["reward"]``, in ``[0, 1 + format_reward]``; never raises."""
-        return self.score_detail(task, completion)["reward"]
 
 
 _STREAM_ID_TAG = b"swarmnode-task-stream-v1\x00"

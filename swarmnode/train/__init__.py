@@ -16,7 +16,8 @@ module              owns
 ``off_policy.py``   off-policy weights of peers' tokens
 ``loss.py``         per-token log-probs and the clipped policy-gradient loss
 ``trainer.py``      the optimizer step over token-packed micro-batches
-``checkpoint.py``   crash-safe checkpoints and resuming
+``checkpoint.py``   crash-safe checkpoints: save and load (layout, manifest check, quarantine: ``checkpoint_files.py``;
+                    resuming with a changed config: ``resume.py``)
 ==================  ==============================================================================================
 
 ``train`` never imports ``swarm`` (tests/unit/test_architecture.py): it takes peers' trees and returns data.

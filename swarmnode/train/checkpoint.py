@@ -26,114 +26,72 @@ intact: a half-written save is only ever a ``.tmp-*`` directory.
 file present with the right size and hash); a corrupt or partial one is skipped with a warning and the
 previous good one is used. With ``quarantine=True`` (what the node does; it holds the run directory's lock) a
 failing one is moved into ``quarantine/`` so that it is neither loaded nor pruned, and stays for inspection.
+
+This module saves and loads; the layout, the manifest check and the quarantine are
+:mod:`swarmnode.train.checkpoint_files`, resuming with a changed config :mod:`swarmnode.train.resume` (both
+re-exported here).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import random
-import re
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from swarmnode.config import RunConfig
 from swarmnode.policy.loading import POLICY_META_FILE
+from swarmnode.train.checkpoint_files import (
+    CHECKPOINT_DIR,
+    FORMAT_VERSION,
+    LATEST,
+    MANIFEST,
+    MODEL_SUBDIR,
+    QUARANTINE_DIR,
+    STEP_RE,
+    CheckpointError,
+    CheckpointInfo,
+    _files_under,
+    _fsync_dir,
+    _fsync_file,
+    _pid_alive,
+    _sha256,
+    _step_dirs,
+    _tmp_pid,
+    _write_text_atomic,
+    corrupt_checkpoints,
+    quarantine_checkpoint,
+    step_dir_name,
+    verify_checkpoint,
+)
+from swarmnode.train.resume import (
+    ALLOW_CHANGE_FLAG,
+    RESUME_FIXED_KEYS,
+    RESUME_FREE_KEYS,
+    ConfigChangedError,
+    apply_optimizer_config,
+    check_resume_config,
+    config_changes,
+    resume_config_changes,
+    resync_learning_rate,
+)
+
+__all__ = [
+    "ALLOW_CHANGE_FLAG", "CHECKPOINT_DIR", "FORMAT_VERSION", "LATEST", "MANIFEST", "MODEL_SUBDIR", "QUARANTINE_DIR",
+    "RESUME_FIXED_KEYS", "RESUME_FREE_KEYS", "STEP_RE", "CheckpointError", "CheckpointInfo", "ConfigChangedError",
+    "apply_optimizer_config", "check_resume_config", "config_changes", "corrupt_checkpoints", "load_latest_checkpoint",
+    "load_model_weights", "load_training_state", "quarantine_checkpoint", "restore_rng", "resume_config_changes",
+    "resync_learning_rate", "rng_state", "save_checkpoint", "set_rng_state", "step_dir_name", "verify_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINT_DIR = "checkpoints"
-LATEST = "latest"
-MANIFEST = "manifest.json"
-MODEL_SUBDIR = "model"
-STEP_RE = re.compile(r"^step-(\d{8})$")
-QUARANTINE_DIR = "quarantine"
-FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read."""
-
-
-@dataclass
-class CheckpointInfo:
-    """A verified checkpoint on disk.
-
-    Attributes:
-        path: the ``step-XXXXXXXX`` directory.
-        step: the optimizer step it was saved at.
-        model_path: directory with the model (``from_pretrained``-loadable) and tokenizer files.
-        config_yaml: the saved run configuration text.
-        extra: the ``extra`` dict given to :func:`save_checkpoint`.
-        manifest: the parsed manifest.
-        skipped: ``(path, reason)`` of newer checkpoints that failed verification and were skipped.
-    """
-
-    path: Path
-    step: int
-    model_path: Path
-    config_yaml: str
-    extra: dict[str, Any]
-    manifest: dict[str, Any]
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
-
-
-# ------------------------------------------------------------------------------------------ fs helpers
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _files_under(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file())
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def step_dir_name(step: int) -> str:
-    """``step-XXXXXXXX`` (8 digits, zero padded)."""
-    return f"step-{int(step):08d}"
 
 
 # ------------------------------------------------------------------------------------------ RNG
@@ -271,17 +229,6 @@ def save_checkpoint(
     return final
 
 
-def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    out = []
-    if not root.is_dir():
-        return out
-    for p in root.iterdir():
-        m = STEP_RE.match(p.name)
-        if m and p.is_dir():
-            out.append((int(m.group(1)), p))
-    return sorted(out, reverse=True)
-
-
 def _prune(root: Path, keep_last: int, keep: Path) -> None:
     """Delete complete checkpoints beyond the ``keep_last`` newest that are older than ``keep`` (just written and
     verified); quarantine incomplete ones instead of deleting them; never touch one newer than ``keep``."""
@@ -305,76 +252,7 @@ def _prune(root: Path, keep_last: int, keep: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def _tmp_pid(name: str) -> int | None:
-    m = re.match(r"^\.tmp-step-\d{8}-(\d+)-[0-9a-f]+$", name)
-    return int(m.group(1)) if m else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ------------------------------------------------------------------------------------------ load
-def verify_checkpoint(path: str | os.PathLike) -> str | None:
-    """Check a ``step-*`` directory against its manifest. Returns ``None`` if good, else the reason."""
-    path = Path(path)
-    mpath = path / MANIFEST
-    if not mpath.is_file():
-        return "manifest.json missing (partial checkpoint)"
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        files = manifest["files"]
-        if not isinstance(files, dict) or not files:
-            return "manifest lists no files"
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"unreadable manifest: {e}"
-    for rel, meta in files.items():
-        p = path / rel
-        if not p.is_file():
-            return f"missing file {rel}"
-        try:
-            if p.stat().st_size != int(meta["size"]):
-                return f"size mismatch for {rel}"
-            if _sha256(p) != meta["sha256"]:
-                return f"sha256 mismatch for {rel}"
-        except (OSError, KeyError, TypeError, ValueError) as e:
-            return f"cannot check {rel}: {e}"
-    for required in ("trainer_state.json", "config.yaml", "rng.pt", f"{MODEL_SUBDIR}/config.json"):
-        if required not in files:
-            return f"manifest does not list {required}"
-    return None
-
-
-def quarantine_checkpoint(path: Path, reason: str) -> Path | None:
-    """Move a bad ``step-*`` directory to ``checkpoints/quarantine/<name>-<unix time>`` (never deletes it) and log
-    where; returns the new path (None if it could not be moved: it is then left in place)."""
-    qdir = path.parent / QUARANTINE_DIR
-    dest = qdir / f"{path.name}-{int(time.time())}"
-    try:
-        qdir.mkdir(exist_ok=True)
-        while dest.exists():
-            dest = dest.with_name(dest.name + "x")
-        os.rename(path, dest)
-    except OSError as e:
-        logger.error("checkpoint %s is corrupt (%s) and could not be moved aside: %s", path, reason, e)
-        return None
-    logger.warning("checkpoint %s is corrupt (%s); moved it to %s (kept for inspection, never loaded)", path, reason,
-                   dest)
-    return dest
-
-
-def corrupt_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """The quarantined checkpoints of ``run_dir`` (``checkpoints/quarantine/*``), oldest name first."""
-    q = Path(run_dir) / CHECKPOINT_DIR / QUARANTINE_DIR
-    return sorted(p for p in q.iterdir() if p.is_dir()) if q.is_dir() else []
-
-
 def load_latest_checkpoint(run_dir: str | os.PathLike, quarantine: bool = False) -> CheckpointInfo | None:
     """The newest checkpoint of ``run_dir`` that verifies, or ``None`` if there is none.
 
@@ -476,152 +354,3 @@ def restore_rng(info: CheckpointInfo) -> None:
     if not p.is_file():
         raise CheckpointError(f"checkpoint {info.path} has no rng.pt")
     set_rng_state(torch.load(p, weights_only=True))
-
-
-# ------------------------------------------------------------------------------------------ resume with a changed config
-#: dotted keys (or prefixes ending in ``.``) whose change on resume does not change what is trained: how long,
-#: where, how it is watched, evaluated and checkpointed, where it runs, how it talks to the swarm
-RESUME_FREE_KEYS: tuple[str, ...] = (
-    "steps", "run_dir", "status_port", "threads", "log_every", "eval_every", "eval_at_start", "report_to",
-    "checkpoint.", "monitor.", "swarm.", "tasks.eval_size", "tasks.probes",
-    "model.device", "model.backend", "model.gpu_memory_utilization", "model.attn_implementation",
-)
-
-#: keys a resumed run can never take from the new config: the checkpoint's weights and tokenizer are the model
-RESUME_FIXED_KEYS: tuple[str, ...] = ("model.name_or_path", "model.dtype")
-
-#: the ``swarmnode run`` flag that lets a resumed run apply changed training-defining keys
-ALLOW_CHANGE_FLAG = "--allow-config-change"
-
-
-class ConfigChangedError(CheckpointError):
-    """A resumed run's config differs from its checkpoint's in training-defining keys; the message names each
-    key with both values, and the flag that allows the change (or why it cannot be allowed).
-
-    Attributes:
-        changes: ``(dotted key, value in the checkpoint, new value)`` triples.
-    """
-
-    def __init__(self, msg: str, changes: list[tuple[str, Any, Any]]) -> None:
-        super().__init__(msg)
-        self.changes = changes
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
-def _free(key: str) -> bool:
-    return any(key == f or (f.endswith(".") and key.startswith(f)) for f in RESUME_FREE_KEYS)
-
-
-def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """The training-defining keys whose values differ between two configs.
-
-    Args:
-        saved: the checkpoint's config as a plain dict (``RunConfig.model_dump(mode="json")``).
-        new: the new config, likewise.
-
-    Returns:
-        ``(dotted key, saved value, new value)`` sorted by key; keys of :data:`RESUME_FREE_KEYS` are left out. A
-        key present on one side only counts (a missing value is ``None``).
-    """
-    a, b = _flatten(saved), _flatten(new)
-    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if not _free(k) and a.get(k) != b.get(k)]
-
-
-def check_resume_config(info: CheckpointInfo, new: dict[str, Any], saved: dict[str, Any],
-                        allow: bool) -> list[tuple[str, Any, Any]]:
-    """Compare the config of a resumed run with its checkpoint's (docs/guide/operations.md, "Resuming").
-
-    Args:
-        info: the checkpoint resumed from (named in messages).
-        new: the new config as a plain dict; ``saved``: the checkpoint's, likewise.
-        allow: :data:`ALLOW_CHANGE_FLAG` was given: training-defining changes are returned to be applied
-            (except :data:`RESUME_FIXED_KEYS`).
-
-    Returns:
-        the changes to apply (empty when the configs agree on every training-defining key).
-
-    Raises:
-        ConfigChangedError: changes without ``allow`` (each key listed with both values and the flag), or a
-            change of a :data:`RESUME_FIXED_KEYS` key (never applicable: the checkpoint's weights are the model).
-    """
-    changes = config_changes(saved, new)
-    if not changes:
-        return []
-    lines = "\n".join(f"  {k}: {old!r} in the checkpoint -> {val!r} now" for k, old, val in changes)
-    fixed = [k for k, _, _ in changes if k in RESUME_FIXED_KEYS]
-    if fixed:
-        raise ConfigChangedError(
-            f"cannot resume {info.path} with a different {', '.join(fixed)}: the checkpoint's weights are the model. "
-            f"Changed:\n{lines}\nUse another --run-dir to train that model from step 0, or restore the old value",
-            changes)
-    if not allow:
-        raise ConfigChangedError(
-            f"the config differs from the one {info.path} (step {info.step}) was trained with, in keys that "
-            f"define the training:\n{lines}\nNothing was changed. Restore those values to resume as before, pass "
-            f"{ALLOW_CHANGE_FLAG} to apply them from step {info.step} on (the run directory's config.yaml then "
-            "records the new values and node.log the change), or use another --run-dir", changes)
-    return changes
-
-
-def resume_config_changes(info: CheckpointInfo, cfg: RunConfig, allow: bool) -> list[tuple[str, Any, Any]]:
-    """:func:`check_resume_config` of ``cfg`` against the config saved in ``info`` (its ``config.yaml``).
-
-    A saved config that no longer validates (written by another version) is not compared: a warning says so and
-    nothing is refused."""
-    import yaml
-
-    from swarmnode.config import RunConfig as _RunConfig
-
-    try:
-        saved = _RunConfig.model_validate(yaml.safe_load(info.config_yaml) or {}).model_dump(mode="json")
-    except (ValueError, yaml.YAMLError) as e:
-        logger.warning("cannot compare the config with %s/config.yaml (%s); resuming with the new config",
-                       info.path, str(e).splitlines()[0])
-        return []
-    return check_resume_config(info, cfg.model_dump(mode="json"), saved, allow)
-
-
-def resync_learning_rate(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR) -> list[float]:
-    """Set every group's current learning rate from ``scheduler``'s own schedule at its restored step.
-
-    A loaded ``scheduler.pt`` restores the step count and the rate the *saved* run computed for its next update.
-    When this run's schedule differs (``--steps`` raised on a finished run: a cosine over a longer horizon), that
-    saved rate is stale, e.g. 0.0 at the end of the old cosine, and the first resumed update would use it. Calling
-    this after :func:`load_training_state` makes the first update follow the schedule the run now has (for an
-    unchanged schedule it changes nothing).
-
-    Returns:
-        the learning rate of each parameter group (floats).
-    """
-    for g, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        g["lr"] = base * fn(scheduler.last_epoch)
-    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
-    return list(scheduler._last_lr)
-
-
-def apply_optimizer_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
-                           learning_rate: float, weight_decay: float, betas: tuple[float, float]) -> None:
-    """Make a resumed optimizer use new hyper-parameters (its state dict restored the checkpoint's).
-
-    ``learning_rate`` becomes every group's ``initial_lr`` and the scheduler's base rate, and the current rate is
-    recomputed from the schedule at the scheduler's step; ``weight_decay`` applies to the first group (the
-    trainer's decayed weights; the other group, biases and norms, keeps 0); ``betas`` to all groups. Adam's
-    moment estimates are kept.
-    """
-    for i, g in enumerate(optimizer.param_groups):
-        g["initial_lr"] = learning_rate
-        g["betas"] = tuple(betas)
-        if i == 0:
-            g["weight_decay"] = weight_decay
-    scheduler.base_lrs = [learning_rate] * len(optimizer.param_groups)
-    for g, fn in zip(optimizer.param_groups, scheduler.lr_lambdas):
-        g["lr"] = learning_rate * fn(scheduler.last_epoch)
-    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
