@@ -26,6 +26,8 @@ console = Console(stderr=False, soft_wrap=True)  # never wrap a line: errors, pa
 
 
 def _fail(msg: str, code: int = 2) -> None:
+    """Print ``error: <msg>`` (plain text, never markup) and exit with ``code`` (2: a usage, configuration or
+    start-up error). Raises :class:`typer.Exit`; never returns."""
     from rich.markup import escape
 
     console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)  # a message is text, never markup
@@ -33,6 +35,8 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def _load(config: Optional[Path], overrides: dict) -> RunConfig:
+    """The config of YAML file ``config`` (``None``: the packaged default) with the flags' ``overrides`` (dotted key
+    path -> value; ``None`` values are not set). A :class:`ConfigError` is one error line and exit 2."""
     try:
         return load_config(config, overrides)
     except ConfigError as e:
@@ -76,6 +80,7 @@ def _held_logs(level: int) -> Iterator[list[logging.LogRecord]]:
 
 
 def _replay_logs(records: list[logging.LogRecord]) -> None:
+    """Hand the ``records`` held by :func:`_held_logs` to the handlers set up since (``node.log``, the terminal)."""
     for rec in records:
         logging.getLogger(rec.name).handle(rec)
 
