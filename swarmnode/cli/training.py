@@ -24,6 +24,7 @@ from swarmnode.config import RunConfig
 if TYPE_CHECKING:  # the heavy modules load lazily, inside the commands that need them
     from swarmnode.evaluation import EvalResult
     from swarmnode.node import Node
+    from swarmnode.tasks.mix import TaskMix
 
 
 def peer_change_notice(before: int | None, now: int) -> str | None:
@@ -159,8 +160,8 @@ def _check_writable(rd: Path) -> None:
         _fail(str(e))
 
 
-def _open_node(cfg: RunConfig, config: Optional[Path], steps: Optional[int], *, tasks, probes, fresh: bool,
-               allow_config_change: bool) -> Node | None:
+def _open_node(cfg: RunConfig, config: Optional[Path], steps: Optional[int], *, tasks: TaskMix,
+               probes: dict[str, TaskMix], fresh: bool, allow_config_change: bool) -> Node | None:
     """Announce the run and build its :class:`~swarmnode.node.Node` (model loaded, resumed from the run dir's
     newest valid checkpoint).
 
@@ -221,6 +222,36 @@ def _start_node(node: Node, cfg: RunConfig, rd: Path) -> None:
         _attach_swarm(node, cfg, rd)
 
 
+def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:
+    """Start the node's swarm layer (swarm/gossip.py) and attach it to the node."""
+    from swarmnode.rundir import LockedError, lock_identity
+    from swarmnode.swarm.gossip import build_swarm, identity_path_for
+    from swarmnode.swarm.identity import IdentityError
+
+    with console.status("starting the swarm layer (DHT, bundle server)…"):
+        try:
+            ident_path = identity_path_for(cfg)
+            ident_path.parent.mkdir(parents=True, exist_ok=True)
+            node.locks.append(lock_identity(ident_path))  # one node per identity; released by node.close()
+            swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
+                                prompt_for=node.prompt_for)
+        except (IdentityError, ValueError, OSError, LockedError) as e:
+            node.close()
+            _fail(f"cannot start the swarm layer: {e}")
+            return
+    node.swarm = swarm
+    st = swarm.dht.status()
+    if st.connected and st.num_peers:
+        state = f"{st.num_peers} DHT peer(s)"
+    elif not cfg.swarm.initial_peers:  # the first node of a swarm: the others bootstrap from it
+        state = "[yellow]waiting for peers (the first node: others join with --initial-peers, below)[/]"
+    else:
+        state = "[yellow]no peer reached yet: training solo, joining in the background[/]"
+    console.print(f"swarm [cyan]{cfg.swarm.swarm_id}[/]  peer {swarm.peer_id}  {state}")
+    for m in swarm.maddrs():
+        console.print(f"  bootstrap others with --initial-peers {m}", highlight=False)
+
+
 def _held_out_eval(node: Node, when: str) -> EvalResult | None:
     """The held-out evaluation ``when`` (``"before"`` or ``"after"``) training, logged to the run's metrics; ``None``
     when a signal interrupted it (a signal asks the node to stop, a repeated one forces it; the run is saved)."""
@@ -231,6 +262,36 @@ def _held_out_eval(node: Node, when: str) -> EvalResult | None:
         return None
     node.log_eval(res, when)
     return res
+
+
+def _evaluate_with_progress(node: Node, when: str) -> EvalResult:
+    """``node.evaluate()`` with its progress on the terminal: a bar with questions done/total, elapsed time and
+    ETA on a terminal; otherwise one plain line per decoding batch (never a wrapped or redrawn line)."""
+    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
+
+    label = f"held-out eval ({when})"
+    held_out = node.cfg.tasks.eval_size
+    if not console.is_terminal:
+        t0 = time.monotonic()
+
+        def plain(done: int, total: int) -> None:
+            if done == 0:
+                split = (f" ({held_out} held-out + {total - held_out} probe questions)"
+                         if 0 < held_out < total else "")
+                console.print(f"{label}: {total} questions{split}…", markup=False, highlight=False)
+                return
+            el = time.monotonic() - t0
+            console.print(f"{label}: {done}/{total} questions, {el:.0f}s elapsed, ETA {el / done * (total - done):.0f}s",
+                          markup=False, highlight=False)
+
+        return node.evaluate(progress=plain)
+    if 0 < held_out and node.cfg.tasks.probes:
+        label += " + probes"
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("questions"),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("eval", total=None)
+        return node.evaluate(progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 def _step_info(m: dict) -> str:
@@ -311,63 +372,3 @@ def _exit_after_stop(node: Node) -> None:
         raise typer.Exit(node.monitor.exit_code)
     if node.stop_requested:
         console.print("stopped by signal after checkpointing; run the same command to resume")
-
-
-def _evaluate_with_progress(node: Node, when: str) -> EvalResult:
-    """``node.evaluate()`` with its progress on the terminal: a bar with questions done/total, elapsed time and
-    ETA on a terminal; otherwise one plain line per decoding batch (never a wrapped or redrawn line)."""
-    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
-
-    label = f"held-out eval ({when})"
-    held_out = node.cfg.tasks.eval_size
-    if not console.is_terminal:
-        t0 = time.monotonic()
-
-        def plain(done: int, total: int) -> None:
-            if done == 0:
-                split = (f" ({held_out} held-out + {total - held_out} probe questions)"
-                         if 0 < held_out < total else "")
-                console.print(f"{label}: {total} questions{split}…", markup=False, highlight=False)
-                return
-            el = time.monotonic() - t0
-            console.print(f"{label}: {done}/{total} questions, {el:.0f}s elapsed, ETA {el / done * (total - done):.0f}s",
-                          markup=False, highlight=False)
-
-        return node.evaluate(progress=plain)
-    if 0 < held_out and node.cfg.tasks.probes:
-        label += " + probes"
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("questions"),
-                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("eval", total=None)
-        return node.evaluate(progress=lambda done, total: bar.update(task, completed=done, total=total))
-
-
-def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:
-    """Start the node's swarm layer (swarm/gossip.py) and attach it to the node."""
-    from swarmnode.rundir import LockedError, lock_identity
-    from swarmnode.swarm.gossip import build_swarm, identity_path_for
-    from swarmnode.swarm.identity import IdentityError
-
-    with console.status("starting the swarm layer (DHT, bundle server)…"):
-        try:
-            ident_path = identity_path_for(cfg)
-            ident_path.parent.mkdir(parents=True, exist_ok=True)
-            node.locks.append(lock_identity(ident_path))  # one node per identity; released by node.close()
-            swarm = build_swarm(cfg, node.policy, node.tasks, rd, model_id=node.base_model_id,
-                                prompt_for=node.prompt_for)
-        except (IdentityError, ValueError, OSError, LockedError) as e:
-            node.close()
-            _fail(f"cannot start the swarm layer: {e}")
-            return
-    node.swarm = swarm
-    st = swarm.dht.status()
-    if st.connected and st.num_peers:
-        state = f"{st.num_peers} DHT peer(s)"
-    elif not cfg.swarm.initial_peers:  # the first node of a swarm: the others bootstrap from it
-        state = "[yellow]waiting for peers (the first node: others join with --initial-peers, below)[/]"
-    else:
-        state = "[yellow]no peer reached yet: training solo, joining in the background[/]"
-    console.print(f"swarm [cyan]{cfg.swarm.swarm_id}[/]  peer {swarm.peer_id}  {state}")
-    for m in swarm.maddrs():
-        console.print(f"  bootstrap others with --initial-peers {m}", highlight=False)
