@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-import swarmnode.cli as cli
+from swarmnode.cli import training
 
 
 class _FakeNode:
@@ -25,8 +25,8 @@ class _FakeNode:
 
 def _printed(monkeypatch, node) -> list[str]:
     console = Console(record=True, width=200, force_terminal=False)
-    monkeypatch.setattr(cli, "console", console)
-    assert cli._evaluate_with_progress(node, "before training") == "result"
+    monkeypatch.setattr(training, "console", console)  # the run command's module
+    assert training._evaluate_with_progress(node, "before training") == "result"
     return console.export_text().splitlines()
 
 
