@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from swarmnode.config_aliases import migrate_data, migrate_key
+
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "default.yaml"
 
 
@@ -32,6 +34,15 @@ def _numeric_only(annotation: Any) -> bool:
         return False
     kinds = set(args)
     return bool(kinds & {int, float}) and bool not in kinds
+
+
+def _fill(model: BaseModel, name: str, value: Any) -> None:
+    """Set ``model.name`` to its derived ``value`` unless the key was given explicitly (a ``None`` given counts
+    as not given). The field is not marked as set, so a later validation (an assignment to a key it derives
+    from) derives it again; a dumped config keeps the derived value."""
+    if name not in model.model_fields_set or getattr(model, name) is None:
+        model.__dict__[name] = value
+        model.model_fields_set.discard(name)
 
 
 class _Strict(BaseModel):
@@ -467,14 +478,15 @@ class RescueConfig(_Strict):
     )
 
 
-class SwarmConfig(_Strict):
-    """Swarm membership and gossip (off for a solo node)."""
+class NetConfig(_Strict):
+    """The swarm's network layer (``swarm.net``; swarmnode/swarm/: the DHT, gossip.py and the publisher, fetcher,
+    scheduler and transport it wires, and the round loop's stop wait): addresses, DHT buckets and timeouts, polling,
+    heartbeats, fetch and serve limits and budgets, the bundle store.
 
-    enabled: bool = Field(False, description="join a swarm (off: a solo node); default False")
-    swarm_id: str = Field(
-        "swarmnode-local", description="name of the swarm; bundles of another swarm id are refused; default "
-        "swarmnode-local"
-    )
+    ``None`` defaults are derived here, from the other keys of this section, when the config is validated, so
+    readers see plain numbers: ``poll_interval`` = min(2, bucket_seconds / 4), ``gather_budget_seconds`` =
+    fetch_timeout, ``publisher_fetch_budget_seconds`` = 2 x fetch_timeout."""
+
     initial_peers: list[str] = Field(default_factory=list, description="bootstrap multiaddrs")
     host_maddrs: list[str] = Field(
         default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"],
@@ -483,106 +495,10 @@ class SwarmConfig(_Strict):
     announce_maddrs: list[str] = Field(
         default_factory=list, description="multiaddrs announced to peers (behind NAT); empty = the listen addresses"
     )
-    identity_path: str | None = Field(None, description="Ed25519 PEM key; None = <home>/identity.pem")
-    allowlist: list[str] = Field(default_factory=list, description="hex public keys; empty = open swarm")
-    num_external: int = Field(
-        4, ge=0, description="SAPO J: external groups per step (SAPO I, the local groups, is sampling.prompts_per_step)"
-    )
-    max_external_share: float = Field(0.5, ge=0, le=1, description="cap on the external share of a batch")
-    max_peer_share: float = Field(0.5, gt=0, le=1, description="cap on one peer's share of external samples")
-    selection: Literal["random", "contrast"] = Field(
-        "contrast", description="which external groups fill the num_external slots: contrast = highest reward "
-        "variance first, random = uniform; default contrast"
-    )
     bucket_seconds: float = Field(30.0, gt=0, description="time bucket of DHT manifest keys")
     read_buckets: int = Field(3, ge=1, description="how many recent buckets a node reads")
-    fetch_timeout: float = Field(5.0, gt=0, description="seconds per bundle fetch")
     dht_timeout: float = Field(10.0, gt=0, description="seconds per DHT call")
-    max_bundle_bytes: int = Field(
-        1024 * 1024, ge=1024,
-        description="bytes: size cap of a received bundle, checked before decoding; default 1 MiB (an honest bundle of "
-        "8 trees x 8 leaves x 96 tokens is about 0.1 MiB; the bound on memory is this x max_pending_bundles plus "
-        "store_bytes)",
-    )
-    freshness_seconds: float = Field(
-        600.0, gt=0, description="seconds: bundles older than this (+ max_clock_skew) are refused; default 600"
-    )
-    max_clock_skew: float = Field(30.0, ge=0, description="seconds of clock difference tolerated both ways in the "
-                                  "freshness check (future and stale); default 30")
-    max_staleness: int | None = Field(
-        None,
-        ge=0,
-        description="drop external trees of our own model id more than this many policy versions behind our step; "
-        "versions are per-node step counts, so this only makes sense for nodes that start together (None: off)",
-    )
-    max_age_seconds: float | None = Field(
-        600.0, gt=0,
-        description="seconds: drop external trees whose body arrived (receiver's clock, PeerTree.received_at) more "
-        "than this long ago. Staleness a peer cannot lie about, unlike the signed policy version; default 600 "
-        "(None: off)",
-    )
-    normalization: Literal["per_source", "joint"] = Field(
-        "per_source", description="external rewards normalized within their own group (per peer and task; ERILS) "
-        "or jointly with local ones; default per_source"
-    )
-    off_policy: Literal["none", "luffy", "tis"] = Field(
-        "none", description="correction for external samples (docs/reference/design.md §5): none = ratio 1 under our policy "
-        "(SAPO), luffy = f = p/(p+gamma) shaping, tis = capped importance ratio (same model id only); default none"
-    )
-    external_step_credit: bool = Field(
-        True, description="give peers' completions the step-checked credit of our own (train.step_credit and "
-        "train.step_reward_weight, checked by us on the re-verified text; docs/reference/step_credit.md). False: external "
-        "samples get outcome credit only. Default true"
-    )
-    luffy_gamma: float = Field(0.1, gt=0, description="gamma of off_policy luffy; default 0.1")
-    tis_cap: float = Field(2.0, gt=1, description="cap C of the importance ratio of off_policy tis; default 2.0")
-    max_external_completion_length: int | None = Field(
-        None, ge=1, description="most TOKENS of one external completion (root-to-leaf path, in our vocabulary); "
-        "longer ones are rejected at verification (reason too_long). None = our sampling.max_completion_length"
-    )
-    max_bundle_tokens: int = Field(
-        131072, ge=1, description="most tokens of one bundle expanded into samples (our prompt + completion per "
-        "leaf, so a tree with shared nodes costs what its leaves expand to); checked before any expansion, "
-        "larger bundles are rejected (reason too_many_tokens)"
-    )
-    replay_window_seconds: float | None = Field(
-        None, gt=0, description="seconds the receiver remembers the normalized content (TaskRef + "
-        "completion texts) of every accepted tree, so copies and re-signed replays are dropped (reason replay); "
-        "None (default) = until the bounded memory (65,536 trees and leaves, oldest first) evicts it: a tree "
-        "re-signed with a fresh time can be trained at any age, so a time window lets replays back in"
-    )
-    external_length_policy: Literal["drop", "truncate"] = Field(
-        "drop", description="an external completion over the length cap is dropped, or truncated and masked; "
-        "default drop"
-    )
-    max_external_tokens_per_step: int = Field(
-        32768,
-        ge=0,
-        description="tokens (prompt + completion, per leaf, after the length cap) of all external samples in one "
-        "step, all peers together; a tree is costed by the samples it expands into, before it is decoded, and "
-        "skipped when it does not fit. Default 32768",
-    )
-    screen: ScreenConfig = Field(
-        default_factory=lambda: ScreenConfig(),
-        description="likelihood screen of external completions under our own policy (train/screen.py)",
-    )
-    curriculum: CurriculumConfig = Field(
-        default_factory=lambda: CurriculumConfig(),
-        description="swarm curriculum: task weights from the swarm's per-task success rates (tasks/curriculum.py)",
-    )
-    expansion: ExpansionConfig = Field(
-        default_factory=lambda: ExpansionConfig(),
-        description="cross-node tree expansion: continue re-verified peer prefixes with our policy "
-        "(rollout/expansion.py)",
-    )
-    rescue: RescueConfig = Field(
-        default_factory=lambda: RescueConfig(),
-        description="rescue: peers answer the questions this node got all wrong (train/rescue.py)",
-    )
-    rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
-    ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")
-    ban_seconds: float = Field(600.0, gt=0, description="seconds a banned peer stays banned; default 600")
-    # ---- the swarm client's networking knobs (swarmnode/swarm/: gossip.py and the publisher, fetcher, scheduler and transport it wires)
+    fetch_timeout: float = Field(5.0, gt=0, description="seconds per bundle fetch")
     poll_interval: float | None = Field(
         None, gt=0, description="seconds between the fetcher thread's DHT polls; None = min(2, bucket_seconds / 4)"
     )
@@ -630,6 +546,38 @@ class SwarmConfig(_Strict):
     serve_first_byte_timeout: float = Field(
         2.0, gt=0, description="seconds a peer may take, after opening a bundle stream, to send its 36-byte request"
     )
+
+    @model_validator(mode="after")
+    def _derive(self) -> "NetConfig":
+        """Fill the derived values of the keys left unset (a value given explicitly is kept)."""
+        _fill(self, "poll_interval", min(2.0, self.bucket_seconds / 4))
+        _fill(self, "gather_budget_seconds", float(self.fetch_timeout))
+        _fill(self, "publisher_fetch_budget_seconds", 2.0 * float(self.fetch_timeout))
+        return self
+
+
+class TrustConfig(_Strict):
+    """What the verifier and admission of received bundles enforce (``swarm.trust``; swarmnode/swarm/verify.py,
+    peers.py, admission.py, rates.py; docs/guide/swarm.md trust rules): freshness and clock skew, the replay
+    window, rate limit and bans, young keys' trees and standing, per-peer tree caps, bundle byte and token caps.
+
+    ``max_young_trees`` left unset is derived by :class:`RunConfig` from ``external.num_external``:
+    max(1, num_external // 2)."""
+
+    freshness_seconds: float = Field(
+        600.0, gt=0, description="seconds: bundles older than this (+ max_clock_skew) are refused; default 600"
+    )
+    max_clock_skew: float = Field(30.0, ge=0, description="seconds of clock difference tolerated both ways in the "
+                                  "freshness check (future and stale); default 30")
+    replay_window_seconds: float | None = Field(
+        None, gt=0, description="seconds the receiver remembers the normalized content (TaskRef + "
+        "completion texts) of every accepted tree, so copies and re-signed replays are dropped (reason replay); "
+        "None (default) = until the bounded memory (65,536 trees and leaves, oldest first) evicts it: a tree "
+        "re-signed with a fresh time can be trained at any age, so a time window lets replays back in"
+    )
+    rate_limit_per_minute: float = Field(120.0, gt=0, description="bundles+manifests accepted per peer per minute")
+    ban_after: int = Field(3, ge=1, description="hard rejections before a peer is banned")
+    ban_seconds: float = Field(600.0, gt=0, description="seconds a banned peer stays banned; default 600")
     young_key_trees: int = Field(
         1, ge=0, description="external trees per step admitted from a key that has earned nothing yet (Sybil "
         "resistance: a key's cap grows with the useful trees it had admitted, see trees_per_earned_tree)"
@@ -647,6 +595,118 @@ class SwarmConfig(_Strict):
     max_young_trees: int | None = Field(
         None, ge=0, description="external trees per step admitted from all young keys together, shared round-robin; "
         "None = max(1, num_external // 2), so fresh keys together never hold more than half the external groups"
+    )
+    max_bundle_bytes: int = Field(
+        1024 * 1024, ge=1024,
+        description="bytes: size cap of a received bundle, checked before decoding; default 1 MiB (an honest bundle of "
+        "8 trees x 8 leaves x 96 tokens is about 0.1 MiB; the bound on memory is this x max_pending_bundles plus "
+        "store_bytes)",
+    )
+    max_bundle_tokens: int = Field(
+        131072, ge=1, description="most tokens of one bundle expanded into samples (our prompt + completion per "
+        "leaf, so a tree with shared nodes costs what its leaves expand to); checked before any expansion, "
+        "larger bundles are rejected (reason too_many_tokens)"
+    )
+
+
+class SwarmConfig(_Strict):
+    """Which swarm and who we are (off for a solo node), with its network layer (``net``) and trust rules
+    (``trust``). What the trainer does with peers' samples is :class:`ExternalConfig` (``external``), the swarm
+    levers are :class:`LeversConfig` (``levers``)."""
+
+    enabled: bool = Field(False, description="join a swarm (off: a solo node); default False")
+    swarm_id: str = Field(
+        "swarmnode-local", description="name of the swarm; bundles of another swarm id are refused; default "
+        "swarmnode-local"
+    )
+    identity_path: str | None = Field(None, description="Ed25519 PEM key; None = <home>/identity.pem")
+    allowlist: list[str] = Field(default_factory=list, description="hex public keys; empty = open swarm")
+    net: NetConfig = Field(default_factory=NetConfig, description="the network layer's knobs (swarm.net.*)")
+    trust: TrustConfig = Field(
+        default_factory=TrustConfig, description="what the verifier and admission enforce (swarm.trust.*)"
+    )
+
+
+class ExternalConfig(_Strict):
+    """What the trainer does with peers' samples (``external``; swarmnode/train/external.py, batch.py,
+    off_policy.py, screen.py, process.py): how many external groups, their shares, selection, staleness and age,
+    normalization, off-policy correction, step credit, length policy and caps, and the likelihood screen.
+
+    ``max_external_completion_length`` left unset is derived by :class:`RunConfig` from
+    ``sampling.max_completion_length``."""
+
+    num_external: int = Field(
+        4, ge=0, description="SAPO J: external groups per step (SAPO I, the local groups, is sampling.prompts_per_step)"
+    )
+    max_external_share: float = Field(0.5, ge=0, le=1, description="cap on the external share of a batch")
+    max_peer_share: float = Field(0.5, gt=0, le=1, description="cap on one peer's share of external samples")
+    selection: Literal["random", "contrast"] = Field(
+        "contrast", description="which external groups fill the num_external slots: contrast = highest reward "
+        "variance first, random = uniform; default contrast"
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="drop external trees of our own model id more than this many policy versions behind our step; "
+        "versions are per-node step counts, so this only makes sense for nodes that start together (None: off)",
+    )
+    max_age_seconds: float | None = Field(
+        600.0, gt=0,
+        description="seconds: drop external trees whose body arrived (receiver's clock, PeerTree.received_at) more "
+        "than this long ago. Staleness a peer cannot lie about, unlike the signed policy version; default 600 "
+        "(None: off)",
+    )
+    normalization: Literal["per_source", "joint"] = Field(
+        "per_source", description="external rewards normalized within their own group (per peer and task; ERILS) "
+        "or jointly with local ones; default per_source"
+    )
+    off_policy: Literal["none", "luffy", "tis"] = Field(
+        "none", description="correction for external samples (docs/reference/design.md §5): none = ratio 1 under our policy "
+        "(SAPO), luffy = f = p/(p+gamma) shaping, tis = capped importance ratio (same model id only); default none"
+    )
+    luffy_gamma: float = Field(0.1, gt=0, description="gamma of off_policy luffy; default 0.1")
+    tis_cap: float = Field(2.0, gt=1, description="cap C of the importance ratio of off_policy tis; default 2.0")
+    external_step_credit: bool = Field(
+        True, description="give peers' completions the step-checked credit of our own (train.step_credit and "
+        "train.step_reward_weight, checked by us on the re-verified text; docs/reference/step_credit.md). False: external "
+        "samples get outcome credit only. Default true"
+    )
+    max_external_completion_length: int | None = Field(
+        None, ge=1, description="most TOKENS of one external completion (root-to-leaf path, in our vocabulary); "
+        "longer ones are rejected at verification (reason too_long). None = our sampling.max_completion_length"
+    )
+    external_length_policy: Literal["drop", "truncate"] = Field(
+        "drop", description="an external completion over the length cap is dropped, or truncated and masked; "
+        "default drop"
+    )
+    max_external_tokens_per_step: int = Field(
+        32768,
+        ge=0,
+        description="tokens (prompt + completion, per leaf, after the length cap) of all external samples in one "
+        "step, all peers together; a tree is costed by the samples it expands into, before it is decoded, and "
+        "skipped when it does not fit. Default 32768",
+    )
+    screen: ScreenConfig = Field(
+        default_factory=lambda: ScreenConfig(),
+        description="likelihood screen of external completions under our own policy (train/screen.py)",
+    )
+
+
+class LeversConfig(_Strict):
+    """The swarm levers (``levers``; swarmnode/node/levers.py): curriculum, cross-node expansion, rescue."""
+
+    curriculum: CurriculumConfig = Field(
+        default_factory=lambda: CurriculumConfig(),
+        description="swarm curriculum: task weights from the swarm's per-task success rates (tasks/curriculum.py)",
+    )
+    expansion: ExpansionConfig = Field(
+        default_factory=lambda: ExpansionConfig(),
+        description="cross-node tree expansion: continue re-verified peer prefixes with our policy "
+        "(rollout/expansion.py)",
+    )
+    rescue: RescueConfig = Field(
+        default_factory=lambda: RescueConfig(),
+        description="rescue: peers answer the questions this node got all wrong (train/rescue.py)",
     )
 
 
@@ -709,14 +769,31 @@ class RunConfig(_Strict):
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="task sources and mix (tasks.*)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling (sampling.*)")
     train: TrainConfig = Field(default_factory=TrainConfig, description="loss, advantages, optimizer (train.*)")
-    swarm: SwarmConfig = Field(default_factory=SwarmConfig, description="swarm membership and gossip (swarm.*)")
+    swarm: SwarmConfig = Field(
+        default_factory=SwarmConfig, description="which swarm and who we are, its network layer and trust rules "
+        "(swarm.*, swarm.net.*, swarm.trust.*)"
+    )
+    external: ExternalConfig = Field(
+        default_factory=ExternalConfig, description="what the trainer does with peers' samples (external.*)"
+    )
+    levers: LeversConfig = Field(
+        default_factory=LeversConfig, description="swarm levers: curriculum, expansion, rescue (levers.*)"
+    )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpointing (checkpoint.*)")
     monitor: MonitorConfig = Field(
         default_factory=MonitorConfig, description="status endpoint and watchdogs (monitor.*)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data: Any) -> Any:
+        """Move the old flat ``swarm.*`` keys to their sections (one warning each; swarmnode/config_aliases.py)."""
+        return migrate_data(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        _fill(self.swarm.trust, "max_young_trees", max(1, int(self.external.num_external) // 2))
+        _fill(self.external, "max_external_completion_length", int(self.sampling.max_completion_length))
         if self.train.epsilon_high < self.train.epsilon:
             raise ValueError(
                 f"train.epsilon_high ({self.train.epsilon_high}) must be >= train.epsilon ({self.train.epsilon})"
@@ -820,12 +897,19 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if not data and path is not None:  # an empty file: the packaged default, as with no --config
         data = read_yaml(DEFAULT_CONFIG_PATH)
         origin += f" (empty: the packaged default {DEFAULT_CONFIG_PATH})"
+    try:  # the file's old keys move first, so that an override (old key or new) wins over them
+        data = migrate_data(data, origin)
+    except ValueError as e:
+        raise ConfigError(f"invalid configuration in {origin}:\n  {e}") from None
     applied = []
-    for k, v in (overrides or {}).items():
-        if v is None:
-            continue
-        set_dotted(data, k, v)
-        applied.append(k)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for k, v in given.items():
+        new = migrate_key(k, "command-line override")
+        if new != k and new in given:
+            raise ConfigError(f"invalid configuration in {origin}: the overrides {k} (old key) and {new} are both "
+                              f"given: {k} is now {new}; keep only {new}")
+        set_dotted(data, new, v)
+        applied.append(new)
     if applied:
         origin += f" with command-line overrides {', '.join(applied)}"
     try:
