@@ -4,7 +4,7 @@
     python scripts/gen_config_reference.py --check    # exit 1 if the committed page is stale
 
 The page is generated from the pydantic models in ``swarmnode/config.py`` (the root is ``RunConfig``), never
-edited by hand: each section is one nested model (``model``, ``sampling.tree``, ``swarm.screen``, …, and list
+edited by hand: each section is one nested model (``model``, ``sampling.tree``, ``external.screen``, …, and list
 items such as ``tasks.sources[]``), introduced by the model's docstring, and each field is listed the way TRL's
 ``GRPOConfig`` docstring lists its parameters: name, type, default, bounds, then the field's ``description``.
 A section appears where its model is first reached in a depth-first walk of the fields, in their declaration

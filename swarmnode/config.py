@@ -2,7 +2,57 @@
 
 One documented field per knob, TRL's names where TRL has one (``num_generations``, ``beta``,
 ``epsilon``, ``epsilon_high``, ``loss_type``, ``scale_rewards``, ``max_completion_length``,
-``learning_rate``, ``max_grad_norm``, ``temperature``, ``top_p``).
+``learning_rate``, ``max_grad_norm``, ``temperature``, ``top_p``). Each section is read by one layer of the
+node (docs/reference/architecture.md); docs/reference/config.md lists every field, generated from these models.
+
+> Parameters that control the run
+
+- ``steps``, ``seed``, ``run_dir``, ``eval_every``, ``eval_at_start``, ``log_every``, ``status_port``,
+  ``report_to``, ``threads``: the node's loop and front end (node/, cli.py, monitor/).
+
+> Parameters that control the model, the tasks and the rollouts
+
+- ``model`` (:class:`ModelConfig`): policy loading (policy/).
+- ``tasks`` (:class:`TasksConfig`, ``tasks.sources[]``, ``tasks.probes[]``): the task mix and held-out
+  evaluation (tasks/, evaluation.py).
+- ``sampling`` (:class:`SamplingConfig`, ``sampling.tree``): rollouts (rollout/).
+
+> Parameters that control the training
+
+- ``train`` (:class:`TrainConfig`): loss, advantages and optimizer (train/, rollout/advantages.py).
+
+> Parameters that control the swarm
+
+- ``swarm`` (:class:`SwarmConfig`): which swarm and who we are: ``enabled``, ``swarm_id``, ``identity_path``,
+  ``allowlist`` (node/hooks.py, swarm/info.py, swarm/verify.py).
+- ``swarm.net`` (:class:`NetConfig`): the network layer (swarm/gossip.py and the DHT, publisher, fetcher,
+  scheduler and transport it wires; node/stop.py): addresses (``initial_peers``, ``host_maddrs``,
+  ``announce_maddrs``), DHT buckets, reads and timeouts, polling, heartbeats, fetch and serve limits and budgets,
+  the bundle store, the stop wait.
+- ``swarm.trust`` (:class:`TrustConfig`): what the verifier and admission enforce (swarm/verify.py, peers.py,
+  admission.py, rates.py): freshness, clock skew, replay window, rate limit, bans, young keys (trees, standing,
+  establishment), per-peer tree caps, bundle byte and token caps.
+- ``external`` (:class:`ExternalConfig`, ``external.screen``): what the trainer does with peers' samples
+  (train/external.py, batch.py, off_policy.py, screen.py, process.py): ``num_external``, shares, selection,
+  staleness and age, normalization, ``off_policy`` (``luffy_gamma``, ``tis_cap``), ``external_step_credit``,
+  length policy and caps, the likelihood screen.
+- ``levers`` (:class:`LeversConfig`): the swarm levers (node/levers.py): ``curriculum``, ``expansion``,
+  ``rescue``.
+
+> Parameters that control checkpoints and monitoring
+
+- ``checkpoint`` (:class:`CheckpointConfig`), ``monitor`` (:class:`MonitorConfig`).
+
+Derived defaults: a key whose default is "None = derived from other keys" (``swarm.net.poll_interval``,
+``gather_budget_seconds``, ``publisher_fetch_budget_seconds``, ``swarm.trust.max_young_trees``,
+``external.max_external_completion_length``) is filled by a validator of its section (or of :class:`RunConfig`
+when it depends on another section), so every reader sees a plain number; a dump writes ``None`` for it again
+(:class:`_Derived`). Bounds are checked here only, by pydantic.
+
+Old keys: before the swarm settings were grouped by consumer they all lived under ``swarm`` (``swarm.num_external``,
+``swarm.bucket_seconds``, ``swarm.screen.enabled``, ...). A file, a saved run directory's ``config.yaml``, an
+override or ``--swarm-set`` that uses one is moved to the new key with one warning (swarmnode/config_aliases.py);
+an old key and its new key together are an error.
 
 :func:`load_config` reads a YAML file, applies CLI overrides (dotted keys) and validates. Any problem
 (unknown key, wrong type, impossible value, unreadable file) raises :class:`ConfigError` whose message
@@ -13,10 +63,11 @@ from __future__ import annotations
 
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, ValidationInfo,
+                      field_validator, model_serializer, model_validator)
 
 from swarmnode.config_aliases import migrate_data, migrate_key
 
@@ -39,10 +90,26 @@ def _numeric_only(annotation: Any) -> bool:
 def _fill(model: BaseModel, name: str, value: Any) -> None:
     """Set ``model.name`` to its derived ``value`` unless the key was given explicitly (a ``None`` given counts
     as not given). The field is not marked as set, so a later validation (an assignment to a key it derives
-    from) derives it again; a dumped config keeps the derived value."""
+    from) derives it again, and a dump writes ``None`` for it (:class:`_Derived`)."""
     if name not in model.model_fields_set or getattr(model, name) is None:
         model.__dict__[name] = value
         model.model_fields_set.discard(name)
+
+
+class _Derived:
+    """Mixin of a section with derived keys (``DERIVED``): readers see the derived number, a dump (``config.yaml``
+    of a run directory, the swarm benchmark's per-node configs) writes ``None`` for a derived key that was not
+    given, so a config loaded back, or edited and loaded back, derives it again from the keys it depends on."""
+
+    DERIVED: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _dump_derived_as_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for name in self.DERIVED:
+            if name in out and name not in self.model_fields_set:
+                out[name] = None
+        return out
 
 
 class _Strict(BaseModel):
@@ -357,7 +424,7 @@ class ScreenConfig(_Strict):
     )
     max_claim_gap: float | None = Field(
         1.0, ge=0, description="nats/token: a kept external sample whose claimed behaviour log-probs differ from our "
-        "own scores by more than this on average loses them, so swarm.off_policy=tis weighs it with ratio 1 instead "
+        "own scores by more than this on average loses them, so external.off_policy=tis weighs it with ratio 1 instead "
         "of a capped weight an extreme claim saturates (None = off). Default 1.0",
     )
     admit_step_form: Literal["off", "correct", "in_form"] = Field(
@@ -370,7 +437,7 @@ class ScreenConfig(_Strict):
         "its numbers differ; admitted only with train.step_credit mask, which keeps its valid lines from being "
         "pushed down). correct = only the worked solution. off = every external completion is screened. Checked "
         "by us on our regenerated task and the decode of the ids that train; needs our step checks of external "
-        "completions (swarm.external_step_credit with train.step_credit or train.step_reward_weight on); tasks "
+        "completions (external.external_step_credit with train.step_credit or train.step_reward_weight on); tasks "
         "without a checker are screened as before. Default correct (measured: in_form let no more leaves through the screen, "
         "docs/lab/benchmarks.md \"Admission by step form\")",
     )
@@ -399,7 +466,7 @@ class CurriculumConfig(_Strict):
         "heartbeat) are ignored. Default 120"
     )
     max_voters: int = Field(
-        1024, ge=0, description="seats: every established peer (at least swarm.established_after useful trained "
+        1024, ge=0, description="seats: every established peer (at least swarm.trust.established_after useful trained "
         "trees) votes once, whatever its standing, while at most this many are established; beyond that a "
         "uniformly random subset of this many, drawn afresh each step from a secret seed. Young peers get no "
         "seat. Bounds the work per step. Default 1024 (the most peers whose rates the swarm layer keeps)"
@@ -478,7 +545,7 @@ class RescueConfig(_Strict):
     )
 
 
-class NetConfig(_Strict):
+class NetConfig(_Derived, _Strict):
     """The swarm's network layer (``swarm.net``; swarmnode/swarm/: the DHT, gossip.py and the publisher, fetcher,
     scheduler and transport it wires, and the round loop's stop wait): addresses, DHT buckets and timeouts, polling,
     heartbeats, fetch and serve limits and budgets, the bundle store.
@@ -486,6 +553,8 @@ class NetConfig(_Strict):
     ``None`` defaults are derived here, from the other keys of this section, when the config is validated, so
     readers see plain numbers: ``poll_interval`` = min(2, bucket_seconds / 4), ``gather_budget_seconds`` =
     fetch_timeout, ``publisher_fetch_budget_seconds`` = 2 x fetch_timeout."""
+
+    DERIVED: ClassVar[tuple[str, ...]] = ('poll_interval', 'gather_budget_seconds', 'publisher_fetch_budget_seconds')
 
     initial_peers: list[str] = Field(default_factory=list, description="bootstrap multiaddrs")
     host_maddrs: list[str] = Field(
@@ -556,13 +625,15 @@ class NetConfig(_Strict):
         return self
 
 
-class TrustConfig(_Strict):
+class TrustConfig(_Derived, _Strict):
     """What the verifier and admission of received bundles enforce (``swarm.trust``; swarmnode/swarm/verify.py,
     peers.py, admission.py, rates.py; docs/guide/swarm.md trust rules): freshness and clock skew, the replay
     window, rate limit and bans, young keys' trees and standing, per-peer tree caps, bundle byte and token caps.
 
     ``max_young_trees`` left unset is derived by :class:`RunConfig` from ``external.num_external``:
     max(1, num_external // 2)."""
+
+    DERIVED: ClassVar[tuple[str, ...]] = ('max_young_trees',)
 
     freshness_seconds: float = Field(
         600.0, gt=0, description="seconds: bundles older than this (+ max_clock_skew) are refused; default 600"
@@ -627,13 +698,15 @@ class SwarmConfig(_Strict):
     )
 
 
-class ExternalConfig(_Strict):
+class ExternalConfig(_Derived, _Strict):
     """What the trainer does with peers' samples (``external``; swarmnode/train/external.py, batch.py,
     off_policy.py, screen.py, process.py): how many external groups, their shares, selection, staleness and age,
     normalization, off-policy correction, step credit, length policy and caps, and the likelihood screen.
 
     ``max_external_completion_length`` left unset is derived by :class:`RunConfig` from
     ``sampling.max_completion_length``."""
+
+    DERIVED: ClassVar[tuple[str, ...]] = ('max_external_completion_length',)
 
     num_external: int = Field(
         4, ge=0, description="SAPO J: external groups per step (SAPO I, the local groups, is sampling.prompts_per_step)"

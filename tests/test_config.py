@@ -162,7 +162,7 @@ def test_duplicate_key_is_an_error_naming_file_and_key(tmp_path):
         ("steps: true\n", "steps"),
         ("train:\n  learning_rate: true\n", "train.learning_rate"),
         ("sampling:\n  num_generations: false\n", "sampling.num_generations"),
-        ("swarm:\n  fetch_timeout: true\n", "swarm.fetch_timeout"),
+        ("swarm:\n  fetch_timeout: true\n", "swarm.net.fetch_timeout"),
         ("train:\n  step_reward_weight: false\n", "train.step_reward_weight"),
     ],
 )
@@ -176,4 +176,4 @@ def test_boolean_keys_still_take_booleans(tmp_path):
     p = tmp_path / "b.yaml"
     p.write_text("eval_at_start: false\nswarm:\n  external_step_credit: false\n")
     cfg = load_config(p)
-    assert cfg.eval_at_start is False and cfg.swarm.external_step_credit is False
+    assert cfg.eval_at_start is False and cfg.external.external_step_credit is False

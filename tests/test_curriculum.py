@@ -428,7 +428,7 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
     keys = [node.tasks.source_key(i) for i in range(len(node.tasks.sources))]
     crowd = {k: (16, 0) for k in keys} | {keys[-1]: (16, 8)}  # starve every task but the last one
     # peers with earned standing (keys without it never outvote our own rates): still bounded whatever they claim
-    node.swarm = sw = RatesSwarm(peers(3000, crowd, standing=cfg.swarm.established_after))
+    node.swarm = sw = RatesSwarm(peers(3000, crowd, standing=cfg.swarm.trust.established_after))
     try:
         ms = [node.run_step().metrics for _ in range(2)]
         weights, _ = node.task_weights()
@@ -436,7 +436,7 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
         node.close()
     ctotal = sum(node.tasks.weights)
     for m in ms:
-        assert m["curriculum/voters"] == cfg.swarm.curriculum.max_voters  # the votes used, not the 3,000 read
+        assert m["curriculum/voters"] == cfg.levers.curriculum.max_voters  # the votes used, not the 3,000 read
         shares = [m[f"curriculum/share/{node._task_label(i)}"] for i in range(len(keys))]
         assert sum(shares) == pytest.approx(1.0)
         for share, w in zip(shares, node.tasks.weights):

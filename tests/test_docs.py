@@ -136,6 +136,6 @@ def test_config_reference_lists_every_field():
     assert len(all_keys) > 100  # the walk reached the nested sections
     missing = [k for k in all_keys if f"**`{k}`**" not in page]
     assert not missing, f"config keys missing from docs/reference/config.md: {missing}"
-    for key, bound in (("train.learning_rate", "x > 0"), ("swarm.max_peer_share", "0 < x <= 1")):
+    for key, bound in (("train.learning_rate", "x > 0"), ("external.max_peer_share", "0 < x <= 1")):
         line = next(ln for ln in page.splitlines() if ln.startswith(f"- **`{key}`**"))
         assert bound in line, line

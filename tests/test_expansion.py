@@ -290,7 +290,7 @@ def test_a_prefix_with_a_wrong_step_is_not_continued(tmp_path):
 
     for screen in (False, True):
         cfg = make_cfg(tmp_path / str(screen))
-        cfg.swarm.screen.enabled = screen
+        cfg.external.screen.enabled = screen
         n = Node(cfg)
         try:
             tok = n.policy.tokenizer
@@ -329,7 +329,7 @@ def test_a_prefix_our_policy_would_not_write_is_not_continued(tmp_path):
     from swarmnode.rollout.generate import generate_rollouts
 
     cfg = make_cfg(tmp_path)
-    cfg.swarm.screen.enabled = True
+    cfg.external.screen.enabled = True
     cfg.sampling.max_completion_length = 128  # room for the injected prefix within the fork length limit
     n = Node(cfg)
     try:

@@ -199,13 +199,13 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
         "sampling.prompts_per_step": 2, "sampling.num_generations": 4, "train.micro_batch_size": 8,
         "train.drop_zero_variance_groups": False,  # every step trains on its local samples, whatever the rewards
         "checkpoint.save_steps": 1000, "swarm.enabled": True, "swarm.swarm_id": f"hostile-{time.time_ns() % 10**9}",
-        "swarm.identity_path": str(rd / "identity.pem"), "swarm.ban_after": 1000,  # count every class, never ban
-        "swarm.fetch_timeout": FETCH_TIMEOUT, "swarm.dht_timeout": 5.0, "swarm.bucket_seconds": 10.0,
-        "swarm.max_bundle_bytes": 64 * 1024,
-        "swarm.max_external_completion_length": 256,  # the factory's completions exceed max_completion_length
+        "swarm.identity_path": str(rd / "identity.pem"), "swarm.trust.ban_after": 1000,  # count every class, never ban
+        "swarm.net.fetch_timeout": FETCH_TIMEOUT, "swarm.net.dht_timeout": 5.0, "swarm.net.bucket_seconds": 10.0,
+        "swarm.trust.max_bundle_bytes": 64 * 1024,
+        "external.max_external_completion_length": 256,  # the factory's completions exceed max_completion_length
         # the honest peer here is synthetic (HostileFactory trees, not sampled by our policy), which the likelihood
         # screen rightly rejects; the screen is tested in test_screen.py and test_node_trust.py
-        "swarm.screen.enabled": False,
+        "external.screen.enabled": False,
     })
     node = Node(cfg)
     honest = hostile = None
@@ -379,7 +379,7 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
     """Issue 12, finding 5, over the real network: three keys keep announcing honest-looking bundles dated 25 s
     ahead (inside the 30 s skew) whose bodies hang on the stream, 16 new ones per key per step, beside an honest
     publisher. The training node still accepts and trains on every honest bundle, keeps stepping, never accepts
-    anything of the hanging keys, and rate-limits their manifests (swarm.rate_limit_per_minute)."""
+    anything of the hanging keys, and rate-limits their manifests (swarm.trust.rate_limit_per_minute)."""
     from swarmnode.node import Node
     from swarmnode.testing.adversary import HostilePeer
     from swarmnode.swarm.gossip import SwarmClient, build_swarm
@@ -390,11 +390,11 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
         "sampling.prompts_per_step": 2, "sampling.num_generations": 4, "train.micro_batch_size": 8,
         "train.drop_zero_variance_groups": False, "checkpoint.save_steps": 1000, "swarm.enabled": True,
         "swarm.swarm_id": f"hanging-{time.time_ns() % 10**9}", "swarm.identity_path": str(rd / "identity.pem"),
-        "swarm.fetch_timeout": FETCH_TIMEOUT, "swarm.dht_timeout": 5.0, "swarm.bucket_seconds": 10.0,
-        "swarm.max_bundle_bytes": 64 * 1024, "swarm.rate_limit_per_minute": 40.0,
+        "swarm.net.fetch_timeout": FETCH_TIMEOUT, "swarm.net.dht_timeout": 5.0, "swarm.net.bucket_seconds": 10.0,
+        "swarm.trust.max_bundle_bytes": 64 * 1024, "swarm.trust.rate_limit_per_minute": 40.0,
         # the honest publisher here is synthetic (HostileFactory trees, longer than our completions and not
         # sampled by our policy): the length cap and the likelihood screen would rightly reject it
-        "swarm.max_external_completion_length": 256, "swarm.screen.enabled": False,
+        "external.max_external_completion_length": 256, "external.screen.enabled": False,
     })
     node = Node(cfg)
     honest = None

@@ -1,4 +1,4 @@
-"""Admission by step form in front of the likelihood screen (``swarm.screen.admit_step_form``): external samples
+"""Admission by step form in front of the likelihood screen (``external.screen.admit_step_form``): external samples
 built by ``external_samples`` with our StepCredit, screened by ``LikelihoodScreen`` on the embedded model."""
 
 from __future__ import annotations

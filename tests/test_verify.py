@@ -905,8 +905,11 @@ def test_a_shared_node_costs_what_its_leaves_expand_to(peer_mix, clock):
 
 def test_max_external_completion_length_defaults(peer_mix, clock):
     cfg = SwarmConfig(swarm_id=SWARM)
-    assert cfg.max_external_completion_length is None and cfg.max_bundle_tokens >= 1
-    v = Verifier(SwarmConfig(swarm_id=SWARM, max_external_completion_length=7), peer_mix, 256, BYTE_TOKENIZER_ID)
+    assert ExternalConfig().max_external_completion_length is None and cfg.trust.max_bundle_tokens >= 1
+    assert RunConfig().external.max_external_completion_length == RunConfig().sampling.max_completion_length
+    run = RunConfig(swarm=SwarmConfig(swarm_id=SWARM), external=ExternalConfig(max_external_completion_length=7))
+    v = Verifier(run.swarm, peer_mix, 256, BYTE_TOKENIZER_ID,
+                 max_completion_tokens=run.external.max_external_completion_length)
     assert v.max_completion_tokens == 7
     with pytest.raises(ValueError):
         Verifier(cfg, peer_mix, 256, BYTE_TOKENIZER_ID, max_bundle_tokens=0)
