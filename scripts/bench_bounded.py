@@ -77,7 +77,7 @@ def run_arm(arm: str, steps: int, n_shared: int, leaves: int, workdir: Path) -> 
         "steps": steps + 1, "run_dir": str(workdir / arm), "seed": 0,
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": 4, "num_generations": 8, "max_completion_length": 12},
-        "swarm": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 1.0, **ARMS[arm]},
+        "external": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 1.0, **ARMS[arm]},
         "checkpoint": {"save_steps": 10**6},
     })
     swarm = CraftedSwarm(n_shared, leaves)

@@ -96,8 +96,8 @@ def run_arm(arm: str, args, workdir: Path) -> dict:
         # local zero-variance groups stay in the batch (with advantage 0), so the 0.5 external share has room
         # from the first step, when the embedded model's groups are all wrong
         "train": {"drop_zero_variance_groups": False},
-        "swarm": {"num_external": args.groups, "max_peer_share": 1.0, "max_external_share": 0.5,
-                  "screen": {"enabled": arm == "screen"}},
+        "external": {"num_external": args.groups, "max_peer_share": 1.0, "max_external_share": 0.5,
+                     "screen": {"enabled": arm == "screen"}},
         "checkpoint": {"save_steps": 10**6},
     })
     peer = PoisonPeer(args.payload, args.groups, 8, args.correct, args.seed)

@@ -58,9 +58,9 @@ def test_node_config_equal_generation_compute(tmp_path):
         assert c.tasks.seed == base.tasks.seed  # shared so peers can verify each other's TaskRefs
     assert not iso.swarm.enabled
     assert sw.swarm.enabled and sw.external.num_external == 6
-    assert sw.swarm.max_external_share == pytest.approx(0.75)  # 6 / (2 + 6)
-    assert (sw.swarm.normalization, sw.swarm.off_policy, sw.swarm.swarm_id) == ("joint", "luffy", "bench-x")
-    assert sw.swarm.initial_peers == ["/ip4/127.0.0.1/tcp/1/p2p/Qm"]
+    assert sw.external.max_external_share == pytest.approx(0.75)  # 6 / (2 + 6)
+    assert (sw.external.normalization, sw.external.off_policy, sw.swarm.swarm_id) == ("joint", "luffy", "bench-x")
+    assert sw.swarm.net.initial_peers == ["/ip4/127.0.0.1/tcp/1/p2p/Qm"]
 
 
 def test_node_config_models_gives_node_i_its_own_model_in_every_arm(tmp_path):
@@ -584,13 +584,13 @@ def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
 
 
 def test_rescue_lever_enables_swarm_rescue(tmp_path):
-    from swarmnode.config import SwarmConfig
+    from swarmnode.config import LeversConfig
 
     arms = plan_arms([(8, 8)], levers=["none", "rescue"], isolated=False)
     assert [a.name for a in arms] == ["swarm-8x8-per_source-none", "swarm-8x8-per_source-none-res"]
     assert arms[1].label == "swarm 8/8 per_source none +rescue"
     assert not (arms[1].curriculum or arms[1].expansion or arms[1].specialize)
-    if "rescue" not in SwarmConfig.model_fields:
+    if "rescue" not in LeversConfig.model_fields:
         with pytest.raises(ValueError, match="--levers rescue needs levers.rescue"):
             node_config(load_config(None), arms[1], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
                         swarm_id="x")

@@ -162,7 +162,7 @@ def test_duplicate_key_is_an_error_naming_file_and_key(tmp_path):
         ("steps: true\n", "steps"),
         ("train:\n  learning_rate: true\n", "train.learning_rate"),
         ("sampling:\n  num_generations: false\n", "sampling.num_generations"),
-        ("swarm:\n  fetch_timeout: true\n", "swarm.net.fetch_timeout"),
+        ("swarm:\n  net:\n    fetch_timeout: true\n", "swarm.net.fetch_timeout"),
         ("train:\n  step_reward_weight: false\n", "train.step_reward_weight"),
     ],
 )
@@ -174,6 +174,6 @@ def test_a_boolean_is_not_a_number_for_any_numeric_key(tmp_path, text, key):
 
 def test_boolean_keys_still_take_booleans(tmp_path):
     p = tmp_path / "b.yaml"
-    p.write_text("eval_at_start: false\nswarm:\n  external_step_credit: false\n")
+    p.write_text("eval_at_start: false\nexternal:\n  external_step_credit: false\n")
     cfg = load_config(p)
     assert cfg.eval_at_start is False and cfg.external.external_step_credit is False

@@ -77,8 +77,9 @@ def make_cfg(tmp_path, **expansion) -> RunConfig:
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": 1, "num_generations": 2, "max_completion_length": 40},
         "train": {"micro_batch_size": 8},
-        "swarm": {"swarm_id": SWARM, "num_external": 2, "max_peer_share": 1.0, "screen": {"enabled": False},
-                  "expansion": {"enabled": True, "num_generations": 4, **expansion}},
+        "swarm": {"swarm_id": SWARM},
+        "external": {"num_external": 2, "max_peer_share": 1.0, "screen": {"enabled": False}},
+        "levers": {"expansion": {"enabled": True, "num_generations": 4, **expansion}},
         "checkpoint": {"save_steps": 1000},
     })
 

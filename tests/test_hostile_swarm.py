@@ -45,7 +45,7 @@ def mix() -> TaskMix:
 
 
 def _verifier(mix: TaskMix) -> Verifier:
-    return Verifier(SwarmConfig(swarm_id="attrib", ban_after=3), mix, 256, BYTE_TOKENIZER_ID,
+    return Verifier(SwarmConfig(swarm_id="attrib", trust={"ban_after": 3}), mix, 256, BYTE_TOKENIZER_ID,
                     detokenize=byte_detokenize)
 
 
@@ -103,7 +103,8 @@ def test_a_node_knows_the_rollouts_it_published(mix, tmp_path):
     from swarmnode.swarm.prune import prune_trees
 
     # the factory's completions are longer than sampling.max_completion_length (the default token cap)
-    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id="attrib", max_external_completion_length=256))
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id="attrib"),
+                    external={"max_external_completion_length": 256})
     client = SwarmClient(cfg, HONEST, mix, 256, "m", BYTE_TOKENIZER_ID, None, None, start=False)
     try:
         trees = HostileFactory(HONEST, mix, swarm_id="attrib").honest_trees(2, 4)
@@ -223,7 +224,8 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
 
         same_tok = {"tokenize": tokenize, "tokenizer_id": node.policy.tokenizer_id, "vocab_size": client.vocab_size}
         honest_cfg = cfg.model_copy(update={"swarm": cfg.swarm.model_copy(update={
-            "ban_after": 3, "initial_peers": client.maddrs(), "identity_path": None})})
+            "trust": cfg.swarm.trust.model_copy(update={"ban_after": 3}),
+            "net": cfg.swarm.net.model_copy(update={"initial_peers": client.maddrs()}), "identity_path": None})})
         honest = SwarmClient(honest_cfg, HONEST, node.tasks, client.vocab_size, "honest/model",
                              node.policy.tokenizer_id, tokenize, None, detokenize=detokenize, poll_interval=0.5,
                              heartbeat_interval=2.0, dht_kwargs=FAST_DHT)
@@ -410,7 +412,7 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
 
         same_tok = {"tokenize": tokenize, "tokenizer_id": node.policy.tokenizer_id, "vocab_size": client.vocab_size}
         honest_cfg = cfg.model_copy(update={"swarm": cfg.swarm.model_copy(update={
-            "initial_peers": client.maddrs(), "identity_path": None})})
+            "net": cfg.swarm.net.model_copy(update={"initial_peers": client.maddrs()}), "identity_path": None})})
         honest = SwarmClient(honest_cfg, HONEST, node.tasks, client.vocab_size, "honest/model",
                              node.policy.tokenizer_id, tokenize, None, poll_interval=3600.0, heartbeat_interval=5.0,
                              dht_kwargs=FAST_DHT)
@@ -495,12 +497,12 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
     from swarmnode.train.external import select_external
 
     sid = f"sybil-{time.time_ns() % 10**9}"
-    base = dict(enabled=True, swarm_id=sid, fetch_timeout=FETCH_TIMEOUT, dht_timeout=5.0, bucket_seconds=10.0,
-                max_external_completion_length=256)  # the factory's completions exceed max_completion_length
+    net = dict(fetch_timeout=FETCH_TIMEOUT, dht_timeout=5.0, bucket_seconds=10.0)
 
     def receiver(name: str, **caps) -> SwarmClient:
         peers = [] if name == "capped" else victims[0].maddrs()
-        cfg = RunConfig(swarm=SwarmConfig(**base, initial_peers=peers, **caps))
+        cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=sid, net={**net, "initial_peers": peers}, trust=caps),
+                        external={"max_external_completion_length": 256})  # the factory's completions are longer
         ident = Identity.from_private_bytes(hashlib.sha256(f"test_hostile_swarm receiver {name}".encode()).digest())
         return SwarmClient(cfg, ident, mix, 256, f"model-{name}", BYTE_TOKENIZER_ID, None, tmp_path / name,
                            detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=5.0,
@@ -665,11 +667,11 @@ def test_a_flood_of_free_keys_in_the_bucket_key_does_not_hide_an_established_pub
     from swarmnode.testing.adversary import HostilePeer
 
     sid = f"flood-{time.time_ns() % 10**9}"
-    scfg = SwarmConfig(enabled=True, swarm_id=sid, fetch_timeout=FETCH_TIMEOUT, dht_timeout=10.0, bucket_seconds=30.0,
-                       max_external_completion_length=256)
+    scfg = SwarmConfig(enabled=True, swarm_id=sid, net={"fetch_timeout": FETCH_TIMEOUT, "dht_timeout": 10.0,
+                                                        "bucket_seconds": 30.0})
     ident = Identity.from_private_bytes(hashlib.sha256(b"test_hostile_swarm flood receiver").digest())
-    victim = SwarmClient(RunConfig(swarm=scfg), ident, mix, 256, "model-victim", BYTE_TOKENIZER_ID, None,
-                         tmp_path / "victim", detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=5.0,
+    victim = SwarmClient(RunConfig(swarm=scfg, external={"max_external_completion_length": 256}), ident, mix, 256,
+                         "model-victim", BYTE_TOKENIZER_ID, None, tmp_path / "victim", detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=5.0,
                          dht_kwargs=FAST_DHT)
     honest = flooder = None
     try:

@@ -44,13 +44,13 @@ class CraftedSwarm:
         pass
 
 
-def make_cfg(tmp_path, **swarm) -> RunConfig:
+def make_cfg(tmp_path, **external) -> RunConfig:
     return RunConfig.model_validate({
         "steps": 3, "run_dir": str(tmp_path / "run"), "seed": 0,
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 12},
         "train": {"micro_batch_size": 8},
-        "swarm": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 0.5, **swarm},
+        "external": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 0.5, **external},
         "checkpoint": {"save_steps": 1000},
     })
 
