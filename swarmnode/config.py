@@ -569,12 +569,13 @@ class NetConfig(_Derived, _Strict):
     dht_timeout: float = Field(10.0, gt=0, description="seconds per DHT call")
     fetch_timeout: float = Field(5.0, gt=0, description="seconds per bundle fetch")
     poll_interval: float | None = Field(
-        None, gt=0, description="seconds between the fetcher thread's DHT polls; None = min(2, bucket_seconds / 4)"
+        None, gt=0, description="seconds between the fetcher thread's DHT polls; None = min(2, bucket_seconds / 4) "
+        "(derived when the config is validated; a dump writes None again)"
     )
     heartbeat_interval: float = Field(10.0, gt=0, description="seconds between the signed heartbeats we publish")
     gather_budget_seconds: float | None = Field(
         None, gt=0, description="seconds one gather (one step) spends verifying fetched bundles; the rest waits for "
-        "the next step; None = fetch_timeout"
+        "the next step; None = fetch_timeout (derived when the config is validated; a dump writes None again)"
     )
     stop_wait_seconds: float = Field(
         10.0, ge=0, description="seconds the round loop still waits for a running swarm call (publish) once a stop "
@@ -604,7 +605,7 @@ class NetConfig(_Derived, _Strict):
     publisher_fetch_budget_seconds: float | None = Field(
         None, gt=0, description="seconds of fetching one publisher's bundles may take per step (reset at each gather, "
         "at most once per fetch_timeout); a publisher whose bodies hang spends its own budget, not others'; "
-        "None = 2 x fetch_timeout"
+        "None = 2 x fetch_timeout (derived when the config is validated; a dump writes None again)"
     )
     max_concurrent_serves: int = Field(
         16, ge=1, description="incoming bundle streams served at once, all peers together (more get 'busy')"
@@ -665,7 +666,8 @@ class TrustConfig(_Derived, _Strict):
     )
     max_young_trees: int | None = Field(
         None, ge=0, description="external trees per step admitted from all young keys together, shared round-robin; "
-        "None = max(1, num_external // 2), so fresh keys together never hold more than half the external groups"
+        "None = max(1, external.num_external // 2), so fresh keys together never hold more than half the external "
+        "groups (derived when the config is validated; a dump writes None again)"
     )
     max_bundle_bytes: int = Field(
         1024 * 1024, ge=1024,
@@ -746,7 +748,7 @@ class ExternalConfig(_Derived, _Strict):
     )
     max_external_completion_length: int | None = Field(
         None, ge=1, description="most TOKENS of one external completion (root-to-leaf path, in our vocabulary); "
-        "longer ones are rejected at verification (reason too_long). None = our sampling.max_completion_length"
+        "longer ones are rejected at verification (reason too_long). None = our sampling.max_completion_length (derived when the config is validated; a dump writes None again)"
     )
     external_length_policy: Literal["drop", "truncate"] = Field(
         "drop", description="an external completion over the length cap is dropped, or truncated and masked; "
