@@ -18,52 +18,31 @@ from typing import Any
 
 log = logging.getLogger("swarmnode.config")
 
+#: the keys that left the flat ``swarm`` section, by the section that holds them now
+MOVED: dict[str, tuple[str, ...]] = {
+    "swarm.net": (
+        "initial_peers", "host_maddrs", "announce_maddrs", "bucket_seconds", "read_buckets", "dht_timeout",
+        "fetch_timeout", "poll_interval", "heartbeat_interval", "gather_budget_seconds", "stop_wait_seconds",
+        "max_pending_bundles", "max_concurrent_fetches", "store_bytes", "fetch_retries", "fetch_relays",
+        "max_fetches_per_publisher", "publisher_fetch_budget_seconds", "max_concurrent_serves",
+        "max_serves_per_peer", "serve_first_byte_timeout",
+    ),
+    "swarm.trust": (
+        "freshness_seconds", "max_clock_skew", "replay_window_seconds", "rate_limit_per_minute", "ban_after",
+        "ban_seconds", "young_key_trees", "trees_per_earned_tree", "max_trees_per_peer", "established_after",
+        "max_young_trees", "max_bundle_bytes", "max_bundle_tokens",
+    ),
+    "external": (
+        "num_external", "max_external_share", "max_peer_share", "selection", "max_staleness", "max_age_seconds",
+        "normalization", "off_policy", "luffy_gamma", "tis_cap", "external_step_credit",
+        "max_external_completion_length", "external_length_policy", "max_external_tokens_per_step", "screen",
+    ),
+    "levers": ("curriculum", "expansion", "rescue"),
+}
+
 #: old dotted key -> new dotted key; a key under an old one moves with it (``swarm.screen.enabled`` ->
 #: ``external.screen.enabled``)
-OLD_KEYS: dict[str, str] = {
-    # -> swarm.net
-    "swarm.initial_peers": "swarm.net.initial_peers", "swarm.host_maddrs": "swarm.net.host_maddrs",
-    "swarm.announce_maddrs": "swarm.net.announce_maddrs", "swarm.bucket_seconds": "swarm.net.bucket_seconds",
-    "swarm.read_buckets": "swarm.net.read_buckets", "swarm.dht_timeout": "swarm.net.dht_timeout",
-    "swarm.fetch_timeout": "swarm.net.fetch_timeout", "swarm.poll_interval": "swarm.net.poll_interval",
-    "swarm.heartbeat_interval": "swarm.net.heartbeat_interval",
-    "swarm.gather_budget_seconds": "swarm.net.gather_budget_seconds",
-    "swarm.stop_wait_seconds": "swarm.net.stop_wait_seconds",
-    "swarm.max_pending_bundles": "swarm.net.max_pending_bundles",
-    "swarm.max_concurrent_fetches": "swarm.net.max_concurrent_fetches",
-    "swarm.store_bytes": "swarm.net.store_bytes", "swarm.fetch_retries": "swarm.net.fetch_retries",
-    "swarm.fetch_relays": "swarm.net.fetch_relays",
-    "swarm.max_fetches_per_publisher": "swarm.net.max_fetches_per_publisher",
-    "swarm.publisher_fetch_budget_seconds": "swarm.net.publisher_fetch_budget_seconds",
-    "swarm.max_concurrent_serves": "swarm.net.max_concurrent_serves",
-    "swarm.max_serves_per_peer": "swarm.net.max_serves_per_peer",
-    "swarm.serve_first_byte_timeout": "swarm.net.serve_first_byte_timeout",
-    # -> swarm.trust
-    "swarm.freshness_seconds": "swarm.trust.freshness_seconds",
-    "swarm.max_clock_skew": "swarm.trust.max_clock_skew",
-    "swarm.replay_window_seconds": "swarm.trust.replay_window_seconds",
-    "swarm.rate_limit_per_minute": "swarm.trust.rate_limit_per_minute", "swarm.ban_after": "swarm.trust.ban_after",
-    "swarm.ban_seconds": "swarm.trust.ban_seconds", "swarm.young_key_trees": "swarm.trust.young_key_trees",
-    "swarm.trees_per_earned_tree": "swarm.trust.trees_per_earned_tree",
-    "swarm.max_trees_per_peer": "swarm.trust.max_trees_per_peer",
-    "swarm.established_after": "swarm.trust.established_after",
-    "swarm.max_young_trees": "swarm.trust.max_young_trees",
-    "swarm.max_bundle_bytes": "swarm.trust.max_bundle_bytes",
-    "swarm.max_bundle_tokens": "swarm.trust.max_bundle_tokens",
-    # -> external
-    "swarm.num_external": "external.num_external", "swarm.max_external_share": "external.max_external_share",
-    "swarm.max_peer_share": "external.max_peer_share", "swarm.selection": "external.selection",
-    "swarm.max_staleness": "external.max_staleness", "swarm.max_age_seconds": "external.max_age_seconds",
-    "swarm.normalization": "external.normalization", "swarm.off_policy": "external.off_policy",
-    "swarm.luffy_gamma": "external.luffy_gamma", "swarm.tis_cap": "external.tis_cap",
-    "swarm.external_step_credit": "external.external_step_credit",
-    "swarm.max_external_completion_length": "external.max_external_completion_length",
-    "swarm.external_length_policy": "external.external_length_policy",
-    "swarm.max_external_tokens_per_step": "external.max_external_tokens_per_step",
-    "swarm.screen": "external.screen",
-    # -> levers
-    "swarm.curriculum": "levers.curriculum", "swarm.expansion": "levers.expansion", "swarm.rescue": "levers.rescue",
-}
+OLD_KEYS: dict[str, str] = {f"swarm.{name}": f"{section}.{name}" for section, names in MOVED.items() for name in names}
 
 
 class AliasConflict(ValueError):

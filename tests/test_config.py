@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from swarmnode.config import DEFAULT_CONFIG_PATH, ConfigError, RunConfig, dump_config, load_config
+from swarmnode.config import DEFAULT_CONFIG_PATH, ConfigError, RunConfig, SwarmConfig, dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -272,3 +272,14 @@ def test_swarm_set_of_the_bench_maps_old_keys(caplog):
     assert len(_config_warnings(caplog)) == 2
     with pytest.raises(ValueError, match="external.num_external"):  # still a key the benchmark sets itself
         parse_swarm_set("swarm.num_external=3")
+
+
+def test_every_old_key_names_a_field_of_its_new_section():
+    from swarmnode.config_aliases import OLD_KEYS
+
+    for old, new in OLD_KEYS.items():
+        model = RunConfig
+        for part in new.split("."):
+            assert part in model.model_fields, (old, new)
+            model = model.model_fields[part].annotation
+        assert old.split(".")[1] not in SwarmConfig.model_fields, old

@@ -275,7 +275,7 @@ class Levers:
                                  estimator=cfg.train.advantage_estimator, scale_rewards=cfg.train.scale_rewards,
                                  std_floor=cfg.train.advantage_std_floor,
                                  mask_truncated=cfg.train.mask_truncated_completions,
-                                 max_len=cfg.external.max_external_completion_length or cfg.sampling.max_completion_length,
+                                 max_len=cfg.external.max_external_completion_length,
                                  our_model_id=self.base_model_id, our_tokenizer_id=self.policy.tokenizer_id)
             except EXTERNAL_FAILURES as e:
                 log.warning("rescue: merging %d peer trees of %s failed (%s: %s); skipped", len(pts), key,
