@@ -275,7 +275,7 @@ def test_swarm_set_of_the_bench_maps_old_keys(caplog):
 
 
 def test_every_old_key_names_a_field_of_its_new_section():
-    from swarmnode.config_aliases import OLD_KEYS
+    from swarmnode.config.aliases import OLD_KEYS
 
     for old, new in OLD_KEYS.items():
         model = RunConfig

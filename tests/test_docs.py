@@ -8,7 +8,7 @@
 - no absolute path of a build machine (``/work/…``, ``/root/…``, ``/home/<user>/…``, ``/Users/…``) in the docs,
   the README or ``configs/``: commands in the docs use paths relative to the checkout;
 - ``docs/reference/config.md`` is what ``python scripts/gen_config_reference.py`` writes from
-  ``swarmnode/config.py`` today.
+  ``swarmnode/config/`` today.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_config_reference_is_fresh():
     gen = _generator()
     committed = (ROOT / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
     assert committed == gen.render(), (
-        f"docs/reference/config.md is stale (swarmnode/config.py changed): run `{gen.COMMAND}` and commit the page"
+        f"docs/reference/config.md is stale (swarmnode/config/ changed): run `{gen.COMMAND}` and commit the page"
     )
 
 

@@ -165,7 +165,7 @@ class SwarmClient:
         max_concurrent_fetches: outgoing fetches at once (default ``swarm.net.max_concurrent_fetches``).
         store_bytes: bytes of bundle bodies kept for serving, LRU (default ``swarm.net.store_bytes``).
             Every other knob (fetch retries and relays, per-publisher fetch limits and budget, serving limits,
-            young-key caps) is read from ``cfg.swarm.net`` and ``cfg.swarm.trust`` only; see ``swarmnode/config.py``.
+            young-key caps) is read from ``cfg.swarm.net`` and ``cfg.swarm.trust`` only; see ``swarmnode/config/swarm.py``.
         dht_kwargs: extra keyword arguments for :class:`SwarmDHT` (e.g. ``health_interval``, ``join_backoff``).
         on_accept: optional callback ``(AcceptedBundle) -> None`` run by :meth:`gather` for each accepted bundle.
         start: start the DHT, the bundle server and the threads now (else call :meth:`start`).

@@ -136,7 +136,7 @@ class LikelihoodScreen:
     """Rolling reference of our own completions, and the screen of external ones against it.
 
     Args:
-        window, history, min_history, quantile, margin: ``external.screen.*`` (swarmnode/config.py
+        window, history, min_history, quantile, margin: ``external.screen.*`` (swarmnode/config/swarm.py
             ``ScreenConfig``; meanings in the module docstring).
         temperature: our ``sampling.temperature`` (the screen scores under the distribution we sample from).
         pad_token_id: id for padded positions of the forward.

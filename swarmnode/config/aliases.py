@@ -2,12 +2,13 @@
 
 Until the swarm settings were grouped by consumer, every swarm-side key lived directly under ``swarm``:
 ``swarm.num_external``, ``swarm.bucket_seconds``, ``swarm.screen.enabled``, ... Each is now in the section of the
-layer that reads it (``swarm.net``, ``swarm.trust``, ``external``, ``levers``; swarmnode/config.py). A YAML file,
+layer that reads it (``swarm.net``, ``swarm.trust``, ``external``, ``levers``; swarmnode/config/swarm.py). A YAML file,
 a saved run directory's ``config.yaml``, a ``--set``/override path or the swarm benchmark's ``--swarm-set`` that
 uses an old key still works: the key is moved to its new place and one warning per old key names old -> new.
 Giving an old key and its new key together is an error (:class:`AliasConflict`).
 
-This module imports nothing from swarmnode; :mod:`swarmnode.config` applies it before validation.
+This module imports nothing from swarmnode; :class:`swarmnode.config.RunConfig` and :func:`~swarmnode.config.load_config`
+apply it before validation.
 """
 
 from __future__ import annotations
