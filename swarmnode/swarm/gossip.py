@@ -165,7 +165,8 @@ class SwarmClient:
         max_concurrent_fetches: outgoing fetches at once (default ``swarm.net.max_concurrent_fetches``).
         store_bytes: bytes of bundle bodies kept for serving, LRU (default ``swarm.net.store_bytes``).
             Every other knob (fetch retries and relays, per-publisher fetch limits and budget, serving limits,
-            young-key caps) is read from ``cfg.swarm.net`` and ``cfg.swarm.trust`` only; see ``swarmnode/config/swarm.py``.
+            young-key caps) is read from ``cfg.swarm.net`` and ``cfg.swarm.trust`` only; see
+            ``swarmnode/config/swarm.py``.
         dht_kwargs: extra keyword arguments for :class:`SwarmDHT` (e.g. ``health_interval``, ``join_backoff``).
         on_accept: optional callback ``(AcceptedBundle) -> None`` run by :meth:`gather` for each accepted bundle.
         start: start the DHT, the bundle server and the threads now (else call :meth:`start`).
@@ -207,9 +208,8 @@ class SwarmClient:
             raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
         self.cfg = cfg
         self.scfg = sc = cfg.swarm
-        # an argument given here wins over cfg.swarm.net.<the same knob>; RunConfig checks the bounds (and fills
-        # the derived values) of the config,
-        # so only the arguments (tests and benchmarks pass them) are checked here
+        # an argument given here wins over cfg.swarm.net.<the same knob>; RunConfig checks the bounds of the config
+        # and fills its derived values, so only the arguments (tests and benchmarks pass them) are checked here
         if ((max_pending is not None and int(max_pending) < 1)
                 or (max_concurrent_fetches is not None and int(max_concurrent_fetches) < 1)
                 or (heartbeat_interval is not None and not heartbeat_interval > 0)):
