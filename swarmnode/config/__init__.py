@@ -47,7 +47,8 @@ Derived defaults: a key whose default is "None = derived from other keys" (``swa
 ``gather_budget_seconds``, ``publisher_fetch_budget_seconds``, ``swarm.trust.max_young_trees``,
 ``external.max_external_completion_length``) is filled by a validator of its section (or of :class:`RunConfig`
 when it depends on another section), so every reader sees a plain number; a dump writes ``None`` for it again
-(``base._Derived``). Bounds are checked here only, by pydantic.
+(``base._Derived``). The bounds of config values are checked here, by pydantic, and nowhere else on the way
+from the config to its readers (functions that take plain arguments still check them for direct callers).
 
 Old keys: before the swarm settings were grouped by consumer they all lived under ``swarm`` (``swarm.num_external``,
 ``swarm.bucket_seconds``, ``swarm.screen.enabled``, ...). A file, a saved run directory's ``config.yaml``, an
