@@ -8,8 +8,8 @@ group, under each length policy, and the script reports the process RSS (psutil)
 and after the hostile steps. Nothing asserts on time.
 
 Arms: ``drop`` (defaults: L = our max_completion_length, overlong leaves dropped), ``truncate`` (leaves cut to
-L, then the per-step token budget), ``long`` (``swarm.max_external_completion_length = 16384`` with truncate:
-an operator who allows long external samples is still bounded by ``swarm.max_external_tokens_per_step``),
+L, then the per-step token budget), ``long`` (``external.max_external_completion_length = 16384`` with truncate:
+an operator who allows long external samples is still bounded by ``external.max_external_tokens_per_step``),
 ``truncate_unscreened`` (truncate with the likelihood screen off, so the 255 truncated samples reach the trainer).
 
 Usage: nice python scripts/bench_bounded.py [--steps 3] [--arms drop truncate long] [--out report.json]
@@ -77,7 +77,7 @@ def run_arm(arm: str, steps: int, n_shared: int, leaves: int, workdir: Path) -> 
         "steps": steps + 1, "run_dir": str(workdir / arm), "seed": 0,
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": 4, "num_generations": 8, "max_completion_length": 12},
-        "swarm": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 1.0, **ARMS[arm]},
+        "external": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 1.0, **ARMS[arm]},
         "checkpoint": {"save_steps": 10**6},
     })
     swarm = CraftedSwarm(n_shared, leaves)

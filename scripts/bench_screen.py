@@ -107,7 +107,7 @@ def main() -> None:
                 sr = ours.screen.screen(ours.policy.model, samples)
                 th = thresholds[-1]
                 if th is not None:  # the same scores against other margins: quantile - m
-                    base = ours.cfg.swarm.screen.margin
+                    base = ours.cfg.external.screen.margin
                     for m in args.margins:
                         by_margin[m][kind] += sum(1 for mean, win in sr.stats
                                                   if mean < th[0] + base - m or win < th[1] + base - m)
@@ -118,7 +118,7 @@ def main() -> None:
         peer.close()
     for c in counts.values():
         c["rejection_rate"] = c["rejected"] / c["checked"] if c["checked"] else float("nan")
-    scfg = ours.cfg.swarm.screen
+    scfg = ours.cfg.external.screen
     report = {
         "command": " ".join(sys.argv),
         "screen": scfg.model_dump(),

@@ -46,7 +46,7 @@ def build(seed: int):
     factory = HostileFactory(ident, TaskMix([ReasoningGymSource("chain_sum", {"min_terms": 2, "max_terms": 2})],
                                             [1.0]), swarm_id=SWARM, clock=clock, max_bundle_bytes=256 * 1024,
                              seed=seed)
-    cfg = SwarmConfig(swarm_id=SWARM, max_bundle_bytes=256 * 1024)
+    cfg = SwarmConfig(swarm_id=SWARM, trust={"max_bundle_bytes": 256 * 1024})
 
     def new_verifier() -> Verifier:
         peers = PeerBook(ban_after=10**9, ban_seconds=1.0, rate_limit_per_minute=1e9, clock=clock, max_peers=1000)

@@ -113,8 +113,8 @@ def _node_main(index: int, args: argparse.Namespace, boot: list[str], q: Any, st
     from swarmnode.tasks import ReasoningGymSource, TaskMix
 
     mix = TaskMix([ReasoningGymSource("chain_sum", {"min_terms": 2, "max_terms": 2})], [1.0])
-    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=args.swarm_id, initial_peers=boot,
-                                      max_bundle_bytes=4 * 1024 * 1024, rate_limit_per_minute=100000.0))
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=args.swarm_id, net={"initial_peers": boot},
+                                      trust={"max_bundle_bytes": 4 * 1024 * 1024, "rate_limit_per_minute": 100000.0}))
     ident = Identity.from_private_bytes(hashlib.sha256(f"bench_gossip node {index}".encode()).digest())
     rng = random.Random(index)
     factory = HostileFactory(ident, mix, swarm_id=args.swarm_id)

@@ -157,17 +157,18 @@ def peers(
                   "addresses. Start it again, or ask a running node: --initial-peers <its multiaddr>")
         boot += info.get("maddrs") or []
         sid = swarm_id or info.get("swarm_id") or sid
-    boot = boot or list(cfg.swarm.initial_peers)
+    boot = boot or list(cfg.swarm.net.initial_peers)
     if not boot:
         _fail("no peer to ask: pass --initial-peers <multiaddr>, --run-dir <a running node's run dir>, or a config "
-              "with swarm.initial_peers")
+              "with swarm.net.initial_peers")
     _setup_logging(None, False)
     logging.getLogger("hivemind").setLevel(logging.ERROR)  # a one-shot query: the table only, no DHT chatter
     logging.getLogger("swarmnode.swarm").setLevel(logging.ERROR)
     try:
         with console.status(f"asking swarm {sid} through {len(boot)} peer(s)…"):
-            rows = list_peers(sid, boot, timeout=timeout, bucket_seconds=cfg.swarm.bucket_seconds,
-                              max_clock_skew=cfg.swarm.max_clock_skew, freshness_seconds=cfg.swarm.freshness_seconds)
+            rows = list_peers(sid, boot, timeout=timeout, bucket_seconds=cfg.swarm.net.bucket_seconds,
+                              max_clock_skew=cfg.swarm.trust.max_clock_skew,
+                              freshness_seconds=cfg.swarm.trust.freshness_seconds)
     except (ValueError, ConnectionError) as e:
         _fail(str(e))
         return

@@ -92,9 +92,9 @@ def run(
         "status_port": status_port,
         "threads": threads,
         "swarm.enabled": swarm,
-        "swarm.initial_peers": initial_peers or None,
-        "swarm.host_maddrs": host_maddrs or None,
-        "swarm.announce_maddrs": announce_maddrs or None,
+        "swarm.net.initial_peers": initial_peers or None,
+        "swarm.net.host_maddrs": host_maddrs or None,
+        "swarm.net.announce_maddrs": announce_maddrs or None,
         "swarm.swarm_id": swarm_id,
         "swarm.identity_path": str(identity) if identity else None,
     }
@@ -243,7 +243,7 @@ def _attach_swarm(node: Node, cfg: RunConfig, rd: Path) -> None:
     st = swarm.dht.status()
     if st.connected and st.num_peers:
         state = f"{st.num_peers} DHT peer(s)"
-    elif not cfg.swarm.initial_peers:  # the first node of a swarm: the others bootstrap from it
+    elif not cfg.swarm.net.initial_peers:  # the first node of a swarm: the others bootstrap from it
         state = "[yellow]waiting for peers (the first node: others join with --initial-peers, below)[/]"
     else:
         state = "[yellow]no peer reached yet: training solo, joining in the background[/]"

@@ -63,7 +63,7 @@ class SwarmHook(SwarmProbe, Protocol):
 
 @runtime_checkable
 class RescueSwarm(Protocol):
-    """The three swarm-layer methods of rescue (``swarm.rescue``; docs/guide/swarm.md "Rescue"). A
+    """The three swarm-layer methods of rescue (``levers.rescue``; docs/guide/swarm.md "Rescue"). A
     :class:`SwarmHook` without them (an older wrapper) still runs: the node then skips rescue."""
 
     def announce_rescue(self, refs: Sequence[TaskRef] | None) -> None:

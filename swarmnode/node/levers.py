@@ -1,11 +1,11 @@
 """The node's levers on what the swarm learns: the curriculum's task weights, cross-node expansion, and rescue.
 
-- **curriculum** (``swarm.curriculum``): :meth:`Levers.task_weights` reweights the draw toward tasks the swarm
+- **curriculum** (``levers.curriculum``): :meth:`Levers.task_weights` reweights the draw toward tasks the swarm
   solves about half the time (``tasks/curriculum.py``); :meth:`Levers.note_success` records our own vote.
-- **expansion** (``swarm.expansion``): :meth:`Levers.expand` continues promising prefixes of re-verified peer
+- **expansion** (``levers.expansion``): :meth:`Levers.expand` continues promising prefixes of re-verified peer
   trees with our own policy (``rollout/expansion.py``), after :meth:`Levers.check_prefix_steps` and
   :meth:`Levers.screen_prefixes`; the batch builder (``train/process.py``) turns the expansions into samples.
-- **rescue** (``swarm.rescue``, docs/guide/swarm.md "Rescue"): :meth:`Levers.answer_rescue` (the helper's
+- **rescue** (``levers.rescue``, docs/guide/swarm.md "Rescue"): :meth:`Levers.answer_rescue` (the helper's
   side) and :meth:`Levers.merge_rescued` (the asker's side), over ``train/rescue.py``.
 
 :class:`Levers` is a part of :class:`~swarmnode.node.Node`: it reads the node's ``cfg``, ``tasks``, ``policy``,
@@ -43,7 +43,7 @@ class Levers:
     def task_weights(self) -> tuple[list[float] | None, dict[str, Any]]:
         """This step's per-source sampling weights under the swarm curriculum, and their metrics.
 
-        ``None`` (the configured weights) when ``swarm.curriculum.enabled`` is off. Otherwise each source's rate
+        ``None`` (the configured weights) when ``levers.curriculum.enabled`` is off. Otherwise each source's rate
         is the median of our own recent rate and one vote per seated established peer, and its weight is its
         configured weight times the median of the seats' factors within ``[min_factor, max_factor]``
         (:func:`tally_votes`, :func:`curriculum_weights`; young peers get no seat).
@@ -51,7 +51,7 @@ class Levers:
         multiplier), ``curriculum/share/<task>`` (share of the draws) and
         ``curriculum/voters`` (peers whose votes were used for at least one task).
         """
-        cc = self.cfg.swarm.curriculum
+        cc = self.cfg.levers.curriculum
         if not cc.enabled:
             return None, {}
         keys = [self.tasks.source_key(i) for i in range(len(self.tasks.sources))]
@@ -60,7 +60,7 @@ class Levers:
             peers = self.swarm.peer_task_rates()
         tallies = tally_votes(keys, self.local_rates.counts(), peers, min_samples=cc.min_samples,
                               max_age_s=cc.max_age_seconds, max_voters=cc.max_voters,
-                              established_after=self.cfg.swarm.established_after,
+                              established_after=self.cfg.swarm.trust.established_after,
                               own_peer_id=None if self.swarm is None else self.swarm.peer_id,
                               min_factor=cc.min_factor, max_factor=cc.max_factor)
         rates = {k: t.rate for k, t in tallies.items()}
@@ -88,7 +88,7 @@ class Levers:
     def note_success(self, step_counts: dict[str, Any]) -> None:
         """Record this step's per-task ``(leaves, correct leaves)`` pairs of our local samples (the curriculum's own
         vote) and hand the window's counts to the swarm layer for our heartbeats (curriculum on only)."""
-        if not self.cfg.swarm.curriculum.enabled:
+        if not self.cfg.levers.curriculum.enabled:
             return
         self.local_rates.observe(step_counts)
         if self.swarm is not None:
@@ -96,7 +96,7 @@ class Levers:
 
     def expand(self, candidates: list[PeerTree], step: int, exclude_peers: set[str],
                metrics: dict[str, Any] | None = None) -> list[Expansion]:
-        """Cross-node tree expansion (``swarm.expansion``): continue the most promising prefixes of this step's
+        """Cross-node tree expansion (``levers.expansion``): continue the most promising prefixes of this step's
         re-verified peer trees with our own policy, under our own prompt, scored by our verifier
         (:func:`~swarmnode.rollout.expansion.expand_forks`). Only trees of established keys are expanded, one
         fork per peer (:func:`~swarmnode.rollout.expansion.select_forks`); peers in ``exclude_peers`` (rejected by
@@ -104,7 +104,7 @@ class Levers:
         unlikely is skipped (:meth:`screen_prefixes`; their count goes to ``metrics["expansion/prefix_rejected"]``),
         and so is a fork whose prefix has a reasoning line a program finds wrong (:meth:`check_prefix_steps`,
         ``metrics["expansion/prefix_wrong_step"]``). Returns the new trees (never published)."""
-        xc = self.cfg.swarm.expansion
+        xc = self.cfg.levers.expansion
         max_comp = self.cfg.sampling.max_completion_length
         tok = self.policy.tokenizer
         forks = select_forks(candidates, len(candidates), max_prefix_tokens=max_comp - xc.min_continuation_tokens,
@@ -160,7 +160,7 @@ class Levers:
 
     def screen_prefixes(self, forks: list[Fork],
                         prompt_of: Callable[[TaskRef], PromptSpec] | None = None) -> tuple[list[Fork], int]:
-        """The forks whose prefix passes the likelihood screen (``swarm.screen``), in order, and how many did not.
+        """The forks whose prefix passes the likelihood screen (``external.screen``), in order, and how many did not.
 
         A fork's prefix becomes the context our policy continues from, so it meets the rule peers' completions
         meet (:class:`~swarmnode.train.screen.LikelihoodScreen`): its per-token log-probs under our current policy,
@@ -169,7 +169,7 @@ class Levers:
         charged (honest prefixes fail too now and then). With the screen off, or still in warm-up, every fork
         passes. ``prompt_of`` gives our prompt for a task (default: built from the regenerated task). Raises what
         the forward raises (the caller drops the expansion)."""
-        th = self.screen.thresholds() if self.cfg.swarm.screen.enabled else None
+        th = self.screen.thresholds() if self.cfg.external.screen.enabled else None
         if th is None or not forks:
             return forks, 0
         prompt_of = prompt_of or self._prompt_for_ref
@@ -182,12 +182,12 @@ class Levers:
     # ------------------------------------------------------------------ rescue
     def _rescue_swarm(self) -> RescueSwarm | None:
         """The swarm layer as rescue uses it, or None (no swarm, rescue off, or a hook without the methods)."""
-        if self.swarm is None or not self.cfg.swarm.rescue.enabled or not isinstance(self.swarm, RescueSwarm):
+        if self.swarm is None or not self.cfg.levers.rescue.enabled or not isinstance(self.swarm, RescueSwarm):
             return None
         return self.swarm
 
     def answer_rescue(self, step: int, m: dict[str, Any]) -> None:
-        """The helper's side of rescue: answer at most ``swarm.rescue.answer_prompts`` of the peers' requests
+        """The helper's side of rescue: answer at most ``levers.rescue.answer_prompts`` of the peers' requests
         (:class:`~swarmnode.train.rescue.RescueHelper` decides which), sampled with our policy and sampling config,
         scored by our verifier; the trees with an exactly correct leaf are published (``publish_rescue``). We do
         not train on them. Metrics into ``m``: ``rescue/requests_seen``, ``rescue/answered`` (trees published),
@@ -250,9 +250,9 @@ class Levers:
 
     def merge_rescued(self, rescue_cands: list[PeerTree], m: dict[str, Any]) -> list[MergedGroup]:
         """The asker's side of rescue: merge the peer trees of our pending questions into our stored all-wrong
-        groups (:func:`~swarmnode.train.rescue.merge_rescue`), at most ``swarm.rescue.max_requests`` groups a step;
+        groups (:func:`~swarmnode.train.rescue.merge_rescue`), at most ``levers.rescue.max_requests`` groups a step;
         a merged entry leaves the book. The peer's samples are marked ``admitted_by_form`` as other peers' samples
-        are (``swarm.screen.admit_step_form``, :meth:`~swarmnode.rollout.step_credit.StepCredit.admits`), so a worked
+        are (``external.screen.admit_step_form``, :meth:`~swarmnode.rollout.step_credit.StepCredit.admits`), so a worked
         solution in exact step form meets no likelihood screen. Metrics into ``m``: ``rescue/merged`` (groups),
         ``rescue/merged_samples``."""
         cfg = self.cfg
@@ -260,9 +260,9 @@ class Levers:
         for pt in rescue_cands:
             by_key.setdefault(pt.task_key, []).append(pt)
         out: list[MergedGroup] = []
-        admit = self.builder.external_step_credit() if cfg.swarm.screen.admit_step_form != "off" else None
+        admit = self.builder.external_step_credit() if cfg.external.screen.admit_step_form != "off" else None
         for key, pts in by_key.items():
-            if len(out) >= cfg.swarm.rescue.max_requests:
+            if len(out) >= cfg.levers.rescue.max_requests:
                 break
             entry = self.rescue_book.get(key)
             if entry is None:
@@ -274,11 +274,11 @@ class Levers:
                 return d["correct"] >= CORRECT_THRESHOLD, d["reward"]
 
             try:
-                g = merge_rescue(entry, pts, score, max_merged=cfg.swarm.rescue.max_merged,
+                g = merge_rescue(entry, pts, score, max_merged=cfg.levers.rescue.max_merged,
                                  estimator=cfg.train.advantage_estimator, scale_rewards=cfg.train.scale_rewards,
                                  std_floor=cfg.train.advantage_std_floor,
                                  mask_truncated=cfg.train.mask_truncated_completions,
-                                 max_len=cfg.swarm.max_external_completion_length or cfg.sampling.max_completion_length,
+                                 max_len=cfg.external.max_external_completion_length,
                                  our_model_id=self.base_model_id, our_tokenizer_id=self.policy.tokenizer_id)
             except EXTERNAL_FAILURES as e:
                 log.warning("rescue: merging %d peer trees of %s failed (%s: %s); skipped", len(pts), key,

@@ -218,15 +218,15 @@ class Node(RoundLoop, StopControl, Levers):
             self.tokens_generated = int(ckpt.extra.get("tokens_generated", 0))
             self.base_model_id = str(ckpt.extra.get("base_model_id", self.base_model_id))
             log.info("resumed from %s at step %d", ckpt.path, self.step)
-        self.local_rates = LocalRates(cfg.swarm.curriculum.window_steps)  # our recent per-task success (curriculum)
-        rc = cfg.swarm.rescue
+        self.local_rates = LocalRates(cfg.levers.curriculum.window_steps)  # our recent per-task success (curriculum)
+        rc = cfg.levers.rescue
         # rescue (train/rescue.py): our pending all-wrong groups, and which peers' questions we answer
         self.rescue_book = RescueBook(rc.max_age_steps, cfg.sampling.prompts_per_step * (rc.max_age_steps + 1))
         self.rescue_helper = RescueHelper(rc, answered_ttl_steps=4 * rc.max_age_steps)
         self.rescue_totals = {"all_wrong": 0, "rescued": 0}  # since this process started
-        self.token_weight_fn = make_token_weight_fn(cfg.swarm)
+        self.token_weight_fn = make_token_weight_fn(cfg.external)
         self.screen = LikelihoodScreen.from_config(
-            cfg.swarm.screen,
+            cfg.external.screen,
             temperature=cfg.sampling.temperature,
             pad_token_id=self.policy.tokenizer.pad_token_id or 0,
             max_rows=cfg.train.micro_batch_size,

@@ -3,15 +3,15 @@
 Each step:
 
 1. **draw** tasks whose answers a program can check (TaskRefs any node can regenerate); with
-   ``swarm.curriculum`` on, the task mix is reweighted toward tasks the swarm solves about half the time
+   ``levers.curriculum`` on, the task mix is reweighted toward tasks the swarm solves about half the time
    (``tasks/curriculum.py``, through ``node/levers.py``);
 2. **sample** tree-structured rollouts from the current policy (``rollout/generate.py``);
 3. **score** every leaf with the task's verifier;
 4. **publish** the verified trees (pruned) to the swarm, signed;
-5. **gather** peers' trees, re-verified locally (the swarm layer trusts no claim); with ``swarm.rescue`` on,
+5. **gather** peers' trees, re-verified locally (the swarm layer trusts no claim); with ``levers.rescue`` on,
    peers' answers to our all-wrong questions are merged and peers' questions answered (``node/levers.py``);
 6. **process**: advantages per source (local trees, each external group on its own), the screen, batch
-   composition and, with ``swarm.expansion`` on, our own continuations of peers' prefixes
+   composition and, with ``levers.expansion`` on, our own continuations of peers' prefixes
    (``train/process.py``'s :class:`~swarmnode.train.process.BatchBuilder`);
 7. **update**: a clipped policy-gradient step; then the screen's charges and the credits for useful trees go
    to the swarm layer (in one place, :meth:`RoundLoop._settle`); checkpoint every ``save_steps`` steps, after
@@ -19,7 +19,7 @@ Each step:
 
 Steps 4–5 run only when a swarm is attached (``Node.swarm``); a solo node skips them. Once a stop is requested
 (SIGINT/SIGTERM, the memory guard) the step still finishes and checkpoints, but it waits for a running publish at
-most ``swarm.stop_wait_seconds`` and skips gather, so a call hung on the network cannot hold the stop past a
+most ``swarm.net.stop_wait_seconds`` and skips gather, so a call hung on the network cannot hold the stop past a
 supervisor's grace (``node/stop.py``).
 
 :class:`RoundLoop` is a part of :class:`~swarmnode.node.Node`, which sets up what it reads.
@@ -161,7 +161,7 @@ class RoundLoop:
         self.tokens_generated += rnd.gen_tokens
         rnd.rescue_swarm = self._rescue_swarm()
         if rnd.rescue_swarm is not None:  # hold our all-wrong groups and announce the newest (next heartbeats)
-            rc = self.cfg.swarm.rescue
+            rc = self.cfg.levers.rescue
             m.update({f"rescue/{k}": 0 for k in (
                 "requests_seen", "answered", "answered_leaves_correct", "merged", "merged_samples", "refused_heldout",
                 "refused_task", "refused_standing", "refused_budget", "refused_skipped", "refused_repeat")})
@@ -246,7 +246,7 @@ class RoundLoop:
         external_used = [s for s in trained if not s.is_local]
         # standing for what we trained on and the screen judged, nothing else (its warm-up keeps nothing)
         updated = not tm.get("skipped") and tm.get("nonfinite_updates", 0) < tm.get("iterations", 1)
-        judged = not self.cfg.swarm.screen.enabled or not m.get("screen/warmup")
+        judged = not self.cfg.external.screen.enabled or not m.get("screen/warmup")
         credits = batch.credits(trained) if external_used and updated and judged and self.swarm is not None else []
         self._apply_standing(batch.charges, credits)
         if rnd.rescue_swarm is not None:

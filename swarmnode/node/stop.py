@@ -71,7 +71,7 @@ class StopControl:
         round loop waits for it and, every ``watchdog_interval`` seconds, acts on the monitor's swarm-recovery
         flag: a stalled swarm call is what blocks the round, so the loop restarts the swarm layer while it waits.
 
-        Once a stop is requested it waits at most ``swarm.stop_wait_seconds`` more (seconds, counted from when it
+        Once a stop is requested it waits at most ``swarm.net.stop_wait_seconds`` more (seconds, counted from when it
         sees the stop), then leaves the call behind (logged, naming ``name``) and returns ``on_stop()``, so the
         step ends and the node checkpoints and exits however long the call hangs (e.g. on a DHT restart).
 
@@ -89,7 +89,7 @@ class StopControl:
                 done.set()
 
         threading.Thread(target=target, name=WATCHED_CALL_THREAD, daemon=True).start()
-        bound = float(self.cfg.swarm.stop_wait_seconds)
+        bound = float(self.cfg.swarm.net.stop_wait_seconds)
         give_up_at: float | None = None  # monotonic seconds; set once the stop is seen
         while True:
             wait = self.monitor.interval
@@ -98,7 +98,7 @@ class StopControl:
                 if give_up_at is None:
                     give_up_at = now + bound
                 if now >= give_up_at:
-                    log.warning("stopping: the swarm call %s did not return within swarm.stop_wait_seconds=%g s; "
+                    log.warning("stopping: the swarm call %s did not return within swarm.net.stop_wait_seconds=%g s; "
                                 "leaving it behind to checkpoint and exit", name, bound)
                     return on_stop()
                 wait = min(wait, give_up_at - now)

@@ -235,7 +235,7 @@ def select_forks(
             stream can produce, never a held-out one); ``None`` accepts all.
         exclude_peers: peer ids whose trees are not expanded (e.g. those the likelihood screen rejected).
         established_only: skip trees whose ``established`` flag is False (young keys; the swarm layer sets the
-            flag at admission, ``swarm.established_after``).
+            flag at admission, ``swarm.trust.established_after``).
         salt: bytes salting the tie order (``None``: fresh random bytes per call; tests pass a fixed salt).
 
     Returns:

@@ -35,7 +35,7 @@ class PeerTree:
         verified: ``True`` only when the verification pipeline (``swarm/verify.py``) built it after every check
             of docs/reference/design.md §6 passed; cross-node expansion (``rollout/expansion.py``) continues only such trees.
         established: ``True`` when the swarm layer admitted it from an established key (at least
-            ``swarm.established_after`` useful trees admitted before this step, ``swarm/gossip.py``); by default
+            ``swarm.trust.established_after`` useful trees admitted before this step, ``swarm/gossip.py``); by default
             cross-node expansion continues only such trees (a fresh key's prefix steers none of our groups).
 
     Raises:

@@ -27,7 +27,7 @@ Tokens are mapped to lines by the character where each token's text starts in th
 spans a line end belongs to the line it starts in).
 
 Peers' completions get the same credit on the receiving node (:class:`StepCredit`, used by
-:func:`swarmnode.train.batch.external_samples` with ``swarm.external_step_credit``): the receiver regenerates
+:func:`swarmnode.train.batch.external_samples` with ``external.external_step_credit``): the receiver regenerates
 the task from its own task set, checks the lines of the re-verified text itself, and adds the bonus and the mask
 to its own per-source advantages. Nothing a peer claims about its steps is read.
 """

@@ -2,9 +2,9 @@
 
 Keys are free to mint (docs/reference/design.md §7; docs/guide/swarm.md, the trust table), so
 :class:`Admission` admits per step at most ``PeerBook.tree_cap`` trees of a young key and at most
-``swarm.max_young_trees`` trees of all young keys together, handed out one per key per turn, the key that has
-waited longest first; an established key (``swarm.established_after`` useful trees) gets
-``swarm.max_trees_per_peer``. Trees over a cap wait for later steps (bounded, ``swarm/trees_carried``); what
+``swarm.trust.max_young_trees`` trees of all young keys together, handed out one per key per turn, the key that has
+waited longest first; an established key (``swarm.trust.established_after`` useful trees) gets
+``swarm.trust.max_trees_per_peer``. Trees over a cap wait for later steps (bounded, ``swarm/trees_carried``); what
 no longer fits, or waited longer than the read window, is dropped and counted (``swarm/trees_capped``).
 
 Admission earns nothing: standing comes from :meth:`Admission.credit` (``SwarmClient.credit``) once the node
@@ -66,7 +66,7 @@ class Admission:
         peers: the :class:`~swarmnode.swarm.peers.PeerBook` (earned standing, ``is_young``, ``tree_cap``).
         young_key_trees / trees_per_earned_tree / max_trees_per_peer / established_after: ``swarm.*`` of the same
             names (pydantic checks their bounds).
-        max_young_trees: trees of all young keys together per step (``swarm.max_young_trees``, its None resolved
+        max_young_trees: trees of all young keys together per step (``swarm.trust.max_young_trees``, its None resolved
             to ``max(1, num_external // 2)`` by the caller).
         window_s: seconds a carried tree may wait, ``(read_buckets + 1) * bucket_seconds``.
         clock: monotonic seconds.

@@ -1,16 +1,16 @@
 """The fetcher thread: read manifest records from the DHT, verify new manifests, fetch announced bodies.
 
 Every ``poll_interval`` seconds :meth:`Fetcher.poll` reads the records of the current and the previous bucket
-(all of the last ``swarm.read_buckets`` buckets every ``bucket_seconds / 2`` seconds: each DHT read costs
+(all of the last ``swarm.net.read_buckets`` buckets every ``bucket_seconds / 2`` seconds: each DHT read costs
 traffic in every replica), known publishers first from their own keys (no flood of the shared keys can hide
 them), at most :data:`NEW_OWNERS_PER_POLL` other owners per poll; skips our own; decodes each record (a
 malformed record is charged to its owner, whose DHT signature covers it); verifies every new manifest with the
-record owner as the expected signer -- at most ``swarm.rate_limit_per_minute`` new manifests per publisher (the
+record owner as the expected signer -- at most ``swarm.trust.rate_limit_per_minute`` new manifests per publisher (the
 token bucket its bundles use too) -- and hands the candidates to the fair scheduler
 (``swarmnode/swarm/scheduler.py``), which decides what starts.
 
-A fetch asks the publisher, then up to ``swarm.fetch_relays`` other live peers that may have cached it
-(re-serving is the gossip), each try bounded by ``swarm.fetch_timeout`` and the publisher's budget, capped at
+A fetch asks the publisher, then up to ``swarm.net.fetch_relays`` other live peers that may have cached it
+(re-serving is the gossip), each try bounded by ``swarm.net.fetch_timeout`` and the publisher's budget, capped at
 the announced size. Record addresses are never dialled: fetches go by libp2p PeerID. Bodies are **not** cached
 for re-serving before they are verified (the gather does that, ``swarmnode/swarm/gossip.py``).
 """
@@ -69,8 +69,8 @@ class Fetcher:
         counters: the shared :class:`~swarmnode.swarm.counters.SwarmCounters`.
         reject: ``Rejection -> None``, how a rejected manifest is counted.
         swarm_id / public_key: this swarm and our own key (our records are skipped).
-        scfg: ``cfg.swarm`` (``read_buckets``, ``bucket_seconds``, ``dht_timeout``, ``fetch_timeout``).
-        poll_interval: seconds between polls; fetch_relays: ``swarm.fetch_relays``; max_bundle_bytes: the body cap.
+        scfg: ``cfg.swarm`` (its ``net`` section: ``read_buckets``, ``bucket_seconds``, ``dht_timeout``, ``fetch_timeout``).
+        poll_interval: seconds between polls; fetch_relays: ``swarm.net.fetch_relays``; max_bundle_bytes: the body cap.
         max_concurrent_fetches: fetch worker threads.
     """
 
@@ -85,7 +85,7 @@ class Fetcher:
         self.poll_interval = float(poll_interval)
         self.fetch_relays = int(fetch_relays)
         self.max_bundle_bytes = int(max_bundle_bytes)
-        self.full_read_every = max(1, round(scfg.bucket_seconds / (2 * self.poll_interval)))
+        self.full_read_every = max(1, round(scfg.net.bucket_seconds / (2 * self.poll_interval)))
         self.lock = threading.Lock()  # contacts, owner keys, the last shared read's size
         # owner -> (libp2p PeerID, seen (monotonic)); the newest record refreshes an owner, reads do not (_peek)
         self.contacts: LRUCache = LRUCache(maxsize=MAX_CONTACTS)
@@ -128,15 +128,15 @@ class Fetcher:
             return 0
         # new manifests land in the current bucket (or the previous one, stored late): those two are read every
         # poll; all ``read_buckets`` only every ``full_read_every`` polls (a DHT read costs N^2 traffic)
-        buckets = self.dht.recent_buckets(self.scfg.read_buckets)
+        buckets = self.dht.recent_buckets(self.scfg.net.read_buckets)
         with self.lock:
             full = self.counters.get("polls") % self.full_read_every == 0
             shared = full or self.last_shared_bytes <= SHARED_READ_SOFT_BYTES
         if not full:
             buckets = buckets[-2:]
         known = self.known_publishers()
-        entries = self.dht.read_publishers(self.swarm_id, known, timeout=self.scfg.dht_timeout) if known else []
-        shared_entries = (self.dht.read_manifests(self.swarm_id, buckets, timeout=self.scfg.dht_timeout)
+        entries = self.dht.read_publishers(self.swarm_id, known, timeout=self.scfg.net.dht_timeout) if known else []
+        shared_entries = (self.dht.read_manifests(self.swarm_id, buckets, timeout=self.scfg.net.dht_timeout)
                           if shared else [])
         now = self.scheduler.clock()
         self.counters.add("polls")
@@ -273,7 +273,7 @@ class Fetcher:
         out = []
         if publisher in contacts:
             out.append(contacts[publisher][0])
-        horizon = time.monotonic() - (self.scfg.read_buckets + 1) * self.scfg.bucket_seconds
+        horizon = time.monotonic() - (self.scfg.net.read_buckets + 1) * self.scfg.net.bucket_seconds
         others = [c[0] for p, c in contacts.items() if p != publisher and c[1] >= horizon]
         random.shuffle(others)
         out.extend(others[:self.fetch_relays])
@@ -304,14 +304,14 @@ class Fetcher:
             for libp2p_id in self.sources(publisher):
                 if self.stop.is_set():
                     break
-                left = float(self.scfg.fetch_timeout) if extra else sched.budget_left(publisher)
+                left = float(self.scfg.net.fetch_timeout) if extra else sched.budget_left(publisher)
                 if left <= 0:  # this publisher spent its budget for the step: the rest waits for the next one
                     self.counters.add("fetch_over_budget")
                     break
                 attempts += 1
                 t0 = time.monotonic()
                 try:
-                    res = self.server.fetch_result(libp2p_id, bdigest, timeout=min(float(self.scfg.fetch_timeout),
+                    res = self.server.fetch_result(libp2p_id, bdigest, timeout=min(float(self.scfg.net.fetch_timeout),
                                                                                   max(1.0, left)),
                                                    max_bytes=min(manifest.bundle_size, self.max_bundle_bytes),
                                                    cache=False)

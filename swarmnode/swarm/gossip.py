@@ -136,7 +136,9 @@ class SwarmClient:
     it wires the publisher, the fetcher and its scheduler, admission and the heartbeat book, and delegates to them.
 
     Args:
-        cfg: the node's :class:`~swarmnode.config.RunConfig` (``cfg.swarm`` holds every swarm knob;
+        cfg: the node's :class:`~swarmnode.config.RunConfig` (``cfg.swarm`` with its ``net`` and
+            ``trust`` sections holds every swarm knob; ``cfg.external.max_external_completion_length`` caps
+            external completions, ``cfg.levers`` says whether heartbeats carry rates and rescue requests;
             ``cfg.sampling.max_prompt_length`` bounds re-prompted external prompts).
         identity: this node's Ed25519 :class:`~swarmnode.swarm.identity.Identity` (signs bundles, manifests,
             heartbeats and DHT records).
@@ -154,16 +156,17 @@ class SwarmClient:
             it (``retokenize(prompt_for(task))``, left-truncated to ``max_prompt_length``), never under the
             sender's prompt. ``None``: the bare question text.
         prune: the :class:`~swarmnode.swarm.prune.PruneRule` (default ``PruneRule()``).
-        poll_interval: seconds between DHT polls (default ``swarm.poll_interval``, whose None means
-            ``min(2, bucket_seconds / 4)``).
-        heartbeat_interval: seconds between heartbeats (default ``swarm.heartbeat_interval``).
-        gather_budget_s: seconds :meth:`gather` spends verifying (default ``swarm.gather_budget_seconds``, whose
-            None means ``swarm.fetch_timeout``); the rest of the queue waits for the next call.
-        max_pending: fetched bodies waiting for verification (default ``swarm.max_pending_bundles``).
-        max_concurrent_fetches: outgoing fetches at once (default ``swarm.max_concurrent_fetches``).
-        store_bytes: bytes of bundle bodies kept for serving, LRU (default ``swarm.store_bytes``).
+        poll_interval: seconds between DHT polls (default ``swarm.net.poll_interval``, which the config
+            derives as ``min(2, bucket_seconds / 4)`` when unset).
+        heartbeat_interval: seconds between heartbeats (default ``swarm.net.heartbeat_interval``).
+        gather_budget_s: seconds :meth:`gather` spends verifying (default ``swarm.net.gather_budget_seconds``,
+            derived as ``swarm.net.fetch_timeout`` when unset); the rest of the queue waits for the next call.
+        max_pending: fetched bodies waiting for verification (default ``swarm.net.max_pending_bundles``).
+        max_concurrent_fetches: outgoing fetches at once (default ``swarm.net.max_concurrent_fetches``).
+        store_bytes: bytes of bundle bodies kept for serving, LRU (default ``swarm.net.store_bytes``).
             Every other knob (fetch retries and relays, per-publisher fetch limits and budget, serving limits,
-            young-key caps) is read from ``cfg.swarm`` only; see ``swarmnode/config.py``.
+            young-key caps) is read from ``cfg.swarm.net`` and ``cfg.swarm.trust`` only; see
+            ``swarmnode/config/swarm.py``.
         dht_kwargs: extra keyword arguments for :class:`SwarmDHT` (e.g. ``health_interval``, ``join_backoff``).
         on_accept: optional callback ``(AcceptedBundle) -> None`` run by :meth:`gather` for each accepted bundle.
         start: start the DHT, the bundle server and the threads now (else call :meth:`start`).
@@ -205,27 +208,25 @@ class SwarmClient:
             raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
         self.cfg = cfg
         self.scfg = sc = cfg.swarm
-        # an argument given here wins over cfg.swarm.<the same knob>; RunConfig checks the bounds of cfg.swarm,
-        # so only the arguments (tests and benchmarks pass them) are checked here
+        # an argument given here wins over cfg.swarm.net.<the same knob>; RunConfig checks the bounds of the config
+        # and fills its derived values, so only the arguments (tests and benchmarks pass them) are checked here
         if ((max_pending is not None and int(max_pending) < 1)
                 or (max_concurrent_fetches is not None and int(max_concurrent_fetches) < 1)
                 or (heartbeat_interval is not None and not heartbeat_interval > 0)):
             raise ValueError("need max_pending >= 1, max_concurrent_fetches >= 1 and heartbeat_interval > 0; got "
                              f"{max_pending!r}, {max_concurrent_fetches!r}, {heartbeat_interval!r}")
-        poll_interval = sc.poll_interval if poll_interval is None else poll_interval
-        heartbeat_interval = sc.heartbeat_interval if heartbeat_interval is None else heartbeat_interval
-        gather_budget_s = sc.gather_budget_seconds if gather_budget_s is None else gather_budget_s
-        self.max_pending = int(sc.max_pending_bundles if max_pending is None else max_pending)
-        self.max_concurrent_fetches = int(sc.max_concurrent_fetches if max_concurrent_fetches is None
+        poll_interval = sc.net.poll_interval if poll_interval is None else poll_interval
+        heartbeat_interval = sc.net.heartbeat_interval if heartbeat_interval is None else heartbeat_interval
+        gather_budget_s = sc.net.gather_budget_seconds if gather_budget_s is None else gather_budget_s
+        self.max_pending = int(sc.net.max_pending_bundles if max_pending is None else max_pending)
+        self.max_concurrent_fetches = int(sc.net.max_concurrent_fetches if max_concurrent_fetches is None
                                           else max_concurrent_fetches)
-        store_bytes = int(sc.store_bytes if store_bytes is None else store_bytes)
-        self.fetch_retries = int(sc.fetch_retries)
-        self.fetch_relays = int(sc.fetch_relays)
-        self.max_fetches_per_publisher = int(sc.max_fetches_per_publisher)
-        budget = sc.publisher_fetch_budget_seconds
-        self.publisher_budget_s = float(budget) if budget else 2.0 * float(sc.fetch_timeout)
-        young_pool = sc.max_young_trees
-        self.max_young_trees = int(young_pool) if young_pool is not None else max(1, int(sc.num_external) // 2)
+        store_bytes = int(sc.net.store_bytes if store_bytes is None else store_bytes)
+        self.fetch_retries = int(sc.net.fetch_retries)
+        self.fetch_relays = int(sc.net.fetch_relays)
+        self.max_fetches_per_publisher = int(sc.net.max_fetches_per_publisher)
+        self.publisher_budget_s = float(sc.net.publisher_fetch_budget_seconds)
+        self.max_young_trees = int(sc.trust.max_young_trees)
         self.swarm_id: str = sc.swarm_id
         self.identity = identity
         self.public_key = identity.public_key_bytes
@@ -238,13 +239,13 @@ class SwarmClient:
         self.prompt_for = prompt_for
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.prune_rule = prune or PruneRule()
-        self.poll_interval = float(poll_interval) if poll_interval else min(2.0, sc.bucket_seconds / 4)
+        self.poll_interval = float(poll_interval)
         self.heartbeat_interval = float(heartbeat_interval)
-        self.gather_budget_s = float(gather_budget_s) if gather_budget_s else float(sc.fetch_timeout)
-        self.max_bundle_bytes = min(int(sc.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
+        self.gather_budget_s = float(gather_budget_s)
+        self.max_bundle_bytes = min(int(sc.trust.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
         self.max_prompt_length = int(cfg.sampling.max_prompt_length)
 
-        max_comp = sc.max_external_completion_length or cfg.sampling.max_completion_length
+        max_comp = int(cfg.external.max_external_completion_length)
         self.verifier = Verifier(sc, tasks, vocab_size, tokenizer_id, retokenize, detokenize=detokenize,
                                  prompt_for=prompt_for, max_prompt_length=self.max_prompt_length,
                                  max_completion_tokens=max_comp, **(verifier_kwargs or {}))
@@ -254,32 +255,34 @@ class SwarmClient:
             self.dht,
             BundleStore(max_total_bytes=max(store_bytes, self.max_bundle_bytes), max_item_bytes=self.max_bundle_bytes),
             max_concurrent_fetches=self.max_concurrent_fetches,
-            max_concurrent_serves=int(sc.max_concurrent_serves),
-            max_serves_per_peer=int(sc.max_serves_per_peer),
-            first_byte_timeout=float(sc.serve_first_byte_timeout),
-            request_timeout=sc.fetch_timeout,
+            max_concurrent_serves=int(sc.net.max_concurrent_serves),
+            max_serves_per_peer=int(sc.net.max_serves_per_peer),
+            first_byte_timeout=float(sc.net.serve_first_byte_timeout),
+            request_timeout=sc.net.fetch_timeout,
             default_max_bytes=self.max_bundle_bytes,
             start=False,
         )
         self._vlock = threading.Lock()  # the Verifier is not thread-safe
         self.counters = SwarmCounters()
-        cur, res = getattr(sc, "curriculum", None), getattr(sc, "rescue", None)
-        self.curriculum_enabled = bool(getattr(cur, "enabled", False))
-        self.rescue_enabled = bool(getattr(res, "enabled", False))
+        res = cfg.levers.rescue
+        self.curriculum_enabled = bool(cfg.levers.curriculum.enabled)
+        self.rescue_enabled = bool(res.enabled)
         self.book = HeartbeatBook(self.swarm_id, self.peer_id, self.peers, lambda key: self.verifier._allowed_key(key),
-                                  max_clock_skew=sc.max_clock_skew, freshness_seconds=sc.freshness_seconds,
+                                  max_clock_skew=sc.trust.max_clock_skew,
+                                  freshness_seconds=sc.trust.freshness_seconds,
                                   curriculum=self.curriculum_enabled, rescue=self.rescue_enabled,
-                                  max_rescue_requests=int(getattr(res, "max_requests", wire.MAX_RESCUE_REFS)))
-        self.admission = Admission(self.peers, young_key_trees=sc.young_key_trees,
-                                   trees_per_earned_tree=sc.trees_per_earned_tree,
-                                   max_trees_per_peer=sc.max_trees_per_peer, established_after=sc.established_after,
+                                  max_rescue_requests=int(res.max_requests))
+        self.admission = Admission(self.peers, young_key_trees=sc.trust.young_key_trees,
+                                   trees_per_earned_tree=sc.trust.trees_per_earned_tree,
+                                   max_trees_per_peer=sc.trust.max_trees_per_peer,
+                                   established_after=sc.trust.established_after,
                                    max_young_trees=self.max_young_trees,
-                                   window_s=(sc.read_buckets + 1) * float(sc.bucket_seconds))
+                                   window_s=(sc.net.read_buckets + 1) * float(sc.net.bucket_seconds))
         self.scheduler = FetchScheduler(self.peers, self.counters, max_concurrent_fetches=self.max_concurrent_fetches,
                                         max_fetches_per_publisher=self.max_fetches_per_publisher,
                                         fetch_retries=self.fetch_retries, publisher_budget_s=self.publisher_budget_s,
-                                        max_pending=self.max_pending, fetch_timeout=float(sc.fetch_timeout),
-                                        bucket_seconds=float(sc.bucket_seconds))
+                                        max_pending=self.max_pending, fetch_timeout=float(sc.net.fetch_timeout),
+                                        bucket_seconds=float(sc.net.bucket_seconds))
         self.publisher = Publisher(self.dht, self.server, self.verifier, self._vlock, identity, self.book,
                                    self.counters, self._write_info, swarm_id=self.swarm_id, vocab_size=vocab_size,
                                    model_id=model_id, tokenizer_id=tokenizer_id, prune=self.prune_rule, scfg=sc,
@@ -303,21 +306,21 @@ class SwarmClient:
         sc = self.scfg
         key = serialization.load_pem_private_key(identity.to_pem(), password=None)
         p2p_key = None
-        if self.run_dir is not None and has_explicit_port(sc.host_maddrs):
+        if self.run_dir is not None and has_explicit_port(sc.net.host_maddrs):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             p2p_key = str(self.run_dir / P2P_KEY_FILE)
-        read_window = (sc.read_buckets + 1) * sc.bucket_seconds
+        read_window = (sc.net.read_buckets + 1) * sc.net.bucket_seconds
         kw: dict[str, Any] = dict(
             swarm_ids=[self.swarm_id],
-            initial_peers=list(sc.initial_peers),
-            host_maddrs=list(sc.host_maddrs),
-            announce_maddrs=list(sc.announce_maddrs),
-            bucket_seconds=sc.bucket_seconds,
+            initial_peers=list(sc.net.initial_peers),
+            host_maddrs=list(sc.net.host_maddrs),
+            announce_maddrs=list(sc.net.announce_maddrs),
+            bucket_seconds=sc.net.bucket_seconds,
             manifest_ttl=min(900.0, max(120.0, read_window)),
             heartbeat_ttl=min(900.0, max(60.0, 6 * self.heartbeat_interval)),
-            max_clock_skew=sc.max_clock_skew,
+            max_clock_skew=sc.trust.max_clock_skew,
             max_record_bytes=wire.MAX_RECORD_BYTES,
-            call_timeout=sc.dht_timeout,
+            call_timeout=sc.net.dht_timeout,
             p2p_identity_path=p2p_key,
             join_backoff=(1.0, 30.0),
             pid_file=str(self.run_dir / rundir.CHILDREN_FILE) if self.run_dir is not None else None,
@@ -352,8 +355,8 @@ class SwarmClient:
             return
         self._closed = True
         self.fetcher.stop.set()
-        self.publisher.close(timeout=self.scfg.dht_timeout + 5)
-        self.fetcher.close(timeout=self.scfg.dht_timeout + 5)
+        self.publisher.close(timeout=self.scfg.net.dht_timeout + 5)
+        self.fetcher.close(timeout=self.scfg.net.dht_timeout + 5)
         try:
             self.server.close()
         finally:
@@ -416,7 +419,7 @@ class SwarmClient:
 
     def peer_task_rates(self) -> list[Any]:
         """The peers' per-task success counts from their newest valid heartbeats (read every
-        ``heartbeat_interval`` seconds while ``swarm.curriculum.enabled``), as
+        ``heartbeat_interval`` seconds while ``levers.curriculum.enabled``), as
         :class:`swarmnode.tasks.curriculum.PeerRates`: one entry per peer id, ``age_s`` measured from when WE
         first read that heartbeat, ``standing`` the peer's earned standing; banned peers are left out. The
         curriculum (``combine_rates``) does the rest; nothing here is trusted. Never raises."""
@@ -430,8 +433,8 @@ class SwarmClient:
 
     def announce_rescue(self, refs: Sequence[TaskRef] | None) -> None:
         """The questions (TaskRefs) we got all wrong, for our next heartbeats (SPEC.md §5.3 ``rescue``;
-        ``swarm.rescue.enabled`` only). Non-TaskRefs, duplicates and refs the codec would refuse are left out;
-        at most ``swarm.rescue.max_requests`` (and ``wire.MAX_RESCUE_REFS``) are kept, the first ones given; if
+        ``levers.rescue.enabled`` only). Non-TaskRefs, duplicates and refs the codec would refuse are left out;
+        at most ``levers.rescue.max_requests`` (and ``wire.MAX_RESCUE_REFS``) are kept, the first ones given; if
         the heartbeat would exceed ``wire.MAX_HEARTBEAT_BYTES`` the last ones are dropped when it is built.
         ``None`` or ``[]`` sends heartbeats without the key. Never raises."""
         self.book.announce_rescue(refs)
@@ -441,10 +444,10 @@ class SwarmClient:
         return self.book.rescue_refs()
 
     def rescue_requests(self) -> list[RescueRequest]:
-        """The questions peers ask us to answer, from their newest valid heartbeats (``swarm.rescue.enabled``
+        """The questions peers ask us to answer, from their newest valid heartbeats (``levers.rescue.enabled``
         only; read on the curriculum's cadence, every ``heartbeat_interval`` seconds): one
         :class:`RescueRequest` ``(peer_id, TaskRef)`` per ref, with the asker's earned standing. Left out:
-        banned peers, ourselves, and heartbeats older than ``swarm.freshness_seconds`` (from when WE first read
+        banned peers, ourselves, and heartbeats older than ``swarm.trust.freshness_seconds`` (from when WE first read
         them). Untrusted claims: the node decides what it answers (``swarmnode/train/rescue.py``). Bounded: at
         most ``rates.MAX_RATE_PEERS`` askers (``rates.MAX_UNEARNED_RATE_PEERS`` of them without standing) x
         ``wire.MAX_RESCUE_REFS`` refs. Never raises."""

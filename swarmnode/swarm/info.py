@@ -4,7 +4,7 @@ What ``swarmnode peers`` and ``swarmnode swarm up`` read about a running node, a
 
 - :func:`write_swarm_info` / :func:`read_swarm_info`: ``swarm.json`` in the run directory (our peer id, public
   key, libp2p PeerID and multiaddrs; read by ``swarmnode peers --run-dir`` and ``swarmnode swarm up``), beside
-  ``p2p.key`` (the libp2p identity, used only when ``swarm.host_maddrs`` has an explicit port, so that our
+  ``p2p.key`` (the libp2p identity, used only when ``swarm.net.host_maddrs`` has an explicit port, so that our
   bootstrap address survives restarts);
 - :func:`default_identity_path` / :func:`identity_path_for`: the node's Ed25519 key file;
 - :func:`list_peers`: the swarm as its signed DHT heartbeats show it (protocol/SPEC.md §5.3), with the time
@@ -42,7 +42,7 @@ __all__ = [
 SWARM_INFO_FILE = "swarm.json"
 """File in the run directory with this node's peer id, public key, libp2p PeerID and multiaddrs."""
 P2P_KEY_FILE = "p2p.key"
-"""libp2p identity file in the run directory (used when ``swarm.host_maddrs`` has an explicit port)."""
+"""libp2p identity file in the run directory (used when ``swarm.net.host_maddrs`` has an explicit port)."""
 
 
 def default_identity_path() -> Path:

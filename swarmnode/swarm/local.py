@@ -114,7 +114,7 @@ def bootstrap_identity(path: str | os.PathLike) -> str:
     """Create (or read) a libp2p identity file and return its base58 PeerID.
 
     The file is what ``hivemind.P2P`` reads with ``identity_path``; the node uses it when its run directory
-    holds it and ``swarm.host_maddrs`` has an explicit port (``swarmnode.swarm.gossip.P2P_KEY_FILE``).
+    holds it and ``swarm.net.host_maddrs`` has an explicit port (``swarmnode.swarm.gossip.P2P_KEY_FILE``).
     """
     from hivemind.p2p import P2P, PeerID
 

@@ -170,8 +170,8 @@ class PeerBook:
     """Per-peer counters, reputation, bans and rate limits (see the module docstring for the formulas).
 
     Args:
-        ban_after: hard rejections (strikes) that ban a peer (int >= 1; ``swarm.ban_after``).
-        ban_seconds: length of a ban in ``clock()`` seconds (> 0; ``swarm.ban_seconds``).
+        ban_after: hard rejections (strikes) that ban a peer (int >= 1; ``swarm.trust.ban_after``).
+        ban_seconds: length of a ban in ``clock()`` seconds (> 0; ``swarm.trust.ban_seconds``).
         rate_limit_per_minute: bundles a peer may send per minute on average (> 0).
         clock: time source in seconds (``time.time`` by default; tests pass a fake clock).
         burst: capacity of the rate-limit bucket; default ``rate_limit_per_minute`` (one minute's worth).

@@ -3,13 +3,13 @@
 Publish (main thread, :meth:`Publisher.publish`, CPU only)
     prune every tree (:func:`~swarmnode.swarm.prune.prune_trees`; trees without reward variance are not
     published) -> ``wire.bundle_from_trees`` -> sign and encode (split into several bundles when one would
-    exceed ``swarm.max_bundle_bytes``) -> ``BundleServer.put`` (peers fetch the body from us) ->
+    exceed ``swarm.trust.max_bundle_bytes``) -> ``BundleServer.put`` (peers fetch the body from us) ->
     ``wire.manifest_for_bundle`` -> signed manifest appended to this time bucket's **manifest record**
     (protocol/SPEC.md §11: our newest manifests of the bucket plus our libp2p contact).
 
 Publisher thread (:meth:`Publisher.step`)
     stores the record of every changed bucket under ``{swarm}:manifests:{bucket}`` in our own subkey
-    (``SwarmDHT.publish_manifest``, bounded by ``swarm.dht_timeout``), retries failed stores every second,
+    (``SwarmDHT.publish_manifest``, bounded by ``swarm.net.dht_timeout``), retries failed stores every second,
     re-stores after a DHT restart or after joining a swarm, and publishes a signed heartbeat every
     ``heartbeat_interval`` seconds (:class:`~swarmnode.swarm.rates.HeartbeatBook` builds it); with the
     curriculum or rescue on it also reads the swarm's heartbeats on that cadence.
@@ -71,7 +71,7 @@ class Publisher:
         write_info: called after joining a swarm (our contact changed): rewrites ``swarm.json``.
         swarm_id / vocab_size / model_id / tokenizer_id: the bundle header.
         prune: the :class:`~swarmnode.swarm.prune.PruneRule`.
-        scfg: ``cfg.swarm`` (``read_buckets``, ``dht_timeout``).
+        scfg: ``cfg.swarm`` (its ``net`` section: ``read_buckets``, ``dht_timeout``).
         heartbeat_interval: seconds between heartbeats; max_bundle_bytes: the envelope cap.
     """
 
@@ -140,7 +140,7 @@ class Publisher:
                 box.append(menv)
                 del box[:-wire.MAX_RECORD_MANIFESTS]
                 self.dirty.add(bucket)
-                for old in [b for b in self.outbox if b <= bucket - self.scfg.read_buckets - 1]:
+                for old in [b for b in self.outbox if b <= bucket - self.scfg.net.read_buckets - 1]:
                     del self.outbox[old]
                     self.dirty.discard(old)
             self.counters.add("bundles_published")
@@ -186,7 +186,7 @@ class Publisher:
                     todo[:0] = [chunk[:half], chunk[half:]]
                 else:
                     self.counters.add("publish_errors")
-                    log.warning("not publishing a tree of task %s: %d bytes exceed swarm.max_bundle_bytes=%d",
+                    log.warning("not publishing a tree of task %s: %d bytes exceed swarm.trust.max_bundle_bytes=%d",
                                 chunk[0].task.key(), len(envelope), self.max_bundle_bytes)
                 continue
             out.append((envelope, bundle))
@@ -257,7 +257,7 @@ class Publisher:
             data = self.record_bytes(bucket)
             if data is None:
                 continue
-            ok = self.dht.publish_manifest(self.swarm_id, bucket, data, timeout=self.scfg.dht_timeout,
+            ok = self.dht.publish_manifest(self.swarm_id, bucket, data, timeout=self.scfg.net.dht_timeout,
                                            own_key=bucket == newest)
             if ok:
                 with self.lock:
@@ -268,9 +268,9 @@ class Publisher:
                 self.counters.add("record_store_failures")
         if time.monotonic() - self.last_hb >= self.heartbeat_interval:
             data = fitting_heartbeat(self.book.heartbeat(self.model_id), self.identity)
-            if data is not None and self.dht.publish_heartbeat(self.swarm_id, data, timeout=self.scfg.dht_timeout):
+            if data is not None and self.dht.publish_heartbeat(self.swarm_id, data, timeout=self.scfg.net.dht_timeout):
                 self.last_hb = time.monotonic()
         if ((self.book.curriculum_enabled or self.book.rescue_enabled)
                 and time.monotonic() - self.last_rates_read >= self.heartbeat_interval):
             self.last_rates_read = time.monotonic()
-            self.book.note_peer_rates(self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.dht_timeout))
+            self.book.note_peer_rates(self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.net.dht_timeout))

@@ -79,8 +79,8 @@ class HeartbeatBook:
             left out of what we return).
         allowed: ``public key bytes -> bool``, the swarm's allowlist (a private swarm counts only its members).
         max_clock_skew / freshness_seconds: the swarm's time checks (s), as for manifests.
-        curriculum / rescue: ``swarm.curriculum.enabled`` / ``swarm.rescue.enabled``.
-        max_rescue_requests: ``swarm.rescue.max_requests`` (refs we announce at most).
+        curriculum / rescue: ``levers.curriculum.enabled`` / ``levers.rescue.enabled``.
+        max_rescue_requests: ``levers.rescue.max_requests`` (refs we announce at most).
         clock / wall: monotonic seconds and seconds since the epoch.
     """
 

@@ -1,7 +1,7 @@
 """The verifier's verdicts: every reason code, which reasons are hard, soft or never charged, and :class:`Rejection`.
 
 The trust table in :mod:`swarmnode.swarm.verify` says which check gives which reason; protocol/SPEC.md §6 lists the
-wire reasons. Hard reasons are strikes towards a ban (``swarm.ban_after``), soft ones lower the reputation only.
+wire reasons. Hard reasons are strikes towards a ban (``swarm.trust.ban_after``), soft ones lower the reputation only.
 """
 
 from __future__ import annotations

@@ -82,9 +82,9 @@ class FetchScheduler:
         counters: the shared :class:`~swarmnode.swarm.counters.SwarmCounters` (``dropped_queue_full``,
             ``fetch_gave_up``, ``bytes_fetched``).
         max_concurrent_fetches / max_fetches_per_publisher / fetch_retries: ``swarm.*`` of the same names.
-        publisher_budget_s: fetch seconds per publisher per step (``swarm.publisher_fetch_budget_seconds``,
+        publisher_budget_s: fetch seconds per publisher per step (``swarm.net.publisher_fetch_budget_seconds``,
             None resolved to ``2 x fetch_timeout`` by the caller).
-        max_pending: fetched bodies waiting for verification (``swarm.max_pending_bundles``).
+        max_pending: fetched bodies waiting for verification (``swarm.net.max_pending_bundles``).
         fetch_timeout / bucket_seconds: ``swarm.*`` (s): the budgets reset at most once per ``fetch_timeout`` at
             a gather, or after ``bucket_seconds`` without one.
         clock / wall: monotonic seconds and seconds since the epoch.

@@ -11,7 +11,7 @@ abs 1e-6; prime-rl: re-derive what the task was, never take it from the worker):
 step  check                                                      reason (hard/soft)
 ====  =========================================================  ==============================================
  0    peer banned / rate limit (token bucket), before any work   ``banned``, ``rate_limited`` (not charged)
- 1    input is bytes; ``len <= swarm.max_bundle_bytes``          ``malformed``, ``too_large`` (soft)
+ 1    input is bytes; ``len <= swarm.trust.max_bundle_bytes``          ``malformed``, ``too_large`` (soft)
  1b   fetched bytes vs their manifest: size and SHA-256          ``manifest_mismatch`` (hard, to the sender)
  1c   exact bytes seen before (bounded TTL set of digests)       ``duplicate`` (soft)
  2    envelope: msgpack limits, schema, version, canonical      wire reasons (soft, to the sender)
@@ -51,7 +51,7 @@ step  check                                                      reason (hard/so
       re-scoring within ``verify_budget_s``                      ``verify_timeout`` (soft)
 ====  =========================================================  ==============================================
 
-Hard rejections are strikes towards a ban (``swarm.ban_after``); soft ones lower the reputation only.
+Hard rejections are strikes towards a ban (``swarm.trust.ban_after``); soft ones lower the reputation only.
 
 Attribution
 -----------
@@ -117,7 +117,7 @@ segment text is re-tokenized with ``retokenize`` (tree structure kept), behaviou
 ``same_tokenizer`` is False, and we score what *our* ids decode to (characters our tokenizer cannot represent
 become its unknown token, a special token: rejected). **Without** ``detokenize``
 the ids are trusted to match the text (bare test setups only). Lengths are counted in tokens of our
-vocabulary: ``max_completion_tokens`` per leaf (``swarm.max_external_completion_length``, the node's
+vocabulary: ``max_completion_tokens`` per leaf (``external.max_external_completion_length``, the node's
 ``sampling.max_completion_length`` by default) and ``max_bundle_tokens`` for the bundle expanded into samples
 (our prompt + completion for every leaf: a node shared by many leaves counts once per leaf), checked by
 prefix sums before any text is concatenated or scored.
@@ -139,7 +139,7 @@ another time, with a trailing space, reordered or duplicated leaves has the same
 too (:func:`leaf_keys`), and a tree none of whose leaves is new is a copy as well (a subset or regrouping of
 seen leaves; an outside attack earned standing with copies whose one leaf was duplicated). Keys of accepted trees (and of our own published trees,
 :meth:`Verifier.note_published`) are kept until ``seen_capacity`` evicts them, oldest first (or for
-``replay_window_s`` when ``swarm.replay_window_seconds`` is set): a copy re-signed with a fresh time can be
+``replay_window_s`` when ``swarm.trust.replay_window_seconds`` is set): a copy re-signed with a fresh time can be
 trained at any age, so no time window covers every tree that could still be trained (an outside attack
 replayed trees right after a 6 h window). A copy is dropped without charging anyone (the real author must
 never pay for a copier who raced ahead) except a copy of **our own** rollouts, which proves the signer copied
@@ -221,9 +221,9 @@ class Verifier(ManifestChecks, BundleChecks):
 
     Args:
         swarm_cfg: the ``swarm`` config (:class:`~swarmnode.config.SwarmConfig`): ``swarm_id``,
-            ``allowlist`` (hex public keys or ``sn1…`` peer ids; empty = open swarm), ``freshness_seconds``,
-            ``max_clock_skew``, ``max_bundle_bytes``, ``ban_after``, ``ban_seconds``, ``rate_limit_per_minute``,
-            ``replay_window_seconds``, ``max_external_completion_length``, ``max_bundle_tokens``.
+            ``allowlist`` (hex public keys or ``sn1…`` peer ids; empty = open swarm) and its ``trust`` section:
+            ``freshness_seconds``, ``max_clock_skew``, ``max_bundle_bytes``, ``ban_after``, ``ban_seconds``,
+            ``rate_limit_per_minute``, ``replay_window_seconds``, ``max_bundle_tokens``, ``established_after``.
         tasks: the task set, a :class:`~swarmnode.tasks.base.Scorer` (``contains``, ``get``, ``rescore``,
             ``format_reward``; ``tasks.TaskMix``).
         our_vocab_size: our tokenizer's vocabulary size (int >= 1).
@@ -251,13 +251,13 @@ class Verifier(ManifestChecks, BundleChecks):
             sender's prompt. ``None``: the question text alone (or, without ``encode``, the tree's own prompt --
             bare test setups only).
         max_prompt_length: most tokens of our prompt (``sampling.max_prompt_length``).
-        max_completion_tokens: most tokens of one leaf's completion (in our vocabulary); default
-            ``swarm.max_external_completion_length`` or, when that is ``None``, ``wire.MAX_COMPLETION_TOKENS``
-            (the node passes ``sampling.max_completion_length`` then).
+        max_completion_tokens: most tokens of one leaf's completion (in our vocabulary); the node passes
+            ``external.max_external_completion_length`` (which the config derives from
+            ``sampling.max_completion_length`` when unset); default ``wire.MAX_COMPLETION_TOKENS``.
         max_bundle_tokens: most tokens of the bundle expanded into samples (our prompt + completion per leaf);
-            default ``swarm.max_bundle_tokens``.
+            default ``swarm.trust.max_bundle_tokens``.
         replay_window_s: seconds the normalized content of accepted trees is remembered (default
-            ``swarm.replay_window_seconds``, at least the freshness window; None there = until ``seen_capacity``
+            ``swarm.trust.replay_window_seconds``, at least the freshness window; None there = until ``seen_capacity``
             evicts it).
 
     Not thread-safe (the seen-digest sets are plain ordered dicts): use one verifier from one thread, the
@@ -304,9 +304,9 @@ class Verifier(ManifestChecks, BundleChecks):
         if not (verify_budget_s > 0):
             raise ValueError(f"verify_budget_s must be > 0, got {verify_budget_s!r}")
         if max_completion_tokens is None:
-            max_completion_tokens = swarm_cfg.max_external_completion_length or wire.MAX_COMPLETION_TOKENS
+            max_completion_tokens = wire.MAX_COMPLETION_TOKENS
         if max_bundle_tokens is None:
-            max_bundle_tokens = swarm_cfg.max_bundle_tokens or 131072
+            max_bundle_tokens = swarm_cfg.trust.max_bundle_tokens
         for name, v in (("max_completion_tokens", max_completion_tokens), ("max_bundle_tokens", max_bundle_tokens),
                         ("max_prompt_length", max_prompt_length)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -326,9 +326,9 @@ class Verifier(ManifestChecks, BundleChecks):
         self.max_completion_tokens = int(max_completion_tokens)
         self.max_bundle_tokens = int(max_bundle_tokens)
         self.clock = clock
-        self.freshness = float(swarm_cfg.freshness_seconds)
-        self.skew = float(swarm_cfg.max_clock_skew)
-        self.max_bundle_bytes = min(int(swarm_cfg.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
+        self.freshness = float(swarm_cfg.trust.freshness_seconds)
+        self.skew = float(swarm_cfg.trust.max_clock_skew)
+        self.max_bundle_bytes = min(int(swarm_cfg.trust.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
         self.max_completion_chars = max_completion_chars
         self.max_scored_chars = max_scored_chars
         self.max_seeds_per_source = max_seeds_per_source
@@ -344,20 +344,20 @@ class Verifier(ManifestChecks, BundleChecks):
                 self.allow_keys.add(e)
         if peers is None:
             peers = PeerBook(
-                ban_after=int(swarm_cfg.ban_after),
-                ban_seconds=float(swarm_cfg.ban_seconds),
-                rate_limit_per_minute=float(swarm_cfg.rate_limit_per_minute),
+                ban_after=int(swarm_cfg.trust.ban_after),
+                ban_seconds=float(swarm_cfg.trust.ban_seconds),
+                rate_limit_per_minute=float(swarm_cfg.trust.rate_limit_per_minute),
                 clock=clock,
             )
         self.peers = peers
         ttl = self.freshness + 2.0 * self.skew
         self._seen_bundles = TTLSet(seen_capacity, ttl, clock)     # envelope digest -> verdict reason
-        window = replay_window_s if replay_window_s is not None else swarm_cfg.replay_window_seconds
+        window = replay_window_s if replay_window_s is not None else swarm_cfg.trust.replay_window_seconds
         # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
         self.replay_window_s = math.inf if window is None else max(float(window), ttl)
         # content_key -> "own" | "peer" (leaf keys) | (holder peer id | None, commitment time | None) (tree keys)
         self._seen_content = ReplayMemory(seen_capacity, self.replay_window_s, clock)
-        self._young_after = int(swarm_cfg.established_after)  # standing that puts a signer's trees in protected memory
+        self._young_after = int(swarm_cfg.trust.established_after)  # standing that puts a signer's trees in protected memory
         self._authorship_changes: list[tuple[str, str | None]] = []
         self._seen_manifests = TTLSet(seen_capacity, ttl, clock)   # manifest digest -> (verdict, bundle digest | peer)
         self._internal_log = LogLimiter(10.0)

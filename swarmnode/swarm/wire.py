@@ -1178,7 +1178,7 @@ def open_envelope(
     Args:
         data: the received bytes.
         expected_kind: the kind the caller asked for (``bad_kind`` otherwise); ``None`` accepts any kind.
-        max_bytes: the receiver's byte cap (e.g. ``swarm.max_bundle_bytes``); it is never raised above the
+        max_bytes: the receiver's byte cap (e.g. ``swarm.trust.max_bundle_bytes``); it is never raised above the
             protocol limit of the kind. ``None`` uses the protocol limit.
         supported_versions: protocol versions the receiver accepts.
 

@@ -12,7 +12,7 @@ Peers are untrusted, so the statistic is bounded by construction (:func:`tally_v
   ``max_age_seconds`` (measured from when *we* first read the heartbeat, never from its signed time) and
   rates with fewer than ``min_samples`` leaves are no votes;
 * **only trusted votes count**: our own and those of *established* peers (at least ``established_after``
-  useful trees trained on, ``swarm.established_after``; at least 1). Young keys (fresh or with a few useful
+  useful trees trained on, ``swarm.trust.established_after``; at least 1). Young keys (fresh or with a few useful
   trees, possibly Sybils: one cheap mixed tree per key used to be enough) get no seat: any seat they could
   fill, free keys fill. With no trusted vote the task has no rate and keeps its configured weight;
 * **every established peer counts once, whatever its standing**: standing only decides whether a peer is
@@ -225,7 +225,7 @@ def tally_votes(
         max_voters: seats: every established peer sits while there are at most this many, otherwise a uniformly
             random subset of this many (:func:`draw_seats`, one draw for all tasks); standing never ranks them.
         established_after: useful trained trees (``standing``) that make a peer's vote count
-            (``swarm.established_after``; values below 1 count as 1). Peers below it (young keys) get no seat:
+            (``swarm.trust.established_after``; values below 1 count as 1). Peers below it (young keys) get no seat:
             any seat they could fill, free keys fill. A seated peer without ``min_samples`` leaves of a task
             abstains on it: with our own vote, each abstention repeats our vote; without it, the task has a rate
             only when more than half of the seats voted.
@@ -339,7 +339,7 @@ def curriculum_weights(configured: Sequence[float], rates: Sequence[float | None
         configured: the configured weights (finite, > 0), one per source.
         rates: the swarm's rate per source (:func:`combine_rates`, same order), ``None`` = unknown.
         factors: instead of ``rates``, the factor per source (same order).
-        min_factor / max_factor: the floor and ceiling multipliers (``swarm.curriculum``).
+        min_factor / max_factor: the floor and ceiling multipliers (``levers.curriculum``).
 
     Returns:
         Weights, each within ``[min_factor, max_factor] x configured[i]``; hence each source's share of the

@@ -40,7 +40,7 @@ simply an invalid line, and text between lines or after the answer is no line at
 line is in the task's exact step form (:attr:`StepCheck.exact_form`), with the needed number of lines, one
 ``"\n"`` after each, and the answer block that follows from its last line and nothing after it, has no free text
 anywhere; when its lines are also valid it is the worked solution itself. The receiver admits such a
-completion of a peer without asking its likelihood (``swarm.screen.admit_step_form``,
+completion of a peer without asking its likelihood (``external.screen.admit_step_form``,
 :mod:`swarmnode.train.screen`): its style says nothing about a payload when there is no room for one.
 """
 

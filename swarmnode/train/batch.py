@@ -41,7 +41,7 @@ _NORMALIZATIONS = ("per_source", "joint")
 _LENGTH_POLICIES = ("drop", "truncate")
 _OFF_POLICY_MODES = OFF_POLICY_MODES
 _SCALE_REWARDS = ("group", "batch", "none")
-_ADMISSIONS = ("off", "correct", "in_form")  # swarm.screen.admit_step_form
+_ADMISSIONS = ("off", "correct", "in_form")  # external.screen.admit_step_form
 
 
 def _zero_variance(xs: Sequence[float]) -> bool:
@@ -224,7 +224,7 @@ def external_samples(
     With ``joint``, ``local_bonus_by_task`` (aligned with ``local_rewards_by_task``) puts the local pool on the
     same scale.
 
-    **Admission by step form** (``admit_step_form``, config ``swarm.screen.admit_step_form``; needs
+    **Admission by step form** (``admit_step_form``, config ``external.screen.admit_step_form``; needs
     ``step_credit``, whose task regeneration and tokenizer it uses): each kept completion -- the ids that will
     train, after the length cap -- is checked by :meth:`StepCredit.admits
     <swarmnode.rollout.step_credit.StepCredit.admits>`; ``"correct"`` admits the task's worked solution only,
@@ -241,8 +241,8 @@ def external_samples(
     Args:
         selected: output of :func:`swarmnode.train.external.select_external`.
         normalization, local_rewards_by_task, max_len, length_policy, off_policy, our_model_id,
-            our_tokenizer_id, scale_rewards: as above (config keys ``swarm.normalization``,
-            ``swarm.max_external_completion_length``, ``swarm.external_length_policy``, ``swarm.off_policy``,
+            our_tokenizer_id, scale_rewards: as above (config keys ``external.normalization``,
+            ``external.max_external_completion_length``, ``external.external_length_policy``, ``external.off_policy``,
             ``train.scale_rewards``).
         max_prompt_len: our ``sampling.max_prompt_length`` (None: no cap).
         std_floor: see :func:`swarmnode.rollout.advantages.scale_divisor`.
@@ -268,7 +268,7 @@ def external_samples(
     admit = step_credit is not None and admit_step_form != "off"
     allow_wrong = admit and admit_step_form == "in_form" and bool(step_credit.mask)
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
-        raise ValueError(f"max_len (swarm.max_external_completion_length) must be an int >= 1 or None, got {max_len!r}")
+        raise ValueError(f"max_len (external.max_external_completion_length) must be an int >= 1 or None, got {max_len!r}")
     for i, e in enumerate(selected):
         if not isinstance(e, PeerTree):
             raise TypeError(f"selected[{i}] is a {type(e).__name__}, expected a PeerTree")
@@ -430,7 +430,7 @@ def compose_batch(
     Args:
         local: samples with ``source == "local"``.
         external: samples with ``source == "external:<peer>"``.
-        max_external_share: in [0, 1] (config ``swarm.max_external_share``).
+        max_external_share: in [0, 1] (config ``external.max_external_share``).
 
     Returns:
         ``(batch, metrics)``. Metrics: ``batch/samples``, ``batch/local``, ``batch/external``,

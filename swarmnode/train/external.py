@@ -15,7 +15,7 @@ step). This module only *selects* and *orchestrates*; each job lives beside the 
 1. zero-variance groups are dropped first (no signal; SAPO drops zero-advantage rollouts), then stale ones;
 2. every surviving tree is **costed in tokens by the samples it expands into** (prompt + kept completion
    per leaf, after the length cap) before anything is decoded; a tree that does not fit what is left of
-   ``swarm.max_external_tokens_per_step`` (all peers together) is skipped;
+   ``external.max_external_tokens_per_step`` (all peers together) is skipped;
 3. publishers take turns: peers are visited round-robin in an order drawn at random each step, one tree
    per turn, so no key can buy first place; ``contrast`` (highest reward variance first) or ``random``
    ranks trees only *within* one peer; each peer gets at most ``max(1, ceil(max_peer_share * J))`` trees.
@@ -38,7 +38,7 @@ from swarmnode.train.off_policy import _check_choice, _ids_match
 from swarmnode.train.samples import Sample
 
 if TYPE_CHECKING:
-    from swarmnode.config import SwarmConfig
+    from swarmnode.config import ExternalConfig
 
 __all__ = ["select_external", "tree_sample_tokens", "process_external"]
 
@@ -111,12 +111,12 @@ def select_external(
     1. **Zero-variance groups are dropped first** (fewer than two leaves, or unbiased reward std
        ``<= ZERO_STD_ATOL``): every per-source advantage would be 0 — SAPO drops zero-advantage rollouts.
     2. **Stale groups** are dropped: when the producer's ``model_id`` equals ``our_model_id`` (both
-       non-empty) and ``current_version - policy_version > max_staleness`` (config ``swarm.max_staleness``).
+       non-empty) and ``current_version - policy_version > max_staleness`` (config ``external.max_staleness``).
        Versions of a different model are not comparable and are never called stale. Skipped when
        ``current_version`` or ``max_staleness`` is ``None``. The version is the producer's signed *claim*;
        the bound a peer cannot lie about is the receiver's own clock: a tree whose body arrived more than
        ``max_age_seconds`` before ``now`` (``PeerTree.received_at``, set by our verification pipeline; config
-       ``swarm.max_age_seconds``) is stale whatever version it claims. Trees with ``received_at == 0`` (built
+       ``external.max_age_seconds``) is stale whatever version it claims. Trees with ``received_at == 0`` (built
        outside the swarm layer) skip that check.
     3. **Ranking within each peer**: ``contrast`` orders a peer's trees by reward variance, highest first
        (ties at random); ``random`` shuffles them (SAPO's uniform sampling).
@@ -125,7 +125,7 @@ def select_external(
        ``max(1, ceil(max_peer_share * num_external))`` trees is done (its other trees count as
        ``select/dropped_peer_cap``). So a 2-leaf ``[1, 0]`` tree (the highest variance there is) wins
        nothing over other peers' trees: ranking never crosses publishers (Sybil keys: docs/lab/benchmarks.md, "Sybil keys").
-    5. **Token budget** (``max_tokens``, config ``swarm.max_external_tokens_per_step``): a tree whose
+    5. **Token budget** (``max_tokens``, config ``external.max_external_tokens_per_step``): a tree whose
        :func:`tree_sample_tokens` exceeds what is left is skipped (``select/dropped_token_budget``), costed
        before anything is decoded.
 
@@ -161,9 +161,9 @@ def select_external(
     if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
         raise ValueError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
-        raise ValueError(f"max_tokens (swarm.max_external_tokens_per_step) must be an int >= 0 or None, got {max_tokens!r}")
+        raise ValueError(f"max_tokens (external.max_external_tokens_per_step) must be an int >= 0 or None, got {max_tokens!r}")
     if max_age_seconds is not None and not (isinstance(max_age_seconds, (int, float)) and max_age_seconds > 0):
-        raise ValueError(f"max_age_seconds (swarm.max_age_seconds) must be > 0 or None, got {max_age_seconds!r}")
+        raise ValueError(f"max_age_seconds (external.max_age_seconds) must be > 0 or None, got {max_age_seconds!r}")
     now = time.time() if now is None else float(now)
     gen = _as_rng(rng)
     for i, c in enumerate(candidates):
@@ -248,7 +248,7 @@ def select_external(
 
 def process_external(
     candidates: Sequence[PeerTree],
-    swarm_cfg: SwarmConfig,
+    external_cfg: ExternalConfig,
     *,
     current_version: int,
     our_model_id: str,
@@ -262,17 +262,18 @@ def process_external(
     step_credit: StepCredit | None = None,
     local_bonus_by_task: Mapping[Any, Sequence[float]] | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """:func:`select_external` then :func:`~swarmnode.train.batch.external_samples` with a ``SwarmConfig``.
+    """:func:`select_external` then :func:`~swarmnode.train.batch.external_samples` with an ``ExternalConfig``.
 
     Uses ``num_external``, ``selection``, ``max_peer_share``, ``max_staleness``, ``normalization``,
     ``max_external_completion_length``, ``external_length_policy``, ``max_external_tokens_per_step`` and
-    ``off_policy`` of ``swarm_cfg`` (a :class:`swarmnode.config.SwarmConfig`). The completion cap ``L`` is
-    ``swarm_cfg.max_external_completion_length`` when set, else ``max_completion_length`` (our own
-    ``sampling.max_completion_length``): external samples are never longer than ours unless configured.
+    ``off_policy`` of ``external_cfg`` (the ``external`` section, a :class:`swarmnode.config.ExternalConfig`).
+    The completion cap ``L`` is ``external_cfg.max_external_completion_length`` (a validated ``RunConfig``
+    derives it from ``sampling.max_completion_length`` when unset); a standalone section that leaves it
+    ``None`` uses ``max_completion_length``: external samples are never longer than ours unless configured.
     The caller then screens them (:mod:`swarmnode.train.screen`) and runs
-    :func:`~swarmnode.train.batch.compose_batch` with ``swarm_cfg.max_external_share``. ``step_credit`` (our
+    :func:`~swarmnode.train.batch.compose_batch` with ``external_cfg.max_external_share``. ``step_credit`` (our
     checks of the selected completions' lines) and ``local_bonus_by_task`` are passed through to
-    ``external_samples``, with ``swarm_cfg.screen.admit_step_form`` (admission by step form: the screen then
+    ``external_samples``, with ``external_cfg.screen.admit_step_form`` (admission by step form: the screen then
     skips the samples marked ``admitted_by_form``).
 
     Returns:
@@ -280,31 +281,31 @@ def process_external(
         ``external/max_completion_length`` (the L applied; -1 = none).
     """
     m: dict[str, Any] = {}
-    max_len = swarm_cfg.max_external_completion_length or max_completion_length
-    policy = swarm_cfg.external_length_policy
+    max_len = external_cfg.max_external_completion_length or max_completion_length
+    policy = external_cfg.external_length_policy
     chosen = select_external(
         candidates,
-        swarm_cfg.num_external,
-        swarm_cfg.selection,
-        swarm_cfg.max_peer_share,
+        external_cfg.num_external,
+        external_cfg.selection,
+        external_cfg.max_peer_share,
         rng,
         current_version=current_version,
-        max_staleness=swarm_cfg.max_staleness,
-        max_age_seconds=swarm_cfg.max_age_seconds,
+        max_staleness=external_cfg.max_staleness,
+        max_age_seconds=external_cfg.max_age_seconds,
         our_model_id=our_model_id,
         stats=m,
-        max_tokens=swarm_cfg.max_external_tokens_per_step,
+        max_tokens=external_cfg.max_external_tokens_per_step,
         max_len=max_len,
         length_policy=policy,
         max_prompt_len=max_prompt_length,
     )
     samples, sm = external_samples(
         chosen,
-        normalization=swarm_cfg.normalization,
+        normalization=external_cfg.normalization,
         local_rewards_by_task=local_rewards_by_task,
         max_len=max_len,
         length_policy=policy,
-        off_policy=swarm_cfg.off_policy,
+        off_policy=external_cfg.off_policy,
         our_model_id=our_model_id,
         our_tokenizer_id=our_tokenizer_id,
         scale_rewards=scale_rewards,
@@ -312,7 +313,7 @@ def process_external(
         std_floor=std_floor,
         step_credit=step_credit,
         local_bonus_by_task=local_bonus_by_task,
-        admit_step_form=swarm_cfg.screen.admit_step_form,
+        admit_step_form=external_cfg.screen.admit_step_form,
     )
     m.update(sm)
     m["external/max_completion_length"] = max_len if max_len is not None else -1

@@ -1,7 +1,7 @@
 """Off-policy correction of external (peer) samples, beside the loss (docs/reference/design.md §5, last bullet).
 
 External rollouts come from another policy, so the PPO ratio is not π_θ/π_old. Three modes (config
-``swarm.off_policy``):
+``external.off_policy``):
 
 * ``none`` — SAPO (arXiv 2509.08721): recompute under the local policy, ratio 1;
 * ``luffy`` — LUFFY (arXiv 2504.14945) policy shaping ``f(π) = π/(π+γ)``, no clip;
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from swarmnode.config import SwarmConfig
+    from swarmnode.config import ExternalConfig
 
 __all__ = [
     "OFF_POLICY_MODES",
@@ -81,9 +81,9 @@ def _check_2d(name: str, t: Any) -> torch.Tensor:
 def _check_params(mode: str, gamma: float, cap: float) -> None:
     _check_choice("off_policy mode", mode, _OFF_POLICY_MODES)
     if not isinstance(gamma, (int, float)) or not math.isfinite(gamma) or gamma <= 0:
-        raise ValueError(f"gamma (swarm.luffy_gamma) must be a finite float > 0, got {gamma!r}")
+        raise ValueError(f"gamma (external.luffy_gamma) must be a finite float > 0, got {gamma!r}")
     if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
-        raise ValueError(f"cap (swarm.tis_cap) must be a finite float > 0, got {cap!r}")
+        raise ValueError(f"cap (external.tis_cap) must be a finite float > 0, got {cap!r}")
 
 
 def _tis_weights(logp: torch.Tensor, behaviour: torch.Tensor, cap: float) -> torch.Tensor:
@@ -123,9 +123,9 @@ def off_policy_token_weights(
     Args:
         logp_current: ``[B, T]`` log-probs of the sampled tokens under the current policy (natural log).
         behaviour_logprobs: ``[B, T]`` behaviour log-probs of the same tokens, or ``None``.
-        mode: ``"none" | "luffy" | "tis"`` (config ``swarm.off_policy``).
-        gamma: LUFFY γ (> 0; config ``swarm.luffy_gamma``, default 0.1).
-        cap: TIS cap C (> 0; config ``swarm.tis_cap``, default 2.0).
+        mode: ``"none" | "luffy" | "tis"`` (config ``external.off_policy``).
+        gamma: LUFFY γ (> 0; config ``external.luffy_gamma``, default 0.1).
+        cap: TIS cap C (> 0; config ``external.tis_cap``, default 2.0).
         stats: optional dict; ``"tis_fallback"`` is incremented on a fallback.
 
     Returns:
@@ -236,18 +236,18 @@ def external_token_loss(
 
 
 
-def make_token_weight_fn(swarm_cfg: SwarmConfig, stats: dict[str, Any] | None = None):
-    """A ``Trainer.step`` ``token_weight_fn`` applying ``swarm.off_policy`` to external rows only.
+def make_token_weight_fn(external_cfg: ExternalConfig, stats: dict[str, Any] | None = None):
+    """A ``Trainer.step`` ``token_weight_fn`` applying ``external.off_policy`` to external rows only.
 
     Local rows keep weight 1 (their normal clipped ratio); each external row gets
-    :func:`off_policy_token_weights` under ``swarm_cfg.off_policy`` (``luffy_gamma``, ``tis_cap``), with its
+    :func:`off_policy_token_weights` under ``external_cfg.off_policy`` (``luffy_gamma``, ``tis_cap``), with its
     behaviour log-probs when it carries them (``tis`` falls back to ``none`` per row otherwise).
 
     Returns:
         ``None`` when the mode is ``none`` (nothing to weight), else a callable
         ``(micro_batch_samples, logprobs [b,T] detached, old_logprobs [b,T], loss_mask [b,T]) -> weights [b,T]``.
     """
-    mode = swarm_cfg.off_policy
+    mode = external_cfg.off_policy
     if mode == "none":
         return None
 
@@ -262,7 +262,7 @@ def make_token_weight_fn(swarm_cfg: SwarmConfig, stats: dict[str, Any] | None = 
             if s.behaviour_logprobs is not None:
                 beh = torch.tensor([s.behaviour_logprobs], dtype=logprobs.dtype, device=logprobs.device)
             wi, _ = off_policy_token_weights(
-                lp, beh, mode, gamma=swarm_cfg.luffy_gamma, cap=swarm_cfg.tis_cap, stats=stats
+                lp, beh, mode, gamma=external_cfg.luffy_gamma, cap=external_cfg.tis_cap, stats=stats
             )
             w[i, :T] = wi[0]
         return w

@@ -10,7 +10,7 @@ batch the trainer steps on (docs/reference/design.md §1, docs/reference/archite
 3. **peer samples of rescue**: the peers' answers of our merged all-wrong groups join the external samples;
 4. **the screen**: peers' completions scored against our own policy's log-probs (``train/screen.py``); each
    peer whose samples it rejects is *charged*;
-5. **composition**: external samples capped to ``swarm.max_external_share`` of the batch (``train/batch.py``),
+5. **composition**: external samples capped to ``external.max_external_share`` of the batch (``train/batch.py``),
    merged rescue groups and expansion samples added after the cap;
 6. **expansion samples**: our own continuations of peers' prefixes (``rollout/expansion.py``), trained as local.
 
@@ -121,9 +121,9 @@ class BatchBuilder:
         self.model, self.our_model_id, self.screen, self.phase = model, our_model_id, screen, phase
 
     def external_step_credit(self) -> StepCredit | None:
-        """Our step checks for peers' completions (``swarm.external_step_credit`` with step credit on), or None."""
+        """Our step checks for peers' completions (``external.external_step_credit`` with step credit on), or None."""
         t = self.cfg.train
-        if not self.cfg.swarm.external_step_credit or (t.step_credit == "none" and not t.step_reward_weight):
+        if not self.cfg.external.external_step_credit or (t.step_credit == "none" and not t.step_reward_weight):
             return None
         return StepCredit(self.get_task, self.tokenizer, mask=t.step_credit == "mask", weight=t.step_reward_weight)
 
@@ -137,9 +137,9 @@ class BatchBuilder:
             tasks: their tasks.
             candidates: peers' re-verified trees (rescue answers apart).
             rescued: merged rescue groups (``Levers.merge_rescued``).
-            screen_peers: a swarm is attached: with ``swarm.screen`` on, our completions join the screen's
+            screen_peers: a swarm is attached: with ``external.screen`` on, our completions join the screen's
                 reference and peers' samples are screened.
-            expand: the node's expansion of this round's peer trees (``swarm.expansion``).
+            expand: the node's expansion of this round's peer trees (``levers.expansion``).
 
         Returns:
             :class:`BuiltBatch`. Raises only on our own input (peer input is caught once, module docstring).
@@ -154,7 +154,7 @@ class BatchBuilder:
                                         lambda: self._select(step, candidates, trees, bonus, m), [])
         external += [s for g in rescued for s in g.peer]  # rescue answers meet the screen with the other samples
         charges: list[Charge] = []
-        if cfg.swarm.screen.enabled and screen_peers:
+        if cfg.external.screen.enabled and screen_peers:
             # our own completions of this step join the reference, then peers' are scored against it
             self.screen.observe(tree.completion_logprobs(leaf) for tree in trees for leaf in tree.leaves())
             if external:
@@ -162,10 +162,10 @@ class BatchBuilder:
                                             lambda: self._screen(external, charges, m), [])
         rescue_kept = [s for s in external if s.group_id.endswith(RESCUE_GROUP_SUFFIX)]
         external = [s for s in external if not s.group_id.endswith(RESCUE_GROUP_SUFFIX)]
-        batch, bm = compose_batch(local, external, cfg.swarm.max_external_share)
+        batch, bm = compose_batch(local, external, cfg.external.max_external_share)
         trained_rescue = self._add_rescued(batch, rescued, rescue_kept, m) if rescued else []
         tokens = 0
-        if cfg.swarm.expansion.enabled and candidates and expand is not None:
+        if cfg.levers.expansion.enabled and candidates and expand is not None:
             # continue re-verified peers' promising prefixes with our policy: the prefix is context only, the
             # continuation is ours (on-policy, our log-probs, our verifier's rewards), so it trains as local
             # samples -- added after the external cap, so they never make room for more external samples
@@ -223,7 +223,7 @@ class BatchBuilder:
                        if ext_credit is not None and bonus else None)  # `joint` pools with the local bonus
         external, em = process_external(
             candidates,
-            cfg.swarm,
+            cfg.external,
             current_version=step,
             our_model_id=self.our_model_id,
             our_tokenizer_id=self.tokenizer_id,

@@ -7,7 +7,7 @@ off-policy correct completions into on-policy groups. This module holds the thre
 (``swarmnode/node/levers.py``) wires them to the swarm layer:
 
 * **asker** -- :class:`RescueBook`: the pending all-wrong groups (task key -> own tree, task, step), bounded in
-  size, expired after ``swarm.rescue.max_age_steps``; the newest refs are announced in heartbeats
+  size, expired after ``levers.rescue.max_age_steps``; the newest refs are announced in heartbeats
   (protocol/SPEC.md §5.3 ``rescue``);
 * **helper** -- :class:`RescueHelper`: which of the peers' requests this node answers this step, bounded per
   step whatever peers send (``answer_prompts``, ``max_answers_per_peer``, earned standing, each (asker, ref)
@@ -20,7 +20,7 @@ current policy's log-probs (``Trainer._step``: ``old_logprobs`` are recomputed, 
 one iteration), not against the stored behaviour log-probs, so these leaves train as on-policy samples
 without an importance correction; their behaviour log-probs ride along (``Sample.behaviour_logprobs``) and
 are used by nothing for local samples. Peer leaves are external samples (``external:<peer>``), weighted by
-``swarm.off_policy`` like every other external sample.
+``external.off_policy`` like every other external sample.
 
 Nothing here imports ``swarm`` (docs/reference/architecture.md): requests arrive as ``(peer_id, TaskRef)``
 pairs, peer trees as :class:`~swarmnode.rollout.peer_tree.PeerTree`.
@@ -144,7 +144,7 @@ class RescueHelper:
     """Which peers' rescue requests this node answers, step by step (bounded whatever peers send).
 
     Args:
-        cfg: ``swarm.rescue``.
+        cfg: ``levers.rescue``.
         answered_ttl_steps: steps an answered question is remembered: it is not answered again within them, whoever
             asks (our answers are public bundles, so every asker of it gets them; keys repeating another's
             questions cannot make us answer one question many times).
@@ -348,7 +348,7 @@ def merge_rescue(
         ValueError: ``max_merged < 1``, or a leaf of our tree without a reward.
     """
     if int(max_merged) < 1:
-        raise ValueError(f"max_merged (swarm.rescue.max_merged) must be >= 1, got {max_merged!r}")
+        raise ValueError(f"max_merged (levers.rescue.max_merged) must be >= 1, got {max_merged!r}")
     own = entry.tree
     by_peer: dict[str, list[PeerTree]] = {}
     for pt in peer_trees:

@@ -24,7 +24,7 @@ logger = logging.getLogger("swarmnode.train.checkpoint")
 #: where, how it is watched, evaluated and checkpointed, where it runs, how it talks to the swarm
 RESUME_FREE_KEYS: tuple[str, ...] = (
     "steps", "run_dir", "status_port", "threads", "log_every", "eval_every", "eval_at_start", "report_to",
-    "checkpoint.", "monitor.", "swarm.", "tasks.eval_size", "tasks.probes",
+    "checkpoint.", "monitor.", "swarm.", "external.", "levers.", "tasks.eval_size", "tasks.probes",
     "model.device", "model.backend", "model.gpu_memory_utilization", "model.attn_implementation",
 )
 

@@ -25,7 +25,7 @@ class Sample:
         admitted_by_form: set by the receiver only (never from a peer's claim): this external completion is
             admitted by its step form (:func:`swarmnode.tasks.steps.admissible_by_form`, checked on our
             regenerated task and the decode of ``completion_ids``), so the likelihood screen does not judge it
-            (``swarm.screen.admit_step_form``).
+            (``external.screen.admit_step_form``).
     """
 
     prompt_ids: list[int]

@@ -9,14 +9,14 @@ likelihood check of each external completion under the receiver's own policy. Th
 under ``log_softmax(logits / temperature)``, the distribution our sampler draws from):
 
 * ``mean``: ``(1/T) Σ_t ℓ_t``;
-* ``window``: the lowest mean of ``ℓ`` over any ``w`` consecutive tokens (``w`` = ``swarm.screen.window``;
+* ``window``: the lowest mean of ``ℓ`` over any ``w`` consecutive tokens (``w`` = ``external.screen.window``;
   the whole completion when ``T < w``). A short payload inside an otherwise likely completion lowers this
   one even when it barely moves the mean.
 
 **Reference**: the same two statistics of our own recent completions, from their behaviour log-probs
-(recorded at sampling time, so no extra forward), in a rolling window of ``swarm.screen.history``
+(recorded at sampling time, so no extra forward), in a rolling window of ``external.screen.history``
 completions. **Rule**: an external completion is rejected when either statistic is below the reference's
-``quantile`` (``swarm.screen.quantile``) minus ``margin`` nats (``swarm.screen.margin``). Until the
+``quantile`` (``external.screen.quantile``) minus ``margin`` nats (``external.screen.margin``). Until the
 reference holds ``min_history`` completions nothing is judged and nothing is kept (counted as
 ``screen/warmup`` and ``screen/warmup_held``): no external sample trains before the screen can judge it, and no
 peer is charged for it (an outside attack trained a payload line in the first steps of a node with fewer local
@@ -32,7 +32,7 @@ kept their negative advantages, taught the receivers to avoid correct reasoning,
 from 52.5% to 28.3% in 200 steps although no payload was ever trained.
 
 **Admitted by form.** A sample marked ``Sample.admitted_by_form`` (set by the receiver when it built the sample,
-``swarm.screen.admit_step_form``: a completion whose every line a program checked to be in the task's exact step
+``external.screen.admit_step_form``: a completion whose every line a program checked to be in the task's exact step
 form, :func:`swarmnode.tasks.steps.admissible_by_form`) is not judged: not scored, never rejected, never
 charged, kept also in warm-up (it needs no reference), counted as ``screen/admitted_by_form``. It has no free text
 for a payload to ride in, so its likelihood says nothing about poison; and text a stronger model of another
@@ -83,7 +83,7 @@ def completion_stats(logprobs: Sequence[float], window: int) -> tuple[float, flo
         ValueError: empty ``logprobs`` or ``window < 1``.
     """
     if window < 1:
-        raise ValueError(f"window (swarm.screen.window) must be >= 1, got {window}")
+        raise ValueError(f"window (external.screen.window) must be >= 1, got {window}")
     xs = [float(x) for x in logprobs]
     if not xs:
         raise ValueError("completion_stats needs at least one token log-prob")
@@ -136,13 +136,13 @@ class LikelihoodScreen:
     """Rolling reference of our own completions, and the screen of external ones against it.
 
     Args:
-        window, history, min_history, quantile, margin: ``swarm.screen.*`` (swarmnode/config.py
+        window, history, min_history, quantile, margin: ``external.screen.*`` (swarmnode/config/swarm.py
             ``ScreenConfig``; meanings in the module docstring).
         temperature: our ``sampling.temperature`` (the screen scores under the distribution we sample from).
         pad_token_id: id for padded positions of the forward.
         max_rows, max_tokens: micro-batch bounds of the scoring forward (``train.micro_batch_size``,
             ``train.max_tokens_per_micro_batch``).
-        max_claim_gap: nats/token (``swarm.screen.max_claim_gap``). A kept sample whose claimed behaviour
+        max_claim_gap: nats/token (``external.screen.max_claim_gap``). A kept sample whose claimed behaviour
             log-probs differ from our own scores by more than this on average loses them
             (``behaviour_logprobs = None``), so ``tis`` treats it with ratio 1 instead of the capped weight
             ``min(π/μ, C)`` that an extreme claimed μ saturates at C. ``None``: off.

@@ -57,10 +57,10 @@ def test_node_config_equal_generation_compute(tmp_path):
         assert (c.seed, c.steps, c.eval_every, c.tasks.eval_size) == (1, 7, 3, 5)
         assert c.tasks.seed == base.tasks.seed  # shared so peers can verify each other's TaskRefs
     assert not iso.swarm.enabled
-    assert sw.swarm.enabled and sw.swarm.num_external == 6
-    assert sw.swarm.max_external_share == pytest.approx(0.75)  # 6 / (2 + 6)
-    assert (sw.swarm.normalization, sw.swarm.off_policy, sw.swarm.swarm_id) == ("joint", "luffy", "bench-x")
-    assert sw.swarm.initial_peers == ["/ip4/127.0.0.1/tcp/1/p2p/Qm"]
+    assert sw.swarm.enabled and sw.external.num_external == 6
+    assert sw.external.max_external_share == pytest.approx(0.75)  # 6 / (2 + 6)
+    assert (sw.external.normalization, sw.external.off_policy, sw.swarm.swarm_id) == ("joint", "luffy", "bench-x")
+    assert sw.swarm.net.initial_peers == ["/ip4/127.0.0.1/tcp/1/p2p/Qm"]
 
 
 def test_node_config_models_gives_node_i_its_own_model_in_every_arm(tmp_path):
@@ -268,10 +268,10 @@ def test_levers_add_curriculum_and_expansion_arms(tmp_path):
         plan_arms([(4, 4)], levers=["magic"])
     c = node_config(load_config(None), arms[4], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
                     swarm_id="x")
-    assert c.swarm.curriculum.enabled and c.swarm.expansion.enabled
+    assert c.levers.curriculum.enabled and c.levers.expansion.enabled
     off = node_config(load_config(None), arms[2], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "m",
                       swarm_id="x")
-    assert not off.swarm.curriculum.enabled and not off.swarm.expansion.enabled
+    assert not off.levers.curriculum.enabled and not off.levers.expansion.enabled
 
 
 def test_specialize_lever_gives_each_node_its_own_task_and_peers_still_verify_its_refs(tmp_path):
@@ -310,7 +310,7 @@ def test_specialize_lever_gives_each_node_its_own_task_and_peers_still_verify_it
 
 @pytest.mark.slow
 def test_tiny_swarm_arm_with_both_levers_runs(tmp_path):
-    """Two real node processes with swarm.curriculum and swarm.expansion on (plumbing only, a few steps)."""
+    """Two real node processes with levers.curriculum and levers.expansion on (plumbing only, a few steps)."""
     base = load_config(None, {"sampling.max_completion_length": 32})
     arm = Arm(2, 2, True, curriculum=True, expansion=True)
     arm_dir = run_arm(arm, base, tmp_path, nodes=2, steps=4, eval_every=0, eval_size=4, timeout=240, nice=10)
@@ -553,8 +553,8 @@ def test_report_of_arms_stopped_early_compares_every_arm_at_max_step(tmp_path):
 def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
     from swarmnode.bench.swarm import parse_swarm_set
 
-    ov = parse_swarm_set("train.learning_rate=2e-5, swarm.max_external_share=0.6")
-    assert ov == (("train.learning_rate", "2e-5"), ("swarm.max_external_share", "0.6"))
+    ov = parse_swarm_set("train.learning_rate=2e-5, external.max_external_share=0.6")
+    assert ov == (("train.learning_rate", "2e-5"), ("external.max_external_share", "0.6"))
     assert parse_swarm_set(["a.b=1", "a.b=2"]) == (("a.b", "2"),)  # the last value wins
     for bad in ("train.learning_rate", "=3", "train..x=1", "train.learning_rate="):
         with pytest.raises(ValueError, match="--swarm-set takes KEY=VALUE"):
@@ -584,22 +584,22 @@ def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
 
 
 def test_rescue_lever_enables_swarm_rescue(tmp_path):
-    from swarmnode.config import SwarmConfig
+    from swarmnode.config import LeversConfig
 
     arms = plan_arms([(8, 8)], levers=["none", "rescue"], isolated=False)
     assert [a.name for a in arms] == ["swarm-8x8-per_source-none", "swarm-8x8-per_source-none-res"]
     assert arms[1].label == "swarm 8/8 per_source none +rescue"
     assert not (arms[1].curriculum or arms[1].expansion or arms[1].specialize)
-    if "rescue" not in SwarmConfig.model_fields:
-        with pytest.raises(ValueError, match="--levers rescue needs swarm.rescue"):
+    if "rescue" not in LeversConfig.model_fields:
+        with pytest.raises(ValueError, match="--levers rescue needs levers.rescue"):
             node_config(load_config(None), arms[1], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
                         swarm_id="x")
-        pytest.skip("this config has no swarm.rescue yet (RescueConfig lands on another branch)")
+        pytest.skip("this config has no levers.rescue yet (RescueConfig lands on another branch)")
     on = node_config(load_config(None), arms[1], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
                      swarm_id="x")
     off = node_config(load_config(None), arms[0], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "m",
                       swarm_id="x")
-    assert on.swarm.rescue.enabled and not off.swarm.rescue.enabled
+    assert on.levers.rescue.enabled and not off.levers.rescue.enabled
 
 
 class _FakeClient:

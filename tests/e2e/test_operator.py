@@ -216,6 +216,79 @@ def test_resume_with_allow_config_change_applies_the_new_learning_rate(tmp_path)
         node.close()
 
 
+OLD_LAYOUT_SWARM = """\
+swarm:
+  enabled: false
+  swarm_id: swarmnode-local
+  initial_peers: []
+  identity_path: null
+  num_external: 2
+  max_external_share: 0.5
+  bucket_seconds: 30.0
+  fetch_timeout: 5.0
+  max_bundle_bytes: 1048576
+  ban_after: 3
+  screen:
+    enabled: true
+    window: 8
+  curriculum:
+    enabled: false
+  rescue:
+    enabled: false
+"""
+
+
+def test_resume_of_a_run_dir_saved_with_the_old_swarm_layout(tmp_path, caplog):
+    """A checkpoint whose config.yaml has the flat ``swarm`` section of before the config was grouped by consumer
+    (written here by hand) resumes: its keys map through the aliases (one warning per old key, old -> new), the
+    changed-keys check compares it with the new layout (nothing training-defining changed), and the run
+    directory's config.yaml is written again in the new layout."""
+    import hashlib
+    import json
+    import logging
+
+    import yaml
+
+    from swarmnode.node import Node
+    from swarmnode.train.checkpoint import MANIFEST
+
+    node = Node(_resume_cfg(tmp_path, 1, learning_rate=1e-4))
+    try:
+        node.run()
+    finally:
+        node.close()
+    ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert ckpts
+    for path in [c / "config.yaml" for c in ckpts] + [tmp_path / "run" / "config.yaml"]:
+        saved = yaml.safe_load(path.read_text())
+        for section in ("swarm", "external", "levers"):
+            saved.pop(section)
+        path.write_text(yaml.safe_dump(saved, sort_keys=False) + OLD_LAYOUT_SWARM)
+    for c in ckpts:  # as the old version saved it: the manifest lists the old-layout file's size and hash
+        manifest = json.loads((c / MANIFEST).read_text())
+        data = (c / "config.yaml").read_bytes()
+        manifest["files"]["config.yaml"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        (c / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    caplog.set_level(logging.WARNING, logger="swarmnode.config")
+    node = Node(_resume_cfg(tmp_path, 2, learning_rate=1e-4))
+    try:
+        assert node.step == 1 and node.config_changes == []
+    finally:
+        node.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "swarmnode.config"]
+    assert any("swarm.num_external" in m and "external.num_external" in m for m in warned), warned
+    assert any("swarm.bucket_seconds" in m and "swarm.net.bucket_seconds" in m for m in warned), warned
+    assert any("swarm.screen" in m and "external.screen" in m for m in warned), warned
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert "num_external" not in recorded["swarm"] and "bucket_seconds" in recorded["swarm"]["net"]
+    assert recorded["external"]["num_external"] == 4 and "curriculum" in recorded["levers"]
+    # a training-defining key still counts across the layouts
+    from swarmnode.train.checkpoint import ConfigChangedError
+
+    with pytest.raises(ConfigChangedError, match="train.learning_rate"):
+        Node(_resume_cfg(tmp_path, 3, learning_rate=3e-4))
+
+
 def test_resume_with_only_steps_and_eval_size_changed_is_not_refused(tmp_path):
     """Keys that do not define the training (steps, eval size, ports, threads) change freely on resume."""
     from swarmnode.node import Node

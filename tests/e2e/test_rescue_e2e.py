@@ -31,10 +31,10 @@ def _cfg(rd, model, tasks, swarm_id, **extra):
         "sampling.prompts_per_step": 2, "sampling.num_generations": 4, "sampling.max_completion_length": 6,
         "sampling.max_prompt_length": 64, "train.micro_batch_size": 32, "checkpoint.save_steps": 100000,
         "swarm.enabled": True, "swarm.swarm_id": swarm_id, "swarm.identity_path": str(rd / "identity.pem"),
-        "swarm.max_staleness": 1000000, "swarm.bucket_seconds": 4.0, "swarm.dht_timeout": 5.0,
-        "swarm.fetch_timeout": 5.0, "swarm.screen.enabled": False,
-        "swarm.rescue.enabled": True, "swarm.rescue.answer_prompts": 2, "swarm.rescue.max_answers_per_peer": 2,
-        "swarm.rescue.max_age_steps": 50, "swarm.rescue.skip_after_failures": 1000,
+        "external.max_staleness": 1000000, "swarm.net.bucket_seconds": 4.0, "swarm.net.dht_timeout": 5.0,
+        "swarm.net.fetch_timeout": 5.0, "external.screen.enabled": False,
+        "levers.rescue.enabled": True, "levers.rescue.answer_prompts": 2, "levers.rescue.max_answers_per_peer": 2,
+        "levers.rescue.max_age_steps": 50, "levers.rescue.skip_after_failures": 1000,
     }
     over.update(extra)
     return load_config(None, over)
@@ -53,7 +53,7 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
         node_a.swarm = node_a_swarm = build_swarm(
             node_a.cfg, node_a.policy, node_a.tasks, tmp_path / "a", model_id=node_a.base_model_id,
             prompt_for=node_a.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
-        node_b = Node(_cfg(tmp_path / "b", model, tasks, sid, **{"swarm.initial_peers": node_a_swarm.maddrs(),
+        node_b = Node(_cfg(tmp_path / "b", model, tasks, sid, **{"swarm.net.initial_peers": node_a_swarm.maddrs(),
                                                                   "seed": 1}))
         node_b.swarm = build_swarm(
             node_b.cfg, node_b.policy, node_b.tasks, tmp_path / "b", model_id=node_b.base_model_id,

@@ -274,7 +274,7 @@ def test_hung_swarm_protocol_double_implements_the_seam():
 
 def test_stop_during_a_hung_publish_leaves_it_behind_checkpoints_and_returns(tmp_path):
     cfg = load_config(tiny_config(tmp_path / "tiny.yaml", steps=20, save_steps=100),
-                      {"run_dir": str(tmp_path / "r"), "swarm.stop_wait_seconds": 0.5})
+                      {"run_dir": str(tmp_path / "r"), "swarm.net.stop_wait_seconds": 0.5})
     node = Node(cfg)
     swarm = HungSwarm(node, hang_at=1)  # the second step's publish
     node.swarm = swarm

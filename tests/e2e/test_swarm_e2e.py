@@ -147,13 +147,14 @@ def write_config(path: Path, model: Path, tasks: Path, swarm_id: str) -> Path:
                      "max_prompt_length": 64},
         "train": {"learning_rate": 1e-4, "micro_batch_size": 32},
         "checkpoint": {"save_steps": 100000, "keep_last": 1},
-        "swarm": {"enabled": True, "swarm_id": swarm_id, "num_external": 4, "max_external_share": 0.5,
-                  "max_staleness": 1000000, "bucket_seconds": 10.0, "dht_timeout": 5.0, "fetch_timeout": 5.0,
-                  # the bigram policies spin through thousands of ~0 s steps here and drift apart, and the
-                  # likelihood screen then rightly rejects a peer's completions (seen: A screened out C's after
-                  # ~3,700 steps, so "A and C train on each other's samples" timed out); the screen is tested in
-                  # test_screen.py, test_node_trust.py and the hostile suite
-                  "screen": {"enabled": False}},
+        "swarm": {"enabled": True, "swarm_id": swarm_id,
+                  "net": {"bucket_seconds": 10.0, "dht_timeout": 5.0, "fetch_timeout": 5.0}},
+        "external": {"num_external": 4, "max_external_share": 0.5, "max_staleness": 1000000,
+                     # the bigram policies spin through thousands of ~0 s steps here and drift apart, and the
+                     # likelihood screen then rightly rejects a peer's completions (seen: A screened out C's after
+                     # ~3,700 steps, so "A and C train on each other's samples" timed out); the screen is tested
+                     # in test_screen.py, test_node_trust.py and the hostile suite
+                     "screen": {"enabled": False}},
     }
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     return path

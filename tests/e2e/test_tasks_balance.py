@@ -225,7 +225,7 @@ def test_verifier_refuses_a_peer_tree_the_balance_rejects_as_foreign_task(balanc
 
     now = [1767225600.0]
     clock = lambda: now[0]  # noqa: E731
-    cfg = SwarmConfig(swarm_id="balance-test", max_bundle_bytes=64 * 1024, ban_after=1000)
+    cfg = SwarmConfig(swarm_id="balance-test", trust={"max_bundle_bytes": 64 * 1024, "ban_after": 1000})
     peers = PeerBook(ban_after=1000, ban_seconds=600.0, rate_limit_per_minute=10_000.0, clock=clock)
     v = Verifier(cfg, balanced, 256, BYTE_TOKENIZER_ID, peers=peers, clock=clock, detokenize=byte_detokenize)
     fac = HostileFactory(Identity.from_private_bytes(hashlib.sha256(b"balance peer").digest()), balanced,

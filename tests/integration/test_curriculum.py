@@ -319,8 +319,9 @@ def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
     fast = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout": 60.0}
 
     def client(name, peers=()):
-        cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=list(peers), dht_timeout=5.0,
-                                          curriculum={"enabled": True}))
+        cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=swarm_id,
+                                          net={"initial_peers": list(peers), "dht_timeout": 5.0}),
+                        levers={"curriculum": {"enabled": True}})
         ident = Identity.from_private_bytes(hashlib.sha256(f"test_curriculum {name}".encode()).digest())
         return SwarmClient(cfg, ident, mix, 256, "m", BYTE_TOKENIZER_ID, byte_tokenize, tmp_path / name,
                            heartbeat_interval=1.0, dht_kwargs=fast)
@@ -351,7 +352,7 @@ def test_rates_travel_in_heartbeats_between_real_clients(tmp_path):
         assert by_peer[a.peer_id].rates == {key_a: (16, 8)} and 0 <= by_peer[a.peer_id].age_s < 90
         # a has earned no standing at b yet: with b's own vote the only trusted one, a's vote takes no seat
         assert by_peer[a.peer_id].standing == 0
-        est = b.scfg.established_after
+        est = b.scfg.trust.established_after
         assert combine_rates([key_a], {key_a: (16, 1)}, seen, own_peer_id=b.peer_id,
                              established_after=est)[key_a] == pytest.approx(1 / 16)
         # b admits one useful (mixed) tree of a and trains on it (the node's credit): standing 1, still a young
@@ -423,14 +424,14 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 24},
         "train": {"micro_batch_size": 8},
-        "swarm": {"curriculum": {"enabled": True, "min_samples": 4}, "screen": {"enabled": False}},
+        "levers": {"curriculum": {"enabled": True, "min_samples": 4}}, "external": {"screen": {"enabled": False}},
         "checkpoint": {"save_steps": 1000},
     })
     node = Node(cfg)
     keys = [node.tasks.source_key(i) for i in range(len(node.tasks.sources))]
     crowd = {k: (16, 0) for k in keys} | {keys[-1]: (16, 8)}  # starve every task but the last one
     # peers with earned standing (keys without it never outvote our own rates): still bounded whatever they claim
-    node.swarm = sw = RatesSwarm(peers(3000, crowd, standing=cfg.swarm.established_after))
+    node.swarm = sw = RatesSwarm(peers(3000, crowd, standing=cfg.swarm.trust.established_after))
     try:
         ms = [node.run_step().metrics for _ in range(2)]
         weights, _ = node.task_weights()
@@ -438,7 +439,7 @@ def test_round_loop_draws_with_bounded_curriculum_weights(tmp_path):
         node.close()
     ctotal = sum(node.tasks.weights)
     for m in ms:
-        assert m["curriculum/voters"] == cfg.swarm.curriculum.max_voters  # the votes used, not the 3,000 read
+        assert m["curriculum/voters"] == cfg.levers.curriculum.max_voters  # the votes used, not the 3,000 read
         shares = [m[f"curriculum/share/{node._task_label(i)}"] for i in range(len(keys))]
         assert sum(shares) == pytest.approx(1.0)
         for share, w in zip(shares, node.tasks.weights):

@@ -173,9 +173,10 @@ FAST_DHT = {"health_interval": 0.5, "join_backoff": (0.5, 2.0), "startup_timeout
 
 def _client(tmp_path, name, mix, *, peers=(), tokenizer_id=BYTE_TOKENIZER_ID, swarm_kw=None, **kw) -> SwarmClient:
     # established_after=0: no young-key caps here (they have their own test in test_hostile_swarm.py)
-    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, initial_peers=list(peers), dht_timeout=5.0,
-                                      fetch_timeout=5.0, max_external_completion_length=256,
-                                      established_after=0, **(swarm_kw or {})))
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM,
+                                      net={"initial_peers": list(peers), "dht_timeout": 5.0, "fetch_timeout": 5.0},
+                                      trust={"established_after": 0}, **(swarm_kw or {})),
+                    external={"max_external_completion_length": 256})
     ident = Identity.from_private_bytes(hashlib.sha256(f"test_gossip {name}".encode()).digest())
     kw.setdefault("detokenize", byte_detokenize if tokenizer_id == BYTE_TOKENIZER_ID else None)
     return SwarmClient(cfg, ident, mix, 256, f"model-{name}", tokenizer_id, byte_tokenize, tmp_path / name,
@@ -340,8 +341,9 @@ def test_future_dated_heartbeats_are_left_out_of_the_peer_list(swarm):
 # ============================================================================ wiring of the policy objects (no network)
 # the policies themselves (fair order, budgets, retry states, young-key turns, peers' rates) are unit-tested with a
 # fake clock in tests/unit/swarm/test_swarm_policies.py
-def _offline_client(mix, **swarm) -> SwarmClient:
-    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, **swarm))
+def _offline_client(mix, *, external=None, levers=None, **swarm) -> SwarmClient:
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, **swarm), external=external or {},
+                    levers=levers or {})
     ident = Identity.from_private_bytes(hashlib.sha256(b"test_gossip offline").digest())
     return SwarmClient(cfg, ident, mix, 256, "m", BYTE_TOKENIZER_ID, byte_tokenize, None, start=False)
 
@@ -352,7 +354,7 @@ def test_gather_waits_for_a_busy_verifier_within_its_budget_only():
     from swarmnode.swarm.scheduler import Pending as _Pending
 
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, gather_budget_seconds=0.2)
+    c = _offline_client(mix, net={"gather_budget_seconds": 0.2})
     f = HostileFactory(Identity.from_private_bytes(hashlib.sha256(b"busy verifier").digest()), mix, swarm_id=SWARM)
     h = f.honest()
     c.scheduler.pending.append(_Pending(h.data, h.manifest, h.sender, time.time()))
@@ -392,8 +394,8 @@ def test_the_client_wires_standing_admission_and_heartbeats_to_its_policy_object
     from swarmnode.rollout.peer_tree import PeerTree
 
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, num_external=4, young_key_trees=1, max_trees_per_peer=3, established_after=4,
-                        curriculum={"enabled": True})
+    c = _offline_client(mix, external={"num_external": 4}, levers={"curriculum": {"enabled": True}},
+                        trust={"young_key_trees": 1, "max_trees_per_peer": 3, "established_after": 4})
     try:
         assert c.admission.peers is c.peers and c.book.peers is c.peers and c.scheduler.peers is c.peers
         assert (c.admission.max_trees_per_peer, c.admission.established_after, c.admission.max_young_trees) == (3, 4, 2)
@@ -426,11 +428,12 @@ def test_heartbeat_time_checks():
 
 def test_every_client_knob_comes_from_the_swarm_config():
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, poll_interval=1.5, heartbeat_interval=7.0, gather_budget_seconds=2.5,
-                        max_pending_bundles=5, max_concurrent_fetches=3, store_bytes=8 * 1024 * 1024,
-                        fetch_retries=2, fetch_relays=1, max_fetches_per_publisher=2,
-                        publisher_fetch_budget_seconds=4.0, max_concurrent_serves=9, max_serves_per_peer=2,
-                        serve_first_byte_timeout=0.5, max_young_trees=3)
+    c = _offline_client(mix, net={"poll_interval": 1.5, "heartbeat_interval": 7.0, "gather_budget_seconds": 2.5,
+                                  "max_pending_bundles": 5, "max_concurrent_fetches": 3,
+                                  "store_bytes": 8 * 1024 * 1024, "fetch_retries": 2, "fetch_relays": 1,
+                                  "max_fetches_per_publisher": 2, "publisher_fetch_budget_seconds": 4.0,
+                                  "max_concurrent_serves": 9, "max_serves_per_peer": 2,
+                                  "serve_first_byte_timeout": 0.5}, trust={"max_young_trees": 3})
     try:
         assert (c.poll_interval, c.heartbeat_interval, c.gather_budget_s, c.max_pending) == (1.5, 7.0, 2.5, 5)
         assert (c.max_concurrent_fetches, c.server.store.max_total_bytes) == (3, 8 * 1024 * 1024)
@@ -445,14 +448,14 @@ def test_every_client_knob_comes_from_the_swarm_config():
         assert c.admission.max_young_trees == 3 and c.gatherer.gather_budget_s == 2.5
     finally:
         c.close()
-    d = SwarmClient(RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, max_pending_bundles=5)),
+    d = SwarmClient(RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, net={"max_pending_bundles": 5})),
                     Identity.from_private_bytes(hashlib.sha256(b"x").digest()), mix, 256, "m", BYTE_TOKENIZER_ID,
                     byte_tokenize, None, max_pending=9, poll_interval=0.25, start=False)
     try:  # constructor arguments win over the config (tests and benchmarks use them)
-        assert (d.max_pending, d.poll_interval, d.publisher_budget_s) == (9, 0.25, 2 * d.scfg.fetch_timeout)
+        assert (d.max_pending, d.poll_interval, d.publisher_budget_s) == (9, 0.25, 2 * d.scfg.net.fetch_timeout)
         assert (d.scheduler.max_pending, d.fetcher.poll_interval) == (9, 0.25)
         # None -> max(1, num_external // 2)
-        assert d.max_young_trees == d.admission.max_young_trees == max(1, d.scfg.num_external // 2)
+        assert d.max_young_trees == d.admission.max_young_trees == max(1, d.cfg.external.num_external // 2)
     finally:
         d.close()
 
@@ -619,7 +622,7 @@ def test_a_copier_verified_first_earns_nothing_and_the_author_gets_the_standing(
     from swarmnode.swarm.scheduler import Pending as _Pending
 
     mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, established_after=4, max_external_completion_length=256)
+    c = _offline_client(mix, trust={"established_after": 4}, external={"max_external_completion_length": 256})
     author = Identity.from_private_bytes(hashlib.sha256(b"test_gossip author").digest())
     copier = Identity.from_private_bytes(hashlib.sha256(b"test_gossip copier").digest())
     fa = HostileFactory(author, mix, swarm_id=SWARM)

@@ -45,7 +45,7 @@ def mix() -> TaskMix:
 
 
 def _verifier(mix: TaskMix) -> Verifier:
-    return Verifier(SwarmConfig(swarm_id="attrib", ban_after=3), mix, 256, BYTE_TOKENIZER_ID,
+    return Verifier(SwarmConfig(swarm_id="attrib", trust={"ban_after": 3}), mix, 256, BYTE_TOKENIZER_ID,
                     detokenize=byte_detokenize)
 
 
@@ -103,7 +103,8 @@ def test_a_node_knows_the_rollouts_it_published(mix, tmp_path):
     from swarmnode.swarm.prune import prune_trees
 
     # the factory's completions are longer than sampling.max_completion_length (the default token cap)
-    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id="attrib", max_external_completion_length=256))
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id="attrib"),
+                    external={"max_external_completion_length": 256})
     client = SwarmClient(cfg, HONEST, mix, 256, "m", BYTE_TOKENIZER_ID, None, None, start=False)
     try:
         trees = HostileFactory(HONEST, mix, swarm_id="attrib").honest_trees(2, 4)
@@ -199,13 +200,13 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
         "sampling.prompts_per_step": 2, "sampling.num_generations": 4, "train.micro_batch_size": 8,
         "train.drop_zero_variance_groups": False,  # every step trains on its local samples, whatever the rewards
         "checkpoint.save_steps": 1000, "swarm.enabled": True, "swarm.swarm_id": f"hostile-{time.time_ns() % 10**9}",
-        "swarm.identity_path": str(rd / "identity.pem"), "swarm.ban_after": 1000,  # count every class, never ban
-        "swarm.fetch_timeout": FETCH_TIMEOUT, "swarm.dht_timeout": 5.0, "swarm.bucket_seconds": 10.0,
-        "swarm.max_bundle_bytes": 64 * 1024,
-        "swarm.max_external_completion_length": 256,  # the factory's completions exceed max_completion_length
+        "swarm.identity_path": str(rd / "identity.pem"), "swarm.trust.ban_after": 1000,  # count every class, never ban
+        "swarm.net.fetch_timeout": FETCH_TIMEOUT, "swarm.net.dht_timeout": 5.0, "swarm.net.bucket_seconds": 10.0,
+        "swarm.trust.max_bundle_bytes": 64 * 1024,
+        "external.max_external_completion_length": 256,  # the factory's completions exceed max_completion_length
         # the honest peer here is synthetic (HostileFactory trees, not sampled by our policy), which the likelihood
         # screen rightly rejects; the screen is tested in test_screen.py and test_node_trust.py
-        "swarm.screen.enabled": False,
+        "external.screen.enabled": False,
     })
     node = Node(cfg)
     honest = hostile = None
@@ -223,7 +224,8 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
 
         same_tok = {"tokenize": tokenize, "tokenizer_id": node.policy.tokenizer_id, "vocab_size": client.vocab_size}
         honest_cfg = cfg.model_copy(update={"swarm": cfg.swarm.model_copy(update={
-            "ban_after": 3, "initial_peers": client.maddrs(), "identity_path": None})})
+            "trust": cfg.swarm.trust.model_copy(update={"ban_after": 3}),
+            "net": cfg.swarm.net.model_copy(update={"initial_peers": client.maddrs()}), "identity_path": None})})
         honest = SwarmClient(honest_cfg, HONEST, node.tasks, client.vocab_size, "honest/model",
                              node.policy.tokenizer_id, tokenize, None, detokenize=detokenize, poll_interval=0.5,
                              heartbeat_interval=2.0, dht_kwargs=FAST_DHT)
@@ -379,7 +381,7 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
     """Issue 12, finding 5, over the real network: three keys keep announcing honest-looking bundles dated 25 s
     ahead (inside the 30 s skew) whose bodies hang on the stream, 16 new ones per key per step, beside an honest
     publisher. The training node still accepts and trains on every honest bundle, keeps stepping, never accepts
-    anything of the hanging keys, and rate-limits their manifests (swarm.rate_limit_per_minute)."""
+    anything of the hanging keys, and rate-limits their manifests (swarm.trust.rate_limit_per_minute)."""
     from swarmnode.node import Node
     from swarmnode.testing.adversary import HostilePeer
     from swarmnode.swarm.gossip import SwarmClient, build_swarm
@@ -390,11 +392,11 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
         "sampling.prompts_per_step": 2, "sampling.num_generations": 4, "train.micro_batch_size": 8,
         "train.drop_zero_variance_groups": False, "checkpoint.save_steps": 1000, "swarm.enabled": True,
         "swarm.swarm_id": f"hanging-{time.time_ns() % 10**9}", "swarm.identity_path": str(rd / "identity.pem"),
-        "swarm.fetch_timeout": FETCH_TIMEOUT, "swarm.dht_timeout": 5.0, "swarm.bucket_seconds": 10.0,
-        "swarm.max_bundle_bytes": 64 * 1024, "swarm.rate_limit_per_minute": 40.0,
+        "swarm.net.fetch_timeout": FETCH_TIMEOUT, "swarm.net.dht_timeout": 5.0, "swarm.net.bucket_seconds": 10.0,
+        "swarm.trust.max_bundle_bytes": 64 * 1024, "swarm.trust.rate_limit_per_minute": 40.0,
         # the honest publisher here is synthetic (HostileFactory trees, longer than our completions and not
         # sampled by our policy): the length cap and the likelihood screen would rightly reject it
-        "swarm.max_external_completion_length": 256, "swarm.screen.enabled": False,
+        "external.max_external_completion_length": 256, "external.screen.enabled": False,
     })
     node = Node(cfg)
     honest = None
@@ -410,7 +412,7 @@ def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path
 
         same_tok = {"tokenize": tokenize, "tokenizer_id": node.policy.tokenizer_id, "vocab_size": client.vocab_size}
         honest_cfg = cfg.model_copy(update={"swarm": cfg.swarm.model_copy(update={
-            "initial_peers": client.maddrs(), "identity_path": None})})
+            "net": cfg.swarm.net.model_copy(update={"initial_peers": client.maddrs()}), "identity_path": None})})
         honest = SwarmClient(honest_cfg, HONEST, node.tasks, client.vocab_size, "honest/model",
                              node.policy.tokenizer_id, tokenize, None, poll_interval=3600.0, heartbeat_interval=5.0,
                              dht_kwargs=FAST_DHT)
@@ -495,12 +497,12 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
     from swarmnode.train.external import select_external
 
     sid = f"sybil-{time.time_ns() % 10**9}"
-    base = dict(enabled=True, swarm_id=sid, fetch_timeout=FETCH_TIMEOUT, dht_timeout=5.0, bucket_seconds=10.0,
-                max_external_completion_length=256)  # the factory's completions exceed max_completion_length
+    net = dict(fetch_timeout=FETCH_TIMEOUT, dht_timeout=5.0, bucket_seconds=10.0)
 
     def receiver(name: str, **caps) -> SwarmClient:
         peers = [] if name == "capped" else victims[0].maddrs()
-        cfg = RunConfig(swarm=SwarmConfig(**base, initial_peers=peers, **caps))
+        cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=sid, net={**net, "initial_peers": peers}, trust=caps),
+                        external={"max_external_completion_length": 256})  # the factory's completions are longer
         ident = Identity.from_private_bytes(hashlib.sha256(f"test_hostile_swarm receiver {name}".encode()).digest())
         return SwarmClient(cfg, ident, mix, 256, f"model-{name}", BYTE_TOKENIZER_ID, None, tmp_path / name,
                            detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=5.0,
@@ -665,11 +667,11 @@ def test_a_flood_of_free_keys_in_the_bucket_key_does_not_hide_an_established_pub
     from swarmnode.testing.adversary import HostilePeer
 
     sid = f"flood-{time.time_ns() % 10**9}"
-    scfg = SwarmConfig(enabled=True, swarm_id=sid, fetch_timeout=FETCH_TIMEOUT, dht_timeout=10.0, bucket_seconds=30.0,
-                       max_external_completion_length=256)
+    scfg = SwarmConfig(enabled=True, swarm_id=sid, net={"fetch_timeout": FETCH_TIMEOUT, "dht_timeout": 10.0,
+                                                        "bucket_seconds": 30.0})
     ident = Identity.from_private_bytes(hashlib.sha256(b"test_hostile_swarm flood receiver").digest())
-    victim = SwarmClient(RunConfig(swarm=scfg), ident, mix, 256, "model-victim", BYTE_TOKENIZER_ID, None,
-                         tmp_path / "victim", detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=5.0,
+    victim = SwarmClient(RunConfig(swarm=scfg, external={"max_external_completion_length": 256}), ident, mix, 256,
+                         "model-victim", BYTE_TOKENIZER_ID, None, tmp_path / "victim", detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=5.0,
                          dht_kwargs=FAST_DHT)
     honest = flooder = None
     try:

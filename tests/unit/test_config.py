@@ -3,8 +3,9 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
-from swarmnode.config import DEFAULT_CONFIG_PATH, ConfigError, RunConfig, dump_config, load_config
+from swarmnode.config import DEFAULT_CONFIG_PATH, ConfigError, RunConfig, SwarmConfig, dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,7 +163,7 @@ def test_duplicate_key_is_an_error_naming_file_and_key(tmp_path):
         ("steps: true\n", "steps"),
         ("train:\n  learning_rate: true\n", "train.learning_rate"),
         ("sampling:\n  num_generations: false\n", "sampling.num_generations"),
-        ("swarm:\n  fetch_timeout: true\n", "swarm.fetch_timeout"),
+        ("swarm:\n  net:\n    fetch_timeout: true\n", "swarm.net.fetch_timeout"),
         ("train:\n  step_reward_weight: false\n", "train.step_reward_weight"),
     ],
 )
@@ -174,6 +175,111 @@ def test_a_boolean_is_not_a_number_for_any_numeric_key(tmp_path, text, key):
 
 def test_boolean_keys_still_take_booleans(tmp_path):
     p = tmp_path / "b.yaml"
-    p.write_text("eval_at_start: false\nswarm:\n  external_step_credit: false\n")
+    p.write_text("eval_at_start: false\nexternal:\n  external_step_credit: false\n")
     cfg = load_config(p)
-    assert cfg.eval_at_start is False and cfg.swarm.external_step_credit is False
+    assert cfg.eval_at_start is False and cfg.external.external_step_credit is False
+
+
+# ------------------------------------------------------------------------------------------ old swarm keys
+def _config_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "swarmnode.config"]
+
+
+def test_sections_by_consumer_and_derived_values_are_plain():
+    cfg = RunConfig.model_validate({"swarm": {"net": {"bucket_seconds": 4.0, "fetch_timeout": 3.0}},
+                                    "external": {"num_external": 6}, "sampling": {"max_completion_length": 40}})
+    assert cfg.swarm.net.poll_interval == 1.0  # min(2, 4 / 4)
+    assert (cfg.swarm.net.gather_budget_seconds, cfg.swarm.net.publisher_fetch_budget_seconds) == (3.0, 6.0)
+    assert cfg.swarm.trust.max_young_trees == 3 and cfg.external.max_external_completion_length == 40
+    given = RunConfig.model_validate({"swarm": {"net": {"poll_interval": 0.5}, "trust": {"max_young_trees": 0}}})
+    assert given.swarm.net.poll_interval == 0.5 and given.swarm.trust.max_young_trees == 0
+    # a dump keeps "derived" (None), so a reloaded config whose inputs changed derives again
+    d = cfg.model_dump(mode="json")
+    assert d["swarm"]["net"]["poll_interval"] is None and d["swarm"]["trust"]["max_young_trees"] is None
+    d["external"]["num_external"] = 10
+    assert RunConfig.model_validate(d).swarm.trust.max_young_trees == 5
+    assert RunConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+    # an assignment to a key a derived value depends on derives it again
+    cfg.swarm.net.fetch_timeout = 1.0
+    assert cfg.swarm.net.gather_budget_seconds == 1.0
+
+
+def test_old_swarm_keys_in_a_file_map_to_the_new_ones_with_one_warning_each(tmp_path, caplog):
+    p = tmp_path / "old.yaml"
+    p.write_text("swarm:\n  enabled: true\n  num_external: 6\n  bucket_seconds: 8.0\n  ban_after: 5\n"
+                 "  screen:\n    enabled: false\n  curriculum:\n    enabled: true\n")
+    caplog.set_level("WARNING", logger="swarmnode.config")
+    cfg = load_config(p)
+    assert cfg.swarm.enabled and cfg.external.num_external == 6 and cfg.swarm.net.bucket_seconds == 8.0
+    assert cfg.swarm.trust.ban_after == 5 and cfg.external.screen.enabled is False
+    assert cfg.levers.curriculum.enabled is True
+    warned = _config_warnings(caplog)
+    assert len(warned) == 5, warned
+    for old, new in (("swarm.num_external", "external.num_external"), ("swarm.bucket_seconds",
+                     "swarm.net.bucket_seconds"), ("swarm.ban_after", "swarm.trust.ban_after"),
+                     ("swarm.screen", "external.screen"), ("swarm.curriculum", "levers.curriculum")):
+        assert sum(f"{old} " in m and new in m for m in warned) == 1, (old, warned)
+    # the saved config is the new layout and loads without a warning
+    caplog.clear()
+    q = tmp_path / "new.yaml"
+    q.write_text(dump_config(cfg))
+    assert load_config(q) == cfg and not _config_warnings(caplog)
+    assert "num_external" not in yaml.safe_load(q.read_text())["swarm"]
+
+
+def test_old_override_keys_map_to_the_new_ones(caplog):
+    caplog.set_level("WARNING", logger="swarmnode.config")
+    cfg = load_config(None, {"swarm.num_external": 3, "swarm.screen.enabled": False, "swarm.dht_timeout": 2.0,
+                             "swarm.rescue.max_merged": 2})
+    assert cfg.external.num_external == 3 and cfg.external.screen.enabled is False
+    assert cfg.swarm.net.dht_timeout == 2.0 and cfg.levers.rescue.max_merged == 2
+    warned = _config_warnings(caplog)
+    assert len(warned) == 4 and any("swarm.screen.enabled" in m and "external.screen.enabled" in m for m in warned)
+
+
+def test_an_override_with_an_old_key_wins_over_the_files_new_key(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("external:\n  num_external: 6\n")
+    assert load_config(p, {"swarm.num_external": 2}).external.num_external == 2
+
+
+def test_old_and_new_key_together_is_an_error(tmp_path):
+    msg = _err(tmp_path, "swarm:\n  num_external: 2\nexternal:\n  num_external: 3\n")
+    assert "swarm.num_external" in msg and "external.num_external" in msg and "both" in msg
+    msg = _err(tmp_path, "swarm:\n  bucket_seconds: 2\n  net:\n    bucket_seconds: 3\n")
+    assert "swarm.bucket_seconds" in msg and "swarm.net.bucket_seconds" in msg
+    with pytest.raises(ConfigError, match="both"):
+        load_config(None, {"swarm.num_external": 2, "external.num_external": 3})
+    with pytest.raises(ValueError, match="both"):
+        RunConfig.model_validate({"swarm": {"screen": {}}, "external": {"screen": {}}})
+
+
+def test_unknown_keys_stay_unknown_under_old_and_new_sections(tmp_path):
+    msg = _err(tmp_path, "swarm:\n  num_externals: 2\n")
+    assert "swarm.num_externals" in msg and "unknown key" in msg
+    msg = _err(tmp_path, "swarm:\n  screen:\n    enabeld: false\n")
+    assert "external.screen.enabeld" in msg and "unknown key" in msg
+    msg = _err(tmp_path, "external:\n  bucket_seconds: 2\n")
+    assert "external.bucket_seconds" in msg and "unknown key" in msg
+
+
+def test_swarm_set_of_the_bench_maps_old_keys(caplog):
+    from swarmnode.bench.swarm.plan import parse_swarm_set
+
+    caplog.set_level("WARNING", logger="swarmnode.config")
+    got = parse_swarm_set("swarm.rescue.max_merged=2,swarm.fetch_timeout=3,train.learning_rate=2e-5")
+    assert got == (("levers.rescue.max_merged", "2"), ("swarm.net.fetch_timeout", "3"), ("train.learning_rate", "2e-5"))
+    assert len(_config_warnings(caplog)) == 2
+    with pytest.raises(ValueError, match="external.num_external"):  # still a key the benchmark sets itself
+        parse_swarm_set("swarm.num_external=3")
+
+
+def test_every_old_key_names_a_field_of_its_new_section():
+    from swarmnode.config.aliases import OLD_KEYS
+
+    for old, new in OLD_KEYS.items():
+        model = RunConfig
+        for part in new.split("."):
+            assert part in model.model_fields, (old, new)
+            model = model.model_fields[part].annotation
+        assert old.split(".")[1] not in SwarmConfig.model_fields, old

@@ -8,7 +8,7 @@
 - no absolute path of a build machine (``/work/…``, ``/root/…``, ``/home/<user>/…``, ``/Users/…``) in the docs,
   the README or ``configs/``: commands in the docs use paths relative to the checkout;
 - ``docs/reference/config.md`` is what ``python scripts/gen_config_reference.py`` writes from
-  ``swarmnode/config.py`` today.
+  ``swarmnode/config/`` today.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_config_reference_is_fresh():
     gen = _generator()
     committed = (ROOT / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
     assert committed == gen.render(), (
-        f"docs/reference/config.md is stale (swarmnode/config.py changed): run `{gen.COMMAND}` and commit the page"
+        f"docs/reference/config.md is stale (swarmnode/config/ changed): run `{gen.COMMAND}` and commit the page"
     )
 
 
@@ -136,6 +136,6 @@ def test_config_reference_lists_every_field():
     assert len(all_keys) > 100  # the walk reached the nested sections
     missing = [k for k in all_keys if f"**`{k}`**" not in page]
     assert not missing, f"config keys missing from docs/reference/config.md: {missing}"
-    for key, bound in (("train.learning_rate", "x > 0"), ("swarm.max_peer_share", "0 < x <= 1")):
+    for key, bound in (("train.learning_rate", "x > 0"), ("external.max_peer_share", "0 < x <= 1")):
         line = next(ln for ln in page.splitlines() if ln.startswith(f"- **`{key}`**"))
         assert bound in line, line

@@ -7,7 +7,7 @@ compute per node**:
 
 * split ``I/J``: every node, swarm or isolated, samples ``I`` prompts x ``num_generations`` completions per
   step (``sampling.prompts_per_step = I``). A swarm node additionally receives up to ``J`` external groups
-  (``swarm.num_external = J``, ``swarm.max_external_share = J / (I + J)``). An isolated node trains on its
+  (``external.num_external = J``, ``external.max_external_share = J / (I + J)``). An isolated node trains on its
   ``I`` groups only. ``8/0`` is the same run in both settings (it is run once, as the isolated baseline).
 * node ``i`` (0-based) samples with ``seed = i`` and draws its questions from task stream ``i``
   (:meth:`swarmnode.tasks.mix.TaskMix.refs_for_step` with ``stream=i``); every node keeps the same
@@ -35,7 +35,7 @@ Solo and swarm arms may be run by separate commands side by side (``--splits 8/0
 --no-isolated``, same ``--work-dir`` and ``--repeats``); ``scripts/swarm_bench_report.py <work dir>`` then
 reports them together, pairing repeats by index (:func:`report_from_arm_dirs`).
 
-Swarm-side levers: ``--levers rescue`` adds arms with ``swarm.rescue.enabled`` (peers answer the questions a node
+Swarm-side levers: ``--levers rescue`` adds arms with ``levers.rescue.enabled`` (peers answer the questions a node
 got all wrong), and ``--swarm-set KEY=VALUE[,...]`` (:func:`parse_swarm_set`) overrides dotted config keys of the
 swarm arms only (e.g. ``train.learning_rate`` for the larger batch of ``I + J`` groups), shown in the arm's name
 and label and validated by the strict config before anything runs.

@@ -60,8 +60,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                     "repeats K..K+R-1, to add repeats to an earlier benchmark in the same --work-dir "
                     "(scripts/swarm_bench_report.py reports them together)")
     ap.add_argument("--levers", default="none", help="swarm arms with the swarm levers: a comma-separated subset of "
-                    "none,curriculum,expansion,both,specialize,rescue (swarm.curriculum / swarm.expansion; "
-                    "specialize: node i weights task source i mod T by 4; rescue: swarm.rescue.enabled, peers "
+                    "none,curriculum,expansion,both,specialize,rescue (levers.curriculum / levers.expansion; "
+                    "specialize: node i weights task source i mod T by 4; rescue: levers.rescue.enabled, peers "
                     "answer a node's all-wrong questions)")
     ap.add_argument("--swarm-set", action="append", default=None, help="KEY=VALUE[,KEY=VALUE] config overrides "
                     "(dotted keys) of the swarm arms only, e.g. train.learning_rate=2e-5 for the larger batch; shown "

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 NORMALIZATIONS = ("per_source", "joint")
 OFF_POLICY_MODES = ("none", "luffy", "tis")
 LEVERS = ("none", "curriculum", "expansion", "both", "specialize", "rescue")
-"""``--levers``: the swarm levers an arm runs with (``swarm.curriculum``, ``swarm.expansion``,
-``specialize``: heterogeneous task weights, :data:`SPECIALIZE_WEIGHT`, or ``rescue``: ``swarm.rescue.enabled``,
+"""``--levers``: the swarm levers an arm runs with (``levers.curriculum``, ``levers.expansion``,
+``specialize``: heterogeneous task weights, :data:`SPECIALIZE_WEIGHT`, or ``rescue``: ``levers.rescue.enabled``,
 peers answer the questions a node got all wrong)."""
 SPECIALIZE_WEIGHT = 4.0
 """``--levers specialize``: node ``i`` multiplies the weight of task source ``i mod T`` (``T`` sources) by this
@@ -68,22 +68,24 @@ def _dir_safe(text: str) -> str:
 
 BENCH_CONTROLLED_KEYS = ("seed", "steps", "run_dir", "eval_every", "eval_at_start", "status_port", "checkpoint",
                          "model.name_or_path", "sampling.prompts_per_step", "tasks.eval_size", "tasks.stream",
-                         "tasks.seed", "swarm.enabled", "swarm.num_external", "swarm.swarm_id",
-                         "swarm.identity_path", "swarm.host_maddrs", "swarm.initial_peers")
+                         "tasks.seed", "swarm.enabled", "external.num_external", "swarm.swarm_id",
+                         "swarm.identity_path", "swarm.net.host_maddrs", "swarm.net.initial_peers")
 """Config keys (and sections) the benchmark sets itself to keep the comparison fair and the swarm private (seeds,
 question streams, equal local prompts, the model pairing, J from the split, the loopback swarm): ``--swarm-set``
 refuses them and the keys under them."""
 
 
 def parse_swarm_set(text: str | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
-    """Parse ``--swarm-set`` (``"train.learning_rate=2e-5,swarm.rescue.max_merged=2"``, or a list of such items)
-    into ``(("train.learning_rate", "2e-5"), ("swarm.rescue.max_merged", "2"))``: dotted config keys and their
+    """Parse ``--swarm-set`` (``"train.learning_rate=2e-5,levers.rescue.max_merged=2"``, or a list of such items)
+    into ``(("train.learning_rate", "2e-5"), ("levers.rescue.max_merged", "2"))``: dotted config keys and their
     values as text (YAML-typed by :func:`apply_swarm_set`). A key given twice keeps its last value.
 
     Raises:
         ValueError: an item without ``=``, an empty key or value, a key with an empty dotted part, or a key of
             :data:`BENCH_CONTROLLED_KEYS` (named, with the flag to use instead where there is one).
     """
+    from swarmnode.config import migrate_key
+
     items = [text] if isinstance(text, str) else list(text or [])
     out: dict[str, str] = {}
     for chunk in items:
@@ -96,6 +98,7 @@ def parse_swarm_set(text: str | Sequence[str] | None) -> tuple[tuple[str, str], 
             if not eq or not key or not value or any(not p for p in key.split(".")):
                 raise ValueError(f"--swarm-set takes KEY=VALUE items with a dotted config key (e.g. "
                                  f"train.learning_rate=2e-5); got {item!r}")
+            key = migrate_key(key, "--swarm-set")  # an old flat swarm.* key: its new place, with a warning
             fixed = next((c for c in BENCH_CONTROLLED_KEYS if key == c or key.startswith(c + ".")), None)
             if fixed is not None:
                 raise ValueError(f"--swarm-set {key}: the benchmark sets {fixed} itself (equal compute, paired "
@@ -149,17 +152,17 @@ class Arm:
         local: I, prompts sampled per node per step.
         external: J, external groups a swarm node may add per step (0 for isolated arms).
         swarm: whether the nodes gossip (False: N independent nodes).
-        normalization / off_policy: ``swarm.normalization`` / ``swarm.off_policy`` (swarm arms only).
+        normalization / off_policy: ``external.normalization`` / ``external.off_policy`` (swarm arms only).
         hostile: one :class:`~swarmnode.testing.adversary.HostilePeer` process joins the swarm (swarm arms only):
             ``"network"`` attacks with every class of ``NETWORK_CASES``; ``"poison"`` publishes *poisoned but
             correct* groups (:meth:`~swarmnode.testing.adversary.HostilePeer.run_poison_round`); ``""`` none.
             ``True`` / ``False`` mean ``"network"`` / ``""``.
-        screen: ``swarm.screen.enabled`` of the honest nodes (False only for the "what if there were no screen"
+        screen: ``external.screen.enabled`` of the honest nodes (False only for the "what if there were no screen"
             arm of the poison benchmark).
-        curriculum / expansion: ``swarm.curriculum.enabled`` / ``swarm.expansion.enabled`` (swarm arms only).
+        curriculum / expansion: ``levers.curriculum.enabled`` / ``levers.expansion.enabled`` (swarm arms only).
         specialize: heterogeneous specialization (swarm arms only): node ``i`` weights task source ``i mod T``
             by :data:`SPECIALIZE_WEIGHT` (:func:`specialized_sources`).
-        rescue: ``swarm.rescue.enabled`` (swarm arms only): a node announces its all-wrong questions and its
+        rescue: ``levers.rescue.enabled`` (swarm arms only): a node announces its all-wrong questions and its
             peers answer them.
         overrides: ``--swarm-set`` config overrides of the swarm arms, ``((dotted key, value text), ...)`` in
             the order given (:func:`parse_swarm_set`); part of the name and the label. Lists (as JSON gives
@@ -235,7 +238,7 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     leaves out the isolated arms. ``levers`` (``--levers``, of :data:`LEVERS`): each swarm arm of the first
     normalization and off-policy mode is run once per lever set -- ``none`` (as is), ``curriculum``,
     ``expansion``, ``both``, ``specialize`` (heterogeneous task weights, no curriculum or expansion), ``rescue``
-    (``swarm.rescue.enabled``). ``swarm_set`` (:func:`parse_swarm_set`) goes into every swarm arm
+    (``levers.rescue.enabled``). ``swarm_set`` (:func:`parse_swarm_set`) goes into every swarm arm
     (``Arm.overrides``); isolated arms never get it.
 
     Raises:
@@ -306,16 +309,16 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
     prompts_per_step = I, steps, eval cadence, run dir, one checkpoint at the end, and for
     swarm arms ``swarm.enabled``, ``num_external = J``, ``max_external_share = J / (I + J)``, the
     normalization and off-policy mode, the levers (curriculum, expansion, and with ``arm.specialize`` the task
-    weights of :func:`specialized_sources`, ``swarm.rescue.enabled``), the ``--swarm-set`` overrides
+    weights of :func:`specialized_sources`, ``levers.rescue.enabled``), the ``--swarm-set`` overrides
     (``arm.overrides``, applied last, so they win), the node's identity file and its listen/bootstrap addresses.
 
     Raises:
-        ValueError: ``arm.rescue`` with a config that has no ``swarm.rescue``; an override the strict config
+        ValueError: ``arm.rescue`` with a config that has no ``levers.rescue``; an override the strict config
             refuses (unknown key, wrong type, impossible value) -- the message names the key.
     """
     from pydantic import ValidationError
 
-    from swarmnode.config import RunConfig, SwarmConfig
+    from swarmnode.config import LeversConfig, RunConfig
 
     d = base.model_dump(mode="json")
     if models:
@@ -332,26 +335,27 @@ def node_config(base: Any, arm: Arm, index: int, *, steps: int, eval_every: int,
     sw = d["swarm"]
     sw["enabled"] = bool(arm.swarm)
     if arm.swarm:
-        sw["num_external"] = int(arm.external)
-        sw["max_external_share"] = arm.external / (arm.local + arm.external)
-        sw["normalization"] = arm.normalization
-        sw["off_policy"] = arm.off_policy
+        ext, lev = d["external"], d.setdefault("levers", {})
+        ext["num_external"] = int(arm.external)
+        ext["max_external_share"] = arm.external / (arm.local + arm.external)
+        ext["normalization"] = arm.normalization
+        ext["off_policy"] = arm.off_policy
         if not arm.screen:
-            sw["screen"]["enabled"] = False
-        sw.setdefault("curriculum", {})["enabled"] = bool(arm.curriculum)
-        sw.setdefault("expansion", {})["enabled"] = bool(arm.expansion)
+            ext["screen"]["enabled"] = False
+        lev.setdefault("curriculum", {})["enabled"] = bool(arm.curriculum)
+        lev.setdefault("expansion", {})["enabled"] = bool(arm.expansion)
         if arm.specialize:
             d["tasks"]["sources"] = specialized_sources(d["tasks"]["sources"], index)
         if arm.rescue:
-            if "rescue" not in SwarmConfig.model_fields:
-                raise ValueError("--levers rescue needs swarm.rescue in the node config, and this version's "
-                                 "SwarmConfig has no 'rescue' key")
-            sw.setdefault("rescue", {})["enabled"] = True
+            if "rescue" not in LeversConfig.model_fields:
+                raise ValueError("--levers rescue needs levers.rescue in the node config, and this version's "
+                                 "LeversConfig has no 'rescue' key")
+            lev.setdefault("rescue", {})["enabled"] = True
         sw["swarm_id"] = swarm_id
         sw["identity_path"] = str(Path(run_dir) / "identity.pem")
         if host_maddrs:
-            sw["host_maddrs"] = list(host_maddrs)
-        sw["initial_peers"] = list(initial_peers)
+            sw["net"]["host_maddrs"] = list(host_maddrs)
+        sw["net"]["initial_peers"] = list(initial_peers)
         apply_swarm_set(d, arm.overrides)
     try:
         return RunConfig.model_validate(d)

@@ -238,7 +238,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
 
     Raises:
         ValueError: bad splits / modes / ``nodes < 2`` / ``steps < 1`` / a ``--swarm-set`` the strict config
-            refuses (names the key) / ``--levers rescue`` without ``swarm.rescue``. ConfigError: a bad config.
+            refuses (names the key) / ``--levers rescue`` without ``levers.rescue``. ConfigError: a bad config.
         RuntimeError: a node process failed (see :func:`run_arm`). The arms finished before it are reported
             first (``<out>/<prefix>.md`` covers them only; the message says so).
     """
@@ -267,7 +267,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         raise ValueError(f"--models must be a comma-separated list of models without empty entries; got {models!r}")
     for m in node_models or [base.model.name_or_path]:
         check_model_source(m)  # a bad local path fails here, not in N worker processes
-    for arm in arms:  # a bad --swarm-set key or value, or rescue without swarm.rescue, fails here
+    for arm in arms:  # a bad --swarm-set key or value, or rescue without levers.rescue, fails here
         node_config(base, arm, 0, steps=steps, eval_every=eval_every, eval_size=eval_size,
                     run_dir=Path(work_dir) / arm.name / "node-0", swarm_id="check")
     cmd = command or " ".join(shlex.quote(a) for a in ["swarmnode", *sys.argv[1:]])

@@ -239,7 +239,7 @@ def worker_main(spec_path: str | os.PathLike) -> int:
 
         client = build_swarm(cfg, node.policy, node.tasks, cfg.run_dir, model_id=node.base_model_id,
                              prompt_for=node.prompt_for, poll_interval=float(spec.get("poll_interval", 0.25)))
-        node.swarm = BufferedSwarm(client, per_step=2 * cfg.swarm.num_external)
+        node.swarm = BufferedSwarm(client, per_step=2 * cfg.external.num_external)
     counter = PayloadCounter(node, spec["payload"]) if spec.get("payload") else None
     before = node.evaluate()
     node.log_eval(before, "before")
@@ -343,7 +343,7 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     info = arm_dir / HOSTILE_INFO
     mode = spec.get("mode") or "network"
     poison = mode == "poison"
-    hp = HostilePeer(cfg.swarm, tasks, initial_peers=list(cfg.swarm.initial_peers), tokenize=tokenize,
+    hp = HostilePeer(cfg.swarm, tasks, initial_peers=list(cfg.swarm.net.initial_peers), tokenize=tokenize,
                      tokenizer_id=policy.tokenizer_id, vocab_size=vocab, seed=int(spec.get("seed", 0)),
                      model_id=policy.model_id if poison else "hostile/model")
     payload = str(spec.get("payload") or DEFAULT_PAYLOAD)
@@ -351,7 +351,7 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
 
     def one_round() -> None:
         if poison:
-            hp.run_poison_round(payload, max(1, int(cfg.swarm.num_external)), n_leaves, n_leaves // 2,
+            hp.run_poison_round(payload, max(1, int(cfg.external.num_external)), n_leaves, n_leaves // 2,
                                 eos_id=tok.eos_token_id)
         else:
             hp.run_round()

@@ -25,7 +25,7 @@ __all__ = ["CaseBuilder", "NETWORK_CASES", "NetworkCase", "TRANSPORT_CASES"]
 
 TRANSPORT_CASES: dict[str, str] = {
     "silent_stream": "a peer that accepts a bundle stream and never answers: the fetch must time out "
-                     "(swarm.fetch_timeout) and the next source be tried (tests/integration/test_transport.py)",
+                     "(swarm.net.fetch_timeout) and the next source be tried (tests/integration/test_transport.py)",
     "foreign_subkey": "a DHT record written under another publisher's owner-marked subkey: the record "
                       "validator refuses it (tests/integration/test_dht.py); the verifier-level counterpart is the "
                       "owner_mismatch case here",
@@ -79,7 +79,7 @@ NETWORK_CASES: dict[str, NetworkCase] = {c.name: c for c in (
     NetworkCase("stale", "manifest", "stale", None, False, "a bundle created an hour before the freshness window"),
     NetworkCase("future", "manifest", "future", "signer", False, "a bundle created an hour in the future"),
     NetworkCase("oversized", "manifest", "too_large", "signer", False,
-                "a signed bundle over the receivers' swarm.max_bundle_bytes (only when that cap is below the "
+                "a signed bundle over the receivers' swarm.trust.max_bundle_bytes (only when that cap is below the "
                 "protocol's 4 MiB; otherwise see overclaim)"),
     NetworkCase("flood", "manifest", "duplicate", None, False,
                 "many manifests announcing the exact bytes of a bundle that a victim already accepted"),

@@ -117,15 +117,15 @@ class HostilePeer:
         self.identity = identity or Identity.generate()
         self.public_key = self.identity.public_key_bytes
         self.peer_id = self.identity.peer_id
-        self.receiver_cap = min(int(swarm_cfg.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
-        self.read_buckets = int(swarm_cfg.read_buckets)
-        self.fetch_timeout = float(swarm_cfg.fetch_timeout)
-        self.dht_timeout = float(swarm_cfg.dht_timeout)
+        self.receiver_cap = min(int(swarm_cfg.trust.max_bundle_bytes), wire.MAX_ENVELOPE_BYTES)
+        self.read_buckets = int(swarm_cfg.net.read_buckets)
+        self.fetch_timeout = float(swarm_cfg.net.fetch_timeout)
+        self.dht_timeout = float(swarm_cfg.net.dht_timeout)
         self.vocab_size = int(vocab_size)
         self.factory = HostileFactory(self.identity, tasks, swarm_id=self.swarm_id, tokenize=tokenize,
                                       tokenizer_id=tokenizer_id, vocab_size=vocab_size,
-                                      model_id=model_id, freshness_seconds=swarm_cfg.freshness_seconds,
-                                      max_clock_skew=swarm_cfg.max_clock_skew, max_bundle_bytes=self.receiver_cap,
+                                      model_id=model_id, freshness_seconds=swarm_cfg.trust.freshness_seconds,
+                                      max_clock_skew=swarm_cfg.trust.max_clock_skew, max_bundle_bytes=self.receiver_cap,
                                       sender=None, seed=seed)
         self._builder = CaseBuilder(self.identity, self.swarm_id, tasks, self.factory, vocab_size=vocab_size,
                                     flood_copies=self.flood_copies, proven=self._proven_bundles)
@@ -144,14 +144,14 @@ class HostilePeer:
         self._lock = threading.Lock()
         dht_cls, server_cls, store_cls = network_classes()
         key = serialization.load_pem_private_key(self.identity.to_pem(), password=None)
-        read_window = (self.read_buckets + 1) * float(swarm_cfg.bucket_seconds)
+        read_window = (self.read_buckets + 1) * float(swarm_cfg.net.bucket_seconds)
         kw: dict[str, Any] = dict(
             swarm_ids=[self.swarm_id],
-            initial_peers=list(swarm_cfg.initial_peers if initial_peers is None else initial_peers),
+            initial_peers=list(swarm_cfg.net.initial_peers if initial_peers is None else initial_peers),
             host_maddrs=list(host_maddrs or ["/ip4/127.0.0.1/tcp/0"]),
-            bucket_seconds=float(swarm_cfg.bucket_seconds),
+            bucket_seconds=float(swarm_cfg.net.bucket_seconds),
             manifest_ttl=min(900.0, max(120.0, read_window)),
-            max_clock_skew=float(swarm_cfg.max_clock_skew),
+            max_clock_skew=float(swarm_cfg.trust.max_clock_skew),
             max_record_bytes=wire.MAX_RECORD_BYTES,
             call_timeout=self.dht_timeout,
             join_backoff=(1.0, 30.0),
@@ -269,7 +269,7 @@ class HostilePeer:
         records the other publishers' keys (the victims of ``foreign_subkey``).
 
         Args:
-            max_fetches: most fetch attempts this call (each bounded by ``swarm.fetch_timeout``).
+            max_fetches: most fetch attempts this call (each bounded by ``swarm.net.fetch_timeout``).
 
         Returns:
             The number of new victim-accepted bundles.
@@ -457,7 +457,7 @@ class HostilePeer:
             The hex digests announced (empty when the DHT store failed).
         """
         if future_s is None:
-            future_s = max(0.0, float(self.scfg.max_clock_skew) - 5.0)
+            future_s = max(0.0, float(self.scfg.trust.max_clock_skew) - 5.0)
         t = time.time() + float(future_s)
         return self.publish_bundles([self.factory.honest_trees(1, 4) for _ in range(int(n))], created_at=t,
                                     mode="hang", name="hanging")
@@ -519,7 +519,7 @@ class HostilePeer:
             return []
         key = manifest_key(self.swarm_id, self.dht.current_bucket())
         for victim in self.victims[:4]:
-            if self.dht.store_foreign(victim, key, record, ttl=float(self.scfg.bucket_seconds),
+            if self.dht.store_foreign(victim, key, record, ttl=float(self.scfg.net.bucket_seconds),
                                       timeout=self.dht_timeout):
                 self.foreign_store_accepted += 1
         with self._lock:
@@ -554,7 +554,7 @@ class HostilePeer:
         of :meth:`HostileFactory.poison_trees` (every claim true, every correct leaf carrying ``payload``).
 
         Nothing in it breaks a protocol rule, so honest nodes verify and may accept it; what keeps the payload
-        out of their models is the likelihood screen (``swarm.screen``) and the share caps. Counted under
+        out of their models is the likelihood screen (``external.screen``) and the share caps. Counted under
         ``"poison"`` in :attr:`published` / :meth:`requests_for`.
 
         Returns:

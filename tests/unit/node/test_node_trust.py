@@ -44,13 +44,13 @@ class CraftedSwarm:
         pass
 
 
-def make_cfg(tmp_path, **swarm) -> RunConfig:
+def make_cfg(tmp_path, **external) -> RunConfig:
     return RunConfig.model_validate({
         "steps": 3, "run_dir": str(tmp_path / "run"), "seed": 0,
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 12},
         "train": {"micro_batch_size": 8},
-        "swarm": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 0.5, **swarm},
+        "external": {"num_external": 4, "max_peer_share": 1.0, "max_external_share": 0.5, **external},
         "checkpoint": {"save_steps": 1000},
     })
 
@@ -231,7 +231,9 @@ def worked_tree(node: Node, step: int, peer: str = "steps") -> PeerTree:
 @pytest.mark.parametrize("on", [True, False])
 def test_peers_worked_solutions_get_our_step_credit(tmp_path, on):
     cfg = make_cfg(tmp_path, screen={"enabled": False}, max_external_share=1.0, external_step_credit=on)
-    cfg = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"max_completion_length": 160})})
+    d = cfg.model_dump()  # validated again, so the external length cap derived from it follows too
+    d["sampling"]["max_completion_length"] = 160
+    cfg = RunConfig.model_validate(d)
     _, (m,) = run_node(cfg, CraftedSwarm(lambda node, step: [worked_tree(node, step)]))
     assert m["external/failed"] == 0 and m["samples_external"] == 4
     if on:  # every line of the wrong-answer completions is right: its tokens are not pushed down

@@ -77,8 +77,9 @@ def make_cfg(tmp_path, **expansion) -> RunConfig:
         "model": {"name_or_path": "embedded", "device": "cpu", "dtype": "float32"},
         "sampling": {"prompts_per_step": 1, "num_generations": 2, "max_completion_length": 40},
         "train": {"micro_batch_size": 8},
-        "swarm": {"swarm_id": SWARM, "num_external": 2, "max_peer_share": 1.0, "screen": {"enabled": False},
-                  "expansion": {"enabled": True, "num_generations": 4, **expansion}},
+        "swarm": {"swarm_id": SWARM},
+        "external": {"num_external": 2, "max_peer_share": 1.0, "screen": {"enabled": False}},
+        "levers": {"expansion": {"enabled": True, "num_generations": 4, **expansion}},
         "checkpoint": {"save_steps": 1000},
     })
 
@@ -290,7 +291,7 @@ def test_a_prefix_with_a_wrong_step_is_not_continued(tmp_path):
 
     for screen in (False, True):
         cfg = make_cfg(tmp_path / str(screen))
-        cfg.swarm.screen.enabled = screen
+        cfg.external.screen.enabled = screen
         n = Node(cfg)
         try:
             tok = n.policy.tokenizer
@@ -329,7 +330,7 @@ def test_a_prefix_our_policy_would_not_write_is_not_continued(tmp_path):
     from swarmnode.rollout.generate import generate_rollouts
 
     cfg = make_cfg(tmp_path)
-    cfg.swarm.screen.enabled = True
+    cfg.external.screen.enabled = True
     cfg.sampling.max_completion_length = 128  # room for the injected prefix within the fork length limit
     n = Node(cfg)
     try:

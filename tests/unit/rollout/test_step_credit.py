@@ -281,7 +281,7 @@ def test_a_node_trains_with_step_credit(tmp_path):
         "sampling": {"prompts_per_step": 8, "num_generations": 4, "max_completion_length": 48},
         "train": {"micro_batch_size": 32, "step_credit": "mask", "step_reward_weight": 0.5,
                   "drop_zero_variance_groups": False},
-        "swarm": {"screen": {"enabled": False}},
+        "external": {"screen": {"enabled": False}},
         "checkpoint": {"save_steps": 1000},
     })
     node = Node(cfg)

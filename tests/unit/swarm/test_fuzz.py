@@ -63,7 +63,7 @@ class World:
 
     def verifier(self) -> Verifier:
         peers = PeerBook(ban_after=10**9, ban_seconds=1.0, rate_limit_per_minute=1e9, clock=clock)
-        cfg = SwarmConfig(swarm_id=SWARM, max_bundle_bytes=64 * 1024)
+        cfg = SwarmConfig(swarm_id=SWARM, trust={"max_bundle_bytes": 64 * 1024})
         return Verifier(cfg, self.mix, 256, BYTE_TOKENIZER_ID, retokenize=byte_tokenize, peers=peers, clock=clock,
                         detokenize=byte_detokenize)
 

@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from swarmnode.config import SwarmConfig
+from swarmnode.config import ExternalConfig, RunConfig, SwarmConfig
 from swarmnode.swarm import wire
 from swarmnode.testing.adversary import (
     BYTE_TOKENIZER_ID,
@@ -68,9 +68,9 @@ def clock() -> FakeClock:
 
 
 def make_verifier(mix, clock, *, ban_after=1000, rate=10_000.0, detokenize=byte_detokenize, **kw) -> Verifier:
-    cfg_kw = {k: kw.pop(k) for k in list(kw)
-              if k in ("allowlist", "freshness_seconds", "max_clock_skew", "replay_window_seconds")}
-    cfg = SwarmConfig(swarm_id=SWARM, max_bundle_bytes=CAP, ban_after=ban_after, **cfg_kw)
+    allow = {k: kw.pop(k) for k in list(kw) if k == "allowlist"}
+    trust = {k: kw.pop(k) for k in list(kw) if k in ("freshness_seconds", "max_clock_skew", "replay_window_seconds")}
+    cfg = SwarmConfig(swarm_id=SWARM, trust={"max_bundle_bytes": CAP, "ban_after": ban_after, **trust}, **allow)
     peers = PeerBook(ban_after=ban_after, ban_seconds=600.0, rate_limit_per_minute=rate, clock=clock)
     return Verifier(cfg, mix, 256, BYTE_TOKENIZER_ID, peers=peers, clock=clock, detokenize=detokenize, **kw)
 
@@ -608,8 +608,9 @@ def hf_tok():
 
 def hf_verifier(mix, clock, tok, **kw) -> Verifier:
     enc = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    cfg = SwarmConfig(swarm_id=SWARM, max_bundle_bytes=4 * 1024 * 1024, ban_after=1000,
-                      **{k: kw.pop(k) for k in list(kw) if k in ("max_bundle_tokens", "replay_window_seconds")})
+    cfg = SwarmConfig(swarm_id=SWARM, trust={"max_bundle_bytes": 4 * 1024 * 1024, "ban_after": 1000,
+                                             **{k: kw.pop(k) for k in list(kw)
+                                                if k in ("max_bundle_tokens", "replay_window_seconds")}})
     peers = PeerBook(ban_after=1000, ban_seconds=600.0, rate_limit_per_minute=10_000.0, clock=clock)
     kw.setdefault("max_completion_tokens", 64)
     return Verifier(cfg, mix, len(tok), tokenizer_digest(tok), enc, peers=peers, clock=clock,
@@ -905,8 +906,11 @@ def test_a_shared_node_costs_what_its_leaves_expand_to(peer_mix, clock):
 
 def test_max_external_completion_length_defaults(peer_mix, clock):
     cfg = SwarmConfig(swarm_id=SWARM)
-    assert cfg.max_external_completion_length is None and cfg.max_bundle_tokens >= 1
-    v = Verifier(SwarmConfig(swarm_id=SWARM, max_external_completion_length=7), peer_mix, 256, BYTE_TOKENIZER_ID)
+    assert ExternalConfig().max_external_completion_length is None and cfg.trust.max_bundle_tokens >= 1
+    assert RunConfig().external.max_external_completion_length == RunConfig().sampling.max_completion_length
+    run = RunConfig(swarm=SwarmConfig(swarm_id=SWARM), external=ExternalConfig(max_external_completion_length=7))
+    v = Verifier(run.swarm, peer_mix, 256, BYTE_TOKENIZER_ID,
+                 max_completion_tokens=run.external.max_external_completion_length)
     assert v.max_completion_tokens == 7
     with pytest.raises(ValueError):
         Verifier(cfg, peer_mix, 256, BYTE_TOKENIZER_ID, max_bundle_tokens=0)

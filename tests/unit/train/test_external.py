@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmnode.config import SwarmConfig
+from swarmnode.config import ExternalConfig
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
@@ -349,13 +349,13 @@ def test_token_budget_costs_trees_by_expanded_samples():
     out = select_external([big, small], 4, "contrast", 1.0, 0, max_tokens=10**6)
     assert set(map(id, out)) == {id(big), id(small)}
     # process_external: with our L = 32 and the drop policy nothing of the big tree is decoded
-    cfg = SwarmConfig(num_external=4, max_peer_share=1.0)
+    cfg = ExternalConfig(num_external=4, max_peer_share=1.0)
     samples, m = process_external([big, small], cfg, current_version=0, our_model_id=OUR_MODEL,
                                   our_tokenizer_id=OUR_TOK, rng=0, max_completion_length=32)
     assert m["external/max_completion_length"] == 32 and m["external/dropped_overlong"] == 255
     assert {s.source for s in samples} == {"external:Y"}
-    cfg = SwarmConfig(num_external=4, max_peer_share=1.0, external_length_policy="truncate",
-                      max_external_tokens_per_step=255 * 35 + 10)
+    cfg = ExternalConfig(num_external=4, max_peer_share=1.0, external_length_policy="truncate",
+                         max_external_tokens_per_step=255 * 35 + 10)
     samples, m = process_external([big, small], cfg, current_version=0, our_model_id=OUR_MODEL,
                                   our_tokenizer_id=OUR_TOK, rng=0, max_completion_length=32)
     assert max(len(s.completion_ids) for s in samples) == 32 and m["select/tokens"] == 255 * 35 + 10
@@ -527,8 +527,8 @@ def test_batch_never_exceeds_external_cap(n_local, ext_groups, share):
 
 # ------------------------------------------------------------------------------------------ one call
 def test_process_external_with_swarm_config():
-    cfg = SwarmConfig(num_external=3, max_peer_share=0.3, selection="contrast", max_external_completion_length=3,
-                      external_length_policy="truncate", off_policy="tis")
+    cfg = ExternalConfig(num_external=3, max_peer_share=0.3, selection="contrast", max_external_completion_length=3,
+                         external_length_policy="truncate", off_policy="tis")
     cands = [ext([1, 0, 0, 0], peer="A", task_index=1, lengths=[2, 2, 2, 6]), ext([1, 0], peer="A", task_index=2),
              ext([1, 0, 0], peer="B", task_index=3, model_id="foreign"), ext([1, 1], peer="C")]
     samples, m = process_external(cands, cfg, current_version=3, our_model_id=OUR_MODEL, our_tokenizer_id=OUR_TOK, rng=0)

@@ -278,7 +278,7 @@ def test_bad_rescue_values_are_rejected_with_their_reason(value, reason):
 
 # ============================================================================ the swarm client (no network)
 def _client(mix, **rescue) -> SwarmClient:
-    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM, rescue={"enabled": True, **rescue}))
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=SWARM), levers={"rescue": {"enabled": True, **rescue}})
     return SwarmClient(cfg, _ident("client"), mix, 256, "m", BYTE_TOKENIZER_ID, byte_tokenize, None, start=False)
 
 
@@ -298,8 +298,8 @@ def test_the_client_announces_cleaned_refs_and_reads_peers_requests(mix):
     now = time.time()
     c.note_peer_rates([_entry(asker, refs[:2], now), _entry(fresh, [refs[3]], now), _entry(banned, [refs[2]], now),
                        _entry(c.identity, [refs[0]], now),  # ourselves
-                       _entry(_ident("old"), [refs[0]], now - 10 * c.scfg.freshness_seconds)])
-    for _ in range(c.scfg.ban_after):
+                       _entry(_ident("old"), [refs[0]], now - 10 * c.scfg.trust.freshness_seconds)])
+    for _ in range(c.scfg.trust.ban_after):
         c.peers.record_reject(banned.peer_id, "bad_signature", True, "test")
     got = c.rescue_requests()
     assert {(p, r) for p, r in got} == {(asker.peer_id, refs[0]), (asker.peer_id, refs[1]), (fresh.peer_id, refs[3])}
@@ -371,7 +371,7 @@ def test_the_node_skips_rescue_with_a_swarm_hook_that_lacks_the_methods(mix):
         def publish(self, trees, step, policy_version):
             return {}
 
-    on = RunConfig(swarm=SwarmConfig(enabled=True, rescue={"enabled": True}))
+    on = RunConfig(swarm=SwarmConfig(enabled=True), levers={"rescue": {"enabled": True}})
     c = _client(mix)
     try:
         assert isinstance(c, RescueSwarm) and not isinstance(OldHook(), RescueSwarm)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swarmnode.config import ModelConfig, SwarmConfig
+from swarmnode.config import ExternalConfig, ModelConfig
 from swarmnode.policy.loading import load_policy
 from swarmnode.swarm.admission import Admission
 from swarmnode.swarm.peers import PeerBook
@@ -112,7 +112,7 @@ def test_warmup_trains_nothing_and_charges_no_one(policy):
 
 
 def test_screen_config_defaults_on():
-    assert SwarmConfig().screen.enabled is True
+    assert ExternalConfig().screen.enabled is True
 
 
 def test_extreme_behaviour_claims_are_discarded_before_tis(policy):

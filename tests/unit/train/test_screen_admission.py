@@ -1,4 +1,4 @@
-"""Admission by step form in front of the likelihood screen (``swarm.screen.admit_step_form``): external samples
+"""Admission by step form in front of the likelihood screen (``external.screen.admit_step_form``): external samples
 built by ``external_samples`` with our StepCredit, screened by ``LikelihoodScreen`` on the embedded model."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from swarmnode.config import ModelConfig, SwarmConfig
+from swarmnode.config import ExternalConfig, ModelConfig
 from swarmnode.policy.loading import load_policy
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.step_credit import StepCredit
@@ -158,14 +158,14 @@ def test_process_external_reads_the_config_key(policy, src):
     credit = StepCredit(src.get, tok, mask=True, weight=0.5)
     got = {}
     for mode in ("off", "correct", "in_form"):
-        cfg = SwarmConfig.model_validate({"screen": {"admit_step_form": mode}})
+        cfg = ExternalConfig.model_validate({"screen": {"admit_step_form": mode}})
         samples, m = process_external([_group(task, [1, 2], rows, [1, 0], "f")], cfg, current_version=0,
                                       our_model_id="m", our_tokenizer_id="t", rng=0, step_credit=credit)
         got[mode] = [s.admitted_by_form for s in samples]
     assert got == {"off": [False, False], "correct": [True, False], "in_form": [True, True]}
-    assert SwarmConfig().screen.admit_step_form == "correct"
+    assert ExternalConfig().screen.admit_step_form == "correct"
     with pytest.raises(ValueError, match="admit_step_form"):
-        SwarmConfig.model_validate({"screen": {"admit_step_form": True}})
+        ExternalConfig.model_validate({"screen": {"admit_step_form": True}})
 
 
 def test_warmup_keeps_admitted_groups_whole_only(policy):
