@@ -8,6 +8,12 @@ Public API::
     TaskMix(sources, weights, ...), TaskMix.from_config(cfg.tasks, base_dir)
     # TaskMix: mix.py (stream, seeds), heldout.py (held-out set), reward.py (scoring), sources.py (from config)
     extract_answer, format_reward, math_verify_score  # verifiers (never raise)
+
+Modules: ``base.py`` (the task contract), ``reasoning_gym_source.py`` and ``jsonl_source.py`` (the two kinds of
+source), ``balance.py`` (answer balance), ``partition.py`` (the train / held-out partition by question content),
+``mix.py``, ``heldout.py``, ``reward.py`` and ``sources.py`` (the task mix), ``verifiers.py`` (rewards),
+``steps.py`` (program checks of reasoning lines), ``solutions.py`` (worked solutions for the embedded models'
+build), ``curriculum.py`` (the swarm curriculum's votes and weights).
 """
 
 from swarmnode.tasks.base import Task, TaskRef, TaskSource, config_digest

@@ -107,7 +107,7 @@ def _violations() -> list[tuple[str, str, str]]:
 
 def test_every_module_was_parsed():
     assert len(GRAPH) > 40
-    for room in ("cli", "node", "config", "tasks", "policy", "rollout", "train", "swarm", "monitor"):
+    for room in ("cli", "node", "config", "tasks", "policy", "rollout", "train", "swarm", "monitor", "bench", "testing"):
         assert any(_room(m) == room for m in GRAPH), f"no module found for room {room}"
 
 
@@ -148,7 +148,7 @@ def test_no_import_cycle_between_rooms():
 
 
 def test_rollout_does_not_import_policy():
-    """The tree sampler's interface lives in rollout/; the engines in policy/ implement it (issue 13)."""
+    """The tree sampler's interface lives in rollout/; the engines in policy/ implement it."""
     bad = [(m, i) for m, imps in GRAPH.items() if _room(m) == "rollout" for i in imps if _room(i) == "policy"]
     assert not bad
 
@@ -305,3 +305,36 @@ def test_the_seam_checker_sees_a_violation():
     assert any("build(policy: Any)" in f for f in found) and any("build(tasks: ?)" in f for f in found)
     assert any("C.__init__(swarm_cfg" in f for f in found)
     assert sum("getattr" in f or "hasattr" in f for f in found) == 2
+
+
+#: the most lines a module may have (docs/reference/architecture.md: a module is one job a newcomer can read)
+MAX_MODULE_LINES = 650
+#: modules allowed to be longer, each with its reason
+LONG_MODULES = {
+    "swarmnode/swarm/wire.py": "the protocol codec: every message's schema and checks in one place, as protocol/SPEC.md",
+}
+
+
+def test_no_module_is_over_the_size_of_one_job():
+    """Every module of the package is at most ``MAX_MODULE_LINES`` lines, except the wire codec."""
+    root = PKG.parent
+    long = {str(p.relative_to(root)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    unexpected = {k: v for k, v in long.items() if k not in LONG_MODULES}
+    assert not unexpected, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {unexpected}"
+    assert set(LONG_MODULES) <= {str(p.relative_to(root)) for p in PKG.rglob("*.py")}
+
+
+def test_every_package_init_maps_its_package():
+    """Each package's ``__init__.py`` docstring names every module and subpackage in it (how the package is
+    organized, as hivemind's do), so a newcomer finds a file from the package's front door."""
+    missing: dict[str, list[str]] = {}
+    for init in sorted(PKG.rglob("__init__.py")):
+        d = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        parts = [p.stem for p in d.glob("*.py") if p.stem not in ("__init__", "__main__")]
+        parts += [p.name for p in d.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+        absent = sorted(m for m in parts if m not in doc)
+        if not doc or absent:
+            missing[str(d.relative_to(PKG.parent))] = absent or ["(no docstring)"]
+    assert not missing, f"package docstrings that do not name their modules: {missing}"
