@@ -92,7 +92,7 @@ MODEL_SHAPE = dict(hidden_size=96, intermediate_size=288, num_hidden_layers=3, n
 PRESETS: dict[str, dict[str, Any]] = {
     "char-llama": dict(arch="llama", tokenizer="char", hidden=96, layers=3, heads=4, kv_heads=4, steps=1300,
                        lr=3e-3, vocab=0),
-    "bpe-qwen2": dict(arch="qwen2", tokenizer="bpe", hidden=128, layers=3, heads=4, kv_heads=2, steps=1000,
+    "bpe-qwen2": dict(arch="qwen2", tokenizer="bpe", hidden=128, layers=3, heads=4, kv_heads=2, steps=3000,
                       lr=3e-3, vocab=2048),
 }
 #: Examples (prompt + worked solution) of the build mix the BPE tokenizer is trained on.
