@@ -671,7 +671,7 @@ def _doc_bench_commands() -> list[tuple[str, str, list[str]]]:
     import re
     import shlex
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = []
     for f in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
         for m in re.finditer(_DOC_CMD, f.read_text(encoding="utf-8")):
