@@ -1,4 +1,4 @@
-"""Issue 12, finding 6: how many honest fetches succeed while one peer keeps 24 idle bundle streams open.
+"""Outside attack: how many honest fetches succeed while one peer keeps 24 idle bundle streams open.
 
 Three real hivemind DHT nodes (p2pd) on loopback: A serves 20 bodies, H keeps 24 streams to A's bundle
 handler open without ever sending a request (re-opening them as A closes them), B fetches the 20 bodies from

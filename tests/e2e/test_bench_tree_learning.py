@@ -1,4 +1,4 @@
-"""Issue 3's learning check (swarmnode/bench/tree_learning.py): arm parsing, configs, and a tiny real run."""
+"""The learning check (swarmnode/bench/tree_learning.py): arm parsing, configs, and a tiny real run."""
 
 from __future__ import annotations
 

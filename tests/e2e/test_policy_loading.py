@@ -412,7 +412,7 @@ def test_resume_and_eval_of_a_checkpoint_prompt_as_in_training(tmp_path):
 
 
 def test_uncached_hub_id_says_it_goes_to_the_hub_and_fails_clearly_offline(tmp_path):
-    """Issue 15 point 11: a hub id that is not in the local cache is not retried silently. With HF_HUB_OFFLINE=1
+    """A hub id that is not in the local cache is not retried silently. With HF_HUB_OFFLINE=1
     (set before huggingface_hub is imported, hence a fresh process) the node says it would fetch from the hub
     and fails with a message naming the id."""
     import os

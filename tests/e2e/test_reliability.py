@@ -1,4 +1,4 @@
-"""A node a volunteer can leave running (issue 15): its children die with it, one process per run directory and
+"""A node a volunteer can leave running: its children die with it, one process per run directory and
 identity, checkpoints by time, corrupt checkpoints quarantined, clear disk errors, quiet stops.
 
 Real parts: real ``swarmnode run`` processes with a real hivemind DHT child and p2pd on loopback, real

@@ -286,7 +286,7 @@ def test_three_node_swarm_end_to_end(setup):
             assert any(r.get("swarm/bundles_accepted", 0) > 0 for r in recs)
             assert any(r.get("swarm/bundles_published", 0) > 0 for r in recs)
             assert not any(k.startswith("swarm/rejected/reward_mismatch") for r in recs for k in r)
-        # every node draws its own questions: the task stream derived from its identity (issue 16)
+        # every node draws its own questions: the task stream derived from its identity
         streams = {n: {r["task_stream"] for r in steps(rd[n])} for n in "abc"}
         assert all(streams[n] == {stream_for_peer(pid[n])} for n in "abc"), streams
         assert len({stream_for_peer(pid[n]) for n in "abc"}) == 3

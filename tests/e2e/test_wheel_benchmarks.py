@@ -1,4 +1,4 @@
-"""`swarmnode bench ...` works from an installed wheel, where scripts/ does not exist (issue 13).
+"""`swarmnode bench ...` works from an installed wheel, where scripts/ does not exist.
 
 Builds the wheel from a copy of this checkout (no build isolation: the installed setuptools), installs it into a temporary
 directory without dependencies, and runs the CLI from there with that directory first on ``sys.path`` and the

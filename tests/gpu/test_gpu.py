@@ -1,4 +1,4 @@
-"""CUDA-only tests of the GPU paths (issue 8); every test here skips, with the reason, without a CUDA device.
+"""CUDA-only tests of the GPU paths; every test here skips, with the reason, without a CUDA device.
 
 Run on a GPU machine with ``bash scripts/gpu_check.sh`` (or ``pytest tests/gpu/test_gpu.py``). Real parts only: tiny
 randomly initialised Qwen2 models on the GPU, the real ``DecodeEngine`` / ``sample_rollouts`` / ``Trainer``, and

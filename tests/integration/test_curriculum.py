@@ -1,4 +1,4 @@
-"""Swarm curriculum (issue 16): the swarm's per-task success rates reweight the task mix, within bounds that no
+"""Swarm curriculum: the swarm's per-task success rates reweight the task mix, within bounds that no
 peer value can break; the rates travel in heartbeats as an optional key that leaves old heartbeats' bytes alone."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_ties_in_standing_are_not_broken_by_the_peer_id():
 
 @pytest.mark.parametrize("n_sybils", [1, 2, 5, 1000])
 def test_keys_without_standing_never_decide_the_median(n_sybils):
-    """Issue 16 attack finding 2: in a small swarm, fresh keys outvoted the honest ones, and with an even count one
+    """Outside attack: in a small swarm, fresh keys outvoted the honest ones, and with an even count one
     liar swung the averaged median (0 -> 0.5). Now the median stays between the lowest and highest trusted vote
     (our own and peers with earned standing), whatever the fresh keys claim."""
     for own, honest in [({"rg:a#1": (16, 0)}, []), ({"rg:a#1": (16, 0)}, [(16, 0)]),
@@ -172,7 +172,7 @@ def test_two_established_liars_and_their_sybils_move_no_median_the_honest_outvot
 
 @pytest.mark.parametrize("honest", [0, 1, 2, 5, 15, 30])
 def test_one_lying_established_peer_and_its_sybils_never_hold_the_majority(honest):
-    """Outside attack (helper-13, 2026-12-05): one established hostile key plus young Sybils held H + 2 of the
+    """Outside attack (2026-12-05): one established hostile key plus young Sybils held H + 2 of the
     2H + 3 votes against our own and H honest established peers (young seats were trusted - 1), and pushed a
     task's rate to the liar's value (its share 50% -> 20%). With trusted - 3 young seats the honest votes keep a
     strict majority: the median is an honest vote whatever the liar and 1,000 Sybils claim."""

@@ -1,4 +1,4 @@
-"""Trust nothing, on the network (issue 5): an honest training node beside a hostile peer on a real swarm.
+"""Trust nothing, on the network: an honest training node beside a hostile peer on a real swarm.
 
 Real parts only: hivemind DHTs and ``p2pd`` on loopback, Ed25519 keys, the node's own verifier, tokenizer and
 model (the embedded default, or ``$SWARMNODE_TEST_MODEL``), real reasoning-gym tasks. The hostile peer is
@@ -360,7 +360,7 @@ def test_honest_node_beside_a_hostile_peer(tmp_path):
         node.close()
 
 
-# ============================================================================ issue 12: fair to publishers
+# ============================================================================ fair to publishers
 def _wait(pred, timeout: float, interval: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -378,7 +378,7 @@ SYBIL_KEYS = [Identity.from_private_bytes(hashlib.sha256(f"test_hostile_swarm sy
 
 @pytest.mark.slow
 def test_hanging_bodies_of_three_keys_do_not_starve_an_honest_publisher(tmp_path):
-    """Issue 12, finding 5, over the real network: three keys keep announcing honest-looking bundles dated 25 s
+    """Outside attack over the real network: three keys keep announcing honest-looking bundles dated 25 s
     ahead (inside the 30 s skew) whose bodies hang on the stream, 16 new ones per key per step, beside an honest
     publisher. The training node still accepts and trains on every honest bundle, keeps stepping, never accepts
     anything of the hanging keys, and rate-limits their manifests (swarm.trust.rate_limit_per_minute)."""
@@ -490,7 +490,7 @@ SYBIL_CAPS = {"young_key_trees": 1, "trees_per_earned_tree": 2, "max_trees_per_p
 
 @pytest.mark.slow
 def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
-    """Issue 12, finding 7, over the real network: an established honest peer and three fresh Sybil keys that
+    """Outside attack over the real network: an established honest peer and three fresh Sybil keys that
     publish 2-leaf [1, 0] trees (first in a ``contrast`` ranking). Two receivers read the same swarm: one with
     the young-key caps (``SYBIL_CAPS``), one without (``established_after=0``, the old behaviour). The trainer's
     own selection (``select_external``, 4 groups, contrast, max_peer_share 0.5) then gives the honest peer at

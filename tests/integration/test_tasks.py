@@ -521,7 +521,7 @@ def test_hash_seed_dependent_dataset_is_flagged():
 
 
 def test_nodes_of_one_swarm_draw_different_questions_by_default():
-    """Issue 16: three swarm nodes with their own identities draw different questions in the same steps.
+    """Three swarm nodes with their own identities draw different questions in the same steps.
 
     The stream of a node with ``tasks.stream`` unset is derived from its peer id; TaskRefs stay verifiable by
     every peer (same ``tasks.seed``), but the questions of a step differ between nodes.

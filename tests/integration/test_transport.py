@@ -205,10 +205,10 @@ def test_server_survives_dht_restart(net):
     assert sb.fetch(a.peer_id, other, timeout=20) == b"from a after b restarted"
 
 
-# --------------------------------------------------------------------------- issue 12: fair serving, no dialling
+# --------------------------------------------------------------------------- fair serving, no dialling
 async def _idle_streams(server: BundleServer, target: str, n: int, stop: asyncio.Event, opened: list) -> None:
     """Keep ``n`` streams to ``target``'s bundle handler open that never send a request (reopened as the target
-    closes them): the slot-holding attack of issue 12, finding 6."""
+    closes them): the slot-holding attack of an outside test."""
     from hivemind.p2p import PeerID
 
     from swarmnode.swarm.transport import PROTOCOL

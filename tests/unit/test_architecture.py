@@ -281,7 +281,7 @@ def _package_sources() -> dict[str, str]:
 
 
 def test_seams_are_declared_not_any():
-    """Issue 13: every seam between rooms is a declared type. A public function never takes a seam (policy, task
+    """Every seam between rooms is a declared type. A public function never takes a seam (policy, task
     set, swarm layer, node, backend, engine, a config section) as ``Any`` or unannotated, and no module reads a
     seam through ``getattr``/``hasattr``."""
     found = _seam_violations(_package_sources())
@@ -338,3 +338,17 @@ def test_every_package_init_maps_its_package():
         if not doc or absent:
             missing[str(d.relative_to(PKG.parent))] = absent or ["(no docstring)"]
     assert not missing, f"package docstrings that do not name their modules: {missing}"
+
+
+def test_no_issue_or_helper_numbers_in_code():
+    """Docstrings and comments of the package, the tests and the scripts say what and why, not which ticket:
+    commit messages keep the issue and helper numbers."""
+    import re
+
+    root = PKG.parent
+    pat = re.compile(r"\b[Ii]ssue \d+|\bhelper-\d+")
+    files = [p for d in ("swarmnode", "tests", "scripts") for p in sorted((root / d).rglob("*.py"))
+             if p.name != "test_architecture.py"]
+    hits = [f"{p.relative_to(root)}:{i}" for p in files
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pat.search(line)]
+    assert not hits, f"issue or helper numbers in code: {hits[:10]}"

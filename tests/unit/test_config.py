@@ -25,7 +25,7 @@ def test_tree_config_is_the_default_with_only_the_sampler_changed():
     from it in the tree sampler (and its run directory) only."""
     default = load_config(None).model_dump()
     tree = load_config(ROOT / "configs" / "tree.yaml").model_dump()
-    # the branching rule follows the embedded model's completions (reasoning lines since issue 14), so only
+    # the branching rule follows the embedded model's completions (reasoning lines), so only
     # the mode is pinned here
     assert tree["sampling"]["tree"]["mode"] == "tree"
     # a tree path may run as long as a chain completion: segments x depth cover max_completion_length

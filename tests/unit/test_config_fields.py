@@ -1,4 +1,4 @@
-"""Every setting of swarmnode/config/ says what it is (issue 13: what, unit, default, source)."""
+"""Every setting of swarmnode/config/ says what it is (what, unit, default, source)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What peer input can do to training (issue 12): a real node (embedded HF model, CPU) fed hostile PeerTrees.
+"""What peer input can do to training: a real node (embedded HF model, CPU) fed hostile PeerTrees.
 
 The swarm layer here is a small :class:`~swarmnode.node.SwarmHook` that hands the node crafted trees as if
 they had passed verification: it stands for whatever gets through, so steps 6-7 must hold on their own.
@@ -69,7 +69,7 @@ def honest_like_tree(node: Node, step: int, peer: str, rewards=(1.0, 0.0, 0.0, 1
 
 
 def shared_node_tree(node: Node, step: int, n_shared: int = 16_000, leaves: int = 255) -> PeerTree:
-    """Issue 12 finding 1: 255 leaves sharing one 16k-token segment (a ~100 KB bundle)."""
+    """Outside attack: 255 leaves sharing one 16k-token segment (a ~100 KB bundle)."""
     ref = node.tasks.refs_for_step(step + 2000, 1)[0]
     tree = RolloutTree(task=ref, prompt_ids=[5, 6, 7])
     shared = tree.add_child(0, [9] * n_shared)
@@ -110,7 +110,7 @@ def test_shared_node_tree_truncated_is_capped_by_the_step_token_budget(tmp_path)
 
 
 def test_only_trees_the_node_trained_on_earn_their_peer_standing(tmp_path):
-    """Outside attack (helper-13, 2026-12-05): standing was earned at admission, so a junk tree over the per-step
+    """Outside attack (2026-12-05): standing was earned at admission, so a junk tree over the per-step
     token budget -- admitted, never selected, never screened -- made a fresh key established in 16 steps. Now the
     node credits a peer only for groups it trained on (after its update), each with reward contrast."""
     def junk_over_budget(node, step):  # 80 mixed leaves of 3 + 12 tokens: over the 1,000-token budget
@@ -129,7 +129,7 @@ def test_only_trees_the_node_trained_on_earn_their_peer_standing(tmp_path):
     assert all(m["select/dropped_token_budget"] == 1 and m["samples_external"] > 0 for m in ms)
     assert all(m["external:h/used"] > 0 for m in ms)
     assert swarm.credits == [("h", 1)] * 3  # not the junk over budget, not the tree without contrast
-    # with the screen on but still in warm-up (it judges nothing), nothing earns standing (helper-14: a payload
+    # with the screen on but still in warm-up (it judges nothing), nothing earns standing (a payload
     # key earned 3 in the first steps) and no external sample trains at all (an outside attack trained a payload line
     # in the first steps of a node with fewer local leaves per step than min_history)
     swarm = CraftedSwarm(swarm.make)

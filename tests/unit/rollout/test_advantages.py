@@ -375,7 +375,7 @@ def test_samples_from_trees():
 
 
 def test_std_floor_keeps_tiny_reward_differences_small():
-    """Issue 12 finding 2: rewards 0.02 vs 0 must not become an advantage as strong as a correct answer."""
+    """Outside attack: rewards 0.02 vs 0 must not become an advantage as strong as a correct answer."""
     t = group_tree(0, [0.02, 0.0])
     raw = leaf_values(compute_advantages([t], "grpo", "group", std_floor=0.0), 0, t)
     assert raw[0] == pytest.approx(0.01 / (math.sqrt(2) * 0.01 + 1e-4))  # 0.70: TRL's formula blows it up

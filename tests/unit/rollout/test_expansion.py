@@ -1,4 +1,4 @@
-"""Cross-node tree expansion (issue 16): a node continues a re-verified peer prefix with its own policy.
+"""Cross-node tree expansion: a node continues a re-verified peer prefix with its own policy.
 
 Real parts throughout: the embedded model on CPU, the node's own TaskMix and verifier, and a real
 :class:`~swarmnode.swarm.verify.Verifier` over signed bundles from a second Ed25519 identity.
@@ -283,7 +283,7 @@ def test_fork_search_is_bounded_on_a_large_tree():
 
 
 def test_a_prefix_with_a_wrong_step_is_not_continued(tmp_path):
-    """Outside attack (helper-13, 2026-12-05): a wrong first running sum in our own style passed the likelihood
+    """Outside attack (2026-12-05): a wrong first running sum in our own style passed the likelihood
     screen in 25 of 30 tries, so an established peer could make our policy continue from a wrong step. A fork's
     prefix now has every reasoning line checked against the task (tasks/steps.py): the right first step is
     continued, the same step with a wrong result is not, whether the screen is on or off."""

@@ -1,5 +1,5 @@
 """Regression pins: the tree sampler builds the same trees for the same seed as the code before the
-one-sampler refactor (issue 13).
+one-sampler refactor.
 
 ``tests/unit/rollout/data/sampler_pins.json`` was written by ``python tests/unit/rollout/test_sampler_pins.py
 --write`` with the two samplers as they were before the refactor (``rollout/sampler.py``'s HF sampler and

@@ -511,7 +511,7 @@ def test_rereading_a_manifest_is_never_charged(peer_mix, clock):
     assert v.snapshot()["manifests_accepted"] == 1
 
 
-# ================================================================== issue 12: what a bundle's CONTENT can do
+# ================================================================== what a bundle's CONTENT can do
 # Every attack below is built the way an outside implementer would send it: trees encoded by the wire codec
 # (protocol/SPEC.md §5.1) and signed with a real Ed25519 Identity.
 from transformers import AutoTokenizer  # noqa: E402
@@ -1060,7 +1060,7 @@ def test_echo_of_our_own_rollouts_is_charged(peer_mix, clock):
 
 
 def test_a_copy_with_its_leaves_duplicated_dropped_or_regrouped_is_a_replay(peer_mix, clock):
-    """Outside attack (helper-14, 2026-12-05): the content key hashed the list of leaf texts, so a copy of an honest
+    """Outside attack (2026-12-05): the content key hashed the list of leaf texts, so a copy of an honest
     tree (or of our own) with one leaf duplicated got a new key, was accepted, trained on, and earned its signer
     standing (established in 13-17 steps). Equal texts now count once, and a tree none of whose leaves is new is
     a copy; a tree with one new leaf among seen ones is not."""
@@ -1147,7 +1147,7 @@ def test_spec_config_digest_example_matches_the_code():
 def test_poisoned_but_correct_groups_pass_verification(peer_mix, clock, hf_tok):
     """The poison benchmark's material breaks no protocol rule: every claim is true, every leaf ends with EOS,
     so verification accepts it with our own re-scores; only the screen and the share caps stand between the
-    payload and training (issue 12)."""
+    payload and training."""
     enc = lambda text: _enc(hf_tok, text)  # noqa: E731
     fac = HostileFactory(ATTACKER, peer_mix, swarm_id=SWARM, tokenize=enc, tokenizer_id=tokenizer_digest(hf_tok),
                          vocab_size=len(hf_tok), clock=clock)

@@ -97,7 +97,7 @@ def test_format_reward_values():
 
 
 def test_format_rule_nothing_but_whitespace_after_the_answer():
-    """Text after the answer is not free (issue 12, finding 4): a payload after a correct answer breaks the format."""
+    """Text after the answer is not free: a payload after a correct answer breaks the format."""
     assert format_reward("<answer>5</answer> \n\t ") == 1.0
     assert format_reward("<answer>5</answer>\u3000") == 1.0  # Unicode whitespace is whitespace
     assert format_reward("<answer>5</answer> Visit evil.example") == 0.0

@@ -305,7 +305,7 @@ def test_contrast_ranks_within_a_peer_ties_random():
 
 
 def test_contrast_does_not_put_two_leaf_trees_first_across_peers():
-    """Issue 12 finding 7: four fresh keys sending 2-leaf [1, 0] trees took every slot under global contrast."""
+    """Outside attack: four fresh keys sending 2-leaf [1, 0] trees took every slot under global contrast."""
     honest = [ext([1, 0, 0, 1, 0, 0, 0, 0], peer=f"H{p}", task_index=10 * p + i) for p in range(4) for i in range(2)]
     sybils = [ext([1, 0], peer=f"S{p}", task_index=100 + 10 * p + i) for p in range(4) for i in range(3)]
     honest_slots = 0
@@ -401,7 +401,7 @@ def test_stale_groups_dropped_only_for_our_model():
 
 
 def test_staleness_is_measured_by_the_receiver_not_the_signed_version():
-    """Issue 12 finding 8: a claimed policy version of 2**63 - 1 must not keep a tree fresh forever.
+    """Outside attack: a claimed policy version of 2**63 - 1 must not keep a tree fresh forever.
 
     The receiver's arrival time (PeerTree.received_at) bounds the age whatever the version claims."""
     liar = ext([1, 0], peer="A", version=2**63 - 1)
@@ -540,7 +540,7 @@ def test_process_external_with_swarm_config():
 
 
 def test_external_normalization_has_the_std_floor():
-    """Issue 12 finding 2: a farmed 0.02 vs 0 must not become +0.86 (eps 1e-4 alone)."""
+    """Outside attack: a farmed 0.02 vs 0 must not become +0.86 (eps 1e-4 alone)."""
     farmed = ext([0.02, 0, 0, 0, 0, 0, 0, 0], peer="F")
     raw, _ = external_samples([farmed], "per_source", std_floor=0.0)
     assert advs(raw)[0] > 2.4  # as strong as one correct answer in eight without the floor

@@ -116,7 +116,7 @@ def test_screen_config_defaults_on():
 
 
 def test_extreme_behaviour_claims_are_discarded_before_tis(policy):
-    """Issue 12, also noted: a claimed log-prob of -100 makes min(pi/mu, C) saturate at C (twice the weight)."""
+    """Outside attack, also noted: a claimed log-prob of -100 makes min(pi/mu, C) saturate at C (twice the weight)."""
     prompt, rows = _own_samples(policy, 36, seed=1)
     sc = LikelihoodScreen(window=4, min_history=32, max_claim_gap=1.0)
     sc.observe([[lp for _, lp in r] for r in rows[:32]])
@@ -152,7 +152,7 @@ def test_a_group_that_loses_a_member_is_dropped_whole(policy):
     kept_h = [s for s in res.kept if s.group_id == "t2|external:h"]
     assert len(kept_h) == (0 if res.rejected_by_peer.get("h") else 4)  # an untouched group stays whole
     # under `joint` normalization every peer's samples of a task share one group id: a payload peer's rejected
-    # leaves take its own samples of the group with them, not the honest peer's (outside attack, helper-14)
+    # leaves take its own samples of the group with them, not the honest peer's (outside attack)
     joint = [Sample(s.prompt_ids, s.completion_ids, s.advantages, source=s.source, group_id="t1|joint")
              for s in siblings + poisoned + other]
     res = sc.screen(policy.model, joint)
