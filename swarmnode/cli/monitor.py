@@ -54,10 +54,11 @@ def status(
             heldout = "-" if acc.get("heldout") is None else f"{100 * acc['heldout']:.1f}%"
             ev = doc.get("evaluation") if isinstance(doc.get("evaluation"), dict) else None
             if ev is not None and verdict.kind == "live":  # a running held-out evaluation: how far, how long
-                from swarmnode.monitor.top import fmt_age
+                from swarmnode.monitor.top import fmt_age, probe_split
 
                 eta = ev.get("eta_s")
-                console.print(f"  held-out evaluation: {ev.get('done')}/{ev.get('total')} questions, "
+                console.print(f"  held-out evaluation: {ev.get('done')}/{ev.get('total')} questions"
+                              f"{probe_split(ev)}, "
                               f"{fmt_age(doc.get('phase_seconds'))} so far"
                               + (f", ETA {fmt_age(eta)}" if isinstance(eta, (int, float)) else ""),
                               markup=False, highlight=False)

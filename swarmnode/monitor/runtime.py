@@ -341,14 +341,17 @@ class NodeMonitor:
             self.mark_progress()
             self._refresh_state()
 
-    def eval_progress(self, done: int, total: int) -> None:
-        """An evaluation decoded ``done`` of ``total`` questions: progress for the stall watchdog, and
-        ``evaluation {done, total, eta_s}`` in the status (the ETA extrapolates the time per question so far;
-        None before the first batch)."""
+    def eval_progress(self, done: int, total: int, held_out: int | None = None) -> None:
+        """An evaluation decoded ``done`` of ``total`` questions (``held_out`` of them held-out questions, the rest
+        generalization probes): progress for the stall watchdog, and ``evaluation {done, total, held_out, eta_s}``
+        in the status (the ETA extrapolates the time per question so far; None before the first batch)."""
         self.mark_progress()
         elapsed = time.monotonic() - (self.activity_since or time.monotonic())
         eta = elapsed / done * (total - done) if done > 0 else None
-        self.tracker.update(lambda d: d.update({"evaluation": {"done": int(done), "total": int(total), "eta_s": eta}}))
+        ev = {"done": int(done), "total": int(total), "eta_s": eta}
+        if held_out is not None:
+            ev["held_out"] = int(held_out)
+        self.tracker.update(lambda d: d.update({"evaluation": ev}))
         self._refresh_state()
 
     def begin_training(self) -> None:

@@ -148,6 +148,15 @@ def load_node(run_dir: Path | None = None, url: str | None = None) -> tuple[dict
 
 
 # ------------------------------------------------------------------------------------------ one node
+def probe_split(ev: dict[str, Any]) -> str:
+    """`` (500 held-out + 200 probes)`` for an evaluation document whose total counts generalization probes
+    besides its ``held_out`` questions; ``""`` otherwise (an older status without ``held_out``, or no probes)."""
+    held, total = ev.get("held_out"), ev.get("total")
+    if isinstance(held, int) and isinstance(total, int) and 0 < held < total:
+        return f" ({held} held-out + {total - held} probes)"
+    return ""
+
+
 def _header(name: str, doc: dict[str, Any], verdict: Verdict, now: float) -> Text:
     t = Text()
     t.append("swarmnode ", style="bold")
@@ -160,7 +169,7 @@ def _header(name: str, doc: dict[str, Any], verdict: Verdict, now: float) -> Tex
     ev = doc.get("evaluation")
     if isinstance(ev, dict) and isinstance(ev.get("done"), int) and isinstance(ev.get("total"), int):
         eta = ev.get("eta_s")
-        t.append(f" {ev['done']}/{ev['total']} questions"
+        t.append(f" {ev['done']}/{ev['total']} questions{probe_split(ev)}"
                  + (f", ETA {fmt_age(eta)}" if isinstance(eta, (int, float)) else ""))
     t.append(f"  updated {fmt_age(now - doc.get('updated_at', now))} ago")
     node = doc.get("node") or {}

@@ -293,8 +293,10 @@ class Node(RoundLoop, StopControl, Levers):
         if self._probes is None:
             self._probes = TaskMix.probes_from_config(self.cfg.tasks, base_dir=Path.cwd())
 
+        held_out = n or self.cfg.tasks.eval_size
+
         def on_progress(done: int, total: int) -> None:
-            self.monitor.eval_progress(done, total)
+            self.monitor.eval_progress(done, total, held_out=held_out)
             if progress is not None:
                 progress(done, total)
 

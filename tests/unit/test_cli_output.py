@@ -66,3 +66,40 @@ def test_top_warnings_panel_keeps_every_word_and_no_blank_line():
             assert w in words, f"{w!r} cut in the warnings panel:\n{text}"
     assert all(ln.strip("│ ") for ln in panel), f"blank line in the warnings panel:\n{text}"
     assert "None steps" not in text
+
+
+def test_top_and_status_say_how_many_questions_of_an_evaluation_are_probes():
+    """The status document's evaluation counts probes in ``total``; ``held_out`` says how many are held-out
+    questions, and ``top`` shows the split (an older document without it shows the count alone)."""
+    import time
+
+    from swarmnode.monitor.status import Verdict
+    from swarmnode.monitor.top import probe_split, render_node
+
+    now = time.time()
+    ev = {"done": 128, "total": 700, "held_out": 500, "eta_s": 276.0}
+    doc = {"state": "evaluating", "step": 0, "steps_total": 600, "phase": "evaluating", "phase_seconds": 95.0,
+           "updated_at": now, "evaluation": ev, "node": {"pid": 1}}
+    con = Console(width=120, record=True, color_system=None)
+    con.print(render_node("runs/default", doc, Verdict("live", "live", 0)))
+    assert "128/700 questions (500 held-out + 200 probes), ETA 4m36s" in " ".join(con.export_text().split())
+    assert probe_split({"done": 1, "total": 500, "eta_s": None}) == ""  # an older status: no split
+    assert probe_split({"done": 1, "total": 500, "held_out": 500}) == ""  # no probes
+
+
+def test_a_node_evaluation_reports_its_held_out_count_to_the_status(tmp_path):
+    """``Node.evaluate`` passes how many of the questions are held-out ones; the rest are the probes."""
+    from monitor_helpers import test_model
+
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+
+    cfg = load_config(None, {"run_dir": str(tmp_path / "r"), "model.name_or_path": test_model(), "steps": 1,
+                             "sampling.max_completion_length": 8})
+    node = Node(cfg)
+    seen: list[dict] = []
+    try:
+        node.evaluate(n=8, progress=lambda d, t: seen.append(dict(node.monitor.tracker.document()["evaluation"])))
+    finally:
+        node.close()
+    assert seen and all(e["held_out"] == 8 and e["total"] > 8 for e in seen), seen[:2]
