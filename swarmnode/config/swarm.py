@@ -145,7 +145,14 @@ class RescueConfig(_Strict):
     )
     min_standing: int = Field(
         1, ge=0, description="earned standing (useful trees we trained on, swarm/peers.py) an asker needs to be "
-        "answered; 0 answers anyone. Default 1"
+        "answered in full; askers below it share the young_answers slots. 0 answers anyone. Default 1"
+    )
+    young_answers: int = Field(
+        1, ge=0, description="of the answer_prompts questions answered per step, at most this many go to askers "
+        "below min_standing (a newcomer, or a weaker peer whose trees we do not train on, earns no standing with "
+        "us, yet its all-wrong questions are where our answers help most); served after the askers with standing, "
+        "least recently served first. A flood of fresh keys shares these slots and costs at most young_answers x 8 "
+        "question regenerations a step. 0 = askers without standing are never answered. Default 1"
     )
     skip_after_failures: int = Field(
         3, ge=1, description="an asker whose answered questions got no correct leaf from us this many times in a "

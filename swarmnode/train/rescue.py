@@ -149,12 +149,15 @@ class RescueHelper:
             asks (our answers are public bundles, so every asker of it gets them; keys repeating another's
             questions cannot make us answer one question many times).
 
-    Per step (:meth:`select`): askers with earned standing below ``min_standing`` are refused, askers whose
-    answered questions got no correct leaf from us ``skip_after_failures`` times in a row are skipped for
-    ``skip_steps`` steps, the rest are visited least-recently served first (never served first, ties in a
-    salted order a peer id cannot be ground for), at most ``max_answers_per_peer`` refs each and
-    ``answer_prompts`` in all; each ref costs a question regeneration, at most ``answer_prompts *
-    _CHECKS_PER_ANSWER`` a step, and is refused when its task is not in our mix or its question is held out.
+    Per step (:meth:`select`): askers whose answered questions got no correct leaf from us
+    ``skip_after_failures`` times in a row are skipped for ``skip_steps`` steps; askers with earned standing
+    ``>= min_standing`` are visited first, then those below it (young keys, or weaker peers whose trees we do not
+    train on), each kind least-recently served first (never served first, ties in a salted order a peer id
+    cannot be ground for); at most ``max_answers_per_peer`` refs of one asker, ``answer_prompts`` in all, and of
+    them at most ``young_answers`` to askers below ``min_standing`` (the rest of theirs are refused for
+    standing); each ref costs a question regeneration, at most ``answer_prompts * _CHECKS_PER_ANSWER`` a step
+    (``young_answers * _CHECKS_PER_ANSWER`` for the young askers), and is refused when its task is not in our
+    mix or its question is held out.
     """
 
     cfg: RescueConfig
@@ -209,18 +212,24 @@ class RescueHelper:
             standing[peer] = max(standing.get(peer, 0), int(getattr(r, "standing", 0) or 0))
         eligible: list[str] = []
         for peer, refs in by_peer.items():
-            if standing[peer] < self.cfg.min_standing:
+            if standing[peer] < self.cfg.min_standing and self.cfg.young_answers <= 0:
                 c["rescue/refused_standing"] += len(refs)
             elif self._skip_until.get(peer, -1) > step:
                 c["rescue/refused_skipped"] += len(refs)
             else:
                 eligible.append(peer)
-        eligible.sort(key=self._order_key)
+        # askers with standing first; then the young ones (below min_standing) in at most young_answers slots
+        eligible.sort(key=lambda p: (standing[p] < self.cfg.min_standing, *self._order_key(p)))
         chosen: list[tuple[str, TaskRef]] = []
         checks_left = self.cfg.answer_prompts * _CHECKS_PER_ANSWER
+        young_left, young_checks = self.cfg.young_answers, self.cfg.young_answers * _CHECKS_PER_ANSWER
         for peer in eligible:
             taken = 0
+            young = standing[peer] < self.cfg.min_standing
             for ref in by_peer[peer]:
+                if young and (young_left <= 0 or young_checks <= 0):
+                    c["rescue/refused_standing"] += 1
+                    continue
                 if (len(chosen) >= self.cfg.answer_prompts or taken >= self.cfg.max_answers_per_peer
                         or checks_left <= 0):
                     c["rescue/refused_budget"] += 1
@@ -232,6 +241,7 @@ class RescueHelper:
                     c["rescue/refused_task"] += 1
                     continue
                 checks_left -= 1
+                young_checks -= young
                 c["rescue/checks"] += 1
                 if is_heldout(ref):
                     c["rescue/refused_heldout"] += 1
@@ -241,6 +251,7 @@ class RescueHelper:
                     continue
                 chosen.append((peer, ref))
                 taken += 1
+                young_left -= young
         for peer, ref in chosen:
             self._answered[ref.key()] = step
             self._answered.move_to_end(ref.key())

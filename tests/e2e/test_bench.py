@@ -747,3 +747,16 @@ def test_bench_help_lists_every_benchmark_and_passes_args_through():
         assert r.exit_code == 0 and r.output.startswith(f"usage: swarmnode bench {name} "), (name, r.output[:300])
     r = CliRunner().invoke(app, ["bench", "nope"])
     assert r.exit_code == 2 and "no benchmark 'nope'" in r.output and "tree-learning" in r.output
+
+
+def test_arm_swarm_id_stays_a_valid_swarm_id_for_long_swarm_set_names():
+    from swarmnode.bench.swarm.run import arm_swarm_id
+    from swarmnode.config import SwarmConfig
+
+    long_a = "swarm-8x8-per_source-none-res-" + ",".join(f"levers.rescue.key_{i}={i}" for i in range(6))
+    long_b = long_a.replace("key_5=5", "key_5=6")
+    ids = [arm_swarm_id(n, 12345) for n in ("isolated-8", long_a, long_b)]
+    assert ids[0] == "bench-isolated-8-12345"
+    assert all(len(i) <= 100 and ":" not in i for i in ids) and ids[1] != ids[2]
+    for i in ids:
+        SwarmConfig(swarm_id=i)  # accepted by the config's own check

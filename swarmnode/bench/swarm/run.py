@@ -11,6 +11,7 @@ finished before it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -27,6 +28,18 @@ from swarmnode.bench.swarm.plan import (ARM_FILE, DEFAULT_PAYLOAD, HOSTILE_STOP,
                                         parse_splits, parse_swarm_set, plan_arms)
 from swarmnode.bench.swarm.report import write_report
 from swarmnode.bench.swarm.results import summarize_arm, write_arm_summary
+
+
+def arm_swarm_id(arm_name: str, pid: int) -> str:
+    """The swarm id of an arm's nodes: ``bench-<arm name>-<pid>`` (``_`` as ``-``), at most 100 characters.
+
+    A swarm id is at most 128 characters without ``:`` (``SwarmConfig.swarm_id``); an arm named after long
+    ``--swarm-set`` overrides would exceed it, so a name over the limit keeps its first 60 characters and a
+    16-hex sha256 of the whole (distinct arms stay distinct swarms)."""
+    name = f"bench-{arm_name.replace('_', '-').replace(':', '-')}"
+    if len(name) > 76:
+        name = f"{name[:60]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+    return f"{name}-{int(pid)}"
 
 
 def _spawn(role: str, spec: Path, log_path: Path, *, nice: int, env: dict[str, str]) -> subprocess.Popen:
@@ -92,7 +105,7 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     # what the arm is, before it runs: an interrupted arm can still be reported (report_from_arm_dirs)
     (arm_dir / ARM_FILE).write_text(json.dumps({"arm": asdict(arm), "repeat": int(repeat),
                                                 "repeat_label": f" (r{repeat})" if repeat else ""}))
-    swarm_id = f"bench-{arm.name.replace('_', '-')}-{os.getpid()}"
+    swarm_id = arm_swarm_id(arm.name, os.getpid())
     host_maddrs: list[str] = []
     boot: list[str] = []
     if arm.swarm:

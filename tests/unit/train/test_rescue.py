@@ -141,7 +141,8 @@ def _checks(mix, calls=None):
 
 
 def test_the_helper_refuses_heldout_unknown_and_unearned_requests(mix):
-    h = RescueHelper(RescueConfig(enabled=True, answer_prompts=8, max_answers_per_peer=8, min_standing=1))
+    h = RescueHelper(RescueConfig(enabled=True, answer_prompts=8, max_answers_per_peer=8, min_standing=1,
+                                  young_answers=0))
     train = mix.refs_for_step(0, 2)
     held = mix.eval_refs(1)
     assert is_heldout_question(mix.get(held[0]).question, mix.eval_fraction)
@@ -200,10 +201,38 @@ def test_a_flood_of_askers_costs_bounded_work(mix):
     assert len(calls) <= cfg.answer_prompts * 8 and c["rescue/checks"] == len(calls)
     assert len(chosen) <= cfg.answer_prompts
     assert sum(v for k, v in c.items() if k.startswith("rescue/refused")) + len(chosen) == len(reqs)
-    # and 1000 askers without standing cost no regeneration at all
+    # 1000 askers without standing share the young slot: one question answered, at most 8 regenerations
     calls.clear()
-    chosen, c = h.select([RescueRequest(f"fresh-{i}", refs[1], 0) for i in range(1000)], 1, **_checks(mix, calls))
+    flood = [RescueRequest(f"fresh-{i}", held[i % 8], 0) for i in range(1000)]
+    chosen, c = h.select(flood + [RescueRequest("fresh-honest", refs[1], 0)], 1, **_checks(mix, calls))
+    assert len(chosen) <= cfg.young_answers and len(calls) <= cfg.young_answers * 8
+    assert c["rescue/refused_standing"] >= 1000 - 8
+    # and with young_answers 0 they cost no regeneration at all
+    h0 = RescueHelper(RescueConfig(enabled=True, answer_prompts=2, max_answers_per_peer=1, min_standing=1,
+                                   young_answers=0))
+    calls.clear()
+    chosen, c = h0.select([RescueRequest(f"fresh-{i}", refs[1], 0) for i in range(1000)], 1, **_checks(mix, calls))
     assert chosen == [] and calls == [] and c["rescue/refused_standing"] == 1000
+
+
+def test_askers_without_standing_share_the_young_slots_after_those_with_standing(mix):
+    """A weaker peer earns no standing with a stronger one (the stronger node rarely trains on its trees), yet
+    its all-wrong questions are where the stronger node's answers help most: askers below min_standing get
+    young_answers of the step's slots, after the askers with standing, least recently served first."""
+    h = RescueHelper(RescueConfig(enabled=True, answer_prompts=3, max_answers_per_peer=3, min_standing=1,
+                                  young_answers=2), answered_ttl_steps=100)
+    refs = mix.refs_for_step(0, 12)
+    reqs = ([RescueRequest("young-a", r, 0) for r in refs[0:3]] + [RescueRequest("young-b", r, 0) for r in refs[3:6]]
+            + [RescueRequest("earned", r, 4) for r in refs[6:8]])
+    chosen, c = h.select(reqs, 0, **_checks(mix))
+    assert [p for p, _ in chosen[:2]] == ["earned", "earned"]  # standing first, its two questions
+    assert len(chosen) == 3 and {p for p, _ in chosen[2:]} <= {"young-a", "young-b"}
+    first_young = chosen[2][0]
+    assert c["rescue/refused_standing"] + c["rescue/refused_budget"] == 8 - 3
+    # next step: nobody with standing asks; two young slots, the young asker not yet served goes first
+    chosen, c = h.select(reqs[:6], 1, **_checks(mix))
+    assert len(chosen) == 2 and chosen[0][0] != first_young
+    assert c["rescue/refused_standing"] >= 6 - 2 - 3  # the rest: refused for standing or already answered
 
 
 def test_an_asker_whose_questions_we_never_solve_is_skipped_for_a_while(mix):
