@@ -118,7 +118,11 @@ class Admission:
         trees; a young key up to ``PeerBook.tree_cap`` (``young_key_trees + earned // trees_per_earned_tree``),
         and all young keys together up to ``max_young_trees``, handed out one tree per key per turn (a young
         key's trees whose rewards do not differ are dropped first -- unless they answer a question we asked,
-        ``asked`` holds those task keys -- they have nothing to train and must not take a slot), the key that has
+        ``asked`` holds those task keys -- they have nothing to train and must not take a slot; and a young key's
+        tree that answers a question we asked takes no slot of the pool either: the first such tree of each asked
+        question a step is admitted beside the pool, so at most ``len(asked)`` trees more -- a weaker node asks
+        exactly where a stronger, young-at-us peer helps, and its answers must not wait behind that peer's
+        ordinary trees for the one young slot), the key that has
         waited longest first: a key's place is the turn it last got a slot, or, never served, the turn it first
         waited; ties in random order. Every young key with something to train gets a turn at least once per
         ``ceil(young keys / max_young_trees)`` steps; no standing a copied tree buys moves it ahead (outside
@@ -151,6 +155,7 @@ class Admission:
         keep: set[int] = set()
         gone: set[int] = set()  # young keys' trees without reward contrast
         young: dict[str, list[int]] = {}
+        answers: dict[str, list[int]] = {}  # young key -> its trees answering a question we asked
         for peer, idx in by_peer.items():
             if self.peers.is_young(peer, self.established_after):
                 # an answer to a question we asked carries no contrast of its own (our wrong leaves bring it)
@@ -158,6 +163,10 @@ class Admission:
                 if flat:  # no advantage, nothing to train: such trees take no slot of the young pool
                     gone |= flat
                     idx = [i for i in idx if i not in flat]
+                ans = [i for i in idx if items[i][1].task_key in asked]
+                if ans:  # answers to our questions: admitted apart from the pool, one per question a step
+                    answers[peer] = ans
+                    idx = [i for i in idx if i not in set(ans)]
                 cap = self.peers.tree_cap(peer, base=self.young_key_trees, per=self.trees_per_earned_tree,
                                           ceiling=max(self.young_key_trees, self.max_trees_per_peer))
                 young[peer] = idx[:cap]
@@ -166,7 +175,7 @@ class Admission:
                 for i in idx:
                     items[i][1].established = not items[i][2]
         pool = self.max_young_trees
-        order = [p for p in young if young[p]]
+        order = [p for p in young if young[p] or p in answers]
         self.turn += 1
         for p in order:  # a key's place in the queue: the turn it last got a slot, else the turn it first waited
             if p not in self.served and p not in self.waiting \
@@ -176,6 +185,13 @@ class Admission:
         order.sort(key=lambda p: (self.served[p], 1) if p in self.served  # waiting since after turn t
                    else (self.waiting.get(p, self.turn), 0))  # waiting since before turn t
         n_young = 0
+        answered: set[str] = set()
+        for p in order:  # each question we asked: the first young key in the queue that answers it, one tree
+            for i in answers.get(p, ()):
+                if items[i][1].task_key not in answered:
+                    answered.add(items[i][1].task_key)
+                    keep.add(i)
+                    n_young += 1
         while pool > 0 and any(young[p] for p in order):
             for p in order:
                 if pool > 0 and young[p]:

@@ -515,3 +515,26 @@ def test_rescue_requests_age_out_and_a_newer_heartbeat_without_them_withdraws_th
     mine.announce_rescue([ref, ref, "x", *more])
     assert mine.rescue_refs() == [ref, more[0]]
     assert mine.heartbeat("m").rescue == mine.rescue_refs() and mine.heartbeat("m").created_at == wall()
+
+
+def test_answers_to_our_questions_take_no_young_pool_slot_one_per_question_a_step():
+    """A weaker node's rescue answers come from a stronger peer that is young at it (the weaker node's screen
+    rejects many of that peer's leaves, so it earns standing slowly): in a live pair the helper
+    answered 27-35 questions in 25 steps and the asker merged none, every answer waiting behind the helper's
+    ordinary trees for the one young slot until its question expired. An answer to a question we asked is now
+    admitted beside the pool, the first tree of each asked question a step (so at most len(asked) more)."""
+    a = _admission(young_key_trees=1, max_young_trees=1, established_after=16)
+    helper, ordinary = _peer_trees("stronger helper", 3)
+    asked = [PeerTree(_tree(False, 10 + k), helper) for k in range(2)]  # all correct: no contrast of their own
+    sybils = [PeerTree(_tree(True, 10), f"sybil answer {i}") for i in range(20)]  # 20 keys answer question 10
+    out, young, dropped = a.admit(ordinary + asked + sybils, {t.task_key for t in asked})
+    ids = {id(t) for t in out}
+    answers = [t for t in out if t.task_key in {x.task_key for x in asked}]
+    # both questions answered once each (by whichever answerer waited longest), plus the one pool slot
+    assert len(answers) == 2 and len({t.task_key for t in answers}) == 2
+    assert len(out) == 3 and young == 3
+    assert sum(1 for t in ordinary if id(t) in ids) + sum(1 for t in sybils if id(t) in ids) <= 2
+    # without the question asked, the helper's flat answer trees are dropped as before and nothing else changes
+    b = _admission(young_key_trees=1, max_young_trees=1, established_after=16)
+    out, young, dropped = b.admit(ordinary + asked)
+    assert len(out) == 1 and young == 1 and dropped == 2
