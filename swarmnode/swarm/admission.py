@@ -44,6 +44,15 @@ def has_contrast(vt: PeerTree) -> bool:
     return len(r) >= 2 and max(r) - min(r) > 1e-9
 
 
+def _has_correct_leaf(vt: PeerTree) -> bool:
+    """A leaf of the tree has our re-scored reward >= 1 (exactly correct; the format reward, when on, is a
+    fraction below 1 added to the exact score)."""
+    try:
+        return max(vt.rewards(), default=0.0) >= 1.0
+    except ValueError:
+        return False
+
+
 def move_authorship(peers: PeerBook, changes: Iterable[tuple[str, str | None]],
                     count: Callable[[str], None]) -> None:
     """Apply the verifier's authorship changes (``Verifier.take_authorship_changes``): per tree, the key that
@@ -119,8 +128,11 @@ class Admission:
         and all young keys together up to ``max_young_trees``, handed out one tree per key per turn (a young
         key's trees whose rewards do not differ are dropped first -- unless they answer a question we asked,
         ``asked`` holds those task keys -- they have nothing to train and must not take a slot; and a young key's
-        tree that answers a question we asked takes no slot of the pool either: the first such tree of each asked
-        question a step is admitted beside the pool, so at most ``len(asked)`` trees more -- a weaker node asks
+        tree that answers a question we asked with an exactly correct leaf takes no slot of the pool either: the
+        first such tree of each asked question a step (queue order) is admitted beside the pool, so at most
+        ``len(asked)`` trees more, and keys answering with wrong leaves only cannot take the question's turn from
+        a correct answer (an answer without a correct leaf has nothing to merge: it is an ordinary tree, dropped
+        when flat) -- a weaker node asks
         exactly where a stronger, young-at-us peer helps, and its answers must not wait behind that peer's
         ordinary trees for the one young slot), the key that has
         waited longest first: a key's place is the turn it last got a slot, or, never served, the turn it first
@@ -161,12 +173,19 @@ class Admission:
                 # an answer to a question we asked carries no contrast of its own (our wrong leaves bring it)
                 flat = {i for i in idx if not has_contrast(items[i][1]) and items[i][1].task_key not in asked}
                 if flat:  # no advantage, nothing to train: such trees take no slot of the young pool
+                    # (answers to our questions are sorted out below: their contrast is our wrong leaves)
                     gone |= flat
                     idx = [i for i in idx if i not in flat]
-                ans = [i for i in idx if items[i][1].task_key in asked]
-                if ans:  # answers to our questions: admitted apart from the pool, one per question a step
+                # answers to our questions with an exactly correct leaf: admitted apart from the pool, one per
+                # question a step; an answer without one is an ordinary tree (flat: nothing to train, dropped)
+                ans = [i for i in idx if items[i][1].task_key in asked and _has_correct_leaf(items[i][1])]
+                if ans:
                     answers[peer] = ans
                     idx = [i for i in idx if i not in set(ans)]
+                wrong = {i for i in idx if items[i][1].task_key in asked and not has_contrast(items[i][1])}
+                if wrong:
+                    gone |= wrong
+                    idx = [i for i in idx if i not in wrong]
                 cap = self.peers.tree_cap(peer, base=self.young_key_trees, per=self.trees_per_earned_tree,
                                           ceiling=max(self.young_key_trees, self.max_trees_per_peer))
                 young[peer] = idx[:cap]

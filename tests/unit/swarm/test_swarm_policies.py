@@ -260,9 +260,9 @@ def test_a_manifest_is_paid_for_once_whatever_evicts_its_state():
 
 
 # ============================================================================ admission of young keys
-def _tree(contrast: bool = True, k: int = 0) -> RolloutTree:
+def _tree(contrast: bool = True, k: int = 0, rewards: tuple[float, float] | None = None) -> RolloutTree:
     t = RolloutTree(task=TaskRef("rg:chain_sum", "d" * 16, 0, k), prompt_ids=[1, 2], prompt_text="Q")
-    for i, r in enumerate((1.0, 0.0) if contrast else (0.0, 0.0)):
+    for i, r in enumerate(rewards or ((1.0, 0.0) if contrast else (0.0, 0.0))):
         lid = t.add_child(0, [65 + i], text=chr(65 + i), finish_reason="eos")
         t.nodes[lid].reward = r
     t.update_stats()
@@ -392,10 +392,13 @@ def test_a_flood_of_flat_trees_takes_no_young_pool_slot():
     flat = [_peer_trees(f"flat {i}", 1, contrast=False) for i in range(32)]
     out, young, dropped = a.admit([ts[0] for _, ts in flat] + late_trees)
     assert [t.peer_id for t in out] == [late] and young == 1 and dropped == 32 and a.carry == []
-    # an answer to a question we asked carries no contrast of its own: it is admitted
+    # an answer to a question we asked carries no contrast of its own (all correct): it is admitted; an
+    # all-wrong one has nothing to merge and is dropped
     asker = _admission(young_key_trees=1, established_after=16)
-    answer = PeerTree(_tree(False, 5), "rescuer")
+    answer = PeerTree(_tree(k=5, rewards=(1.0, 1.0)), "rescuer")
     assert asker.admit([answer], {answer.task_key})[0] == [answer]
+    wrong = PeerTree(_tree(False, 6), "rescuer")
+    assert asker.admit([wrong], {wrong.task_key})[:3:2] == ([], 1)
 
 
 def test_a_tree_carried_while_its_key_was_young_is_not_marked_established():
@@ -525,7 +528,7 @@ def test_answers_to_our_questions_take_no_young_pool_slot_one_per_question_a_ste
     admitted beside the pool, the first tree of each asked question a step (so at most len(asked) more)."""
     a = _admission(young_key_trees=1, max_young_trees=1, established_after=16)
     helper, ordinary = _peer_trees("stronger helper", 3)
-    asked = [PeerTree(_tree(False, 10 + k), helper) for k in range(2)]  # all correct: no contrast of their own
+    asked = [PeerTree(_tree(k=10 + k, rewards=(1.0, 1.0)), helper) for k in range(2)]  # all correct: no contrast
     sybils = [PeerTree(_tree(True, 10), f"sybil answer {i}") for i in range(20)]  # 20 keys answer question 10
     out, young, dropped = a.admit(ordinary + asked + sybils, {t.task_key for t in asked})
     ids = {id(t) for t in out}
@@ -534,6 +537,12 @@ def test_answers_to_our_questions_take_no_young_pool_slot_one_per_question_a_ste
     assert len(answers) == 2 and len({t.task_key for t in answers}) == 2
     assert len(out) == 3 and young == 3
     assert sum(1 for t in ordinary if id(t) in ids) + sum(1 for t in sybils if id(t) in ids) <= 2
+    # keys answering with wrong leaves only take no question's turn from a correct answer: they are dropped
+    c = _admission(young_key_trees=1, max_young_trees=1, established_after=16)
+    wrong = [PeerTree(_tree(False, 10), f"wrong answer {i}") for i in range(20)]
+    out, young, dropped = c.admit(wrong + asked, {t.task_key for t in asked})
+    assert sorted(t.task_key for t in out) == sorted(t.task_key for t in asked) and dropped == 20
+    assert all(t.peer_id == helper for t in out)
     # without the question asked, the helper's flat answer trees are dropped as before and nothing else changes
     b = _admission(young_key_trees=1, max_young_trees=1, established_after=16)
     out, young, dropped = b.admit(ordinary + asked)
