@@ -130,8 +130,9 @@ def poison_count(recv: Node, credit: StepCredit, ptrees: list[PeerTree], payload
 
 def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     recv = make_node(root / f"recv-{recv_model}", recv_model, args.seed, 0, args)
-    peers = {"same": make_node(root / f"same-{recv_model}", recv_model, args.seed + 1, 1, args)}
-    if peer_model != recv_model:
+    if peer_model == recv_model:
+        peers = {"same": make_node(root / f"same-{recv_model}", recv_model, args.seed + 1, 1, args)}
+    else:
         peers = {"foreign": make_node(root / f"foreign-{peer_model}", peer_model, args.seed + 2, 2, args)}
     t = recv.cfg.train
     credit = StepCredit(recv.tasks.get, recv.policy.tokenizer, mask=t.step_credit == "mask", weight=t.step_reward_weight)
@@ -208,9 +209,9 @@ def main() -> None:
     t0 = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory() as d:
-        for pair in args.pairs:
+        for i, pair in enumerate(args.pairs):  # each pair in its own directories (run directories are locked)
             recv_model, _, peer_model = pair.partition(":")
-            results.append(run_pair(recv_model, peer_model or recv_model, args, Path(d)))
+            results.append(run_pair(recv_model, peer_model or recv_model, args, Path(d) / f"pair-{i}"))
     print(f"{'receiver':13} {'peer':22} {'mode':8} {'leaves':>6} {'rejected':>9} {'rej%':>6} {'admitted':>8} "
           f"{'lost%':>6} {'groups':>6} {'dropped':>7} {'grp%':>6}")
     for res in results:

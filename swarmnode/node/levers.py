@@ -250,8 +250,11 @@ class Levers:
 
     def merge_rescued(self, rescue_cands: list[PeerTree], m: dict[str, Any]) -> list[MergedGroup]:
         """The asker's side of rescue: merge the peer trees of our pending questions into our stored all-wrong
-        groups (:func:`~swarmnode.train.rescue.merge_rescue`), at most ``levers.rescue.max_requests`` groups a step;
-        a merged entry leaves the book. The peer's samples are marked ``admitted_by_form`` as other peers' samples
+        groups (:func:`~swarmnode.train.rescue.merge_rescue`), at most ``levers.rescue.max_requests`` groups a step.
+        An entry leaves the book only once its merged group trained (``RoundLoop._settle``): a group whose peer
+        samples the screen dropped keeps its question pending, so an answer that carries a payload cannot use up
+        our question before a clean answer arrives (outside attack: payload answers from fresh keys, each taking a
+        question, held the honest answerer's merges at 0 in 9 steps). The peer's samples are marked ``admitted_by_form`` as other peers' samples
         are (``external.screen.admit_step_form``, :meth:`~swarmnode.rollout.step_credit.StepCredit.admits`), so a worked
         solution in exact step form meets no likelihood screen. Metrics into ``m``: ``rescue/merged`` (groups),
         ``rescue/merged_samples``."""
@@ -288,8 +291,7 @@ class Levers:
                 if admit is not None:  # as any peer sample: a worked solution in exact step form skips the screen
                     for smp in g.peer:
                         smp.admitted_by_form = admit.admits(entry.ref, smp.completion_ids)
-                out.append(g)
-                self.rescue_book.take(key)
+                out.append(g)  # the entry stays pending until the group trained (RoundLoop._settle)
         m["rescue/merged"] = len(out)
         m["rescue/merged_samples"] = sum(len(g.own) + len(g.peer) for g in out)
         return out

@@ -250,6 +250,9 @@ class RoundLoop:
         credits = batch.credits(trained) if external_used and updated and judged and self.swarm is not None else []
         self._apply_standing(batch.charges, credits)
         if rnd.rescue_swarm is not None:
+            if updated and external_used:  # a rescued question leaves the book once its group trained
+                for g in batch.trained_rescue:
+                    self.rescue_book.take(g.key)
             self.rescue_totals["rescued"] += len(batch.trained_rescue) if updated and external_used else 0
             m["rescue/pending"] = len(self.rescue_book)
             m["rescue/all_wrong_total"] = self.rescue_totals["all_wrong"]

@@ -152,12 +152,16 @@ class RescueHelper:
     Per step (:meth:`select`): askers whose answered questions got no correct leaf from us
     ``skip_after_failures`` times in a row are skipped for ``skip_steps`` steps; askers with earned standing
     ``>= min_standing`` are visited first, then those below it (young keys, or weaker peers whose trees we do not
-    train on), each kind least-recently served first (never served first, ties in a salted order a peer id
-    cannot be ground for); at most ``max_answers_per_peer`` refs of one asker, ``answer_prompts`` in all, and of
+    train on), each kind in queue order: an asker's place is the step it was last served, or, never served, the
+    step it first asked (keys minted every step queue behind an asker that has been waiting; outside attack: with
+    "never served first", one fresh key a step took the young slot every step and an honest young asker was
+    answered once in 24 steps), ties in a salted order a peer id cannot be ground for; at most ``max_answers_per_peer`` refs of one asker, ``answer_prompts`` in all, and of
     them at most ``young_answers`` to askers below ``min_standing`` (the rest of theirs are refused for
     standing); each ref costs a question regeneration, at most ``answer_prompts * _CHECKS_PER_ANSWER`` a step
     (``young_answers * _CHECKS_PER_ANSWER`` for the young askers), and is refused when its task is not in our
-    mix or its question is held out.
+    mix or its question is held out; an asker of a held-out question is skipped for ``skip_steps`` steps (an
+    honest asker never announces one: its all-wrong groups are questions of its training stream), so a flood of
+    such refs costs one regeneration per key and cannot hold the young slots.
     """
 
     cfg: RescueConfig
@@ -166,10 +170,18 @@ class RescueHelper:
     _answered: OrderedDict = field(default_factory=OrderedDict)   # task key -> step answered (whoever asked)
     _fails: OrderedDict = field(default_factory=OrderedDict)      # asker -> answered steps in a row, none correct
     _skip_until: OrderedDict = field(default_factory=OrderedDict)  # asker -> first step it is answered again
+    # asker never served -> the step it first asked. Not a cache: when full, a new asker is not remembered (it
+    # waits at the back) rather than evicting one that has waited longer
+    _waiting: OrderedDict = field(default_factory=OrderedDict)
     _salt: bytes = field(default_factory=lambda: os.urandom(8))
 
-    def _order_key(self, peer: str) -> tuple[int, bytes]:
-        return (self._served.get(peer, -1), hashlib.blake2b(peer.encode("utf-8", "replace"), key=self._salt).digest())
+    def _order_key(self, peer: str, step: int) -> tuple[int, int, bytes]:
+        """An asker's place in the queue: the step it was last served, or, never served, the step it first asked
+        (a fresh key queues behind an asker served before it arrived); ties in a salted order."""
+        salt = hashlib.blake2b(peer.encode("utf-8", "replace"), key=self._salt).digest()
+        if peer in self._served:
+            return (self._served[peer], 1, salt)
+        return (self._waiting.get(peer, step), 0, salt)
 
     def select(
         self,
@@ -218,8 +230,11 @@ class RescueHelper:
                 c["rescue/refused_skipped"] += len(refs)
             else:
                 eligible.append(peer)
+        for peer in eligible:
+            if peer not in self._served and peer not in self._waiting and len(self._waiting) < _MAX_ASKERS:
+                self._waiting[peer] = step
         # askers with standing first; then the young ones (below min_standing) in at most young_answers slots
-        eligible.sort(key=lambda p: (standing[p] < self.cfg.min_standing, *self._order_key(p)))
+        eligible.sort(key=lambda p: (standing[p] < self.cfg.min_standing, *self._order_key(p, step)))
         chosen: list[tuple[str, TaskRef]] = []
         checks_left = self.cfg.answer_prompts * _CHECKS_PER_ANSWER
         young_left, young_checks = self.cfg.young_answers, self.cfg.young_answers * _CHECKS_PER_ANSWER
@@ -243,9 +258,13 @@ class RescueHelper:
                 checks_left -= 1
                 young_checks -= young
                 c["rescue/checks"] += 1
-                if is_heldout(ref):
+                if is_heldout(ref):  # no honest asker announces one: its all-wrong groups are training questions
                     c["rescue/refused_heldout"] += 1
-                    continue
+                    self._skip_until[peer] = step + 1 + self.cfg.skip_steps
+                    self._skip_until.move_to_end(peer)
+                    rest = by_peer[peer][by_peer[peer].index(ref) + 1:]
+                    c["rescue/refused_skipped"] += len(rest)
+                    break
                 if not contains(ref):
                     c["rescue/refused_task"] += 1
                     continue
@@ -257,8 +276,10 @@ class RescueHelper:
             self._answered.move_to_end(ref.key())
             self._served[peer] = step
             self._served.move_to_end(peer)
+            self._waiting.pop(peer, None)
         _trim(self._answered, _MAX_ANSWERED)
         _trim(self._served, _MAX_ASKERS)
+        _trim(self._skip_until, _MAX_ASKERS)
         return chosen, c
 
     def record(self, outcomes: dict[str, bool], step: int) -> None:

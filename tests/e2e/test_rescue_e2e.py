@@ -68,6 +68,20 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
 
         node_a.tasks.score_detail = all_wrong_locally  # type: ignore[method-assign]
 
+        taken: list[str] = []  # a question leaves A's book only once its merged group trained
+        real_take = node_a.rescue_book.take
+        node_a.rescue_book.take = lambda key: (taken.append(key), real_take(key))[1]  # type: ignore[method-assign]
+        real_merge = node_a.merge_rescued
+        merged_keys: list[list[str]] = []
+
+        def merge_and_record(cands, m):
+            groups = real_merge(cands, m)
+            merged_keys.append([g.key for g in groups])
+            assert all(g.key in node_a.rescue_book for g in groups)  # still pending while the batch is built
+            return groups
+
+        node_a.merge_rescued = merge_and_record  # type: ignore[method-assign]
+
         rows_a, rows_b = [], []
         deadline = time.monotonic() + 150  # a safety net for a broken network, not a timing assertion
         while time.monotonic() < deadline:
@@ -86,6 +100,8 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
         assert merged, f"A never merged: {[(r.get('rescue/pending'), r.get('swarm/external_trees')) for r in rows_a]}"
         r = merged[0]
         assert r["rescue/merged_samples"] >= 2 and r["samples_external"] >= 1
+        assert taken and set(taken) <= {k for ks in merged_keys for k in ks}
+        assert all(k not in node_a.rescue_book for k in taken)
         assert r["rescue/rescued_total"] >= 1 and r["rescue/all_wrong_total"] >= r["rescue/rescued_total"]
         assert sum(rb["rescue/answered_leaves_correct"] for rb in rows_b) >= 1
         # B trained on none of its answers: its local samples are its own step's groups only

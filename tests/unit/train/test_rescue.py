@@ -147,13 +147,19 @@ def test_the_helper_refuses_heldout_unknown_and_unearned_requests(mix):
     held = mix.eval_refs(1)
     assert is_heldout_question(mix.get(held[0]).question, mix.eval_fraction)
     unknown = TaskRef("rg:not_a_task", "ffff", 0, 1)
-    reqs = [RescueRequest("asker", train[0], 2), RescueRequest("asker", held[0], 2),
-            RescueRequest("asker", unknown, 2), RescueRequest("fresh", train[1], 0), ("bad",), 3]
+    reqs = [RescueRequest("asker", train[0], 2), RescueRequest("asker", unknown, 2),
+            RescueRequest("asker", held[0], 2), RescueRequest("asker", train[1], 2),
+            RescueRequest("fresh", train[1], 0), ("bad",), 3]
     chosen, c = h.select(reqs, 0, **_checks(mix))
     assert chosen == [("asker", train[0])]
     assert c["rescue/refused_heldout"] == 1 and c["rescue/refused_task"] == 1 and c["rescue/refused_standing"] == 1
-    # the same (asker, ref) is never answered twice within the TTL
-    chosen, c = h.select(reqs, 1, **_checks(mix))
+    # an asker of a held-out question (no honest asker announces one) is skipped: its later refs, and its
+    # requests for skip_steps steps
+    assert c["rescue/refused_skipped"] == 1
+    chosen, c = h.select(reqs[:1] + reqs[3:4], 1, **_checks(mix))
+    assert chosen == [] and c["rescue/refused_skipped"] == 2
+    # after the skip, the same (asker, ref) is still never answered twice within the TTL
+    chosen, c = h.select(reqs[:1], 1 + 1 + h.cfg.skip_steps, **_checks(mix))
     assert chosen == [] and c["rescue/refused_repeat"] == 1
 
 
@@ -213,6 +219,33 @@ def test_a_flood_of_askers_costs_bounded_work(mix):
     calls.clear()
     chosen, c = h0.select([RescueRequest(f"fresh-{i}", refs[1], 0) for i in range(1000)], 1, **_checks(mix, calls))
     assert chosen == [] and calls == [] and c["rescue/refused_standing"] == 1000
+
+
+@pytest.mark.parametrize("fresh_per_step", [1, 8, 32])
+@pytest.mark.parametrize("heldout", [False, True])
+def test_fresh_keys_minted_every_step_cannot_starve_a_waiting_young_asker(mix, fresh_per_step, heldout):
+    """Outside attack on the young slots: with "never served first", one fresh key a step took the young slot every
+    step (an honest young asker answered 1 of 24 steps; 8 fresh keys a step asking held-out questions: 0 of 24,
+    nobody answered, 8 regenerations a step spent on refusals). An asker's place is now the step it was last
+    served, or first asked; an asker of a held-out question is skipped."""
+    h = RescueHelper(RescueConfig(enabled=True, answer_prompts=2, max_answers_per_peer=1, min_standing=1,
+                                  young_answers=1))
+    refs = mix.refs_for_step(0, 64)
+    held = mix.eval_refs(64)
+    answered, checks = 0, 0
+    for step in range(24):
+        honest = [RescueRequest("honest young", refs[(step + k) % 64], 0) for k in range(4)]
+        flood = [RescueRequest(f"fresh {step} {i}", (held if heldout else refs)[(7 * step + i + 32) % 64], 0)
+                 for i in range(fresh_per_step)]
+        chosen, c = h.select(flood + honest, step, **_checks(mix))
+        answered += any(p == "honest young" for p, _ in chosen)
+        checks += c["rescue/checks"]
+        assert sum(1 for p, _ in chosen if p != "honest young") <= 1  # the young slot, at most
+        assert c["rescue/checks"] <= 2 * 8
+    # the first step is a salted draw among keys that all arrived together; then the honest asker, served or
+    # waiting since before any key minted later, goes first (a question already answered is a repeat: at most
+    # 4 x 24 distinct questions asked, each answered once)
+    assert answered >= 23 - (4 * 24 // 64), answered
 
 
 def test_askers_without_standing_share_the_young_slots_after_those_with_standing(mix):
