@@ -292,6 +292,7 @@ class Levers:
                     for smp in g.peer:
                         smp.admitted_by_form = admit.admits(entry.ref, smp.completion_ids)
                 out.append(g)  # the entry stays pending until the group trained (RoundLoop._settle)
+                self.rescue_book.mark_answered(key)  # announced after the unanswered questions from now on
         m["rescue/merged"] = len(out)
         m["rescue/merged_samples"] = sum(len(g.own) + len(g.peer) for g in out)
         return out

@@ -77,6 +77,7 @@ class PendingGroup:
     key: str
     tree: RolloutTree
     step: int
+    answered: bool = False  # a peer's answer was merged (not yet trained: the screen may have dropped it)
 
     @property
     def ref(self) -> TaskRef:
@@ -127,8 +128,17 @@ class RescueBook:
         return n
 
     def refs(self, n: int) -> list[TaskRef]:
-        """The TaskRefs of the newest ``n`` entries, newest first (what the heartbeats announce)."""
-        return [e.ref for e in reversed(self._entries.values())][: max(0, int(n))]
+        """The TaskRefs of ``n`` entries (what the heartbeats announce): the newest not yet answered first, then
+        the newest answered ones (a merged answer the screen dropped: another peer may still answer it, but a
+        helper that answered it refuses it as a repeat for a while, so it must not crowd out fresh questions)."""
+        newest = list(reversed(self._entries.values()))
+        return [e.ref for e in [e for e in newest if not e.answered] + [e for e in newest if e.answered]][: max(0, int(n))]
+
+    def mark_answered(self, key: str) -> None:
+        """A peer's answer to ``key`` was merged; the entry stays pending until its group trained."""
+        e = self._entries.get(key)
+        if e is not None:
+            e.answered = True
 
     def get(self, key: str) -> PendingGroup | None:
         return self._entries.get(key)

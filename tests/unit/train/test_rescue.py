@@ -80,6 +80,22 @@ def test_the_book_holds_newest_first_expires_and_is_bounded():
         RescueBook(0, 4)
 
 
+def test_answered_questions_are_announced_after_the_unanswered_ones():
+    """A question whose merged answer the screen dropped stays pending (a clean answer may still come), but a
+    helper that answered it refuses it as a repeat for a while: announced first, it crowded out fresh questions
+    (a 600-step pair merged half as many groups as before)."""
+    book = RescueBook(max_age_steps=4, capacity=8)
+    refs = [TaskRef("rg:chain_sum", "d", 0, i) for i in range(6)]
+    for i, r in enumerate(refs):
+        book.add(_own(r), i // 2)
+    book.mark_answered(refs[5].key())
+    book.mark_answered(refs[4].key())
+    book.mark_answered("not pending")  # ignored
+    assert book.refs(4) == [refs[3], refs[2], refs[1], refs[0]]
+    assert book.refs(6) == [refs[3], refs[2], refs[1], refs[0], refs[5], refs[4]]
+    assert refs[5].key() in book and book.get(refs[5].key()).answered
+
+
 # ============================================================================ merge
 @pytest.mark.parametrize("estimator", ["grpo", "mc_grpo", "tree_grpo", "treepo", "treerl"])
 def test_merge_gives_own_wrong_leaves_negative_and_peer_correct_ones_positive_advantages(estimator):
