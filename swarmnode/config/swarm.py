@@ -151,7 +151,7 @@ class RescueConfig(_Strict):
         1, ge=0, description="of the answer_prompts questions answered per step, at most this many go to askers "
         "below min_standing (a newcomer, or a weaker peer whose trees we do not train on, earns no standing with "
         "us, yet its all-wrong questions are where our answers help most); served after the askers with standing, "
-        "least recently served first. A flood of fresh keys shares these slots and costs at most young_answers x 8 "
+        "in queue order (last served, or first asked). A flood of fresh keys shares these slots and costs at most young_answers x 8 "
         "question regenerations a step. 0 = askers without standing are never answered. Default 1"
     )
     skip_after_failures: int = Field(

@@ -170,22 +170,15 @@ class Admission:
         answers: dict[str, list[int]] = {}  # young key -> its trees answering a question we asked
         for peer, idx in by_peer.items():
             if self.peers.is_young(peer, self.established_after):
-                # an answer to a question we asked carries no contrast of its own (our wrong leaves bring it)
-                flat = {i for i in idx if not has_contrast(items[i][1]) and items[i][1].task_key not in asked}
-                if flat:  # no advantage, nothing to train: such trees take no slot of the young pool
-                    # (answers to our questions are sorted out below: their contrast is our wrong leaves)
-                    gone |= flat
-                    idx = [i for i in idx if i not in flat]
                 # answers to our questions with an exactly correct leaf: admitted apart from the pool, one per
-                # question a step; an answer without one is an ordinary tree (flat: nothing to train, dropped)
+                # question a step (their contrast is our wrong leaves)
                 ans = [i for i in idx if items[i][1].task_key in asked and _has_correct_leaf(items[i][1])]
                 if ans:
                     answers[peer] = ans
-                    idx = [i for i in idx if i not in set(ans)]
-                wrong = {i for i in idx if items[i][1].task_key in asked and not has_contrast(items[i][1])}
-                if wrong:
-                    gone |= wrong
-                    idx = [i for i in idx if i not in wrong]
+                # no contrast and no answer to merge (all-wrong answers included): nothing to train, no slot
+                flat = {i for i in idx if i not in ans and not has_contrast(items[i][1])}
+                gone |= flat
+                idx = [i for i in idx if i not in flat and i not in ans]
                 cap = self.peers.tree_cap(peer, base=self.young_key_trees, per=self.trees_per_earned_tree,
                                           ceiling=max(self.young_key_trees, self.max_trees_per_peer))
                 young[peer] = idx[:cap]

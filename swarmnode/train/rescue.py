@@ -131,8 +131,8 @@ class RescueBook:
         """The TaskRefs of ``n`` entries (what the heartbeats announce): the newest not yet answered first, then
         the newest answered ones (a merged answer the screen dropped: another peer may still answer it, but a
         helper that answered it refuses it as a repeat for a while, so it must not crowd out fresh questions)."""
-        newest = list(reversed(self._entries.values()))
-        return [e.ref for e in [e for e in newest if not e.answered] + [e for e in newest if e.answered]][: max(0, int(n))]
+        newest = sorted(reversed(self._entries.values()), key=lambda e: e.answered)  # stable: newest first in each
+        return [e.ref for e in newest][: max(0, int(n))]
 
     def mark_answered(self, key: str) -> None:
         """A peer's answer to ``key`` was merged; the entry stays pending until its group trained."""
