@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -202,7 +203,7 @@ def test_tiny_swarm_arm_runs_and_exchanges(tmp_path):
     assert [p[0] for p in s["accuracy"]] == [0, 2, 4]
     for i in range(2):
         res = json.loads((arm_dir / f"node-{i}" / "result.json").read_text())
-        assert res["steps"] == 4 and res["barrier_ok"]
+        assert res["steps"] == 4 and res["barrier_ok"] and res["linger"] is None  # no rescue: nobody lingers
         cfg = json.loads((arm_dir / f"node-{i}" / "spec.json").read_text())
         assert cfg["stream"] == i and cfg["config"]["seed"] == i
     assert (arm_dir / "joined-1").exists()  # node 1 reached node 0's DHT before training
@@ -310,13 +311,18 @@ def test_specialize_lever_gives_each_node_its_own_task_and_peers_still_verify_it
 
 @pytest.mark.slow
 def test_tiny_swarm_arm_with_both_levers_runs(tmp_path):
-    """Two real node processes with levers.curriculum and levers.expansion on (plumbing only, a few steps)."""
+    """Two real node processes with levers.curriculum, levers.expansion and levers.rescue on (plumbing only, a
+    few steps; with rescue the first node done lingers, answering, until the other is done)."""
     base = load_config(None, {"sampling.max_completion_length": 32})
-    arm = Arm(2, 2, True, curriculum=True, expansion=True)
+    arm = Arm(2, 2, True, curriculum=True, expansion=True, rescue=True)
     arm_dir = run_arm(arm, base, tmp_path, nodes=2, steps=4, eval_every=0, eval_size=4, timeout=240, nice=10)
     s = summarize_arm(arm_dir)
     assert s["nodes"] == 2 and s["steps"] == 4
     for i in range(2):
+        spec = json.loads((arm_dir / f"node-{i}" / "spec.json").read_text())
+        res = json.loads((arm_dir / f"node-{i}" / "result.json").read_text())
+        assert spec["linger"] and spec["config"]["levers"]["rescue"]["enabled"]
+        assert res["linger"]["rounds"] >= 0 and (arm_dir / f"trained-{i}").read_text() == "4"
         recs = [json.loads(x) for x in (arm_dir / f"node-{i}" / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in recs if "reward" in r]
         assert len(steps) == 4
@@ -584,22 +590,63 @@ def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
 
 
 def test_rescue_lever_enables_swarm_rescue(tmp_path):
-    from swarmnode.config import LeversConfig
-
     arms = plan_arms([(8, 8)], levers=["none", "rescue"], isolated=False)
     assert [a.name for a in arms] == ["swarm-8x8-per_source-none", "swarm-8x8-per_source-none-res"]
     assert arms[1].label == "swarm 8/8 per_source none +rescue"
     assert not (arms[1].curriculum or arms[1].expansion or arms[1].specialize)
-    if "rescue" not in LeversConfig.model_fields:
-        with pytest.raises(ValueError, match="--levers rescue needs levers.rescue"):
-            node_config(load_config(None), arms[1], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
-                        swarm_id="x")
-        pytest.skip("this config has no levers.rescue yet (RescueConfig lands on another branch)")
     on = node_config(load_config(None), arms[1], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "n",
                      swarm_id="x")
     off = node_config(load_config(None), arms[0], 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "m",
                       swarm_id="x")
     assert on.levers.rescue.enabled and not off.levers.rescue.enabled
+
+
+def test_peers_still_training_waits_on_live_unfinished_nodes_only(tmp_path):
+    """Linger's stop rule: a node is waited on while it has no ``trained-<k>`` marker and its process lives; a
+    crashed node (dead pid) or one without a readable pid file is not waited on."""
+    import subprocess
+    import sys
+
+    from swarmnode.bench.swarm import peers_still_training
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "pid-0").write_text(str(os.getpid()))  # ourselves: alive
+    (tmp_path / "pid-1").write_text(str(os.getpid()))
+    (tmp_path / "pid-2").write_text(str(dead.pid))
+    (tmp_path / "pid-3").write_text("not a pid")
+    assert peers_still_training(tmp_path, 0, 5) == [1]  # 4 has no pid file
+    assert peers_still_training(tmp_path, 1, 2) == [0]
+    (tmp_path / "trained-1").write_text("600")
+    assert peers_still_training(tmp_path, 0, 5) == []
+
+
+def test_linger_is_off_without_rescue_and_stops_at_max_seconds(tmp_path):
+    """:func:`linger_rescue` runs no round for a node without a swarm or with rescue off, and a lingering node
+    stops at ``max_seconds`` even while a peer still trains (fake clock: no wall-clock wait)."""
+    from types import SimpleNamespace
+
+    from swarmnode.bench.swarm import linger_rescue
+
+    (tmp_path / "pid-0").write_text(str(os.getpid()))
+    calls: list[int] = []
+
+    def node(swarm, enabled):
+        cfg = SimpleNamespace(levers=SimpleNamespace(rescue=SimpleNamespace(enabled=enabled)), run_dir=str(tmp_path))
+        return SimpleNamespace(swarm=swarm, cfg=cfg, step=600,
+                               answer_rescue=lambda step, m: (calls.append(step),
+                                                              m.update({"rescue/requests_seen": 3,
+                                                                        "rescue/answered": 1})))
+
+    now = [0.0]
+    fake = {"clock": lambda: now[0], "sleep": lambda s: now.__setitem__(0, now[0] + s)}
+    assert linger_rescue(node(None, True), tmp_path, 1, 2, 2.0, max_seconds=10, **fake)["rounds"] == 0
+    assert linger_rescue(node(SimpleNamespace(), False), tmp_path, 1, 2, 2.0, max_seconds=10, **fake)["rounds"] == 0
+    announced: list = []
+    out = linger_rescue(node(SimpleNamespace(announce_rescue=announced.append), True), tmp_path, 1, 2, 2.0,
+                        max_seconds=10, **fake)
+    assert announced == [None] and calls == [600, 601, 602, 603, 604]  # one round per 2 s for 10 s
+    assert out["rounds"] == 5 and out["requests_seen"] == 15 and out["answered"] == 5 and out["seconds"] == 10
 
 
 class _FakeClient:

@@ -11,6 +11,7 @@ merges them into a mixed group and trains on it (``rescue/merged``), crediting B
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -123,6 +124,74 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
             "b_answered_leaves_correct": sum(rb["rescue/answered_leaves_correct"] for rb in rows_b),
             "a_merged_samples": r["rescue/merged_samples"], "a_all_wrong_total": rows_a[-1]["rescue/all_wrong_total"],
             "a_rescued_total": rows_a[-1]["rescue/rescued_total"]}))
+    finally:
+        for n in (node_b, node_a):
+            if n is not None:
+                n.close()
+
+
+def test_a_finished_node_lingering_answers_the_node_still_training(tmp_path):
+    """The swarm benchmark's linger (``bench swarm --linger``): B has done its steps; while A still trains, B keeps
+    answering A's all-wrong questions without training or asking, and A merges an answer B published after its
+    last step. Single thread: B's rounds wait out their pace with ``sleep``, which steps A."""
+    from swarmnode.bench.swarm import linger_rescue, peers_still_training
+    from swarmnode.node import Node
+    from swarmnode.swarm.gossip import build_swarm
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    model = build_bigram_model(tmp_path / "char-llama", "llama")
+    sid = f"linger-{time.time_ns() % 10**9}"
+    arm = tmp_path / "arm"
+    arm.mkdir()
+    node_a = Node(_cfg(tmp_path / "a", model, tasks, sid))
+    node_b = node_a_swarm = None
+    try:
+        node_a.swarm = node_a_swarm = build_swarm(
+            node_a.cfg, node_a.policy, node_a.tasks, tmp_path / "a", model_id=node_a.base_model_id,
+            prompt_for=node_a.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        node_b = Node(_cfg(tmp_path / "b", model, tasks, sid, **{"swarm.net.initial_peers": node_a_swarm.maddrs(),
+                                                                  "seed": 1, "steps": 2}))
+        node_b.swarm = build_swarm(
+            node_b.cfg, node_b.policy, node_b.tasks, tmp_path / "b", model_id=node_b.base_model_id,
+            prompt_for=node_b.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        node_b.swarm.credit(node_a_swarm.peer_id, 2)  # A has standing with B
+
+        def all_wrong_locally(real):  # the test hook: a node's own groups all wrong, peers' leaves scored for real
+            return lambda task, completion, *, external=False: (
+                lambda d: d if external else {**d, "reward": 0.0, "correct": 0.0})(
+                real(task, completion, external=external))
+
+        node_a.tasks.score_detail = all_wrong_locally(node_a.tasks.score_detail)  # type: ignore[method-assign]
+        real_b = node_b.tasks.score_detail
+        node_b.tasks.score_detail = all_wrong_locally(real_b)  # type: ignore[method-assign]
+        node_b.run()  # B's two steps, all wrong: it asks about them
+        node_b.tasks.score_detail = real_b  # type: ignore[method-assign]
+        assert node_b.swarm.rescue_refs(), "B announced none of its all-wrong questions"
+        b_step, b_weights = node_b.step, [p.detach().clone() for p in node_b.policy.model.parameters()]
+        (arm / "pid-0").write_text(str(os.getpid()))  # A is node 0 of the arm and still training
+        assert peers_still_training(arm, 1, 2) == [0]
+
+        rows_a: list[dict] = []
+        deadline = time.monotonic() + 150  # a safety net for a broken network, not a timing assertion
+
+        def step_a(_seconds: float) -> None:  # B waits out its pace: A trains meanwhile
+            rows_a.append(node_a.run_step().metrics)
+            if sum(r.get("rescue/merged", 0) for r in rows_a) >= 1 or time.monotonic() > deadline:
+                (arm / "trained-0").write_text(str(node_a.step))
+
+        out = linger_rescue(node_b, arm, 1, 2, pace_s=0.5, poll_s=0.5, sleep=step_a)
+        assert (arm / "trained-0").exists() and peers_still_training(arm, 1, 2) == []
+        assert sum(r.get("rescue/merged", 0) for r in rows_a) >= 1, (
+            f"A never merged: linger {out}, A pending {[r.get('rescue/pending') for r in rows_a]}")
+        assert out["rounds"] >= 1 and out["answered"] >= 1 and out["answered_leaves_correct"] >= 1
+        assert out["requests_seen"] >= out["answered"]
+        # B neither trained nor asked while it lingered
+        assert node_b.step == b_step
+        assert all(bool((p == q).all()) for p, q in zip(node_b.policy.model.parameters(), b_weights))
+        assert node_b.swarm.rescue_refs() == []
+        rows_b = [json.loads(x) for x in (tmp_path / "b" / "linger.jsonl").read_text().splitlines()]
+        assert len(rows_b) == out["rounds"] and [r["step"] for r in rows_b] == list(range(b_step, b_step + len(rows_b)))
+        assert sum(r["rescue/answered"] for r in rows_b) == out["answered"]
     finally:
         for n in (node_b, node_a):
             if n is not None:

@@ -62,7 +62,8 @@ module          owns
 ``plan``        the arms: :func:`parse_splits`, :func:`parse_swarm_set`, :class:`Arm`, :func:`plan_arms`,
                 :func:`node_config` (one node's config in an arm), the arm directory's file names
 ``worker``      what runs inside a node process: :func:`worker_main` (one benchmark node, with
-                :class:`BufferedSwarm` and :class:`PayloadCounter`), :func:`hostile_main` (the hostile peer)
+                :class:`BufferedSwarm` and :class:`PayloadCounter`; :func:`linger_rescue`, a finished node
+                answering its peers until they finish), :func:`hostile_main` (the hostile peer)
 ``run``         running processes: :func:`run_arm` (spawn, time limit, SIGTERM cleanup) and
                 :func:`run_bench` (plan, run and report every arm)
 ``results``     reading results: :func:`summarize_arm` from the nodes' ``metrics.jsonl`` and ``result.json``,
@@ -135,7 +136,9 @@ from swarmnode.bench.swarm.run import (
 from swarmnode.bench.swarm.worker import (
     BufferedSwarm,
     hostile_main,
+    linger_rescue,
     payload_start_probability,
+    peers_still_training,
     PayloadCounter,
     RESCUE_METHODS,
     worker_main,
@@ -156,6 +159,7 @@ __all__ = [
     "HOSTILE_MODES",
     "hostile_report",
     "LEVERS",
+    "linger_rescue",
     "main",
     "node_config",
     "NORMALIZATIONS",
@@ -164,6 +168,7 @@ __all__ = [
     "parse_swarm_set",
     "payload_start_probability",
     "PayloadCounter",
+    "peers_still_training",
     "per_node_report",
     "per_node_rows",
     "plan_arms",

@@ -70,6 +70,10 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                     "each node against itself alone (held-out endpoint, gain, AUC, gain in the swarm minus gain "
                     "alone, steps to its solo twin's final accuracy) and a learning-curve PNG per node; default: on "
                     "when --models names several models")
+    ap.add_argument("--linger", action=argparse.BooleanOptionalAction, default=True, help="with --levers rescue, a "
+                    "node that has done its steps keeps answering its peers' rescue requests (not training, at its "
+                    "own pace) until every node of the arm is done, as a volunteer's node keeps running "
+                    "(--no-linger: it stops at its last step)")
     ap.add_argument("--arm-timeout", type=float, default=1800.0, help="seconds an arm's nodes may run before they "
                     "are killed and the benchmark stops (0: no limit); a loaded machine needs more")
     return ap
@@ -93,7 +97,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                         hostile="" if a.hostile == "none" else a.hostile, isolated=a.isolated,
                         screen_off=a.screen_off, payload=a.payload, repeats=a.repeats, levers=a.levers,
                         arm_timeout=a.arm_timeout, first_repeat=a.first_repeat, models=a.models,
-                        swarm_set=a.swarm_set, per_node=a.per_node, command=_command(prog, argv),
+                        swarm_set=a.swarm_set, per_node=a.per_node, linger=a.linger, command=_command(prog, argv),
                         log=lambda s: print(s, flush=True))
     except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)

@@ -75,7 +75,7 @@ def _sigterm_raises() -> Iterator[None]:
 def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, steps: int, eval_every: int,
             eval_size: int, timeout: float | None = 1800.0, nice: int = 10, threads: int = 1,
             hostile_interval: float = 5.0, payload: str | None = None, repeat: int = 0,
-            models: Sequence[str] = ()) -> Path:
+            models: Sequence[str] = (), linger: bool = True) -> Path:
     """Run ``nodes`` processes of ``arm`` concurrently under ``out_root/<arm.name>/node-<i>``; return the arm dir.
 
     Repeat ``k > 0`` runs in ``out_root/<arm.name>-r<k>`` with other seeds (``seed = i + 1000k``) and other
@@ -90,6 +90,12 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
     still running after ``timeout`` seconds (``None``: no limit) are killed (their process groups), as they are
     when the benchmark itself gets SIGTERM (it then exits with ``SystemExit(143)``) or SIGINT. A previous run in
     the same directory is removed first.
+
+    With ``linger`` (the default) and rescue on (``--levers rescue``), a swarm node that has done its ``steps``
+    keeps answering its peers' rescue requests until every other node of the arm has done its steps
+    (:func:`~swarmnode.bench.swarm.worker.linger_rescue`, totals in ``result.json`` key ``linger``): a volunteer's
+    node keeps running, and a faster node would otherwise leave a slower one without a helper for the rest of its
+    run. ``linger=False`` stops each node at its last step, as before.
 
     Raises:
         RuntimeError: a node was killed at ``timeout`` (the message names the limit and ``--arm-timeout``), or
@@ -130,7 +136,8 @@ def run_arm(arm: Arm, base: Any, out_root: str | os.PathLike, *, nodes: int, ste
                                   run_dir=rd, swarm_id=swarm_id, host_maddrs=host_maddrs if i == 0 else (),
                                   initial_peers=boot if i > 0 else (), repeat=repeat, models=models)
                 spec = {"config": cfg.model_dump(mode="json"), "index": i, "nodes": nodes,
-                        "stream": i + repeat * nodes, "arm_dir": str(arm_dir), "threads": threads, "payload": payload}
+                        "stream": i + repeat * nodes, "arm_dir": str(arm_dir), "threads": threads, "payload": payload,
+                        "linger": bool(linger and arm.swarm and cfg.levers.rescue.enabled)}
                 sp = rd / "spec.json"
                 sp.write_text(json.dumps(spec))
                 procs.append((i, _spawn("worker", sp, rd / "stdout.log", nice=nice, env=env), rd))
@@ -211,7 +218,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
               hostile: bool | str = False, isolated: bool = True, screen_off: bool = False,
               payload: str = DEFAULT_PAYLOAD, repeats: int = 1, levers: str = "none", first_repeat: int = 0,
               models: str | None = None, swarm_set: str | Sequence[str] | None = None,
-              per_node: bool | None = None, log: Any = print) -> BenchResult:
+              per_node: bool | None = None, linger: bool = True, log: Any = print) -> BenchResult:
     """Plan, run and report the swarm-vs-isolated benchmark (the method: :mod:`swarmnode.bench.swarm`).
 
     Args:
@@ -247,6 +254,8 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             labels; every swarm node's config is validated before anything runs.
         per_node: start the report with the per-node table and per-node plots (None: when ``models`` names more
             than one model; see :func:`write_report`).
+        linger: with rescue on, nodes that finished keep answering their peers' rescue requests until every node of
+            the arm finished (``--no-linger``: they stop; see :func:`run_arm`).
         log: a ``print``-like callable for progress lines.
 
     Raises:
@@ -296,7 +305,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
         try:
             arm_dir = run_arm(arm, base, work_dir, nodes=nodes, steps=steps, eval_every=eval_every, eval_size=eval_size,
                               timeout=arm_timeout or None, nice=nice, repeat=rep_k, models=node_models,
-                              payload=payload if counting and arm.swarm else None)
+                              payload=payload if counting and arm.swarm else None, linger=linger)
         except RuntimeError as e:
             if not res.results:
                 raise

@@ -214,12 +214,93 @@ def _barrier(arm_dir: Path, index: int, n: int, timeout: float) -> bool:
     return False
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def peers_still_training(arm_dir: Path, index: int, n: int) -> list[int]:
+    """The other nodes of the arm that are still training: no ``trained-<k>`` marker yet and their process (the pid
+    in ``pid-<k>``) alive. A node whose process is gone (crashed, killed) or whose pid file is missing or unreadable
+    counts as done, so that nobody waits on it."""
+    out = []
+    for k in range(n):
+        if k == index or (arm_dir / f"trained-{k}").exists():
+            continue
+        try:
+            pid = int((arm_dir / f"pid-{k}").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if _pid_alive(pid):
+            out.append(k)
+    return out
+
+
+def linger_rescue(node: Node, arm_dir: Path, index: int, n: int, pace_s: float, *, max_seconds: float | None = None,
+                  poll_s: float = 0.5, clock: Any = time.monotonic, sleep: Any = time.sleep) -> dict[str, Any]:
+    """After its last step, keep a node answering its peers' rescue requests until they finish training.
+
+    A volunteer's node keeps running; a benchmark node stops at ``steps``. Nodes of different speed then leave
+    the slower ones alone for the rest of their run (the stronger, faster node of the heterogeneous pair finished
+    at the weaker node's step ~390 of 600, so the last third of the weaker run had no helper). A lingering node
+    no longer trains and no longer asks (``announce_rescue(None)``); each round it answers as during training
+    (:meth:`swarmnode.node.Node.answer_rescue`: the same helper bounds, sampling and verifier), with a round number
+    that goes on from its last step, and rounds are paced to last ``pace_s`` seconds (its own mean seconds per
+    training step), so it answers at its training pace, not faster. Its held-out accuracy is unchanged: the
+    policy does not move.
+
+    Args:
+        node: the finished node (its swarm layer still open).
+        arm_dir / index / n: the arm's directory (``trained-<k>`` and ``pid-<k>`` markers), this node's index,
+            the number of nodes.
+        pace_s: seconds per round (>= 0).
+        max_seconds: stop after this long (``None``: when :func:`peers_still_training` is empty).
+        poll_s: how often the markers are checked while a round waits out its pace.
+
+    Returns:
+        ``{"rounds", "seconds", "requests_seen", "answered", "answered_leaves_correct"}`` summed over rounds
+        (``rescue/*`` metrics of :meth:`~swarmnode.node.Node.answer_rescue`); every round's metrics also go to
+        ``linger.jsonl`` in the node's run dir.
+    """
+    out = {"rounds": 0, "seconds": 0.0, "requests_seen": 0, "answered": 0, "answered_leaves_correct": 0}
+    swarm = node.swarm
+    if swarm is None or not node.cfg.levers.rescue.enabled:
+        return out
+    announce = getattr(swarm, "announce_rescue", None)
+    if callable(announce):
+        announce(None)  # we no longer train: our old questions would only spend the peers' answer budget
+    t0 = clock()
+    log_path = Path(node.cfg.run_dir) / "linger.jsonl"
+    step = int(node.step)
+    with log_path.open("a") as log:
+        while peers_still_training(arm_dir, index, n) and (max_seconds is None or clock() - t0 < max_seconds):
+            start = clock()
+            m: dict[str, Any] = {}
+            node.answer_rescue(step, m)
+            out["rounds"] += 1
+            for key in ("requests_seen", "answered", "answered_leaves_correct"):
+                out[key] += int(m.get(f"rescue/{key}", 0))
+            log.write(json.dumps({"round": out["rounds"], "step": step, **m}, default=str) + "\n")
+            log.flush()
+            step += 1
+            while clock() - start < pace_s and peers_still_training(arm_dir, index, n):
+                sleep(min(poll_s, max(0.0, pace_s - (clock() - start))))
+    out["seconds"] = round(clock() - t0, 3)
+    return out
+
+
 def worker_main(spec_path: str | os.PathLike) -> int:
     """Run one benchmark node from a JSON spec (what ``python -m swarmnode.bench.swarm worker SPEC`` does).
 
     Spec keys: ``config`` (RunConfig as a dict), ``index``, ``nodes``, ``stream``, ``arm_dir``, ``threads``,
-    ``barrier_timeout``, ``peer_wait``. Writes ``result.json`` into the node's run dir (before/after accuracy,
-    steps, wall seconds, external samples used). Returns the exit code (0: ok).
+    ``barrier_timeout``, ``peer_wait``, ``linger`` (true: :func:`linger_rescue` after the last step). Writes
+    ``result.json`` into the node's run dir (before/after accuracy, steps, wall seconds, external samples used,
+    ``linger`` totals or null). Returns the exit code (0: ok).
     """
     import torch
 
@@ -245,6 +326,7 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     node.log_eval(before, "before")
     if client is not None:
         client.note_accuracy(before.accuracy)
+    (arm_dir / f"pid-{idx}").write_text(str(os.getpid()))  # lingering peers stop waiting on a dead node
     synced = _barrier(arm_dir, idx, n, float(spec.get("barrier_timeout", 180)))
     peers = None
     if client is not None:  # wait (bounded) until every node reached the DHT, then start together
@@ -270,6 +352,10 @@ def worker_main(spec_path: str | os.PathLike) -> int:
 
     node.run(on_step)
     wall = time.time() - t0
+    (arm_dir / f"trained-{idx}").write_text(str(node.step))
+    linger = None
+    if spec.get("linger") and client is not None:  # before the final evaluation: the policy no longer moves
+        linger = linger_rescue(node, arm_dir, idx, n, pace_s=wall / max(1, node.step))
     after = node.evaluate()
     node.log_eval(after, "after")
     if client is not None:  # per-peer verdicts (rejections by reason, bans) for the report
@@ -282,7 +368,7 @@ def worker_main(spec_path: str | os.PathLike) -> int:
     node.close()
     result = {"index": idx, "steps": node.step, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
               "train_seconds": wall, "samples_external_used": ext_used, "barrier_ok": synced,
-              "dht_peers_at_start": peers, "poison": poison}
+              "dht_peers_at_start": peers, "poison": poison, "linger": linger}
     (Path(cfg.run_dir) / "result.json").write_text(json.dumps(result))
     return 0
 
