@@ -16,6 +16,7 @@ file that owns each step and each trust check):
 ``testing/``      test support (the hostile peer); not a stable API
 ``evaluation.py`` held-out evaluation (exact greedy pass@1, probes)
 ``rundir.py``     run directories: locks, identity locks, child-process files
+``turns.py``      fair turns for peers without standing (the young-key pool, young rescue askers)
 """
 
 __version__ = "0.1.0"

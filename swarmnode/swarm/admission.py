@@ -19,13 +19,13 @@ State is this object's own (the gather runs on one thread, the node's main threa
 
 from __future__ import annotations
 
-import random
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Callable, Collection, Iterable
 
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.swarm.peers import PeerBook
+from swarmnode.turns import TurnQueue
 
 __all__ = ["Admission", "MAX_CARRY_TREES", "MAX_YOUNG_KEYS", "has_contrast", "move_authorship"]
 
@@ -94,12 +94,8 @@ class Admission:
         self.clock = clock
         # trees over a per-step cap: (first seen, tree, key was young then)
         self.carry: list[tuple[float, PeerTree, bool]] = []
-        # young key -> the last admission turn it got. Not an LRUCache: the turn order reads it on every step,
-        # and an LRUCache read would refresh a key that only waits (eviction order would change)
-        self.served: OrderedDict[str, int] = OrderedDict()
-        # young key never served -> turn it first waited. Not a cache: when full, a new key is not remembered
-        # (it waits at the back) rather than evicting one that has waited longer
-        self.waiting: OrderedDict[str, int] = OrderedDict()
+        # young keys' turns for the young-key pool: the key that has waited longest first
+        self.turns = TurnQueue(MAX_YOUNG_KEYS)
         self.turn = 0
 
     def credit(self, peer_id: str, n: int = 1) -> None:
@@ -135,8 +131,8 @@ class Admission:
         when flat) -- a weaker node asks
         exactly where a stronger, young-at-us peer helps, and its answers must not wait behind that peer's
         ordinary trees for the one young slot), the key that has
-        waited longest first: a key's place is the turn it last got a slot, or, never served, the turn it first
-        waited; ties in random order. Every young key with something to train gets a turn at least once per
+        waited longest first (:class:`~swarmnode.turns.TurnQueue`): a key's place is the turn it last got a slot,
+        or, never served, the turn it first waited; ties in a salted order. Every young key with something to train gets a turn at least once per
         ``ceil(young keys / max_young_trees)`` steps; no standing a copied tree buys moves it ahead (outside
         attack: two keys with one earned tree each took both slots every step and locked an honest newcomer
         out), and fresh keys minted every step queue behind a key that has been waiting (outside attack: with
@@ -187,15 +183,8 @@ class Admission:
                 for i in idx:
                     items[i][1].established = not items[i][2]
         pool = self.max_young_trees
-        order = [p for p in young if young[p] or p in answers]
         self.turn += 1
-        for p in order:  # a key's place in the queue: the turn it last got a slot, else the turn it first waited
-            if p not in self.served and p not in self.waiting \
-                    and len(self.waiting) < MAX_YOUNG_KEYS:  # full: a new key waits at the back
-                self.waiting[p] = self.turn
-        random.shuffle(order)  # ties in a random order; then the key that has waited longest goes first:
-        order.sort(key=lambda p: (self.served[p], 1) if p in self.served  # waiting since after turn t
-                   else (self.waiting.get(p, self.turn), 0))  # waiting since before turn t
+        order = self.turns.order([p for p in young if young[p] or p in answers], self.turn)
         n_young = 0
         answered: set[str] = set()
         for p in order:  # each question we asked: the first young key in the queue that answers it, one tree
@@ -210,11 +199,7 @@ class Admission:
                     keep.add(young[p].pop(0))
                     pool -= 1
                     n_young += 1
-                    self.served[p] = self.turn
-                    self.served.move_to_end(p)
-                    self.waiting.pop(p, None)
-        while len(self.served) > MAX_YOUNG_KEYS:
-            self.served.popitem(last=False)
+                    self.turns.serve(p, self.turn)
         out = [vt for i, (_, vt, _) in enumerate(items) if i in keep]
         carry: list[tuple[float, PeerTree, bool]] = []
         per_peer: Counter[str] = Counter()

@@ -28,8 +28,6 @@ pairs, peer trees as :class:`~swarmnode.rollout.peer_tree.PeerTree`.
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -41,6 +39,7 @@ from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 from swarmnode.train.off_policy import _ids_match
 from swarmnode.train.samples import Sample
+from swarmnode.turns import TurnQueue
 
 __all__ = ["RESCUE_GROUP_SUFFIX", "PendingGroup", "RescueBook", "RescueHelper", "MergedGroup", "is_all_wrong",
            "merge_rescue", "CORRECT_THRESHOLD"]
@@ -162,10 +161,9 @@ class RescueHelper:
     Per step (:meth:`select`): askers whose answered questions got no correct leaf from us
     ``skip_after_failures`` times in a row are skipped for ``skip_steps`` steps; askers with earned standing
     ``>= min_standing`` are visited first, then those below it (young keys, or weaker peers whose trees we do not
-    train on), each kind in queue order: an asker's place is the step it was last served, or, never served, the
-    step it first asked (keys minted every step queue behind an asker that has been waiting; outside attack: with
-    "never served first", one fresh key a step took the young slot every step and an honest young asker was
-    answered once in 24 steps), ties in a salted order a peer id cannot be ground for; at most ``max_answers_per_peer`` refs of one asker, ``answer_prompts`` in all, and of
+    train on), each kind in queue order (:class:`~swarmnode.turns.TurnQueue`): an asker's place is the step it
+    was last served, or, never served, the step it first asked, so keys minted every step queue behind an asker
+    that has been waiting; at most ``max_answers_per_peer`` refs of one asker, ``answer_prompts`` in all, and of
     them at most ``young_answers`` to askers below ``min_standing`` (the rest of theirs are refused for
     standing); each ref costs a question regeneration, at most ``answer_prompts * _CHECKS_PER_ANSWER`` a step
     (``young_answers * _CHECKS_PER_ANSWER`` for the young askers), and is refused when its task is not in our
@@ -176,22 +174,11 @@ class RescueHelper:
 
     cfg: RescueConfig
     answered_ttl_steps: int = 16
-    _served: OrderedDict = field(default_factory=OrderedDict)     # asker -> last step it was answered
     _answered: OrderedDict = field(default_factory=OrderedDict)   # task key -> step answered (whoever asked)
     _fails: OrderedDict = field(default_factory=OrderedDict)      # asker -> answered steps in a row, none correct
     _skip_until: OrderedDict = field(default_factory=OrderedDict)  # asker -> first step it is answered again
-    # asker never served -> the step it first asked. Not a cache: when full, a new asker is not remembered (it
-    # waits at the back) rather than evicting one that has waited longer
-    _waiting: OrderedDict = field(default_factory=OrderedDict)
-    _salt: bytes = field(default_factory=lambda: os.urandom(8))
-
-    def _order_key(self, peer: str, step: int) -> tuple[int, int, bytes]:
-        """An asker's place in the queue: the step it was last served, or, never served, the step it first asked
-        (a fresh key queues behind an asker served before it arrived); ties in a salted order."""
-        salt = hashlib.blake2b(peer.encode("utf-8", "replace"), key=self._salt).digest()
-        if peer in self._served:
-            return (self._served[peer], 1, salt)
-        return (self._waiting.get(peer, step), 0, salt)
+    # askers' turns: the step an asker was last answered or, never answered, the step it first asked
+    _turns: TurnQueue = field(default_factory=lambda: TurnQueue(_MAX_ASKERS))
 
     def select(
         self,
@@ -240,11 +227,9 @@ class RescueHelper:
                 c["rescue/refused_skipped"] += len(refs)
             else:
                 eligible.append(peer)
-        for peer in eligible:
-            if peer not in self._served and peer not in self._waiting and len(self._waiting) < _MAX_ASKERS:
-                self._waiting[peer] = step
-        # askers with standing first; then the young ones (below min_standing) in at most young_answers slots
-        eligible.sort(key=lambda p: (standing[p] < self.cfg.min_standing, *self._order_key(p, step)))
+        # askers with standing first; then the young ones (below min_standing) in at most young_answers slots;
+        # each kind in queue order (a stable sort keeps it)
+        eligible = sorted(self._turns.order(eligible, step), key=lambda p: standing[p] < self.cfg.min_standing)
         chosen: list[tuple[str, TaskRef]] = []
         checks_left = self.cfg.answer_prompts * _CHECKS_PER_ANSWER
         young_left, young_checks = self.cfg.young_answers, self.cfg.young_answers * _CHECKS_PER_ANSWER
@@ -284,11 +269,8 @@ class RescueHelper:
         for peer, ref in chosen:
             self._answered[ref.key()] = step
             self._answered.move_to_end(ref.key())
-            self._served[peer] = step
-            self._served.move_to_end(peer)
-            self._waiting.pop(peer, None)
+            self._turns.serve(peer, step)
         _trim(self._answered, _MAX_ANSWERED)
-        _trim(self._served, _MAX_ASKERS)
         _trim(self._skip_until, _MAX_ASKERS)
         return chosen, c
 

@@ -643,8 +643,11 @@ def test_linger_is_off_without_rescue_and_stops_at_max_seconds(tmp_path):
     assert linger_rescue(node(None, True), tmp_path, 1, 2, 2.0, max_seconds=10, **fake)["rounds"] == 0
     assert linger_rescue(node(SimpleNamespace(), False), tmp_path, 1, 2, 2.0, max_seconds=10, **fake)["rounds"] == 0
     announced: list = []
-    out = linger_rescue(node(SimpleNamespace(announce_rescue=announced.append), True), tmp_path, 1, 2, 2.0,
-                        max_seconds=10, **fake)
+    assert linger_rescue(node(SimpleNamespace(announce_rescue=announced.append), True), tmp_path, 1, 2, 2.0,
+                         max_seconds=10, **fake)["rounds"] == 0  # a swarm layer without rescue: nothing to answer
+    assert announced == []
+    swarm = SimpleNamespace(announce_rescue=announced.append, rescue_requests=list, publish_rescue=dict)
+    out = linger_rescue(node(swarm, True), tmp_path, 1, 2, 2.0, max_seconds=10, **fake)
     assert announced == [None] and calls == [600, 601, 602, 603, 604]  # one round per 2 s for 10 s
     assert out["rounds"] == 5 and out["requests_seen"] == 15 and out["answered"] == 5 and out["seconds"] == 10
 

@@ -268,12 +268,12 @@ def linger_rescue(node: Node, arm_dir: Path, index: int, n: int, pace_s: float, 
         ``linger.jsonl`` in the node's run dir.
     """
     out = {"rounds": 0, "seconds": 0.0, "requests_seen": 0, "answered": 0, "answered_leaves_correct": 0}
+    from swarmnode.node.hooks import RescueSwarm
+
     swarm = node.swarm
-    if swarm is None or not node.cfg.levers.rescue.enabled:
+    if swarm is None or not node.cfg.levers.rescue.enabled or not isinstance(swarm, RescueSwarm):
         return out
-    announce = getattr(swarm, "announce_rescue", None)
-    if callable(announce):
-        announce(None)  # we no longer train: our old questions would only spend the peers' answer budget
+    swarm.announce_rescue(None)  # we no longer train: our old questions would only spend the peers' answer budget
     t0 = clock()
     log_path = Path(node.cfg.run_dir) / "linger.jsonl"
     step = int(node.step)

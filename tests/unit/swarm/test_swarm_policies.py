@@ -547,3 +547,29 @@ def test_answers_to_our_questions_take_no_young_pool_slot_one_per_question_a_ste
     b = _admission(young_key_trees=1, max_young_trees=1, established_after=16)
     out, young, dropped = b.admit(ordinary + asked)
     assert len(out) == 1 and young == 1 and dropped == 2
+
+
+def test_a_flood_of_one_shot_young_keys_cannot_keep_a_later_newcomer_out_of_the_queue():
+    """Outside-attack shape, open item: keys that waited once and went away filled the waiting map for good (it was
+    never trimmed), and a newcomer arriving later was not remembered: until its first slot its place was the
+    current turn every step, a lottery against the keys minted that step. Now the waiter seen least recently that
+    is not competing makes room (``TurnQueue``): the newcomer ties only with the keys minted on its first step and
+    gets a slot on the next one at the latest. Eight trials: without the room made, each would pass with
+    probability about 0.4."""
+    from swarmnode.turns import TurnQueue
+
+    for trial in range(8):
+        a = _admission(young_key_trees=1, established_after=16)  # a pool of 2 young trees a step
+        a.turns = TurnQueue(max_peers=16)
+        # twenty one-shot keys in one step, each with a tree with contrast: two get slots, the others wait, then
+        # all go away (their trees dropped)
+        a.admit([_peer_trees(f"one-shot {trial} {i}", 1)[1][0] for i in range(20)])
+        a.carry = []
+        newcomer, trees = _peer_trees(f"later newcomer {trial}", 2)
+        got = 0
+        for step in range(2):  # eight fresh keys minted every step
+            fresh = [_peer_trees(f"minted {trial} {step} {i}", 1)[1][0] for i in range(8)]
+            out, _, _ = a.admit(fresh + [trees[step]])
+            got += sum(1 for t in out if t.peer_id == newcomer)
+            a.carry = []
+        assert got >= 1, f"trial {trial}: the newcomer got no slot in 2 steps"
