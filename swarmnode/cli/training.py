@@ -61,6 +61,8 @@ def run(
     threads: Optional[int] = typer.Option(
         None, "--threads", callback=_at_least_one,
         help="torch CPU threads, >= 1 (default: one per core, at most the CPUs this process may use)"),
+    report_to: Optional[list[str]] = typer.Option(
+        None, "--report-to", help="metric sink beside metrics.jsonl: tensorboard or wandb (repeatable; report_to)"),
     swarm: Optional[bool] = typer.Option(None, "--swarm/--no-swarm", help="join a swarm (default: swarm.enabled)"),
     initial_peers: Optional[list[str]] = typer.Option(
         None, "--initial-peers", help="multiaddr of a peer to join through (repeatable; see the swarm guide)"),
@@ -91,6 +93,7 @@ def run(
         "tasks.eval_size": eval_size,
         "status_port": status_port,
         "threads": threads,
+        "report_to": report_to or None,
         "swarm.enabled": swarm,
         "swarm.net.initial_peers": initial_peers or None,
         "swarm.net.host_maddrs": host_maddrs or None,

@@ -5,6 +5,7 @@ Each test reproduces one finding: it failed on the code before the fix and passe
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -661,6 +662,71 @@ def test_report_to_tensorboard_logs_every_step(tmp_path):
     ev.Reload()
     assert [s.step for s in ev.Scalars("reward")] == [1, 2]
     assert "tokens_per_s" in ev.Tags()["scalars"] and "time/sample" in ev.Tags()["scalars"]
+
+
+def _wandb_records(path: Path) -> list[bytes]:
+    """The records of a W&B offline run file (``run-*.wandb``): a 7-byte header (``:W&B``, magic, version), then
+    LevelDB-log chunks in 32 KiB blocks (crc32, length, type FULL/FIRST/MIDDLE/LAST); each record a protobuf
+    ``wandb.proto.wandb_internal_pb2.Record``. wandb has no public offline reader."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path}: not a W&B run file ({data[:7]!r})"
+    pos, block, out, buf = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + n]
+        pos += 7 + n
+        if kind == 1:
+            out.append(chunk)
+        elif kind == 2:
+            buf = chunk
+        elif kind == 3:
+            buf += chunk
+        elif kind == 4:
+            out.append(buf + chunk)
+            buf = b""
+    return out
+
+
+def test_report_to_wandb_logs_every_step_offline(tmp_path, monkeypatch):
+    """``report_to: [wandb]`` logs each step record to an offline W&B run in ``<run_dir>/wandb`` (needs the wandb
+    extra; no network, no login): one history row per step with the step's reward as in ``metrics.jsonl``."""
+    pytest.importorskip("wandb")
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is the default, not the environment's choice
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_config(tiny_config(tmp_path / "c.yaml", steps=2, model=test_model()),
+                      {"run_dir": str(tmp_path / "run"), "report_to": ["wandb"]})
+    node = Node(cfg)
+    try:
+        node.run()
+    finally:
+        node.close()
+    runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, list((tmp_path / "run").rglob("*"))
+    history = []
+    for raw in _wandb_records(runs[0]):
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "history":
+            history.append({it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in rec.history.item})
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "reward" in r]
+    assert [h["_step"] for h in history] == [1, 2]
+    assert [h["reward"] for h in history] == pytest.approx([r["reward"] for r in steps])
+    for h, r in zip(history, steps):  # every numeric value of the step record (its step is W&B's _step)
+        missing = {k for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and k not in ("step", "unix_time")} - set(h)
+        assert not missing and "tokens_per_s" in h, missing
 
 
 def test_report_to_without_its_package_names_the_extra(tmp_path, monkeypatch):

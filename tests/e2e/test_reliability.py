@@ -494,6 +494,18 @@ def test_config_error_header_is_one_line_and_names_the_key(tmp_path):
     assert lines[1].startswith("  trian: unknown key"), p.stdout
 
 
+def test_report_to_flag_sets_the_key_and_a_bad_sink_is_named(tmp_path):
+    """``run --report-to SINK`` (repeatable) is ``report_to`` (TRL's flag); an unknown sink is a config error naming
+    the key and the sinks there are, before the run directory is touched."""
+    p = _run_cli("run", "--report-to", "tensorboard", "--report-to", "mlflow", "--run-dir", str(tmp_path / "run"),
+                 timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].endswith("with command-line overrides run_dir, report_to:"), p.stdout
+    assert lines[1].startswith("  report_to.1: Input should be 'tensorboard' or 'wandb'"), p.stdout
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_eval_of_a_run_dir_uses_that_runs_tasks_and_eval_size(tmp_path):
     import json
