@@ -362,9 +362,9 @@ class BundleChecks(TokenChecks):
         self._seen_bundles.add(digest, "accepted")
         young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
-            self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer)
+            self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer, owner=signer)
             for k in lkeys[i]:
-                self._seen_content.add(k, "peer", young=young_signer)
+                self._seen_content.add(k, "peer", young=young_signer, owner=signer)
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:
             self.stats["leaves_pruned_dropped"] += n_pruned

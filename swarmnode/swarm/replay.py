@@ -1,7 +1,9 @@
-"""Bounded memories of what the verifier has seen: exact bytes (:class:`TTLSet`), tree contents (:class:`ReplayMemory`).
+"""Bounded memories of what the verifier has seen: exact bytes (:class:`TTLSet`), tree contents (:class:`ReplayMemory`,
+its young signers' part an :class:`OwnerFairSet`).
 
 The ``duplicate`` and ``replay`` checks of the trust table (:mod:`swarmnode.swarm.verify`, step 1c and step 6) read
-them. Both are bounded by a capacity (oldest insertion evicted first) and a time to live.
+them. Both are bounded by a capacity and a time to live (:class:`TTLSet` evicts its oldest insertion first,
+:class:`OwnerFairSet` the oldest insertion of the owner holding the most keys).
 
 Why not ``cachetools.TTLCache``: it evicts the least recently *read* key when full, and a read moves a key to the
 back; here the eviction order must depend only on what we inserted (accepted), never on what peers make us look
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
 
-__all__ = ["ReplayMemory", "TTLSet"]
+__all__ = ["OwnerFairSet", "ReplayMemory", "TTLSet"]
 
 
 class TTLSet:
@@ -70,15 +72,114 @@ class TTLSet:
 _MISSING = object()
 
 
+class OwnerFairSet:
+    """A bounded set with expiry whose keys each belong to an owner, where a full set evicts from the owner holding
+    the most keys (its oldest insertion first), so that many keys of one owner evict that owner's keys, and an
+    owner below the fair share ``capacity / owners`` keeps all of its keys.
+
+    Args:
+        capacity: most keys kept (int, at least 1).
+        ttl: seconds a key lives after its (last) insertion; ``math.inf``: until the capacity evicts it.
+        clock: seconds (the clock ``ttl`` is measured on).
+
+    Reads never change any order; re-adding a key counts as inserted now (under the owner given, or its old owner
+    when ``owner`` is None). Each operation costs O(1) amortized (owners are kept in buckets by key count).
+    """
+
+    def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
+        self.capacity = max(1, int(capacity))
+        self.ttl = float(ttl)
+        self.clock = clock
+        self._d: OrderedDict[Any, tuple[float, Any, Any]] = OrderedDict()  # key -> (time, value, owner); by time
+        self._owned: dict[Any, OrderedDict[Any, None]] = {}  # owner -> its keys, oldest first
+        self._by_count: dict[int, dict[Any, None]] = {}  # key count -> owners holding that many
+        self._max = 0
+
+    def _move(self, owner: Any, old: int, new: int) -> None:
+        if old:
+            bucket = self._by_count[old]
+            del bucket[owner]
+            if not bucket:
+                del self._by_count[old]
+        if new:
+            self._by_count.setdefault(new, {})[owner] = None
+        if new > self._max:
+            self._max = new
+        while self._max and self._max not in self._by_count:
+            self._max -= 1
+
+    def _remove(self, key: Any) -> None:
+        _, _, owner = self._d.pop(key)
+        keys = self._owned[owner]
+        n = len(keys)
+        del keys[key]
+        if not keys:
+            del self._owned[owner]
+        self._move(owner, n, n - 1)
+
+    def _expire(self, now: float) -> None:
+        while self._d:
+            k, (t, _, _) = next(iter(self._d.items()))
+            if now - t <= self.ttl:
+                break
+            self._remove(k)
+        while len(self._d) > self.capacity:
+            owner = next(iter(self._by_count[self._max]))
+            self._remove(next(iter(self._owned[owner])))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        now = self.clock()
+        self._expire(now)
+        item = self._d.get(key)
+        if item is None or now - item[0] > self.ttl:
+            return default
+        return item[1]
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def add(self, key: Any, value: Any = True, owner: Any = None) -> None:
+        now = self.clock()
+        if key in self._d:
+            if owner is None:
+                owner = self._d[key][2]
+            self._remove(key)
+        keys = self._owned.setdefault(owner, OrderedDict())
+        keys[key] = None
+        self._move(owner, len(keys) - 1, len(keys))
+        self._d[key] = (now, value, owner)
+        self._expire(now)
+
+    def owned(self, owner: Any) -> int:
+        """How many keys ``owner`` holds now."""
+        return len(self._owned.get(owner, ()))
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def discard(self, key: Any) -> None:
+        if key in self._d:
+            self._remove(key)
+
+    def clear(self) -> None:
+        self._d.clear()
+        self._owned.clear()
+        self._by_count.clear()
+        self._max = 0
+
+
 class ReplayMemory:
     """The content keys of trees seen (ours, and accepted peers'), in two bounded parts of ``capacity`` keys each.
 
     Keys of our own trees and of trees from established signers live in the *protected* part; keys of trees from
     young signers (free keys) live in the *young* part, so that a flood of bundles from fresh keys evicts only other
     young keys' memory, never ours or an established peer's (outside attack: 64 free keys with one 1,024-leaf bundle
-    each emptied the one shared memory, after which an honest tree re-signed by another key was fresh again). A key
-    already remembered keeps its part when its value changes (authorship moves); a young key's entry that an
-    established signer's tree also holds moves to the protected part.
+    each emptied the one shared memory, after which an honest tree re-signed by another key was fresh again). Within
+    the young part each key is charged to the signer whose tree brought it, and a full part evicts from the signer
+    holding the most (:class:`OwnerFairSet`): a young author below ``capacity / young signers`` keys keeps its
+    memory however many keys a flood brings (the flood then evicts itself). A key already remembered keeps its part
+    and owner when its value changes (authorship moves); a young key's entry that an established signer's tree also
+    holds moves to the protected part.
 
     The two parts are this class rather than one cache: a single LRU or TTL cache (``cachetools``) has one
     eviction order for all keys, and the protection is exactly that young keys never evict the others.
@@ -86,19 +187,20 @@ class ReplayMemory:
 
     def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
         self.protected = TTLSet(capacity, ttl, clock)
-        self.young = TTLSet(capacity, ttl, clock)
+        self.young = OwnerFairSet(capacity, ttl, clock)
 
     def get(self, key: Any, default: Any = None) -> Any:
         v = self.protected.get(key, _MISSING)
         return v if v is not _MISSING else self.young.get(key, default)
 
-    def add(self, key: Any, value: Any, young: bool | None = False) -> None:
+    def add(self, key: Any, value: Any, young: bool | None = False, owner: Any = None) -> None:
         """Remember ``key``; ``young``: True for a young signer's tree, False for ours or an established
-        signer's, None to keep the part the key is already in (the protected one for a new key)."""
+        signer's, None to keep the part the key is already in (the protected one for a new key); ``owner``: the
+        signer a young key is charged to (None: its current owner, if any)."""
         if young is None:
             young = key not in self.protected and key in self.young
         if young and key not in self.protected:
-            self.young.add(key, value)
+            self.young.add(key, value, owner)
         else:
             self.young.discard(key)  # the key now lives in the protected part
             self.protected.add(key, value)

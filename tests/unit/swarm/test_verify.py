@@ -988,7 +988,8 @@ def test_resigned_copy_after_the_old_dedup_window_is_still_a_replay(peer_mix, cl
 def test_a_flood_of_free_keys_cannot_evict_an_established_authors_trees_from_the_replay_memory(peer_mix, clock):
     """Outside attack: the replay memory is bounded by capacity, and 64 free keys with one 1,024-leaf bundle each
     emptied it, after which an honest tree re-signed by another key was fresh again (trained twice, credited to the
-    copier). Young signers' trees now fill a part of their own: the flood evicts only that part."""
+    copier). Young signers' trees now fill a part of their own: the flood evicts only that part, and in it the
+    signer holding the most keys first."""
     v = make_verifier(peer_mix, clock, seen_capacity=64)
     est = v._young_after
     v.peers.record_earned(HONEST.peer_id, est)  # an established author
@@ -1007,10 +1008,25 @@ def test_a_flood_of_free_keys_cannot_evict_an_established_authors_trees_from_the
                                                  1.0 if k == 0 else 0.0, "eos") for k in range(8)]))
         assert len(v.verify_bundle(_bundle(trees, sybil, clock), None, f"s{i}")) == 4
         clock.advance(1.0)
-    assert len(v._seen_content.young) == 64  # the young part is full and has evicted its oldest keys
+    assert len(v._seen_content.young) == 64  # the young part is full and has evicted keys
     r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 40)], ATTACKER, clock), None, "a"))
     assert r.reason == "replay"  # the established author's tree is still remembered
-    # the stated limit: a young author's tree shares its part with the flood, so it can be evicted
+    # the young author holds fewer keys than the fair share (64 / 9 signers): the flood evicted only its own keys
+    # (it used to share one eviction order with the flood, and a re-signed copy was then fresh)
+    young = v._seen_content.young
+    assert 0 < young.owned(young_author.peer_id) < 64 / 9
+    r = _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 41)], ATTACKER, clock), None, "a"))
+    assert r.reason == "replay"
+    # the stated limit: keys enough that the fair share falls below the young author's count trim it too
+    for i in range(8, 40):
+        sybil = Identity.from_private_bytes(hashlib.sha256(f"evict {i}".encode()).digest())
+        ref = _ref(peer_mix, 300 + i)
+        ans = peer_mix.get(ref).answer
+        tree = _tree(peer_mix, ref, [(f"t{i}.{k} <answer>{ans if k == 0 else 'no'}</answer>", 1.0 if k == 0 else 0.0,
+                                      "eos") for k in range(2)])
+        assert len(v.verify_bundle(_bundle([tree], sybil, clock), None, f"s{i}")) == 1
+    assert young.owned(young_author.peer_id) <= 2
+    clock.advance(1.0)  # other bytes than the copy refused above
     assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 41)], ATTACKER, clock), None, "a")
 
 
