@@ -72,7 +72,7 @@ class TTLSet:
 _MISSING = object()
 
 
-class OwnerFairSet:
+class OwnerFairSet(TTLSet):
     """A bounded set with expiry whose keys each belong to an owner, where a full set evicts from the owner holding
     the most keys (its oldest insertion first), so that many keys of one owner evict that owner's keys, and an
     owner below the fair share ``capacity / owners`` keeps all of its keys.
@@ -82,14 +82,13 @@ class OwnerFairSet:
         ttl: seconds a key lives after its (last) insertion; ``math.inf``: until the capacity evicts it.
         clock: seconds (the clock ``ttl`` is measured on).
 
-    Reads never change any order; re-adding a key counts as inserted now (under the owner given, or its old owner
-    when ``owner`` is None). Each operation costs O(1) amortized (owners are kept in buckets by key count).
+    Reads (:meth:`TTLSet.get`) never change any order; re-adding a key counts as inserted now (under the owner
+    given, or its old owner when ``owner`` is None). Each operation costs O(1) amortized (owners are kept in buckets
+    by key count).
     """
 
     def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
-        self.capacity = max(1, int(capacity))
-        self.ttl = float(ttl)
-        self.clock = clock
+        super().__init__(capacity, ttl, clock)
         self._d: OrderedDict[Any, tuple[float, Any, Any]] = OrderedDict()  # key -> (time, value, owner); by time
         self._owned: dict[Any, OrderedDict[Any, None]] = {}  # owner -> its keys, oldest first
         self._by_count: dict[int, dict[Any, None]] = {}  # key count -> owners holding that many
@@ -127,17 +126,6 @@ class OwnerFairSet:
             owner = next(iter(self._by_count[self._max]))
             self._remove(next(iter(self._owned[owner])))
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        now = self.clock()
-        self._expire(now)
-        item = self._d.get(key)
-        if item is None or now - item[0] > self.ttl:
-            return default
-        return item[1]
-
-    def __contains__(self, key: Any) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
-
     def add(self, key: Any, value: Any = True, owner: Any = None) -> None:
         now = self.clock()
         if key in self._d:
@@ -153,9 +141,6 @@ class OwnerFairSet:
     def owned(self, owner: Any) -> int:
         """How many keys ``owner`` holds now."""
         return len(self._owned.get(owner, ()))
-
-    def __len__(self) -> int:
-        return len(self._d)
 
     def discard(self, key: Any) -> None:
         if key in self._d:

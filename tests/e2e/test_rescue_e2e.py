@@ -41,9 +41,18 @@ def _cfg(rd, model, tasks, swarm_id, **extra):
     return load_config(None, over)
 
 
+def _join(node, run_dir):
+    """Give ``node`` a real swarm client on loopback (fast polls and heartbeats); returns it."""
+    from swarmnode.swarm.gossip import build_swarm
+
+    node.swarm = build_swarm(node.cfg, node.policy, node.tasks, run_dir, model_id=node.base_model_id,
+                             prompt_for=node.prompt_for, poll_interval=0.5, heartbeat_interval=0.5,
+                             dht_kwargs=FAST_DHT)
+    return node.swarm
+
+
 def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
     from swarmnode.node import Node
-    from swarmnode.swarm.gossip import build_swarm
 
     tasks = write_tasks(tmp_path / "tasks.jsonl")
     model = build_bigram_model(tmp_path / "char-llama", "llama")
@@ -51,14 +60,10 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
     node_a = Node(_cfg(tmp_path / "a", model, tasks, sid))
     node_b = node_a_swarm = None
     try:
-        node_a.swarm = node_a_swarm = build_swarm(
-            node_a.cfg, node_a.policy, node_a.tasks, tmp_path / "a", model_id=node_a.base_model_id,
-            prompt_for=node_a.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        node_a_swarm = _join(node_a, tmp_path / "a")
         node_b = Node(_cfg(tmp_path / "b", model, tasks, sid, **{"swarm.net.initial_peers": node_a_swarm.maddrs(),
                                                                   "seed": 1}))
-        node_b.swarm = build_swarm(
-            node_b.cfg, node_b.policy, node_b.tasks, tmp_path / "b", model_id=node_b.base_model_id,
-            prompt_for=node_b.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        _join(node_b, tmp_path / "b")
         node_b.swarm.credit(node_a_swarm.peer_id, 2)  # A has standing with B (min_standing 1)
 
         real = node_a.tasks.score_detail
@@ -136,7 +141,6 @@ def test_a_finished_node_lingering_answers_the_node_still_training(tmp_path):
     last step. Single thread: B's rounds wait out their pace with ``sleep``, which steps A."""
     from swarmnode.bench.swarm import linger_rescue, peers_still_training
     from swarmnode.node import Node
-    from swarmnode.swarm.gossip import build_swarm
 
     tasks = write_tasks(tmp_path / "tasks.jsonl")
     model = build_bigram_model(tmp_path / "char-llama", "llama")
@@ -146,14 +150,10 @@ def test_a_finished_node_lingering_answers_the_node_still_training(tmp_path):
     node_a = Node(_cfg(tmp_path / "a", model, tasks, sid))
     node_b = node_a_swarm = None
     try:
-        node_a.swarm = node_a_swarm = build_swarm(
-            node_a.cfg, node_a.policy, node_a.tasks, tmp_path / "a", model_id=node_a.base_model_id,
-            prompt_for=node_a.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        node_a_swarm = _join(node_a, tmp_path / "a")
         node_b = Node(_cfg(tmp_path / "b", model, tasks, sid, **{"swarm.net.initial_peers": node_a_swarm.maddrs(),
                                                                   "seed": 1, "steps": 2}))
-        node_b.swarm = build_swarm(
-            node_b.cfg, node_b.policy, node_b.tasks, tmp_path / "b", model_id=node_b.base_model_id,
-            prompt_for=node_b.prompt_for, poll_interval=0.5, heartbeat_interval=0.5, dht_kwargs=FAST_DHT)
+        _join(node_b, tmp_path / "b")
         node_b.swarm.credit(node_a_swarm.peer_id, 2)  # A has standing with B
 
         def all_wrong_locally(real):  # the test hook: a node's own groups all wrong, peers' leaves scored for real
