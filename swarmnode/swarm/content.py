@@ -10,6 +10,7 @@ commitment (protocol/SPEC.md §5.1). :func:`tree_digest` is the exact-content di
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from array import array
 from typing import Any, Sequence
 
@@ -18,7 +19,7 @@ from swarmnode.swarm.replay import ReplayMemory
 from swarmnode.tasks.base import TaskRef
 from swarmnode.tasks.partition import normalize_question
 
-__all__ = ["claim_authorship", "content_key", "leaf_keys", "leaf_path", "tree_digest"]
+__all__ = ["claim_authorship", "content_key", "copy_form", "leaf_keys", "leaf_path", "tree_digest"]
 
 _U32 = "I" if array("I").itemsize == 4 else "L"  # a 4-byte unsigned typecode (token ids are < 2^32)
 
@@ -47,17 +48,29 @@ def tree_digest(wt: wire.WireTree) -> bytes:
     return h.digest()
 
 
+def copy_form(text: str) -> str:
+    """The form two completion texts share when one is a copy of the other: Unicode format characters (category
+    ``Cf``: zero-width spaces and joiners, soft hyphens, direction marks) removed, then
+    :func:`~swarmnode.tasks.partition.normalize_question` (NFKC, lower case, whitespace runs collapsed, ends
+    stripped). Outside attack: a zero-width space or a soft hyphen inserted in a copied leaf made it new content.
+    (The held-out partition keeps ``normalize_question`` alone: changing it would move questions between
+    partitions.)"""
+    if any(unicodedata.category(c) == "Cf" for c in text):
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    return normalize_question(text)
+
+
 def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
     """SHA-256 naming a tree's normalized content: its TaskRef and the sorted set of normalized completion texts.
 
-    Normalization is :func:`~swarmnode.tasks.partition.normalize_question` (NFKC, lower case, whitespace runs
-    collapsed, ends stripped), and equal texts count once, so a copy with a trailing space, other line breaks,
+    Normalization is :func:`copy_form` (format characters removed, NFKC, lower case, whitespace runs collapsed,
+    ends stripped), and equal texts count once, so a copy with a trailing space, other line breaks,
     reordered or duplicated leaves, another key, another signature time or other metadata has the same key.
     ``content_key(ref, [text])`` names one leaf (:func:`leaf_keys`). Local use only (not part of the protocol).
     """
     h = hashlib.sha256()
     h.update(repr(ref.to_list()).encode("utf-8", "surrogatepass"))
-    for t in sorted({normalize_question(x) for x in leaf_texts}):
+    for t in sorted({copy_form(x) for x in leaf_texts}):
         h.update(b"\x00L")
         h.update(len(t).to_bytes(4, "little"))
         h.update(t.encode("utf-8", "surrogatepass"))
@@ -67,7 +80,7 @@ def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
 def leaf_keys(ref: TaskRef, leaf_texts: Sequence[str]) -> list[bytes]:
     """One :func:`content_key` per distinct normalized leaf text of a tree (``content_key(ref, [text])``): a tree
     none of whose leaves is new (every key seen before) is a copy, however its leaves were regrouped."""
-    return [content_key(ref, [t]) for t in sorted({normalize_question(x) for x in leaf_texts})]
+    return [content_key(ref, [t]) for t in sorted({copy_form(x) for x in leaf_texts})]
 
 
 def leaf_path(wt: wire.WireTree, leaf: int) -> list[int]:

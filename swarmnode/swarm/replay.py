@@ -1,5 +1,5 @@
 """Bounded memories of what the verifier has seen: exact bytes (:class:`TTLSet`), tree contents (:class:`ReplayMemory`,
-its young signers' part an :class:`OwnerFairSet`).
+its peers' parts :class:`OwnerFairSet` s).
 
 The ``duplicate`` and ``replay`` checks of the trust table (:mod:`swarmnode.swarm.verify`, step 1c and step 6) read
 them. Both are bounded by a capacity and a time to live (:class:`TTLSet` evicts its oldest insertion first,
@@ -82,8 +82,8 @@ class OwnerFairSet(TTLSet):
         ttl: seconds a key lives after its (last) insertion; ``math.inf``: until the capacity evicts it.
         clock: seconds (the clock ``ttl`` is measured on).
 
-    Reads (:meth:`TTLSet.get`) never change any order; re-adding a key counts as inserted now (under the owner
-    given, or its old owner when ``owner`` is None). Each operation costs O(1) amortized (owners are kept in buckets
+    Reads (:meth:`TTLSet.get`) never change any order; re-adding a key counts as inserted now and keeps its owner
+    (``owner`` is used for a new key only). Each operation costs O(1) amortized (owners are kept in buckets
     by key count).
     """
 
@@ -129,8 +129,7 @@ class OwnerFairSet(TTLSet):
     def add(self, key: Any, value: Any = True, owner: Any = None) -> None:
         now = self.clock()
         if key in self._d:
-            if owner is None:
-                owner = self._d[key][2]
+            owner = self._d[key][2]  # a remembered key keeps its owner, whoever adds it again
             self._remove(key)
         keys = self._owned.setdefault(owner, OrderedDict())
         keys[key] = None
@@ -154,45 +153,67 @@ class OwnerFairSet(TTLSet):
 
 
 class ReplayMemory:
-    """The content keys of trees seen (ours, and accepted peers'), in two bounded parts of ``capacity`` keys each.
+    """The content keys of trees seen (ours, and accepted peers'), in three bounded parts of ``capacity`` keys each.
 
-    Keys of our own trees and of trees from established signers live in the *protected* part; keys of trees from
-    young signers (free keys) live in the *young* part, so that a flood of bundles from fresh keys evicts only other
-    young keys' memory, never ours or an established peer's (outside attack: 64 free keys with one 1,024-leaf bundle
-    each emptied the one shared memory, after which an honest tree re-signed by another key was fresh again). Within
-    the young part each key is charged to the signer whose tree brought it, and a full part evicts from the signer
-    holding the most (:class:`OwnerFairSet`): a young author below ``capacity / young signers`` keys keeps its
-    memory however many keys a flood brings (the flood then evicts itself). A key already remembered keeps its part
-    and owner when its value changes (authorship moves); a young key's entry that an established signer's tree also
-    holds moves to the protected part.
+    Keys of our own trees live in the *own* part (a :class:`TTLSet`: only we add to it); keys of trees from
+    established signers in the *established* part and keys of trees from young signers (free keys) in the *young*
+    part, each an :class:`OwnerFairSet` where a key is charged to the signer whose tree brought it and a full part
+    evicts from the signer holding the most. So a flood of bundles from fresh keys evicts only young keys' memory,
+    and in it the flood's own keys first (outside attack: 64 free keys with one 1,024-leaf bundle each emptied the
+    one shared memory, after which an honest tree re-signed by another key was fresh again); an established signer
+    flooding evicts its own keys, never ours (outside attack: one established key's 129 bundles evicted every own
+    and established key of the older two-part memory). A remembered key keeps its owner (outside attack: copies
+    re-charged an author's keys to the copier, whose own flood then evicted them) and moves only up, young ->
+    established -> own, when such a tree also holds it.
 
-    The two parts are this class rather than one cache: a single LRU or TTL cache (``cachetools``) has one
-    eviction order for all keys, and the protection is exactly that young keys never evict the others.
+    Three parts rather than one cache: a single LRU or TTL cache (``cachetools``) has one eviction order for all
+    keys, and the protection is exactly that lower parts never evict the higher ones.
     """
 
     def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
-        self.protected = TTLSet(capacity, ttl, clock)
+        self.own = TTLSet(capacity, ttl, clock)
+        self.established = OwnerFairSet(capacity, ttl, clock)
         self.young = OwnerFairSet(capacity, ttl, clock)
 
+    def _part(self, key: Any) -> TTLSet | None:
+        for part in (self.own, self.established, self.young):
+            if key in part:
+                return part
+        return None
+
     def get(self, key: Any, default: Any = None) -> Any:
-        v = self.protected.get(key, _MISSING)
-        return v if v is not _MISSING else self.young.get(key, default)
+        for part in (self.own, self.established, self.young):
+            v = part.get(key, _MISSING)
+            if v is not _MISSING:
+                return v
+        return default
 
     def add(self, key: Any, value: Any, young: bool | None = False, owner: Any = None) -> None:
-        """Remember ``key``; ``young``: True for a young signer's tree, False for ours or an established
-        signer's, None to keep the part the key is already in (the protected one for a new key); ``owner``: the
-        signer a young key is charged to (None: its current owner, if any)."""
-        if young is None:
-            young = key not in self.protected and key in self.young
-        if young and key not in self.protected:
-            self.young.add(key, value, owner)
+        """Remember ``key`` with ``value``: ``owner`` None and ``young`` False for our own trees; otherwise
+        ``owner`` is the signer and ``young`` says whether it is a young signer; ``young`` None keeps the part and
+        owner the key is already in (a new key then goes to the established part). A key never moves down a part,
+        and a remembered key keeps its owner."""
+        now = self._part(key)
+        if young is None and now is not None:
+            target = now
+        elif owner is None and young is False:
+            target = self.own
+        elif young and now is not self.own and now is not self.established:
+            target = self.young
         else:
-            self.young.discard(key)  # the key now lives in the protected part
-            self.protected.add(key, value)
+            target = self.established if now is not self.own else self.own
+        if now is not None and now is not target:
+            old_owner = now._d[key][2] if isinstance(now, OwnerFairSet) else None
+            now.discard(key)
+            owner = old_owner if old_owner is not None else owner
+        if isinstance(target, OwnerFairSet):
+            target.add(key, value, owner)
+        else:
+            target.add(key, value)
 
     def __len__(self) -> int:
-        return len(self.protected) + len(self.young)
+        return len(self.own) + len(self.established) + len(self.young)
 
     def clear(self) -> None:
-        self.protected.clear()
-        self.young.clear()
+        for part in (self.own, self.established, self.young):
+            part.clear()

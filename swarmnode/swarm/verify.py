@@ -363,7 +363,7 @@ class Verifier(ManifestChecks, BundleChecks):
         self._internal_log = LogLimiter(10.0)
         self.stats: dict[str, Any] = {
             "manifests_accepted": 0, "bundles_accepted": 0, "trees_accepted": 0, "leaves_accepted": 0,
-            "trees_replayed": 0, "retokenized_trees": 0, "canonicalized_trees": 0, "leaves_pruned_dropped": 0,
+            "trees_replayed": 0, "retokenized_trees": 0, "canonicalized_trees": 0, "leaves_pruned_dropped": 0, "leaves_replayed_dropped": 0,
             "rejected": {},
         }
 

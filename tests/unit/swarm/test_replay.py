@@ -34,7 +34,9 @@ def test_a_full_set_evicts_the_largest_owners_oldest_key():
     assert s.owned("A") <= 1 and "a1" not in s
 
 
-def test_re_adding_keeps_or_moves_the_owner_and_expiry_follows_insertion_time():
+def test_re_adding_keeps_the_owner_and_expiry_follows_insertion_time():
+    """A remembered key keeps its owner whoever adds it again (outside attack: copies re-charged an author's keys to
+    the copier, whose own flood then evicted them)."""
     clock = Clock()
     s = OwnerFairSet(10, 5.0, clock)
     s.add("k", "x", "A")
@@ -42,7 +44,7 @@ def test_re_adding_keeps_or_moves_the_owner_and_expiry_follows_insertion_time():
     s.add("k", "y")  # no owner given: still A's, inserted again now
     assert s.get("k") == "y" and s.owned("A") == 1
     s.add("k", "z", "B")
-    assert s.owned("A") == 0 and s.owned("B") == 1
+    assert s.get("k") == "z" and s.owned("A") == 1 and s.owned("B") == 0
     clock.t = 8.0
     assert s.get("k") == "z"  # 5 s after its last insertion: still kept (not beyond the ttl)
     clock.t = 8.5
@@ -75,3 +77,28 @@ def test_the_owner_counts_match_a_plain_recount_under_random_operations():
         assert {n: set(os) for n, os in s._by_count.items()} == {
             n: {o for o, c in counts.items() if c == n} for n in set(counts.values())}
         assert s._max == max(counts.values(), default=0)
+
+
+def test_replay_memory_parts_never_evict_upward_and_keys_keep_their_owner():
+    """Three parts: ours, established signers', young signers'. A flood in a lower part never evicts a higher one;
+    an established signer's flood evicts its own keys first; keys move only up and keep their owner."""
+    from swarmnode.swarm.replay import ReplayMemory
+
+    m = ReplayMemory(8, math.inf, Clock())
+    m.add("ours", "own")
+    m.add("est", "peer", young=False, owner="E")
+    m.add("young", "peer", young=True, owner="Y")
+    for i in range(40):  # an established key floods: its own keys go first, ours and E's stay
+        m.add(f"flood{i}", "peer", young=False, owner="F")
+    for i in range(40):
+        m.add(f"yflood{i}", "peer", young=True, owner="G")
+    assert m.get("ours") == "own" and m.get("est") == "peer" and m.get("young") == "peer"
+    assert m.established.owned("F") == 7 and m.young.owned("G") == 7
+    m.add("young", "peer", young=False, owner="E2")  # an established signer's tree holds it: it moves up
+    assert "young" in m.established and "young" not in m.young and m.established.owned("Y") == 1
+    m.add("young", "peer", young=True, owner="G")  # never down
+    assert "young" in m.established
+    m.add("young", ("E2", 1.0), young=None)  # authorship moves: same part, same owner
+    assert m.get("young") == ("E2", 1.0) and m.established.owned("Y") == 1
+    m.add("est", "own")  # our own tree holds it: the own part
+    assert m.own.get("est") == "own" and "est" not in m.established

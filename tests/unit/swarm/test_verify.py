@@ -960,6 +960,39 @@ def _honest_tree(mix, k, tail=""):
                             (f"think {k} <answer>wrong</answer>{tail}", 0.0, "eos")])
 
 
+def test_a_copy_with_a_new_leaf_keeps_only_the_new_leaf(peer_mix, clock):
+    """Outside attack: a copier re-signed an author's tree with one junk leaf added and the whole tree was
+    accepted, its copied leaves trained again, as often as it liked (ours too, uncharged). A tree with new leaves
+    now keeps only those; copied leaves of our own rollouts charge the signer."""
+    v = make_verifier(peer_mix, clock)
+    honest = _honest_tree(peer_mix, 50)
+    assert v.verify_bundle(_bundle([honest], HONEST, clock), None, "h")
+    ref = honest.task
+    ans = peer_mix.get(ref).answer
+    leaves = [(honest.completion_text(j), honest.nodes[j].reward, "eos") for j in honest.leaves()]
+    for n in range(3):  # again and again: each time only the junk leaf is new
+        copy = _tree(peer_mix, ref, [*leaves, (f"junk {n} <answer>{ans}</answer>", 1.0, "eos")])
+        out = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a")
+        assert [out[0].tree.completion_text(j) for j in out[0].tree.leaves()] == [f"junk {n} <answer>{ans}</answer>"]
+        clock.advance(1.0)
+    assert v.stats["leaves_replayed_dropped"] == 3 * len(leaves)
+    # a format character (zero-width space, soft hyphen) does not make a copied leaf new
+    sneaky = [(t.replace("think", "th\u200bink").replace("answer>", "ans\u00adwer>", 1), r, f) for t, r, f in leaves]
+    r = _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, sneaky)], ATTACKER, clock), None, "a"))
+    assert r.reason == "replay"
+    # our own rollouts copied into a tree with a new leaf: the copied leaves go, and the signer is charged
+    own = _honest_tree(peer_mix, 51)
+    b = wire.bundle_from_trees([own], swarm_id=SWARM, publisher_key=HONEST.public_key_bytes, vocab_size=256,
+                               model_id="us", tokenizer_id=BYTE_TOKENIZER_ID, created_at=clock())
+    v.note_published(wire.encode(b, HONEST), b)
+    own_leaves = [(own.completion_text(j), own.nodes[j].reward, "eos") for j in own.leaves()]
+    echo = _tree(peer_mix, own.task, [*own_leaves, ("new <answer>no</answer>", 0.0, "eos")])
+    out = v.verify_bundle(_bundle([echo], ATTACKER, clock), None, "a")
+    assert len(out[0].tree.leaves()) == 1
+    rejected = v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"]
+    assert rejected.get("replay", 0) >= 1
+
+
 def test_copy_with_trailing_space_is_a_replay(peer_mix, clock):
     v = make_verifier(peer_mix, clock)
     assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 0)], HONEST, clock), None, "h")
