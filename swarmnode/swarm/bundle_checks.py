@@ -299,7 +299,7 @@ class BundleChecks(TokenChecks):
                     own_echo += 1
                 else:
                     copies += 1
-                    self._claim_authorship(k, seen, signer, committed_at)
+                    self._claim_authorship({k: seen, **leaf_seen}, signer, committed_at)
                 continue
             # a tree with new leaves keeps only those: leaves seen before never train again (outside attack: a copy
             # with one junk leaf added was accepted whole, its copied leaves trained again, as often as wanted)
@@ -307,6 +307,7 @@ class BundleChecks(TokenChecks):
             if old:
                 if any(leaf_seen[x] == "own" for x in old):
                     own_echo += 1  # our own rollouts in it: the signer copied
+                self._claim_authorship({x: leaf_seen[x] for x in old}, signer, committed_at)
                 kept = [j for j in live[i] if content_key(b.trees[i].task, [texts[(i, j)]]) not in old]
                 replayed_leaves += len(live[i]) - len(kept)
                 live[i] = kept
@@ -374,8 +375,8 @@ class BundleChecks(TokenChecks):
         young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
             self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer, owner=signer)
-            for k in lkeys[i]:
-                self._seen_content.add(k, "peer", young=young_signer, owner=signer)
+            for k in lkeys[i]:  # each leaf remembers its holder and commitment, as the tree does (authorship)
+                self._seen_content.add(k, (signer, committed_at), young=young_signer, owner=signer)
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees))) - replayed_leaves
         if n_pruned:
             self.stats["leaves_pruned_dropped"] += n_pruned

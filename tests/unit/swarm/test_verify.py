@@ -1089,6 +1089,45 @@ def test_authorship_goes_to_the_earliest_commitment_not_the_first_verified(peer_
     assert v.take_authorship_changes() == []
 
 
+def test_authorship_follows_each_leaf_when_a_copy_changes_the_leaf_set(peer_mix, clock):
+    """Outside re-attack: a copier verified first with the author's tree plus one junk leaf (or split in two
+    trees) kept every copied leaf under its name: authorship followed the whole-tree key only. Each leaf now
+    remembers its holder and commitment; the author's later-verified tree, committed earlier, takes them back
+    (one change per tree and holder)."""
+    v = make_verifier(peer_mix, clock)
+    pid = {"a": ATTACKER.peer_id, "h": HONEST.peer_id}
+    honest = _honest_tree(peer_mix, 60)
+    leaves = [(honest.completion_text(j), honest.nodes[j].reward, "eos") for j in honest.leaves()]
+    ans = peer_mix.get(honest.task).answer
+    copy = _tree(peer_mix, honest.task, [*leaves, (f"junk <answer>{ans}</answer>", 1.0, "eos")])
+    assert v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a", committed_at=105.0)
+    r = _rej(lambda: v.verify_bundle(_bundle([honest], HONEST, clock), None, "h", committed_at=100.0))
+    assert r.reason == "replay"  # nothing trains twice
+    assert v.take_authorship_changes() == [(pid["a"], pid["h"])]
+    # the author's tree with a new leaf beside the copied ones: the copied leaves' authorship moves too
+    honest2 = _honest_tree(peer_mix, 61)
+    leaves2 = [(honest2.completion_text(j), honest2.nodes[j].reward, "eos") for j in honest2.leaves()]
+    assert v.verify_bundle(_bundle([_tree(peer_mix, honest2.task, leaves2[:1])], ATTACKER, clock), None, "a",
+                           committed_at=205.0)
+    out = v.verify_bundle(_bundle([honest2], HONEST, clock), None, "h", committed_at=200.0)
+    assert len(out[0].tree.leaves()) == len(leaves2) - 1  # the copied leaf does not train again
+    assert v.take_authorship_changes() == [(pid["a"], pid["h"])]
+    # case is kept: a wrong leaf in upper case does not block the author's correct one
+    t3 = _honest_tree(peer_mix, 62)
+    right = t3.completion_text(t3.leaves()[0])
+    assert v.verify_bundle(_bundle([_tree(peer_mix, t3.task, [(right.upper(), 0.0, "eos"), ("x", 0.0, "eos")])],
+                                   ATTACKER, clock), None, "a")
+    out = v.verify_bundle(_bundle([t3], HONEST, clock), None, "h")
+    assert right in [out[0].tree.completion_text(j) for j in out[0].tree.leaves()]
+    # invisible characters beyond format ones (variation selector, combining grapheme joiner) fold away
+    t4 = _honest_tree(peer_mix, 63)
+    assert v.verify_bundle(_bundle([t4], HONEST, clock), None, "h")
+    sneaky = [(t4.completion_text(j).replace("think", "thi\u034fnk\ufe0f"), t4.nodes[j].reward, "eos")
+              for j in t4.leaves()]
+    r = _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, t4.task, sneaky)], ATTACKER, clock), None, "a"))
+    assert r.reason == "replay"
+
+
 def test_a_copier_who_arrives_first_never_gets_the_author_charged(peer_mix, clock):
     v = make_verifier(peer_mix, clock)
     tree = _honest_tree(peer_mix, 2)
