@@ -287,31 +287,23 @@ class BundleChecks(TokenChecks):
         keep: list[int] = []
         own_echo = 0
         copies = 0
-        replayed_leaves = 0
         in_bundle: set[bytes] = set()
         for i, k in enumerate(ckeys):
             if k is None:
                 continue
             seen = self._seen_content.get(k)
-            leaf_seen = {x: self._seen_content.get(x, "peer" if x in in_bundle else None) for x in lkeys[i]}
-            if seen is not None or k in ckeys[:i] or all(v is not None for v in leaf_seen.values()):
-                if seen == "own" or (seen is None and all(v == "own" for v in leaf_seen.values())):
+            leaf_seen = [self._seen_content.get(x, "peer" if x in in_bundle else None) for x in lkeys[i]]
+            if seen is not None or k in ckeys[:i] or all(v is not None for v in leaf_seen):
+                if seen == "own" or (seen is None and all(v == "own" for v in leaf_seen)):
                     own_echo += 1
                 else:
                     copies += 1
-                    self._claim_authorship({k: seen, **leaf_seen}, signer, committed_at)
+                    self._claim_authorship(k, seen, signer, committed_at)
                 continue
-            # a tree with new leaves keeps only those: leaves seen before never train again (outside attack: a copy
-            # with one junk leaf added was accepted whole, its copied leaves trained again, as often as wanted)
-            old = {x for x, v in leaf_seen.items() if v is not None}
-            if old:
-                if any(leaf_seen[x] == "own" for x in old):
-                    own_echo += 1  # our own rollouts in it: the signer copied
-                self._claim_authorship({x: leaf_seen[x] for x in old}, signer, committed_at)
-                kept = [j for j in live[i] if content_key(b.trees[i].task, [texts[(i, j)]]) not in old]
-                replayed_leaves += len(live[i]) - len(kept)
-                live[i] = kept
-                lkeys[i] = [x for x in lkeys[i] if x not in old]
+            # A tree with some new leaves is accepted whole, its seen leaves included. Keeping only the new leaves
+            # (tried after an outside attack: a copy with one junk leaf added trains the copied leaves again) broke
+            # honest sharing wherever questions repeat: a small task set drawn for many steps gives identical short
+            # leaves, and the stripped groups lost their contrast (the loopback swarm test stopped exchanging).
             in_bundle.update(lkeys[i])
             keep.append(i)
         if not keep:
@@ -375,13 +367,11 @@ class BundleChecks(TokenChecks):
         young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
             self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer, owner=signer)
-            for k in lkeys[i]:  # each leaf remembers its holder and commitment, as the tree does (authorship)
-                self._seen_content.add(k, (signer, committed_at), young=young_signer, owner=signer)
-        n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees))) - replayed_leaves
+            for k in lkeys[i]:
+                self._seen_content.add(k, "peer", young=young_signer, owner=signer)
+        n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:
             self.stats["leaves_pruned_dropped"] += n_pruned
-        if replayed_leaves:
-            self.stats["leaves_replayed_dropped"] += replayed_leaves
         for _ in range(own_echo):
             self.peers.record_reject(signer, "replay", False, "a copy of our own rollouts")
         for reason, detail in bad_trees.values():

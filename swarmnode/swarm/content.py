@@ -10,7 +10,6 @@ commitment (protocol/SPEC.md §5.1). :func:`tree_digest` is the exact-content di
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
 from array import array
 from typing import Any, Sequence
@@ -18,6 +17,7 @@ from typing import Any, Sequence
 from swarmnode.swarm import wire
 from swarmnode.swarm.replay import ReplayMemory
 from swarmnode.tasks.base import TaskRef
+from swarmnode.tasks.partition import normalize_question
 
 __all__ = ["claim_authorship", "content_key", "copy_form", "leaf_keys", "leaf_path", "tree_digest"]
 
@@ -54,7 +54,6 @@ _IGNORABLE_RANGES = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x11
                      (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
                      (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
                      (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
-_WS = re.compile(r"\s+")
 
 
 def _ignorable(c: str) -> bool:
@@ -65,21 +64,21 @@ def _ignorable(c: str) -> bool:
 def copy_form(text: str) -> str:
     """The form two completion texts share when one is a copy of the other: default-ignorable code points and
     format characters removed (zero-width spaces and joiners, soft hyphens, variation selectors, the combining
-    grapheme joiner, Hangul fillers, tags), Unicode NFKC, whitespace runs collapsed to one space, ends stripped.
-    Case is kept: a leaf in other case is another text (outside attack: ``<ANSWER>12</ANSWER>``, which scores 0,
-    blocked the author's ``<answer>12</answer>`` as "seen"). Outside attacks made copied leaves new with one
-    invisible character each. Look-alike letters of other scripts (a Cyrillic ``а``) and visible edits (a trailing
-    period) still make a text new. (The held-out partition keeps ``normalize_question``.)"""
+    grapheme joiner, Hangul fillers, tags), then :func:`~swarmnode.tasks.partition.normalize_question` (NFKC,
+    lower case, whitespace runs collapsed to one space, ends stripped). Outside attacks made copied leaves new with
+    one invisible character each. Look-alike letters of other scripts (a Cyrillic ``а``) and visible edits (a
+    trailing period) still make a text new. (The held-out partition keeps ``normalize_question`` alone: changing
+    it would move questions between partitions.)"""
     if any(_ignorable(c) for c in text):
         text = "".join(c for c in text if not _ignorable(c))
-    return _WS.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+    return normalize_question(text)
 
 
 def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
     """SHA-256 naming a tree's normalized content: its TaskRef and the sorted set of normalized completion texts.
 
-    Normalization is :func:`copy_form` (invisible characters removed, NFKC, whitespace runs collapsed, ends
-    stripped), and equal texts count once, so a copy with a trailing space, other line breaks,
+    Normalization is :func:`copy_form` (invisible characters removed, NFKC, lower case, whitespace runs collapsed,
+    ends stripped), and equal texts count once, so a copy with a trailing space, other line breaks,
     reordered or duplicated leaves, another key, another signature time or other metadata has the same key.
     ``content_key(ref, [text])`` names one leaf (:func:`leaf_keys`). Local use only (not part of the protocol).
     """

@@ -355,7 +355,7 @@ class Verifier(ManifestChecks, BundleChecks):
         window = replay_window_s if replay_window_s is not None else swarm_cfg.trust.replay_window_seconds
         # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
         self.replay_window_s = math.inf if window is None else max(float(window), ttl)
-        # content_key (tree and leaf keys) -> "own" | (holder peer id | None, commitment time | None)
+        # content_key -> "own" | "peer" (leaf keys) | (holder peer id | None, commitment time | None) (tree keys)
         self._seen_content = ReplayMemory(seen_capacity, self.replay_window_s, clock)
         self._young_after = int(swarm_cfg.trust.established_after)  # standing that puts a signer's trees in protected memory
         self._authorship_changes: list[tuple[str, str | None]] = []
@@ -363,7 +363,7 @@ class Verifier(ManifestChecks, BundleChecks):
         self._internal_log = LogLimiter(10.0)
         self.stats: dict[str, Any] = {
             "manifests_accepted": 0, "bundles_accepted": 0, "trees_accepted": 0, "leaves_accepted": 0,
-            "trees_replayed": 0, "retokenized_trees": 0, "canonicalized_trees": 0, "leaves_pruned_dropped": 0, "leaves_replayed_dropped": 0,
+            "trees_replayed": 0, "retokenized_trees": 0, "canonicalized_trees": 0, "leaves_pruned_dropped": 0,
             "rejected": {},
         }
 
@@ -510,21 +510,14 @@ class Verifier(ManifestChecks, BundleChecks):
         return self._guard(lambda: self._verify_bundle(data, manifest, sender, received_at, prepaid, committed_at),
                            hint)
 
-    def _claim_authorship(self, seen: dict[bytes, Any], signer: str, committed_at: float | None) -> None:
-        """A tree from ``signer`` whose content keys ``seen`` (tree key and leaf keys -> the value remembered) were
-        seen before: move or dispute the authorship of each held by a key that committed later (see
-        ``committed_at`` of :meth:`verify_bundle`; :func:`~swarmnode.swarm.content.claim_authorship`). One change
-        per tree and holder, whether the copy took the whole tree or some of its leaves (outside attack: a copy
-        with one junk leaf added, verified before the author's tree, kept every copied leaf under the copier's
-        name, because authorship followed the whole-tree key only)."""
-        changes: dict[str, str | None] = {}
-        for key, value in seen.items():
-            change = claim_authorship(self._seen_content, key, value, signer, committed_at)
-            if change is not None:
-                changes.setdefault(change[0], change[1])
-        self._authorship_changes.extend(changes.items())
-        if len(self._authorship_changes) > 4096:  # nobody took them: keep the newest
-            del self._authorship_changes[:-4096]
+    def _claim_authorship(self, key: bytes, seen: Any, signer: str, committed_at: float | None) -> None:
+        """A copy of content ``key`` from ``signer``: move or dispute its authorship (see ``committed_at`` of
+        :meth:`verify_bundle`; :func:`~swarmnode.swarm.content.claim_authorship`)."""
+        change = claim_authorship(self._seen_content, key, seen, signer, committed_at)
+        if change is not None:
+            self._authorship_changes.append(change)
+            if len(self._authorship_changes) > 4096:  # nobody took them: keep the newest
+                del self._authorship_changes[:-4096]
 
     def take_authorship_changes(self) -> list[tuple[str, str | None]]:
         """The authorship changes since the last call, oldest first, and forget them: ``(loser, winner)`` peer

@@ -960,37 +960,24 @@ def _honest_tree(mix, k, tail=""):
                             (f"think {k} <answer>wrong</answer>{tail}", 0.0, "eos")])
 
 
-def test_a_copy_with_a_new_leaf_keeps_only_the_new_leaf(peer_mix, clock):
-    """Outside attack: a copier re-signed an author's tree with one junk leaf added and the whole tree was
-    accepted, its copied leaves trained again, as often as it liked (ours too, uncharged). A tree with new leaves
-    now keeps only those; copied leaves of our own rollouts charge the signer."""
+def test_invisible_characters_do_not_make_a_copy_new_and_a_copy_with_a_new_leaf_is_the_stated_limit(peer_mix, clock):
+    """Outside attacks: one invisible character per leaf (zero-width space, soft hyphen, combining grapheme joiner,
+    variation selector) made a copied tree new; they now fold away. The stated limit: a copy with one new leaf
+    added is accepted whole, its copied leaves included (keeping only the new leaves broke honest sharing wherever
+    questions repeat, see bundle_checks)."""
     v = make_verifier(peer_mix, clock)
     honest = _honest_tree(peer_mix, 50)
     assert v.verify_bundle(_bundle([honest], HONEST, clock), None, "h")
-    ref = honest.task
-    ans = peer_mix.get(ref).answer
     leaves = [(honest.completion_text(j), honest.nodes[j].reward, "eos") for j in honest.leaves()]
-    for n in range(3):  # again and again: each time only the junk leaf is new
-        copy = _tree(peer_mix, ref, [*leaves, (f"junk {n} <answer>{ans}</answer>", 1.0, "eos")])
-        out = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a")
-        assert [out[0].tree.completion_text(j) for j in out[0].tree.leaves()] == [f"junk {n} <answer>{ans}</answer>"]
+    for mark in ("\u200b", "\u00ad", "\u034f", "\ufe0f"):
+        sneaky = [(t.replace("think", f"th{mark}ink"), r, f) for t, r, f in leaves]
+        r = _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, honest.task, sneaky)], ATTACKER, clock), None, "a"))
+        assert r.reason == "replay", mark
         clock.advance(1.0)
-    assert v.stats["leaves_replayed_dropped"] == 3 * len(leaves)
-    # a format character (zero-width space, soft hyphen) does not make a copied leaf new
-    sneaky = [(t.replace("think", "th\u200bink").replace("answer>", "ans\u00adwer>", 1), r, f) for t, r, f in leaves]
-    r = _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, sneaky)], ATTACKER, clock), None, "a"))
-    assert r.reason == "replay"
-    # our own rollouts copied into a tree with a new leaf: the copied leaves go, and the signer is charged
-    own = _honest_tree(peer_mix, 51)
-    b = wire.bundle_from_trees([own], swarm_id=SWARM, publisher_key=HONEST.public_key_bytes, vocab_size=256,
-                               model_id="us", tokenizer_id=BYTE_TOKENIZER_ID, created_at=clock())
-    v.note_published(wire.encode(b, HONEST), b)
-    own_leaves = [(own.completion_text(j), own.nodes[j].reward, "eos") for j in own.leaves()]
-    echo = _tree(peer_mix, own.task, [*own_leaves, ("new <answer>no</answer>", 0.0, "eos")])
-    out = v.verify_bundle(_bundle([echo], ATTACKER, clock), None, "a")
-    assert len(out[0].tree.leaves()) == 1
-    rejected = v.peers.snapshot()["peers"][ATTACKER.peer_id]["rejected"]
-    assert rejected.get("replay", 0) >= 1
+    ans = peer_mix.get(honest.task).answer
+    copy = _tree(peer_mix, honest.task, [*leaves, (f"junk <answer>{ans}</answer>", 1.0, "eos")])
+    out = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a")
+    assert len(out[0].tree.leaves()) == len(leaves) + 1
 
 
 def test_copy_with_trailing_space_is_a_replay(peer_mix, clock):
@@ -1087,45 +1074,6 @@ def test_authorship_goes_to_the_earliest_commitment_not_the_first_verified(peer_
     assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 32)], ATTACKER, clock), None, "a")
     _rej(lambda: v.verify_bundle(_bundle([_honest_tree(peer_mix, 32)], HONEST, clock), None, "h", committed_at=0.0))
     assert v.take_authorship_changes() == []
-
-
-def test_authorship_follows_each_leaf_when_a_copy_changes_the_leaf_set(peer_mix, clock):
-    """Outside re-attack: a copier verified first with the author's tree plus one junk leaf (or split in two
-    trees) kept every copied leaf under its name: authorship followed the whole-tree key only. Each leaf now
-    remembers its holder and commitment; the author's later-verified tree, committed earlier, takes them back
-    (one change per tree and holder)."""
-    v = make_verifier(peer_mix, clock)
-    pid = {"a": ATTACKER.peer_id, "h": HONEST.peer_id}
-    honest = _honest_tree(peer_mix, 60)
-    leaves = [(honest.completion_text(j), honest.nodes[j].reward, "eos") for j in honest.leaves()]
-    ans = peer_mix.get(honest.task).answer
-    copy = _tree(peer_mix, honest.task, [*leaves, (f"junk <answer>{ans}</answer>", 1.0, "eos")])
-    assert v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a", committed_at=105.0)
-    r = _rej(lambda: v.verify_bundle(_bundle([honest], HONEST, clock), None, "h", committed_at=100.0))
-    assert r.reason == "replay"  # nothing trains twice
-    assert v.take_authorship_changes() == [(pid["a"], pid["h"])]
-    # the author's tree with a new leaf beside the copied ones: the copied leaves' authorship moves too
-    honest2 = _honest_tree(peer_mix, 61)
-    leaves2 = [(honest2.completion_text(j), honest2.nodes[j].reward, "eos") for j in honest2.leaves()]
-    assert v.verify_bundle(_bundle([_tree(peer_mix, honest2.task, leaves2[:1])], ATTACKER, clock), None, "a",
-                           committed_at=205.0)
-    out = v.verify_bundle(_bundle([honest2], HONEST, clock), None, "h", committed_at=200.0)
-    assert len(out[0].tree.leaves()) == len(leaves2) - 1  # the copied leaf does not train again
-    assert v.take_authorship_changes() == [(pid["a"], pid["h"])]
-    # case is kept: a wrong leaf in upper case does not block the author's correct one
-    t3 = _honest_tree(peer_mix, 62)
-    right = t3.completion_text(t3.leaves()[0])
-    assert v.verify_bundle(_bundle([_tree(peer_mix, t3.task, [(right.upper(), 0.0, "eos"), ("x", 0.0, "eos")])],
-                                   ATTACKER, clock), None, "a")
-    out = v.verify_bundle(_bundle([t3], HONEST, clock), None, "h")
-    assert right in [out[0].tree.completion_text(j) for j in out[0].tree.leaves()]
-    # invisible characters beyond format ones (variation selector, combining grapheme joiner) fold away
-    t4 = _honest_tree(peer_mix, 63)
-    assert v.verify_bundle(_bundle([t4], HONEST, clock), None, "h")
-    sneaky = [(t4.completion_text(j).replace("think", "thi\u034fnk\ufe0f"), t4.nodes[j].reward, "eos")
-              for j in t4.leaves()]
-    r = _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, t4.task, sneaky)], ATTACKER, clock), None, "a"))
-    assert r.reason == "replay"
 
 
 def test_a_copier_who_arrives_first_never_gets_the_author_charged(peer_mix, clock):
