@@ -69,7 +69,7 @@ def copy_form(text: str) -> str:
     one invisible character each. Look-alike letters of other scripts (a Cyrillic ``а``) and visible edits (a
     trailing period) still make a text new. (The held-out partition keeps ``normalize_question`` alone: changing
     it would move questions between partitions.)"""
-    if any(_ignorable(c) for c in text):
+    if not text.isascii() and any(_ignorable(c) for c in text):  # ASCII has none: the common case costs nothing
         text = "".join(c for c in text if not _ignorable(c))
     return normalize_question(text)
 
