@@ -137,6 +137,11 @@ class OwnerFairSet(TTLSet):
         self._d[key] = (now, value, owner)
         self._expire(now)
 
+    def owner_of(self, key: Any) -> Any:
+        """The owner ``key`` is charged to (None when not remembered)."""
+        item = self._d.get(key)
+        return None if item is None else item[2]
+
     def owned(self, owner: Any) -> int:
         """How many keys ``owner`` holds now."""
         return len(self._owned.get(owner, ()))
@@ -193,19 +198,17 @@ class ReplayMemory:
         ``owner`` is the signer and ``young`` says whether it is a young signer; ``young`` None keeps the part and
         owner the key is already in (a new key then goes to the established part). A key never moves down a part,
         and a remembered key keeps its owner."""
+        parts = (self.young, self.established, self.own)  # lowest first: a key only moves up
         now = self._part(key)
-        if young is None and now is not None:
-            target = now
-        elif owner is None and young is False:
-            target = self.own
-        elif young and now is not self.own and now is not self.established:
-            target = self.young
+        if young is None:
+            wanted = now or self.established
         else:
-            target = self.established if now is not self.own else self.own
+            wanted = self.own if owner is None and young is False else self.young if young else self.established
+        target = max(wanted, now, key=lambda q: -1 if q is None else parts.index(q))
         if now is not None and now is not target:
-            old_owner = now._d[key][2] if isinstance(now, OwnerFairSet) else None
+            first = now.owner_of(key) if isinstance(now, OwnerFairSet) else None
+            owner = owner if first is None else first  # a remembered key keeps its first owner
             now.discard(key)
-            owner = old_owner if old_owner is not None else owner
         if isinstance(target, OwnerFairSet):
             target.add(key, value, owner)
         else:
