@@ -37,6 +37,10 @@ class PeerTree:
         established: ``True`` when the swarm layer admitted it from an established key (at least
             ``swarm.trust.established_after`` useful trees admitted before this step, ``swarm/gossip.py``); by default
             cross-node expansion continues only such trees (a fresh key's prefix steers none of our groups).
+        copied_leaves: node ids of ``tree``'s leaves whose normalized text the verifier already held from another
+            key or from our own rollouts when this tree arrived (a copy with new leaves added). They train like the
+            rest; only the signer's other leaves can earn it standing
+            (:func:`~swarmnode.train.batch.trained_groups_by_peer`). Set by the verifier only.
 
     Raises:
         TypeError / ValueError: a field has the wrong type, ``peer_id`` is empty or ``policy_version < 0``.
@@ -53,6 +57,7 @@ class PeerTree:
     received_at: float = 0.0
     verified: bool = False
     established: bool = False
+    copied_leaves: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.tree, RolloutTree):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
-from swarmnode.swarm.content import content_key, leaf_keys
+from swarmnode.swarm.content import content_key, copy_form, leaf_keys
 from swarmnode.swarm.identity import peer_id_from_public_key
 from swarmnode.swarm.peers import UNATTRIBUTED, PeerBook
 from swarmnode.swarm.rejection import BODY_SOFT, ENVELOPE_HARD, UNCHARGED_REASONS, Rejection
@@ -54,6 +54,7 @@ class BundleChecks(TokenChecks):
     _seen_content: ReplayMemory
     _young_after: int
     _claim_authorship: Callable[..., None]
+    _claim_leaf_authorship: Callable[..., None]
     _allowed_key: Callable[[bytes], bool]
     _freshness: Callable[[float], tuple[str, str] | None]
 
@@ -285,6 +286,7 @@ class BundleChecks(TokenChecks):
         lkeys = {i: leaf_keys(b.trees[i].task, [texts[(i, j)] for j in live[i]]) for i, k in enumerate(ckeys)
                  if k is not None}
         keep: list[int] = []
+        copied_texts: dict[int, set[str]] = {}  # kept tree -> normalized texts held before from another key or us
         own_echo = 0
         copies = 0
         in_bundle: set[bytes] = set()
@@ -298,12 +300,20 @@ class BundleChecks(TokenChecks):
                     own_echo += 1
                 else:
                     copies += 1
-                    self._claim_authorship(k, seen, signer, committed_at)
+                    if seen is None and k not in ckeys[:i]:
+                        self._claim_leaf_authorship(lkeys[i], leaf_seen, signer, committed_at)
+                    else:
+                        self._claim_authorship(k, seen, signer, committed_at)
                 continue
             # A tree with some new leaves is accepted whole, its seen leaves included. Keeping only the new leaves
             # (tried after an outside attack: a copy with one junk leaf added trains the copied leaves again) broke
             # honest sharing wherever questions repeat: a small task set drawn for many steps gives identical short
             # leaves, and the stripped groups lost their contrast (the loopback swarm test stopped exchanging).
+            # The seen leaves are marked instead: they train, but earn the signer no standing.
+            held = {x for x, v in zip(lkeys[i], leaf_seen) if v == "own" or (isinstance(v, tuple) and v[0] != signer)}
+            if held:
+                copied_texts[i] = {t for t in (copy_form(texts[(i, j)]) for j in live[i])
+                                   if content_key(b.trees[i].task, [t]) in held}
             in_bundle.update(lkeys[i])
             keep.append(i)
         if not keep:
@@ -354,21 +364,26 @@ class BundleChecks(TokenChecks):
             tree.prompt_text, tree.prompt_ids = prompts[i]
             for j in live[i]:
                 tree.nodes[j].reward = scores[(i, j)]
+            copied = {j for j in live[i] if copy_form(texts[(i, j)]) in copied_texts.get(i, ())}
             if len(live[i]) != len(tree.leaves()):
+                old_leaves = [j for j in tree.leaves() if j in live[i]]
                 tree = tree.subtree(live[i])
+                copied = {new for old, new in zip(old_leaves, tree.leaves()) if old in copied}  # same leaf order
             tree.update_stats()
             out.append(PeerTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
                                 model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
                                 same_tokenizer=same_tok and i not in canon, digest=digest.hex(),
                                 received_at=float(received_at),
-                                verified=True))
+                                verified=True, copied_leaves=frozenset(copied)))
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
         young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
             self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer, owner=signer)
-            for k in lkeys[i]:
-                self._seen_content.add(k, "peer", young=young_signer, owner=signer)
+            for k in lkeys[i]:  # a leaf seen before keeps its holder (ReplayMemory keeps the first owner)
+                prev = self._seen_content.get(k)
+                self._seen_content.add(k, prev if prev is not None else (signer, committed_at), young=young_signer,
+                                       owner=signer)
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:
             self.stats["leaves_pruned_dropped"] += n_pruned

@@ -112,10 +112,11 @@ def claim_authorship(memory: ReplayMemory, key: bytes, seen: Any, signer: str,
     """A copy of content ``key`` from ``signer``: move or dispute its authorship in ``memory``.
 
     Args:
-        memory: the verifier's content memory; a tree key's value is ``(holder peer id | None, commitment time)``.
-        key: the tree's :func:`content_key`.
-        seen: the value ``memory`` holds for ``key`` (``"own"``, ``"peer"`` or a holder tuple; other values and
-            ``None`` claim nothing).
+        memory: the verifier's content memory; a peer's tree or leaf key's value is ``(holder peer id | None,
+            commitment time)``.
+        key: the tree's :func:`content_key` (or one of its :func:`leaf_keys`).
+        seen: the value ``memory`` holds for ``key`` (``"own"`` or a holder tuple; other values and ``None``
+            claim nothing).
         signer: peer id of the copy's signer.
         committed_at: when we first read the manifest that announced the copy (the clock of
             ``Verifier.verify_bundle``'s ``committed_at``); ``None`` claims nothing.

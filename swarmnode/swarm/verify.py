@@ -137,7 +137,9 @@ A tree's content key (:func:`content_key`) is its TaskRef plus the sorted, norma
 whitespace collapsed) texts of its live leaves, equal texts once: a copy re-signed under another key, at
 another time, with a trailing space, reordered or duplicated leaves has the same key. Each leaf is remembered
 too (:func:`leaf_keys`), and a tree none of whose leaves is new is a copy as well (a subset or regrouping of
-seen leaves; an outside attack earned standing with copies whose one leaf was duplicated). Keys of accepted trees (and of our own published trees,
+seen leaves; an outside attack earned standing with copies whose one leaf was duplicated). A tree with some new
+leaves is accepted whole; its seen leaves are marked (:attr:`PeerTree.copied_leaves`): they train but earn the
+signer no standing (a copy with one new leaf added earned the copier the author's contrast). Keys of accepted trees (and of our own published trees,
 :meth:`Verifier.note_published`) are kept until ``seen_capacity`` evicts them, oldest first (or for
 ``replay_window_s`` when ``swarm.trust.replay_window_seconds`` is set): a copy re-signed with a fresh time can be
 trained at any age, so no time window covers every tree that could still be trained (an outside attack
@@ -145,7 +147,8 @@ replayed trees right after a 6 h window). A copy is dropped without charging any
 never pay for a copier who raced ahead) except a copy of **our own** rollouts, which proves the signer copied
 (soft ``replay``). Authorship goes to the earliest commitment: a copy from a key whose manifest we read before
 the holder's takes the content's standing over, a tie disputes it (``committed_at`` of
-:meth:`Verifier.verify_bundle`, protocol/SPEC.md §5.1). Leaves marked ``pruned`` are never scored nor
+:meth:`Verifier.verify_bundle`, protocol/SPEC.md §5.1); leaves carry their holder too, so the author's original of
+a copy that added a leaf claims the tree back. Leaves marked ``pruned`` are never scored nor
 returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
 caller passes (``received_at``), never the signed policy version (which stays a claim in
 ``PeerTree.policy_version``) or the signed creation time (bounded by the freshness check).
@@ -355,7 +358,7 @@ class Verifier(ManifestChecks, BundleChecks):
         window = replay_window_s if replay_window_s is not None else swarm_cfg.trust.replay_window_seconds
         # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
         self.replay_window_s = math.inf if window is None else max(float(window), ttl)
-        # content_key -> "own" | "peer" (leaf keys) | (holder peer id | None, commitment time | None) (tree keys)
+        # content_key -> "own" | (holder peer id | None, commitment time | None) (tree and leaf keys)
         self._seen_content = ReplayMemory(seen_capacity, self.replay_window_s, clock)
         self._young_after = int(swarm_cfg.trust.established_after)  # standing that puts a signer's trees in protected memory
         self._authorship_changes: list[tuple[str, str | None]] = []
@@ -518,6 +521,29 @@ class Verifier(ManifestChecks, BundleChecks):
             self._authorship_changes.append(change)
             if len(self._authorship_changes) > 4096:  # nobody took them: keep the newest
                 del self._authorship_changes[:-4096]
+
+    def _claim_leaf_authorship(self, keys: list[bytes], seen: list[Any], signer: str,
+                               committed_at: float | None) -> None:
+        """A tree from ``signer`` dropped because every leaf was seen, its own content key new (a regrouping, or
+        the author's original of a copy that added a leaf): when one key holds at least half of its leaves
+        (``keys``, their memory values ``seen``), claim that content as one tree (:meth:`_claim_authorship`
+        on the first of them) and, when that moved or disputed it, give the holder's other leaves of the tree the
+        same new value."""
+        held: dict[str, list[int]] = {}
+        for n, v in enumerate(seen):
+            if isinstance(v, tuple) and v[0] is not None and v[0] != signer:
+                held.setdefault(v[0], []).append(n)
+        if not held:
+            return
+        holder, idx = max(held.items(), key=lambda kv: len(kv[1]))
+        if 2 * len(idx) < len(keys):
+            return
+        n0 = idx[0]
+        self._claim_authorship(keys[n0], seen[n0], signer, committed_at)
+        value = self._seen_content.get(keys[n0])
+        if value != seen[n0]:  # moved or disputed: the holder's other leaves of this tree follow
+            for n in idx[1:]:
+                self._seen_content.add(keys[n], value, young=None)
 
     def take_authorship_changes(self) -> list[tuple[str, str | None]]:
         """The authorship changes since the last call, oldest first, and forget them: ``(loser, winner)`` peer

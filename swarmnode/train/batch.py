@@ -378,6 +378,7 @@ def external_samples(
                     model_id=ext.model_id,
                     truncated=lf.truncated,
                     admitted_by_form=lf.admitted,
+                    copied=lf.leaf in ext.copied_leaves,
                 )
             )
             m["external/admitted_by_form"] += lf.admitted
@@ -513,8 +514,9 @@ def trained_groups_by_peer(offered: Iterable[Sample], trained: Iterable[Sample])
     A group here is one ``(source, group_id)`` pair: the samples of one peer for one task (under ``joint``
     normalization the peer's share of the pooled group). It counts for the peer when at least one of its
     samples is in ``trained`` (it passed selection, the token budget, the likelihood screen and the share cap,
-    and the update ran on it) and the peer's samples of that group in ``offered`` have rewards that differ
-    (our re-scores; by more than ``ZERO_STD_ATOL``). This is what earns a peer standing
+    and the update ran on it) and the peer's samples of that group in ``offered`` that are not copies
+    (``Sample.copied``: text another key or we held first) have rewards that differ (our re-scores; by more than
+    ``ZERO_STD_ATOL``): a copier who adds a new wrong leaf to an author's tree earns nothing for it. This is what earns a peer standing
     (``SwarmHook.credit``, ``swarm/peers.py`` "Earned standing"): trees admitted but never trained -- over the
     token budget, cut by the share cap, dropped by the screen -- earn nothing.
 
@@ -527,7 +529,7 @@ def trained_groups_by_peer(offered: Iterable[Sample], trained: Iterable[Sample])
     """
     rewards: dict[tuple[str, str], list[float]] = {}
     for s in offered:
-        if not s.is_local:
+        if not s.is_local and not s.copied:
             rewards.setdefault((s.source, s.group_id), []).append(s.reward)
     used = {(s.source, s.group_id) for s in trained if not s.is_local}
     out: dict[str, int] = {}

@@ -26,6 +26,9 @@ class Sample:
             admitted by its step form (:func:`swarmnode.tasks.steps.admissible_by_form`, checked on our
             regenerated task and the decode of ``completion_ids``), so the likelihood screen does not judge it
             (``external.screen.admit_step_form``).
+        copied: set by the receiver only: this external completion's normalized text was held from another key (or
+            our own rollouts) before its signer sent it (``PeerTree.copied_leaves``); it trains, but its reward
+            contrast earns the signer no standing (:func:`swarmnode.train.batch.trained_groups_by_peer`).
     """
 
     prompt_ids: list[int]
@@ -40,6 +43,7 @@ class Sample:
     model_id: str = ""
     truncated: bool = False
     admitted_by_form: bool = False
+    copied: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

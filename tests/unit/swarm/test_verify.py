@@ -964,7 +964,7 @@ def test_invisible_characters_do_not_make_a_copy_new_and_a_copy_with_a_new_leaf_
     """Outside attacks: one invisible character per leaf (zero-width space, soft hyphen, combining grapheme joiner,
     variation selector) made a copied tree new; they now fold away. The stated limit: a copy with one new leaf
     added is accepted whole, its copied leaves included (keeping only the new leaves broke honest sharing wherever
-    questions repeat, see bundle_checks)."""
+    questions repeat, see bundle_checks); the copied leaves are marked (``copied_leaves``) and earn nothing."""
     v = make_verifier(peer_mix, clock)
     honest = _honest_tree(peer_mix, 50)
     assert v.verify_bundle(_bundle([honest], HONEST, clock), None, "h")
@@ -978,6 +978,70 @@ def test_invisible_characters_do_not_make_a_copy_new_and_a_copy_with_a_new_leaf_
     copy = _tree(peer_mix, honest.task, [*leaves, (f"junk <answer>{ans}</answer>", 1.0, "eos")])
     out = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a")
     assert len(out[0].tree.leaves()) == len(leaves) + 1
+    assert out[0].copied_leaves == frozenset(out[0].tree.leaves()[:-1])  # all but the junk leaf
+
+
+def _credited(trees):
+    """``trained_groups_by_peer`` over the samples of ``trees``, as if every sample trained."""
+    from swarmnode.train.batch import trained_groups_by_peer
+
+    samples, _ = external_samples(trees, "per_source")
+    return trained_groups_by_peer(samples, samples)
+
+
+def test_a_copy_with_new_leaves_trains_but_its_copied_leaves_earn_the_signer_nothing(peer_mix, clock):
+    """Outside attack (a stated limit until now): a copier re-signed an honest author's tree with one new leaf
+    added; the tree was new work by its content key, trained whole, and its contrast (the author's right and
+    wrong leaves) earned the copier standing. Seen leaves now train but count for no one's contrast: the copy
+    with a new wrong leaf earns nothing, while a tree whose own leaves carry contrast still earns its signer one
+    group, and the author's own tree earns the author one."""
+    v = make_verifier(peer_mix, clock)
+    honest = _honest_tree(peer_mix, 51)
+    got_author = v.verify_bundle(_bundle([honest], HONEST, clock), None, "h", committed_at=1.0)
+    assert got_author[0].copied_leaves == frozenset()
+    assert _credited(got_author) == {HONEST.peer_id: 1}
+    leaves = [(honest.completion_text(j), honest.nodes[j].reward, "eos") for j in honest.leaves()]
+    copy = _tree(peer_mix, honest.task, [*leaves, ("my own try <answer>nope</answer>", 0.0, "eos")])
+    got = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a", committed_at=2.0)
+    assert len(got[0].tree.leaves()) == 3 and len(got[0].copied_leaves) == 2  # trained whole, 2 leaves marked
+    samples, _ = external_samples(got, "per_source")
+    assert sorted(s.copied for s in samples) == [False, True, True] and len(samples) == 3
+    assert _credited(got) == {}  # its one own leaf has no contrast
+    # control: the same signer with a right and a wrong leaf of its own beside the copied ones earns one group
+    ans = peer_mix.get(honest.task).answer
+    work = _tree(peer_mix, honest.task, [*leaves, (f"worked it out <answer>{ans}</answer>", 1.0, "eos"),
+                                         ("worked it wrong <answer>nope</answer>", 0.0, "eos")])
+    got = v.verify_bundle(_bundle([work], ATTACKER, clock), None, "a", committed_at=3.0)
+    assert len(got[0].copied_leaves) == 2 and _credited(got) == {ATTACKER.peer_id: 1}
+    assert v.take_authorship_changes() == []
+
+
+@pytest.mark.parametrize("author_read_at, expected", [(1.0, "author"), (2.0, None), (3.0, "nobody moves")])
+def test_the_author_of_a_tree_copied_with_a_new_leaf_takes_it_back_when_read_first(peer_mix, clock,
+                                                                                   author_read_at, expected):
+    """The copier's copy-plus-one-leaf is verified first (its manifest read at 2.0) and holds the author's leaves;
+    the author's original then comes in as a regrouping of seen leaves (dropped: nothing trains twice). Read
+    earlier than the copy, the author takes the tree's standing over (one change, copier -> author); read at the
+    same time, it is disputed (copier -> no one); read later, nothing moves."""
+    v = make_verifier(peer_mix, clock)
+    honest = _honest_tree(peer_mix, 52)
+    leaves = [(honest.completion_text(j), honest.nodes[j].reward, "eos") for j in honest.leaves()]
+    copy = _tree(peer_mix, honest.task, [*leaves, ("junk <answer>nope</answer>", 0.0, "eos")])
+    got = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a", committed_at=2.0)
+    assert got[0].copied_leaves == frozenset() and _credited(got) == {ATTACKER.peer_id: 1}  # nothing seen yet
+    r = _rej(lambda: v.verify_bundle(_bundle([honest], HONEST, clock), None, "h", committed_at=author_read_at))
+    assert r.reason == "replay" and not r.charged
+    changes = v.take_authorship_changes()
+    if expected == "author":
+        assert changes == [(ATTACKER.peer_id, HONEST.peer_id)]
+    elif expected is None:
+        assert changes == [(ATTACKER.peer_id, None)]
+    else:
+        assert changes == []
+    # the leaves moved together: a second regrouping of them from the author claims nothing more
+    again = _tree(peer_mix, honest.task, [leaves[1], leaves[0], leaves[0]])
+    _rej(lambda: v.verify_bundle(_bundle([again], HONEST, clock), None, "h", committed_at=author_read_at))
+    assert v.take_authorship_changes() == []
 
 
 def test_copy_with_trailing_space_is_a_replay(peer_mix, clock):
