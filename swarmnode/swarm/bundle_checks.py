@@ -53,8 +53,9 @@ class BundleChecks(TokenChecks):
     _seen_bundles: TTLSet
     _seen_content: ReplayMemory
     _young_after: int
-    _claim_authorship: Callable[..., None]
-    _claim_leaf_authorship: Callable[..., None]
+    _leaf_claims: Callable[..., list[bytes]]
+    _leaf_holder: Callable[[Any], Any]
+    _apply_claims: Callable[..., None]
     _allowed_key: Callable[[bytes], bool]
     _freshness: Callable[[float], tuple[str, str] | None]
 
@@ -287,6 +288,7 @@ class BundleChecks(TokenChecks):
                  if k is not None}
         keep: list[int] = []
         copied_texts: dict[int, set[str]] = {}  # kept tree -> normalized texts held before from another key or us
+        claims: list[bytes] = []  # content keys of earlier trees whose authorship this bundle claims
         own_echo = 0
         copies = 0
         in_bundle: set[bytes] = set()
@@ -300,23 +302,24 @@ class BundleChecks(TokenChecks):
                     own_echo += 1
                 else:
                     copies += 1
-                    if seen is None and k not in ckeys[:i]:
-                        self._claim_leaf_authorship(lkeys[i], leaf_seen, signer, committed_at)
-                    else:
-                        self._claim_authorship(k, seen, signer, committed_at)
+                    whole = isinstance(seen, tuple) and len(seen) == 2  # a copy of a whole earlier tree
+                    claims.extend([k] if whole else self._leaf_claims(lkeys[i], leaf_seen, signer))
                 continue
             # A tree with some new leaves is accepted whole, its seen leaves included. Keeping only the new leaves
             # (tried after an outside attack: a copy with one junk leaf added trains the copied leaves again) broke
             # honest sharing wherever questions repeat: a small task set drawn for many steps gives identical short
             # leaves, and the stripped groups lost their contrast (the loopback swarm test stopped exchanging).
             # The seen leaves are marked instead: they train, but earn the signer no standing.
-            held = {x for x, v in zip(lkeys[i], leaf_seen) if v == "own" or (isinstance(v, tuple) and v[0] != signer)}
+            held = {x for x, v in zip(lkeys[i], leaf_seen) if v == "own" or (isinstance(v, tuple)
+                                                                               and self._leaf_holder(v) != signer)}
+            claims.extend(self._leaf_claims(lkeys[i], leaf_seen, signer))
             if held:
                 copied_texts[i] = {t for t in (copy_form(texts[(i, j)]) for j in live[i])
                                    if content_key(b.trees[i].task, [t]) in held}
             in_bundle.update(lkeys[i])
             keep.append(i)
         if not keep:
+            self._apply_claims(claims, signer, committed_at)
             # a copy of our own rollouts proves the signer copied; between two peers nobody can tell who was first,
             # so a cross-peer copy is dropped without charging anyone (the real author must never pay for it)
             raise final(self._reject("replay", f"all {len(b.trees)} trees were seen before "
@@ -380,10 +383,11 @@ class BundleChecks(TokenChecks):
         young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
             self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer, owner=signer)
-            for k in lkeys[i]:  # a leaf seen before keeps its holder (ReplayMemory keeps the first owner)
+            for k in lkeys[i]:  # a leaf seen before keeps its value: the tree it first came in
                 prev = self._seen_content.get(k)
-                self._seen_content.add(k, prev if prev is not None else (signer, committed_at), young=young_signer,
-                                       owner=signer)
+                self._seen_content.add(k, prev if prev is not None else (signer, committed_at, ckeys[i], len(lkeys[i])),
+                                       young=young_signer, owner=signer)
+        self._apply_claims(claims, signer, committed_at)
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
         if n_pruned:
             self.stats["leaves_pruned_dropped"] += n_pruned

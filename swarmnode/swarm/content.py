@@ -126,7 +126,7 @@ def claim_authorship(memory: ReplayMemory, key: bytes, seen: Any, signer: str,
         (``memory`` now names ``winner``), or ``winner`` is None when both committed at the same time (disputed:
         no one keeps it); ``None`` when nothing changed.
     """
-    if not isinstance(seen, tuple) or committed_at is None:
+    if not isinstance(seen, tuple) or len(seen) != 2 or committed_at is None:
         return None
     holder, held_at = seen
     if holder is None or holder == signer or held_at is None:

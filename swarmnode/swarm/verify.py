@@ -147,8 +147,10 @@ replayed trees right after a 6 h window). A copy is dropped without charging any
 never pay for a copier who raced ahead) except a copy of **our own** rollouts, which proves the signer copied
 (soft ``replay``). Authorship goes to the earliest commitment: a copy from a key whose manifest we read before
 the holder's takes the content's standing over, a tie disputes it (``committed_at`` of
-:meth:`Verifier.verify_bundle`, protocol/SPEC.md §5.1); leaves carry their holder too, so the author's original of
-a copy that added a leaf claims the tree back. Leaves marked ``pruned`` are never scored nor
+:meth:`Verifier.verify_bundle`, protocol/SPEC.md §5.1). Each leaf remembers the tree it first came in, and a tree
+(kept or dropped) claims each earlier tree more than half of whose leaves it holds, once per earlier tree: the
+author's original takes back a copy that added a leaf, a subset or a split. Claims apply when the bundle is accepted
+or every tree of it was a copy. Leaves marked ``pruned`` are never scored nor
 returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
 caller passes (``received_at``), never the signed policy version (which stays a claim in
 ``PeerTree.policy_version``) or the signed creation time (bounded by the freshness check).
@@ -358,7 +360,8 @@ class Verifier(ManifestChecks, BundleChecks):
         window = replay_window_s if replay_window_s is not None else swarm_cfg.trust.replay_window_seconds
         # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
         self.replay_window_s = math.inf if window is None else max(float(window), ttl)
-        # content_key -> "own" | (holder peer id | None, commitment time | None) (tree and leaf keys)
+        # content_key -> "own" | (holder peer id | None, commitment time | None) (tree keys)
+        #   | (first signer, commitment time, tree content key, distinct leaves of that tree) (leaf keys)
         self._seen_content = ReplayMemory(seen_capacity, self.replay_window_s, clock)
         self._young_after = int(swarm_cfg.trust.established_after)  # standing that puts a signer's trees in protected memory
         self._authorship_changes: list[tuple[str, str | None]] = []
@@ -522,28 +525,48 @@ class Verifier(ManifestChecks, BundleChecks):
             if len(self._authorship_changes) > 4096:  # nobody took them: keep the newest
                 del self._authorship_changes[:-4096]
 
-    def _claim_leaf_authorship(self, keys: list[bytes], seen: list[Any], signer: str,
-                               committed_at: float | None) -> None:
-        """A tree from ``signer`` dropped because every leaf was seen, its own content key new (a regrouping, or
-        the author's original of a copy that added a leaf): when one key holds at least half of its leaves
-        (``keys``, their memory values ``seen``), claim that content as one tree (:meth:`_claim_authorship`
-        on the first of them) and, when that moved or disputed it, give the holder's other leaves of the tree the
-        same new value."""
-        held: dict[str, list[int]] = {}
-        for n, v in enumerate(seen):
-            if isinstance(v, tuple) and v[0] is not None and v[0] != signer:
-                held.setdefault(v[0], []).append(n)
-        if not held:
-            return
-        holder, idx = max(held.items(), key=lambda kv: len(kv[1]))
-        if 2 * len(idx) < len(keys):
-            return
-        n0 = idx[0]
-        self._claim_authorship(keys[n0], seen[n0], signer, committed_at)
-        value = self._seen_content.get(keys[n0])
-        if value != seen[n0]:  # moved or disputed: the holder's other leaves of this tree follow
-            for n in idx[1:]:
-                self._seen_content.add(keys[n], value, young=None)
+    def _apply_claims(self, keys: list[bytes], signer: str, committed_at: float | None) -> None:
+        """Claim each earlier tree of ``keys`` once for ``signer`` (:meth:`_claim_authorship` on its current
+        memory value), after the bundle's checks passed or when every tree of it was a copy."""
+        for key in dict.fromkeys(keys):
+            self._claim_authorship(key, self._seen_content.get(key), signer, committed_at)
+
+    def _leaf_holder(self, value: Any) -> Any:
+        """Who holds a leaf now, from its memory value: ``(signer, commitment time, tree key, tree leaves)`` names
+        the tree it first came in, whose holder holds it (authorship moves per tree; its first signer once that
+        tree is forgotten); a ``(holder, time)`` value is a one-leaf tree's own. Other values (``"own"``, ``None``,
+        an in-bundle marker) are returned as they are."""
+        if isinstance(value, tuple) and len(value) == 2:
+            return value[0]
+        if not (isinstance(value, tuple) and len(value) == 4):
+            return value
+        tree = self._seen_content.get(value[2])
+        return tree[0] if isinstance(tree, tuple) and len(tree) == 2 else value[0]
+
+    def _leaf_claims(self, keys: list[bytes], seen: list[Any], signer: str) -> list[bytes]:
+        """The content keys of the earlier peer trees a tree from ``signer`` claims (:meth:`_apply_claims`): each
+        tree more than half of whose distinct leaves are among this tree's leaves (``keys``, their memory values
+        ``seen``) and that another key holds now -- a copy of this tree's content verified before it (a subset, a
+        split, a copy that added leaves). One claim per earlier tree, however many leaves it shares, so regrouped
+        copies cannot move or dispute one tree more than once."""
+        count: dict[bytes, int] = {}
+        size: dict[bytes, int] = {}
+        for x, v in zip(keys, seen):
+            if isinstance(v, tuple) and len(v) == 4:
+                tk, n = v[2], int(v[3])
+            elif isinstance(v, tuple) and len(v) == 2:  # the leaf is a one-leaf tree of its own
+                tk, n = x, 1
+            else:
+                continue
+            count[tk] = count.get(tk, 0) + 1
+            size[tk] = n
+        out = []
+        for tk, c in count.items():
+            tree = self._seen_content.get(tk)
+            if (2 * c > size[tk] and isinstance(tree, tuple) and len(tree) == 2 and tree[0] is not None
+                    and tree[0] != signer):
+                out.append(tk)
+        return out
 
     def take_authorship_changes(self) -> list[tuple[str, str | None]]:
         """The authorship changes since the last call, oldest first, and forget them: ``(loser, winner)`` peer

@@ -1266,3 +1266,80 @@ def test_poisoned_but_correct_groups_pass_verification(peer_mix, clock, hf_tok):
         assert ["pwned!" in t for t in texts] == [True] * 4 + [False] * 4
         assert all(pt.tree.completion_ids(j)[-1] == hf_tok.eos_token_id for j in leaves)
         assert all("\n" in t.split("<answer>")[0] for t in texts)  # worked-solution lines, not a bare answer
+
+
+def _leaves_of(mix, ref, n_right, n_wrong, tag="t"):
+    ans = mix.get(ref).answer
+    return ([(f"{tag} right {k} <answer>{ans}</answer>", 1.0, "eos") for k in range(n_right)]
+            + [(f"{tag} wrong {k} <answer>no{k}</answer>", 0.0, "eos") for k in range(n_wrong)])
+
+
+def _copier(k: int) -> Identity:
+    return Identity.from_private_bytes(hashlib.sha256(f"test_verify copier {k}".encode()).digest())
+
+
+def test_a_subset_copy_verified_first_is_claimed_back_by_the_author_whose_original_has_a_new_leaf(peer_mix, clock):
+    """Outside attack: a copier sent three of the author's four leaves (no leaf of its own), was verified first
+    and credited; the author's original, with its fourth leaf new, was accepted (trained, its copied leaves
+    marked) but no authorship moved: copier 1, author 0. An accepted tree now claims the earlier trees it holds
+    more than half of: one change, copier -> author; the author's own tree earns nothing more."""
+    v = make_verifier(peer_mix, clock)
+    ref = _ref(peer_mix, 53)
+    four = _leaves_of(peer_mix, ref, 2, 2)
+    got = v.verify_bundle(_bundle([_tree(peer_mix, ref, four[:3])], ATTACKER, clock), None, "a", committed_at=2.0)
+    assert _credited(got) == {ATTACKER.peer_id: 1}
+    got = v.verify_bundle(_bundle([_tree(peer_mix, ref, four)], HONEST, clock), None, "h", committed_at=1.0)
+    assert len(got[0].tree.leaves()) == 4 and len(got[0].copied_leaves) == 3 and _credited(got) == {}
+    assert v.take_authorship_changes() == [(ATTACKER.peer_id, HONEST.peer_id)]
+
+
+def test_a_tree_split_among_copiers_is_claimed_back_once_per_copy(peer_mix, clock):
+    """Outside attack: one copier split an author's 8-leaf tree into four 2-leaf trees (or three Sybils took a
+    right-and-wrong pair each of a 6-leaf tree), each credited; the author's original, a regrouping of seen
+    leaves, was dropped and claimed nothing because no one key held half of it. Every earlier tree the original
+    holds more than half of is claimed now, one change each."""
+    v = make_verifier(peer_mix, clock)
+    ref = _ref(peer_mix, 54)
+    eight = _leaves_of(peer_mix, ref, 4, 4)
+    for k in range(4):
+        got = v.verify_bundle(_bundle([_tree(peer_mix, ref, [eight[k], eight[4 + k]])], ATTACKER, clock), None, "a",
+                              committed_at=2.0 + k)
+        assert _credited(got) == {ATTACKER.peer_id: 1}
+    r = _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, eight)], HONEST, clock), None, "h",
+                                     committed_at=1.0))
+    assert r.reason == "replay" and not r.charged
+    assert v.take_authorship_changes() == [(ATTACKER.peer_id, HONEST.peer_id)] * 4
+    ref = _ref(peer_mix, 55)
+    six = _leaves_of(peer_mix, ref, 3, 3)
+    for k in range(3):
+        assert v.verify_bundle(_bundle([_tree(peer_mix, ref, [six[k], six[3 + k]])], _copier(k), clock), None,
+                               f"s{k}", committed_at=5.0)
+    _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, six)], HONEST, clock), None, "h", committed_at=4.0))
+    assert sorted(v.take_authorship_changes()) == sorted((_copier(k).peer_id, HONEST.peer_id) for k in range(3))
+
+
+def test_regrouped_copies_move_or_dispute_one_tree_once(peer_mix, clock):
+    """Outside attack: after an author's 8-leaf tree, an attacker read in the same DHT read sent the exact copy
+    plus each leaf as a tree of its own (one bundle, then more bundles of single leaves): every regrouping
+    disputed the tree again, nine changes for one tree, taking the author's standing from its other trees
+    (512 disputes from 8 uncharged bundles). Claims now go to the earlier tree, once: one dispute in all."""
+    v = make_verifier(peer_mix, clock)
+    ref = _ref(peer_mix, 56)
+    eight = _leaves_of(peer_mix, ref, 4, 4)
+    assert v.verify_bundle(_bundle([_tree(peer_mix, ref, eight)], HONEST, clock), None, "h", committed_at=1.0)
+    trees = [_tree(peer_mix, ref, eight)] + [_tree(peer_mix, ref, [leaf]) for leaf in eight]
+    r = _rej(lambda: v.verify_bundle(_bundle(trees, ATTACKER, clock), None, "a", committed_at=1.0))
+    assert r.reason == "replay"
+    assert v.take_authorship_changes() == [(HONEST.peer_id, None)]
+    for k in range(8):
+        clock.advance(1.0)
+        _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, [eight[k]])], _copier(k), clock), None, "c",
+                                     committed_at=0.5))
+    assert v.take_authorship_changes() == []  # disputed: no one holds it, so no one can take it
+    # an earlier commitment takes an undisputed tree over once, however it is regrouped
+    ref = _ref(peer_mix, 57)
+    eight = _leaves_of(peer_mix, ref, 4, 4, tag="u")
+    assert v.verify_bundle(_bundle([_tree(peer_mix, ref, eight)], HONEST, clock), None, "h", committed_at=3.0)
+    trees = [_tree(peer_mix, ref, eight[:5])] + [_tree(peer_mix, ref, [leaf]) for leaf in eight]
+    _rej(lambda: v.verify_bundle(_bundle(trees, ATTACKER, clock), None, "a", committed_at=2.0))
+    assert v.take_authorship_changes() == [(HONEST.peer_id, ATTACKER.peer_id)]
