@@ -546,9 +546,10 @@ class Verifier(ManifestChecks, BundleChecks):
     def _leaf_claims(self, keys: list[bytes], seen: list[Any], signer: str) -> list[bytes]:
         """The content keys of the earlier peer trees a tree from ``signer`` claims (:meth:`_apply_claims`): each
         tree more than half of whose distinct leaves are among this tree's leaves (``keys``, their memory values
-        ``seen``) and that another key holds now -- a copy of this tree's content verified before it (a subset, a
-        split, a copy that added leaves). One claim per earlier tree, however many leaves it shares, so regrouped
-        copies cannot move or dispute one tree more than once."""
+        ``seen``), or at least half when every leaf of this tree is in it, and that another key holds now -- a copy
+        of this tree's content verified before it (a subset, a split, a copy that added leaves, this tree merged
+        with another author's). One claim per earlier tree, however many leaves it shares, so regrouped copies
+        cannot move or dispute one tree more than once; two honest trees sharing one leaf of two claim nothing."""
         count: dict[bytes, int] = {}
         size: dict[bytes, int] = {}
         for x, v in zip(keys, seen):
@@ -563,8 +564,8 @@ class Verifier(ManifestChecks, BundleChecks):
         out = []
         for tk, c in count.items():
             tree = self._seen_content.get(tk)
-            if (2 * c > size[tk] and isinstance(tree, tuple) and len(tree) == 2 and tree[0] is not None
-                    and tree[0] != signer):
+            covers = 2 * c > size[tk] or (c == len(keys) and 2 * c >= size[tk])  # or this tree is half of it
+            if covers and isinstance(tree, tuple) and len(tree) == 2 and tree[0] is not None and tree[0] != signer:
                 out.append(tk)
         return out
 

@@ -1316,6 +1316,19 @@ def test_a_tree_split_among_copiers_is_claimed_back_once_per_copy(peer_mix, cloc
                                f"s{k}", committed_at=5.0)
     _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, six)], HONEST, clock), None, "h", committed_at=4.0))
     assert sorted(v.take_authorship_changes()) == sorted((_copier(k).peer_id, HONEST.peer_id) for k in range(3))
+    # two authors' trees merged into one copy: the first author read before the copy takes it back
+    ref = _ref(peer_mix, 58)
+    a, b = _leaves_of(peer_mix, ref, 1, 1, tag="a"), _leaves_of(peer_mix, ref, 1, 1, tag="b")
+    assert v.verify_bundle(_bundle([_tree(peer_mix, ref, a + b)], ATTACKER, clock), None, "a", committed_at=9.0)
+    _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, a)], HONEST, clock), None, "h", committed_at=8.0))
+    assert v.take_authorship_changes() == [(ATTACKER.peer_id, HONEST.peer_id)]
+    # control: two honest trees of one question that share one of their two leaves (a canonical right answer)
+    ref = _ref(peer_mix, 59)
+    right, w1, w2 = _leaves_of(peer_mix, ref, 1, 2, tag="c")
+    assert v.verify_bundle(_bundle([_tree(peer_mix, ref, [right, w1])], _copier(7), clock), None, "x",
+                           committed_at=11.0)
+    got = v.verify_bundle(_bundle([_tree(peer_mix, ref, [right, w2])], HONEST, clock), None, "h", committed_at=10.0)
+    assert len(got[0].copied_leaves) == 1 and v.take_authorship_changes() == []
 
 
 def test_regrouped_copies_move_or_dispute_one_tree_once(peer_mix, clock):
