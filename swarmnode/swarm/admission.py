@@ -57,14 +57,13 @@ def move_authorship(peers: PeerBook, changes: Iterable[tuple[str, str | None]],
                     count: Callable[[str], None]) -> None:
     """Apply the verifier's authorship changes (``Verifier.take_authorship_changes``): per tree, the key that
     held its content loses one earned tree, and the key whose manifest we read first (None: a tie, no one)
-    gains one; ``count`` is told ``"authorship_moved"`` or ``"authorship_disputed"`` per change. A copier
+    gains the unit the loser gives (``PeerBook.record_moved``: owed until the loser has one, so claiming a key at
+    0 mints nothing, an outside attack); ``count`` is told ``"authorship_moved"`` or ``"authorship_disputed"`` per change. A copier
     verified before the author thus earns nothing once the author's bundle arrives, and the author earns what
     its trees were worth (outside attack: a copier verified first took 32 trained samples and +1 standing a
     step, the author 0)."""
     for loser, winner in changes:
-        peers.record_unearned(loser, 1)
-        if winner is not None:
-            peers.record_earned(winner, 1)
+        peers.record_moved(loser, winner)  # a unit moves, it is never made (owed while the loser has none)
         count("authorship_moved" if winner is not None else "authorship_disputed")
 
 

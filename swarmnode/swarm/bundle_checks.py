@@ -13,6 +13,7 @@ import hashlib
 import math
 from typing import Any, Callable
 
+from swarmnode.rollout.advantages import ZERO_STD_ATOL
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
@@ -302,16 +303,16 @@ class BundleChecks(TokenChecks):
                     own_echo += 1
                 else:
                     copies += 1
-                    whole = isinstance(seen, tuple) and len(seen) == 2  # a copy of a whole earlier tree
+                    whole = isinstance(seen, tuple) and len(seen) == 3  # a copy of a whole earlier tree
                     claims.extend([k] if whole else self._leaf_claims(lkeys[i], leaf_seen, signer))
                 continue
             # A tree with some new leaves is accepted whole, its seen leaves included. Keeping only the new leaves
             # (tried after an outside attack: a copy with one junk leaf added trains the copied leaves again) broke
             # honest sharing wherever questions repeat: a small task set drawn for many steps gives identical short
             # leaves, and the stripped groups lost their contrast (the loopback swarm test stopped exchanging).
-            # The seen leaves are marked instead: they train, but earn the signer no standing.
-            held = {x for x, v in zip(lkeys[i], leaf_seen) if v == "own" or (isinstance(v, tuple)
-                                                                               and self._leaf_holder(v) != signer)}
+            # The seen leaves are marked instead: they train, but earn the signer no standing (its own earlier
+            # leaves too: an outside attack re-sent its one real tree with a new junk leaf for 11 units).
+            held = {x for x, v in zip(lkeys[i], leaf_seen) if v is not None}  # ours, a peer's, its own before
             claims.extend(self._leaf_claims(lkeys[i], leaf_seen, signer))
             if held:
                 copied_texts[i] = {t for t in (copy_form(texts[(i, j)]) for j in live[i])
@@ -382,7 +383,9 @@ class BundleChecks(TokenChecks):
         self._seen_bundles.add(digest, "accepted")
         young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
-            self._seen_content.add(ckeys[i], (signer, committed_at), young=young_signer, owner=signer)
+            own = [scores[(i, j)] for j in live[i] if copy_form(texts[(i, j)]) not in copied_texts.get(i, ())]
+            worth = int(len(own) >= 2 and max(own) - min(own) > ZERO_STD_ATOL)  # could it earn a unit?
+            self._seen_content.add(ckeys[i], (signer, committed_at, worth), young=young_signer, owner=signer)
             for k in lkeys[i]:  # a leaf seen before keeps its value: the tree it first came in
                 prev = self._seen_content.get(k)
                 self._seen_content.add(k, prev if prev is not None else (signer, committed_at, ckeys[i], len(lkeys[i])),

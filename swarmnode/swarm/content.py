@@ -112,11 +112,13 @@ def claim_authorship(memory: ReplayMemory, key: bytes, seen: Any, signer: str,
     """A copy of content ``key`` from ``signer``: move or dispute its authorship in ``memory``.
 
     Args:
-        memory: the verifier's content memory; a peer's tree or leaf key's value is ``(holder peer id | None,
-            commitment time)``.
-        key: the tree's :func:`content_key` (or one of its :func:`leaf_keys`).
-        seen: the value ``memory`` holds for ``key`` (``"own"`` or a holder tuple; other values and ``None``
-            claim nothing).
+        memory: the verifier's content memory; a peer tree's value is ``(holder peer id | None, commitment time,
+            worth)``, worth 1 when the tree had reward contrast among its signer's own new leaves (it could earn a
+            unit), else 0: a tree that could earn nothing moves nothing (an outside attack claimed an author's
+            contrast-free trees to take the standing its other trees had earned).
+        key: the tree's :func:`content_key`.
+        seen: the value ``memory`` holds for ``key`` (``"own"`` or a holder tuple; other values, ``None`` and a
+            tree of worth 0 claim nothing).
         signer: peer id of the copy's signer.
         committed_at: when we first read the manifest that announced the copy (the clock of
             ``Verifier.verify_bundle``'s ``committed_at``); ``None`` claims nothing.
@@ -126,15 +128,15 @@ def claim_authorship(memory: ReplayMemory, key: bytes, seen: Any, signer: str,
         (``memory`` now names ``winner``), or ``winner`` is None when both committed at the same time (disputed:
         no one keeps it); ``None`` when nothing changed.
     """
-    if not isinstance(seen, tuple) or len(seen) != 2 or committed_at is None:
+    if not isinstance(seen, tuple) or len(seen) != 3 or committed_at is None:
         return None
-    holder, held_at = seen
-    if holder is None or holder == signer or held_at is None:
+    holder, held_at, worth = seen
+    if holder is None or holder == signer or held_at is None or not worth:
         return None
     if committed_at < held_at:
-        memory.add(key, (signer, committed_at), young=None)
+        memory.add(key, (signer, committed_at, worth), young=None)
         return holder, signer
     if committed_at == held_at:
-        memory.add(key, (None, held_at), young=None)
+        memory.add(key, (None, held_at, worth), young=None)
         return holder, None
     return None

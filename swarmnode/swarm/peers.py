@@ -126,6 +126,10 @@ class LogLimiter:
         return True
 
 
+#: Units one peer may owe for moved authorship (:meth:`PeerBook.record_moved`); older debts are forgotten.
+MAX_OWED = 256
+
+
 @dataclass
 class PeerRecord:
     """Everything the book keeps about one peer.
@@ -144,6 +148,9 @@ class PeerRecord:
         tokens / token_time: the rate-limit bucket and when it was last refilled.
         first_seen / last_seen: ``clock()`` times.
         earned: useful trees trained on (:meth:`PeerBook.record_earned`); reset by a hard rejection.
+        owed: units this peer owes for trees whose authorship moved while it had no standing to give
+            (:meth:`PeerBook.record_moved`): the winner of each (None: a dispute, the unit is dropped), oldest
+            first, at most :data:`MAX_OWED`; its next earned units pay them.
     """
 
     accepted: int = 0
@@ -164,6 +171,7 @@ class PeerRecord:
     first_seen: float = 0.0
     last_seen: float = 0.0
     earned: int = 0
+    owed: list = field(default_factory=list)
 
 
 class PeerBook:
@@ -390,17 +398,43 @@ class PeerBook:
             return
         with self._lock:
             rec = self._get(peer, self.clock())
+            while n and rec.owed:  # pay what it owes first: those units were its trees' authors'
+                winner = rec.owed.pop(0)
+                n -= 1
+                if winner is not None:
+                    self._get(winner, self.clock()).earned += 1
             rec.earned += n
 
-    def record_unearned(self, peer: str, n: int = 1) -> None:
+    def record_moved(self, loser: str, winner: str | None) -> None:
+        """One tree's authorship moved from ``loser`` to ``winner`` (None: disputed, no one keeps it): one unit
+        of ``loser``'s earned standing goes to ``winner``. A unit is never made: when ``loser`` has none (the
+        copy's credit is still to come, or it never earned), the unit is owed and its next earned unit pays it
+        (:attr:`PeerRecord.owed`), so claiming a key at 0 gives the claimant nothing until that key earns."""
+        with self._lock:
+            rec = self._get(loser, self.clock())
+            if rec.earned >= 1:
+                rec.earned -= 1
+                if winner is not None:
+                    self._get(winner, self.clock()).earned += 1
+            else:
+                rec.owed.append(winner)
+                del rec.owed[:-MAX_OWED]
+
+    def record_unearned(self, peer: str, n: int = 1) -> int:
         """Take back ``n`` earned trees of ``peer`` (never below 0): the trainer rejected ``n`` of its samples
-        (e.g. the likelihood screen). Non-positive ``n`` is ignored."""
+        (e.g. the likelihood screen), or another key took a tree's authorship. Non-positive ``n`` is ignored.
+
+        Returns:
+            the units actually taken (0 to ``n``: fewer when ``peer`` had fewer)."""
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            return
+            return 0
         with self._lock:
             rec = self._peers.get(peer)
-            if rec is not None:
-                rec.earned = max(0, rec.earned - n)
+            if rec is None:
+                return 0
+            taken = min(n, rec.earned)
+            rec.earned -= taken
+            return taken
 
     def earned(self, peer: str) -> int:
         """Useful trees of ``peer`` trained on so far (0 for an unknown peer); reset by a hard rejection."""

@@ -360,7 +360,7 @@ class Verifier(ManifestChecks, BundleChecks):
         window = replay_window_s if replay_window_s is not None else swarm_cfg.trust.replay_window_seconds
         # no window: remembered until the capacity evicts it (a re-signed tree is fresh at any age)
         self.replay_window_s = math.inf if window is None else max(float(window), ttl)
-        # content_key -> "own" | (holder peer id | None, commitment time | None) (tree keys)
+        # content_key -> "own" | (holder peer id | None, commitment time | None, worth 0 | 1) (tree keys)
         #   | (first signer, commitment time, tree content key, distinct leaves of that tree) (leaf keys)
         self._seen_content = ReplayMemory(seen_capacity, self.replay_window_s, clock)
         self._young_after = int(swarm_cfg.trust.established_after)  # standing that puts a signer's trees in protected memory
@@ -534,28 +534,29 @@ class Verifier(ManifestChecks, BundleChecks):
     def _leaf_holder(self, value: Any) -> Any:
         """Who holds a leaf now, from its memory value: ``(signer, commitment time, tree key, tree leaves)`` names
         the tree it first came in, whose holder holds it (authorship moves per tree; its first signer once that
-        tree is forgotten); a ``(holder, time)`` value is a one-leaf tree's own. Other values (``"own"``, ``None``,
+        tree is forgotten); a ``(holder, time, worth)`` value is a one-leaf tree's own. Other values (``"own"``, ``None``,
         an in-bundle marker) are returned as they are."""
-        if isinstance(value, tuple) and len(value) == 2:
+        if isinstance(value, tuple) and len(value) == 3:
             return value[0]
         if not (isinstance(value, tuple) and len(value) == 4):
             return value
         tree = self._seen_content.get(value[2])
-        return tree[0] if isinstance(tree, tuple) and len(tree) == 2 else value[0]
+        return tree[0] if isinstance(tree, tuple) and len(tree) == 3 else value[0]
 
     def _leaf_claims(self, keys: list[bytes], seen: list[Any], signer: str) -> list[bytes]:
         """The content keys of the earlier peer trees a tree from ``signer`` claims (:meth:`_apply_claims`): each
         tree more than half of whose distinct leaves are among this tree's leaves (``keys``, their memory values
-        ``seen``), or at least half when every leaf of this tree is in it, and that another key holds now -- a copy
-        of this tree's content verified before it (a subset, a split, a copy that added leaves, this tree merged
-        with another author's). One claim per earlier tree, however many leaves it shares, so regrouped copies
-        cannot move or dispute one tree more than once; two honest trees sharing one leaf of two claim nothing."""
+        ``seen``) and that another key holds now -- a copy of this tree's content verified before it (a subset, a
+        split, a copy that added leaves). One claim per earlier tree, however many leaves it shares, so regrouped
+        copies cannot move or dispute one tree more than once; two honest trees sharing one leaf of two claim
+        nothing. (Exactly half, for a tree wholly inside a merged copy, was tried and taken back: a guessed bare
+        answer then claimed an honest two-leaf tree, an outside attack.)"""
         count: dict[bytes, int] = {}
         size: dict[bytes, int] = {}
         for x, v in zip(keys, seen):
             if isinstance(v, tuple) and len(v) == 4:
                 tk, n = v[2], int(v[3])
-            elif isinstance(v, tuple) and len(v) == 2:  # the leaf is a one-leaf tree of its own
+            elif isinstance(v, tuple) and len(v) == 3:  # the leaf is a one-leaf tree of its own
                 tk, n = x, 1
             else:
                 continue
@@ -564,8 +565,8 @@ class Verifier(ManifestChecks, BundleChecks):
         out = []
         for tk, c in count.items():
             tree = self._seen_content.get(tk)
-            covers = 2 * c > size[tk] or (c == len(keys) and 2 * c >= size[tk])  # or this tree is half of it
-            if covers and isinstance(tree, tuple) and len(tree) == 2 and tree[0] is not None and tree[0] != signer:
+            if (2 * c > size[tk] and isinstance(tree, tuple) and len(tree) == 3 and tree[0] is not None
+                    and tree[0] != signer):
                 out.append(tk)
         return out
 

@@ -1316,12 +1316,13 @@ def test_a_tree_split_among_copiers_is_claimed_back_once_per_copy(peer_mix, cloc
                                f"s{k}", committed_at=5.0)
     _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, six)], HONEST, clock), None, "h", committed_at=4.0))
     assert sorted(v.take_authorship_changes()) == sorted((_copier(k).peer_id, HONEST.peer_id) for k in range(3))
-    # two authors' trees merged into one copy: the first author read before the copy takes it back
+    # the stated limit: two authors' trees merged into one copy hold half of it each, and claim nothing (claiming
+    # at exactly half let a guessed bare answer claim an honest two-leaf tree, an outside attack)
     ref = _ref(peer_mix, 58)
     a, b = _leaves_of(peer_mix, ref, 1, 1, tag="a"), _leaves_of(peer_mix, ref, 1, 1, tag="b")
     assert v.verify_bundle(_bundle([_tree(peer_mix, ref, a + b)], ATTACKER, clock), None, "a", committed_at=9.0)
     _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, a)], HONEST, clock), None, "h", committed_at=8.0))
-    assert v.take_authorship_changes() == [(ATTACKER.peer_id, HONEST.peer_id)]
+    assert v.take_authorship_changes() == []
     # control: two honest trees of one question that share one of their two leaves (a canonical right answer)
     ref = _ref(peer_mix, 59)
     right, w1, w2 = _leaves_of(peer_mix, ref, 1, 2, tag="c")
@@ -1356,3 +1357,54 @@ def test_regrouped_copies_move_or_dispute_one_tree_once(peer_mix, clock):
     trees = [_tree(peer_mix, ref, eight[:5])] + [_tree(peer_mix, ref, [leaf]) for leaf in eight]
     _rej(lambda: v.verify_bundle(_bundle(trees, ATTACKER, clock), None, "a", committed_at=2.0))
     assert v.take_authorship_changes() == [(HONEST.peer_id, ATTACKER.peer_id)]
+
+
+def test_a_guessed_bare_answer_claims_nothing_and_a_tree_without_contrast_moves_nothing(peer_mix, clock):
+    """Outside attacks on the claims: (a) a one-leaf tree with the right answer, committed before an honest
+    two-leaf tree that contains it, claimed that tree (10 of 10 questions); (b) claims on an author's trees that
+    had no contrast of their own (worth nothing) took the standing its other trees had earned (6 -> 0)."""
+    v = make_verifier(peer_mix, clock)
+    ref = _ref(peer_mix, 60)
+    right, wrong = _leaves_of(peer_mix, ref, 1, 1, tag="g")
+    assert v.verify_bundle(_bundle([_tree(peer_mix, ref, [right, wrong])], HONEST, clock), None, "h", committed_at=2.0)
+    _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, [right])], ATTACKER, clock), None, "a",
+                                 committed_at=1.0))
+    assert v.take_authorship_changes() == []
+    ref = _ref(peer_mix, 61)
+    r1, r2 = _leaves_of(peer_mix, ref, 2, 0, tag="n")
+    got = v.verify_bundle(_bundle([_tree(peer_mix, ref, [r1, r2])], HONEST, clock), None, "h", committed_at=2.0)
+    assert _credited(got) == {}  # all right: no contrast, worth nothing
+    _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, [r1, r2])], ATTACKER, clock), None, "a",
+                                 committed_at=1.0))
+    assert v.take_authorship_changes() == []
+
+
+def test_a_signer_re_sending_its_own_leaves_with_a_new_one_earns_nothing_more(peer_mix, clock):
+    """Outside attack: a signer re-sent its own earlier right and wrong leaf with one new junk leaf in every new
+    bundle; its own leaves were not marked, so the same contrast earned it 11 units for one real tree."""
+    v = make_verifier(peer_mix, clock)
+    ref = _ref(peer_mix, 62)
+    right, wrong = _leaves_of(peer_mix, ref, 1, 1, tag="s")
+    got = v.verify_bundle(_bundle([_tree(peer_mix, ref, [right, wrong])], HONEST, clock), None, "h")
+    assert _credited(got) == {HONEST.peer_id: 1}
+    for k in range(3):
+        clock.advance(1.0)
+        junk = (f"junk {k} <answer>no</answer>", 0.0, "eos")
+        got = v.verify_bundle(_bundle([_tree(peer_mix, ref, [right, wrong, junk])], HONEST, clock), None, "h")
+        assert len(got[0].copied_leaves) == 2 and _credited(got) == {}, k
+
+
+def test_moving_a_tree_from_a_key_without_standing_mints_nothing():
+    """Outside attack: a Sybil at 0 published junk trees; the attacker, read earlier, claimed them, the Sybil's
+    loss was floored at 0 and the attacker gained a unit per tree (384 units from one 60 KB bundle). A moved unit
+    now comes out of the loser's standing, or is owed until the loser earns one."""
+    book = PeerBook(clock=lambda: 0.0)
+    for _ in range(20):
+        book.record_moved("sybil", "attacker")
+    assert book.earned("attacker") == 0 and book.earned("sybil") == 0
+    book.record_earned("sybil", 3)  # its next units pay what it owes
+    assert book.earned("attacker") == 3 and book.earned("sybil") == 0
+    book.record_earned("author", 2)
+    book.record_moved("author", None)  # a dispute drops the unit
+    book.record_moved("author", "other")
+    assert book.earned("author") == 0 and book.earned("other") == 1
