@@ -613,51 +613,14 @@ def test_among_new_keys_the_manifest_read_first_is_fetched_not_a_later_copy():
         c.close()
 
 
-def test_a_copier_verified_first_earns_nothing_and_the_author_gets_the_standing():
+@pytest.mark.parametrize("add_leaf", [False, True], ids=["whole copy", "copy with a leaf added"])
+def test_a_copier_verified_first_earns_nothing_and_the_author_gets_the_standing(add_leaf):
     """Outside attack (copier), through ``gather``: a copier re-signs an honest author's fresh trees and is verified
     first (its body arrives first) for five steps; the node trains on the copies and credits the copier. Each
     author bundle then arrives (a ``replay``, nothing trains twice), and because the receiver read the author's
     manifest before the copier's, the standing moves: the copier ends with none, the author with one per tree
-    and established."""
-    from swarmnode.swarm.scheduler import Pending as _Pending
-
-    mix = TaskMix([ReasoningGymSource("chain_sum", CHAIN2)], [1.0])
-    c = _offline_client(mix, trust={"established_after": 4}, external={"max_external_completion_length": 256})
-    author = Identity.from_private_bytes(hashlib.sha256(b"test_gossip author").digest())
-    copier = Identity.from_private_bytes(hashlib.sha256(b"test_gossip copier").digest())
-    fa = HostileFactory(author, mix, swarm_id=SWARM)
-    try:
-        def pending(ident: Identity, trees: list, first_read: float) -> _Pending:
-            b, env = fa.bundle(trees, identity=ident)
-            m, menv = fa.manifest(env, b, ident)
-            mdigest = hashlib.sha256(menv).digest()
-            c.scheduler.first_seen[mdigest] = first_read
-            return _Pending(env, m, f"p2p:{ident.peer_id}", time.time(), mdigest, ident.peer_id)
-
-        for step in range(5):
-            trees = fa.contrast_trees(1)
-            read_author, read_copier = 10.0 * step, 10.0 * step + 1.0  # the copy is announced after the original
-            c.scheduler.pending.append(pending(copier, trees, read_copier))  # the copier's body arrives first
-            got, _ = c.gather(2 * step, 0)
-            assert [t.peer_id for t in got] == [copier.peer_id]
-            c.credit(copier.peer_id, 1)  # the node trained on the copy
-            c.scheduler.pending.append(pending(author, trees, read_author))
-            got, m = c.gather(2 * step + 1, 0)
-            assert got == [] and m.get("swarm/rejected/replay") == 1  # nothing trains twice
-            assert c.peers.earned(copier.peer_id) == 0, step
-            assert c.peers.earned(author.peer_id) == step + 1, step
-        assert not c.peers.is_young(author.peer_id, 4)
-        assert c.snapshot()["counts"]["authorship_moved"] == 5
-    finally:
-        c.close()
-
-
-def test_a_copier_adding_a_leaf_and_verified_first_earns_nothing_and_the_author_gets_the_standing():
-    """The same copier, now adding one leaf of its own to each copied tree (a new content key, so the author's
-    original is no whole-tree copy of it): verified first for five steps, it is credited as the node would
-    credit it (every leaf new then). The author's original then arrives as a regrouping of seen leaves (dropped:
-    nothing trains twice), read before the copy, so the standing moves per leaf: the copier ends with none, the
-    author with one per tree and established."""
+    and established. With a leaf of the copier's own added to each copy (a new content key), the author's
+    original comes in as a regrouping of seen leaves and takes the tree back per leaf."""
     import copy as _copy
 
     from swarmnode.swarm.scheduler import Pending as _Pending
@@ -675,7 +638,9 @@ def test_a_copier_adding_a_leaf_and_verified_first_earns_nothing_and_the_author_
             c.scheduler.first_seen[mdigest] = first_read
             return _Pending(env, m, f"p2p:{ident.peer_id}", time.time(), mdigest, ident.peer_id)
 
-        def with_a_leaf(tree: RolloutTree) -> RolloutTree:
+        def copied(tree: RolloutTree) -> RolloutTree:
+            if not add_leaf:
+                return tree
             out = _copy.deepcopy(tree)
             text = "<answer>my own guess</answer>"
             leaf = out.add_child(1, byte_tokenize(text), text=text, policy_version=3, finish_reason="eos")
@@ -684,10 +649,11 @@ def test_a_copier_adding_a_leaf_and_verified_first_earns_nothing_and_the_author_
 
         for step in range(5):
             trees = fa.contrast_trees(1)
-            read_author, read_copier = 10.0 * step, 10.0 * step + 1.0
-            c.scheduler.pending.append(pending(copier, [with_a_leaf(trees[0])], read_copier))
+            read_author, read_copier = 10.0 * step, 10.0 * step + 1.0  # the copy is announced after the original
+            c.scheduler.pending.append(pending(copier, [copied(trees[0])], read_copier))  # its body arrives first
             got, _ = c.gather(2 * step, 0)
-            assert [t.peer_id for t in got] == [copier.peer_id] and len(got[0].tree.leaves()) == 3
+            assert [t.peer_id for t in got] == [copier.peer_id]
+            assert len(got[0].tree.leaves()) == 2 + add_leaf
             c.credit(copier.peer_id, 1)  # the node trained on the copy (its leaves were all new then)
             c.scheduler.pending.append(pending(author, trees, read_author))
             got, m = c.gather(2 * step + 1, 0)
