@@ -17,7 +17,7 @@ from swarmnode.rollout.advantages import ZERO_STD_ATOL
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
-from swarmnode.swarm.content import content_key, copy_form, leaf_keys
+from swarmnode.swarm.content import content_key, leaf_keys_by_leaf
 from swarmnode.swarm.identity import peer_id_from_public_key
 from swarmnode.swarm.peers import UNATTRIBUTED, PeerBook
 from swarmnode.swarm.rejection import BODY_SOFT, ENVELOPE_HARD, UNCHARGED_REASONS, Rejection
@@ -285,10 +285,13 @@ class BundleChecks(TokenChecks):
         # and trees with no new leaf (a copy with leaves duplicated, dropped or regrouped: an outside attack)
         ckeys = [content_key(wt.task, [texts[(i, j)] for j in live[i]]) if live[i] and i not in bad_trees else None
                  for i, wt in enumerate(b.trees)]
-        lkeys = {i: leaf_keys(b.trees[i].task, [texts[(i, j)] for j in live[i]]) for i, k in enumerate(ckeys)
-                 if k is not None}
+        lkeys: dict[int, list[bytes]] = {}  # tree -> its distinct leaf keys
+        key_of: dict[int, dict[int, bytes]] = {}  # tree -> {leaf index: its leaf key}
+        for i, k in enumerate(ckeys):
+            if k is not None:
+                lkeys[i], key_of[i] = leaf_keys_by_leaf(b.trees[i].task, {j: texts[(i, j)] for j in live[i]})
         keep: list[int] = []
-        copied_texts: dict[int, set[str]] = {}  # kept tree -> normalized texts held before from another key or us
+        copied: dict[int, set[int]] = {}  # kept tree -> its leaves held before (another key's, ours, its own earlier)
         claims: list[bytes] = []  # content keys of earlier trees whose authorship this bundle claims
         own_echo = 0
         copies = 0
@@ -314,9 +317,7 @@ class BundleChecks(TokenChecks):
             # leaves too: an outside attack re-sent its one real tree with a new junk leaf for 11 units).
             held = {x for x, v in zip(lkeys[i], leaf_seen) if v is not None}  # ours, a peer's, its own before
             claims.extend(self._leaf_claims(lkeys[i], leaf_seen, signer))
-            if held:
-                copied_texts[i] = {t for t in (copy_form(texts[(i, j)]) for j in live[i])
-                                   if content_key(b.trees[i].task, [t]) in held}
+            copied[i] = {j for j, x in key_of[i].items() if x in held}
             in_bundle.update(lkeys[i])
             keep.append(i)
         if not keep:
@@ -368,22 +369,22 @@ class BundleChecks(TokenChecks):
             tree.prompt_text, tree.prompt_ids = prompts[i]
             for j in live[i]:
                 tree.nodes[j].reward = scores[(i, j)]
-            copied = {j for j in live[i] if copy_form(texts[(i, j)]) in copied_texts.get(i, ())}
+            copied_here = copied[i]
             if len(live[i]) != len(tree.leaves()):
                 old_leaves = [j for j in tree.leaves() if j in live[i]]
                 tree = tree.subtree(live[i])
-                copied = {new for old, new in zip(old_leaves, tree.leaves()) if old in copied}  # same leaf order
+                copied_here = {new for old, new in zip(old_leaves, tree.leaves()) if old in copied_here}  # same order
             tree.update_stats()
             out.append(PeerTree(tree=tree, peer_id=signer, publisher_key=bytes(env.public_key),
                                 model_id=b.model_id, tokenizer_id=b.tokenizer_id, policy_version=b.policy_version,
                                 same_tokenizer=same_tok and i not in canon, digest=digest.hex(),
                                 received_at=float(received_at),
-                                verified=True, copied_leaves=frozenset(copied)))
+                                verified=True, copied_leaves=frozenset(copied_here)))
         # verdict: accepted (minus replays)
         self._seen_bundles.add(digest, "accepted")
         young_signer = self.peers.is_young(signer, self._young_after)
         for i in keep:
-            own = [scores[(i, j)] for j in live[i] if copy_form(texts[(i, j)]) not in copied_texts.get(i, ())]
+            own = [scores[(i, j)] for j in live[i] if j not in copied[i]]
             worth = int(len(own) >= 2 and max(own) - min(own) > ZERO_STD_ATOL)  # could it earn a unit?
             self._seen_content.add(ckeys[i], (signer, committed_at, worth), young=young_signer, owner=signer)
             for k in lkeys[i]:  # a leaf seen before keeps its value: the tree it first came in

@@ -12,14 +12,15 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from array import array
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from swarmnode.swarm import wire
 from swarmnode.swarm.replay import ReplayMemory
 from swarmnode.tasks.base import TaskRef
 from swarmnode.tasks.partition import normalize_question
 
-__all__ = ["claim_authorship", "content_key", "copy_form", "leaf_keys", "leaf_path", "tree_digest"]
+__all__ = ["claim_authorship", "content_key", "copy_form", "leaf_keys", "leaf_keys_by_leaf", "leaf_path",
+           "tree_digest"]
 
 _U32 = "I" if array("I").itemsize == 4 else "L"  # a 4-byte unsigned typecode (token ids are < 2^32)
 
@@ -92,9 +93,18 @@ def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
 
 
 def leaf_keys(ref: TaskRef, leaf_texts: Sequence[str]) -> list[bytes]:
-    """One :func:`content_key` per distinct normalized leaf text of a tree (``content_key(ref, [text])``): a tree
-    none of whose leaves is new (every key seen before) is a copy, however its leaves were regrouped."""
-    return [content_key(ref, [t]) for t in sorted({copy_form(x) for x in leaf_texts})]
+    """One :func:`content_key` per distinct normalized leaf text of a tree (``content_key(ref, [text])``), in the
+    order of the sorted normalized texts: a tree none of whose leaves is new (every key seen before) is a copy,
+    however its leaves were regrouped."""
+    return leaf_keys_by_leaf(ref, dict(enumerate(leaf_texts)))[0]
+
+
+def leaf_keys_by_leaf(ref: TaskRef, leaf_texts: Mapping[int, str]) -> tuple[list[bytes], dict[int, bytes]]:
+    """:func:`leaf_keys` of ``leaf_texts`` (leaf node index -> completion text), and each leaf's own key, from one
+    normalization of each text: ``(distinct keys in leaf_keys order, {leaf index: its key})``."""
+    forms = {j: copy_form(t) for j, t in leaf_texts.items()}
+    by_form = {f: content_key(ref, [f]) for f in sorted(set(forms.values()))}
+    return list(by_form.values()), {j: by_form[f] for j, f in forms.items()}
 
 
 def leaf_path(wt: wire.WireTree, leaf: int) -> list[int]:

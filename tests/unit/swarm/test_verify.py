@@ -1223,6 +1223,15 @@ def test_content_key_normalizes_whitespace_and_order():
     assert content_key(ref, ["a b"]) != content_key(TaskRef("rg:x", "d", 0, 2), ["a b"])
 
 
+def test_leaf_keys_by_leaf_gives_each_leaf_the_key_of_its_copy_form():
+    from swarmnode.swarm.content import leaf_keys, leaf_keys_by_leaf
+    ref = TaskRef("rg:x", "d", 0, 1)
+    texts = {3: "B  c", 5: "a", 8: "b c\u200b ", 9: "A"}  # 8 is 3 with an invisible space, 9 is 5 in upper case
+    distinct, per_leaf = leaf_keys_by_leaf(ref, texts)
+    assert distinct == leaf_keys(ref, list(texts.values())) == [content_key(ref, ["a"]), content_key(ref, ["b c"])]
+    assert per_leaf == {3: distinct[1], 5: distinct[0], 8: distinct[1], 9: distinct[0]}
+
+
 # ---- protocol/SPEC.md: config_digest worked example
 def test_spec_config_digest_example_matches_the_code():
     import pathlib
