@@ -57,6 +57,10 @@ _IGNORABLE_RANGES = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x11
                      (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
 
 
+#: Most normalization passes of :func:`copy_form` (real text reaches its fixed point in one or two).
+_COPY_FORM_PASSES = 4
+
+
 def _ignorable(c: str) -> bool:
     o = ord(c)
     return unicodedata.category(c) == "Cf" or any(lo <= o <= hi for lo, hi in _IGNORABLE_RANGES)
@@ -69,10 +73,20 @@ def copy_form(text: str) -> str:
     lower case, whitespace runs collapsed to one space, ends stripped). Outside attacks made copied leaves new with
     one invisible character each. Look-alike letters of other scripts (a Cyrillic ``а``) and visible edits (a
     trailing period) still make a text new. (The held-out partition keeps ``normalize_question`` alone: changing
-    it would move questions between partitions.)"""
-    if not text.isascii() and any(_ignorable(c) for c in text):  # ASCII has none: the common case costs nothing
-        text = "".join(c for c in text if not _ignorable(c))
-    return normalize_question(text)
+    it would move questions between partitions.)
+
+    Idempotent: lower-casing can leave text that NFKC changes again (``"\u0130\u0316"`` lower-cases to
+    ``"i\u0307\u0316"``, whose combining marks NFKC reorders), so non-ASCII text is normalized until it stops
+    changing (at most ``_COPY_FORM_PASSES`` passes). An outside attack wrote one leaf in two such forms: two
+    distinct forms with one key counted it twice toward a claim."""
+    if text.isascii():  # no ignorable characters, and one normalization is a fixed point: the common case
+        return normalize_question(text)
+    for _ in range(_COPY_FORM_PASSES):
+        form = normalize_question("".join(c for c in text if not _ignorable(c)))
+        if form == text:
+            break
+        text = form
+    return text
 
 
 def content_key(ref: TaskRef, leaf_texts: Sequence[str]) -> bytes:
@@ -104,7 +118,7 @@ def leaf_keys_by_leaf(ref: TaskRef, leaf_texts: Mapping[int, str]) -> tuple[list
     normalization of each text: ``(distinct keys in leaf_keys order, {leaf index: its key})``."""
     forms = {j: copy_form(t) for j, t in leaf_texts.items()}
     by_form = {f: content_key(ref, [f]) for f in sorted(set(forms.values()))}
-    return list(by_form.values()), {j: by_form[f] for j, f in forms.items()}
+    return list(dict.fromkeys(by_form.values())), {j: by_form[f] for j, f in forms.items()}  # each key once
 
 
 def leaf_path(wt: wire.WireTree, leaf: int) -> list[int]:

@@ -1388,6 +1388,27 @@ def test_a_guessed_bare_answer_claims_nothing_and_a_tree_without_contrast_moves_
     assert v.take_authorship_changes() == []
 
 
+def test_one_leaf_in_two_unicode_forms_counts_once_toward_a_claim(peer_mix, clock):
+    """Outside attack: lower-casing "\u0130" + a combining mark leaves text whose marks NFKC reorders, so one
+    leaf written in two forms had two copy forms and one key, listed twice; a tree of that one leaf in both forms,
+    committed earlier, counted 2 of an honest two-leaf tree's 2 leaves and claimed it."""
+    from swarmnode.swarm.content import copy_form, leaf_keys_by_leaf
+    a, b = "\u0130\u0316 so", "i\u0316\u0307 so"
+    assert copy_form(a) == copy_form(b) == copy_form(copy_form(a))
+    v = make_verifier(peer_mix, clock)
+    ref = _ref(peer_mix, 64)
+    ans = peer_mix.get(ref).answer
+    x = (f"\u0130\u0316 so the total is <answer>{ans}</answer>", 1.0, "eos")
+    x2 = (f"i\u0316\u0307 so the total is <answer>{ans}</answer>", 1.0, "eos")
+    assert leaf_keys_by_leaf(ref, {0: x[0], 1: x2[0]})[0] == [content_key(ref, [x[0]])]
+    wrong = ("so the total is <answer>no</answer>", 0.0, "eos")
+    got = v.verify_bundle(_bundle([_tree(peer_mix, ref, [x, wrong])], HONEST, clock), None, "h", committed_at=5.0)
+    assert _credited(got) == {HONEST.peer_id: 1}
+    _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, [x, x2])], ATTACKER, clock), None, "a",
+                                 committed_at=1.0))
+    assert v.take_authorship_changes() == []
+
+
 def test_a_signer_re_sending_its_own_leaves_with_a_new_one_earns_nothing_more(peer_mix, clock):
     """Outside attack: a signer re-sent its own earlier right and wrong leaf with one new junk leaf in every new
     bundle; its own leaves were not marked, so the same contrast earned it 11 units for one real tree."""
