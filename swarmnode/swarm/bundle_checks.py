@@ -387,9 +387,13 @@ class BundleChecks(TokenChecks):
             own = [scores[(i, j)] for j in live[i] if j not in copied[i]]
             worth = int(len(own) >= 2 and max(own) - min(own) > ZERO_STD_ATOL)  # could it earn a unit?
             self._seen_content.add(ckeys[i], (signer, committed_at, worth), young=young_signer, owner=signer)
+            reward_of: dict[bytes, float] = {}  # leaf key -> our score of it (its first leaf of that form)
+            for j, x in key_of[i].items():
+                reward_of.setdefault(x, scores[(i, j)])
             for k in lkeys[i]:  # a leaf seen before keeps its value: the tree it first came in
                 prev = self._seen_content.get(k)
-                self._seen_content.add(k, prev if prev is not None else (signer, committed_at, ckeys[i], len(lkeys[i])),
+                self._seen_content.add(k, prev if prev is not None else
+                                       (signer, committed_at, ckeys[i], len(lkeys[i]), reward_of[k]),
                                        young=young_signer, owner=signer)
         self._apply_claims(claims, signer, committed_at)
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))

@@ -148,8 +148,9 @@ never pay for a copier who raced ahead) except a copy of **our own** rollouts, w
 (soft ``replay``). Authorship goes to the earliest commitment: a copy from a key whose manifest we read before
 the holder's takes the content's standing over, a tie disputes it (``committed_at`` of
 :meth:`Verifier.verify_bundle`, protocol/SPEC.md §5.1). Each leaf remembers the tree it first came in, and a tree
-(kept or dropped) claims each earlier tree more than half of whose leaves it holds, once per earlier tree: the
-author's original takes back a copy that added a leaf, a subset or a split. Claims apply when the bundle is accepted
+(kept or dropped) claims each earlier tree more than half of whose leaves it holds, and each earlier tree it lies
+wholly inside when its leaves have reward contrast of their own, once per earlier tree: the author's original takes
+back a copy that added leaves (however many), a subset or a split. Claims apply when the bundle is accepted
 or every tree of it was a copy. Leaves marked ``pruned`` are never scored nor
 returned. Staleness is the receiver's measurement: :attr:`PeerTree.received_at` is the arrival time the
 caller passes (``received_at``), never the signed policy version (which stays a claim in
@@ -184,6 +185,7 @@ import time
 from typing import Any, Callable, Collection, Sequence
 
 from swarmnode.config import SwarmConfig
+from swarmnode.rollout.advantages import ZERO_STD_ATOL
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.bundle_checks import REWARD_TOL, BundleChecks
@@ -532,13 +534,13 @@ class Verifier(ManifestChecks, BundleChecks):
             self._claim_authorship(key, self._seen_content.get(key), signer, committed_at)
 
     def _leaf_holder(self, value: Any) -> Any:
-        """Who holds a leaf now, from its memory value: ``(signer, commitment time, tree key, tree leaves)`` names
-        the tree it first came in, whose holder holds it (authorship moves per tree; its first signer once that
-        tree is forgotten); a ``(holder, time, worth)`` value is a one-leaf tree's own. Other values (``"own"``, ``None``,
-        an in-bundle marker) are returned as they are."""
+        """Who holds a leaf now, from its memory value: ``(signer, commitment time, tree key, tree leaves, our
+        reward of the leaf)`` names the tree it first came in, whose holder holds it (authorship moves per tree;
+        its first signer once that tree is forgotten); a ``(holder, time, worth)`` value is a one-leaf tree's own.
+        Other values (``"own"``, ``None``, an in-bundle marker) are returned as they are."""
         if isinstance(value, tuple) and len(value) == 3:
             return value[0]
-        if not (isinstance(value, tuple) and len(value) == 4):
+        if not (isinstance(value, tuple) and len(value) == 5):
             return value
         tree = self._seen_content.get(value[2])
         return tree[0] if isinstance(tree, tuple) and len(tree) == 3 else value[0]
@@ -547,15 +549,20 @@ class Verifier(ManifestChecks, BundleChecks):
         """The content keys of the earlier peer trees a tree from ``signer`` claims (:meth:`_apply_claims`): each
         tree more than half of whose distinct leaves are among this tree's leaves (``keys``, their memory values
         ``seen``) and that another key holds now -- a copy of this tree's content verified before it (a subset, a
-        split, a copy that added leaves). One claim per earlier tree, however many leaves it shares, so regrouped
-        copies cannot move or dispute one tree more than once; two honest trees sharing one leaf of two claim
-        nothing. (Exactly half, for a tree wholly inside a merged copy, was tried and taken back: a guessed bare
-        answer then claimed an honest two-leaf tree, an outside attack.)"""
+        split, a copy that added leaves) -- and each tree this tree lies wholly inside when this tree's leaves
+        have reward contrast of their own (our remembered rewards of them): an author's original claims a copy
+        that was verified first and padded with as many junk leaves as it copied (an outside attack kept 5 units
+        of 5 that way). One claim per earlier tree, however many leaves it shares, so regrouped copies cannot move
+        or dispute one tree more than once; two honest trees sharing one leaf of two claim nothing, and a tree
+        without contrast (a guessed bare answer inside an honest two-leaf tree: an outside attack on an earlier
+        "exactly half" rule) claims only by the majority rule."""
         count: dict[bytes, int] = {}
         size: dict[bytes, int] = {}
+        rewards: dict[bytes, list[float]] = {}
         for x, v in zip(keys, seen):
-            if isinstance(v, tuple) and len(v) == 4:
+            if isinstance(v, tuple) and len(v) == 5:
                 tk, n = v[2], int(v[3])
+                rewards.setdefault(tk, []).append(float(v[4]))
             elif isinstance(v, tuple) and len(v) == 3:  # the leaf is a one-leaf tree of its own
                 tk, n = x, 1
             else:
@@ -565,7 +572,9 @@ class Verifier(ManifestChecks, BundleChecks):
         out = []
         for tk, c in count.items():
             tree = self._seen_content.get(tk)
-            if (2 * c > size[tk] and isinstance(tree, tuple) and len(tree) == 3 and tree[0] is not None
+            r = rewards.get(tk, [])
+            inside = c == len(keys) and len(r) >= 2 and max(r) - min(r) > ZERO_STD_ATOL
+            if ((2 * c > size[tk] or inside) and isinstance(tree, tuple) and len(tree) == 3 and tree[0] is not None
                     and tree[0] != signer):
                 out.append(tk)
         return out

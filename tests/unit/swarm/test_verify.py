@@ -1016,17 +1016,21 @@ def test_a_copy_with_new_leaves_trains_but_its_copied_leaves_earn_the_signer_not
     assert v.take_authorship_changes() == []
 
 
+@pytest.mark.parametrize("junk", [1, 2, 3])
 @pytest.mark.parametrize("author_read_at, expected", [(1.0, "author"), (2.0, None), (3.0, "nobody moves")])
-def test_the_author_of_a_tree_copied_with_a_new_leaf_takes_it_back_when_read_first(peer_mix, clock,
-                                                                                   author_read_at, expected):
-    """The copier's copy-plus-one-leaf is verified first (its manifest read at 2.0) and holds the author's leaves;
-    the author's original then comes in as a regrouping of seen leaves (dropped: nothing trains twice). Read
-    earlier than the copy, the author takes the tree's standing over (one change, copier -> author); read at the
-    same time, it is disputed (copier -> no one); read later, nothing moves."""
+def test_the_author_of_a_tree_copied_with_new_leaves_takes_it_back_when_read_first(peer_mix, clock,
+                                                                                  author_read_at, expected, junk):
+    """The copier's copy plus ``junk`` new leaves is verified first (its manifest read at 2.0) and holds the
+    author's leaves; the author's original then comes in as a regrouping of seen leaves (dropped: nothing trains
+    twice). Read earlier than the copy, the author takes the tree's standing over (one change, copier -> author);
+    read at the same time, it is disputed (copier -> no one); read later, nothing moves. With 2 or 3 junk leaves
+    the original holds only half of the copy or less, and claims it because it lies wholly inside it with
+    contrast of its own (an outside attack padded its copies with two junk leaves and kept 5 units of 5)."""
     v = make_verifier(peer_mix, clock)
     honest = _honest_tree(peer_mix, 52)
     leaves = [(honest.completion_text(j), honest.nodes[j].reward, "eos") for j in honest.leaves()]
-    copy = _tree(peer_mix, honest.task, [*leaves, ("junk <answer>nope</answer>", 0.0, "eos")])
+    copy = _tree(peer_mix, honest.task, [*leaves, *[(f"junk {k} <answer>nope</answer>", 0.0, "eos")
+                                                    for k in range(junk)]])
     got = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a", committed_at=2.0)
     assert got[0].copied_leaves == frozenset() and _credited(got) == {ATTACKER.peer_id: 1}  # nothing seen yet
     r = _rej(lambda: v.verify_bundle(_bundle([honest], HONEST, clock), None, "h", committed_at=author_read_at))
@@ -1325,12 +1329,16 @@ def test_a_tree_split_among_copiers_is_claimed_back_once_per_copy(peer_mix, cloc
                                f"s{k}", committed_at=5.0)
     _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, six)], HONEST, clock), None, "h", committed_at=4.0))
     assert sorted(v.take_authorship_changes()) == sorted((_copier(k).peer_id, HONEST.peer_id) for k in range(3))
-    # the stated limit: two authors' trees merged into one copy hold half of it each, and claim nothing (claiming
-    # at exactly half let a guessed bare answer claim an honest two-leaf tree, an outside attack)
+    # two authors' trees merged into one copy hold half of it each: each lies wholly inside it with contrast of
+    # its own, so the first author read claims the copy's one unit (it used to claim nothing: claiming at exactly
+    # half without contrast let a guessed bare answer claim an honest two-leaf tree, an outside attack)
     ref = _ref(peer_mix, 58)
     a, b = _leaves_of(peer_mix, ref, 1, 1, tag="a"), _leaves_of(peer_mix, ref, 1, 1, tag="b")
     assert v.verify_bundle(_bundle([_tree(peer_mix, ref, a + b)], ATTACKER, clock), None, "a", committed_at=9.0)
     _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, a)], HONEST, clock), None, "h", committed_at=8.0))
+    assert v.take_authorship_changes() == [(ATTACKER.peer_id, HONEST.peer_id)]
+    _rej(lambda: v.verify_bundle(_bundle([_tree(peer_mix, ref, a[:1])], _copier(9), clock), None, "g",
+                                 committed_at=0.5))  # one guessed leaf of it, read earliest: no contrast, no claim
     assert v.take_authorship_changes() == []
     # control: two honest trees of one question that share one of their two leaves (a canonical right answer)
     ref = _ref(peer_mix, 59)
