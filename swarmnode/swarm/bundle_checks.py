@@ -307,7 +307,8 @@ class BundleChecks(TokenChecks):
                 else:
                     copies += 1
                     whole = isinstance(seen, tuple) and len(seen) == 3  # a copy of a whole earlier tree
-                    claims.extend([k] if whole else self._leaf_claims(lkeys[i], leaf_seen, signer))
+                    contrast = lambda i=i: self._own_contrast(tasks[i], [texts[(i, j)] for j in live[i]])  # noqa: E731
+                    claims.extend([k] if whole else self._leaf_claims(lkeys[i], leaf_seen, signer, contrast))
                 continue
             # A tree with some new leaves is accepted whole, its seen leaves included. Keeping only the new leaves
             # (tried after an outside attack: a copy with one junk leaf added trains the copied leaves again) broke
@@ -387,13 +388,9 @@ class BundleChecks(TokenChecks):
             own = [scores[(i, j)] for j in live[i] if j not in copied[i]]
             worth = int(len(own) >= 2 and max(own) - min(own) > ZERO_STD_ATOL)  # could it earn a unit?
             self._seen_content.add(ckeys[i], (signer, committed_at, worth), young=young_signer, owner=signer)
-            reward_of: dict[bytes, float] = {}  # leaf key -> our score of it (its first leaf of that form)
-            for j, x in key_of[i].items():
-                reward_of.setdefault(x, scores[(i, j)])
             for k in lkeys[i]:  # a leaf seen before keeps its value: the tree it first came in
                 prev = self._seen_content.get(k)
-                self._seen_content.add(k, prev if prev is not None else
-                                       (signer, committed_at, ckeys[i], len(lkeys[i]), reward_of[k]),
+                self._seen_content.add(k, prev if prev is not None else (signer, committed_at, ckeys[i], len(lkeys[i])),
                                        young=young_signer, owner=signer)
         self._apply_claims(claims, signer, committed_at)
         n_pruned = sum(len(b.trees[i].leaves()) - len(live[i]) for i in range(len(b.trees)))
@@ -418,6 +415,21 @@ class BundleChecks(TokenChecks):
         else:
             self.stats["canonicalized_trees"] += sum(1 for i in keep if i in canon)
         return out
+
+    def _own_contrast(self, task: Task, leaf_texts: list[str]) -> bool:
+        """Whether our verifier scores a claimant tree's own texts (every live leaf) with reward contrast: at least
+        two leaves whose rewards (exact + format weight x format) differ by more than ``ZERO_STD_ATOL``. Scored on
+        the claimant's texts, not remembered ones: a copier's case variant of a right leaf (same copy form, a
+        reward of 0) came first and would otherwise stand for the author's right leaf (an outside attack)."""
+        wfmt = float(self.tasks.format_reward or 0.0)
+        rewards = []
+        for text in leaf_texts:
+            d = self.tasks.rescore(task, text)
+            r = float(d["correct"]) + wfmt * float(d["format"])
+            if not math.isfinite(r):
+                return False
+            rewards.append(r)
+        return len(rewards) >= 2 and max(rewards) - min(rewards) > ZERO_STD_ATOL
 
     def _our_prompt(self, task: Task, tree: RolloutTree, signer: str,
                     final: Callable[[Rejection], Rejection]) -> tuple[str, list[int]]:

@@ -185,7 +185,6 @@ import time
 from typing import Any, Callable, Collection, Sequence
 
 from swarmnode.config import SwarmConfig
-from swarmnode.rollout.advantages import ZERO_STD_ATOL
 from swarmnode.rollout.peer_tree import PeerTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.bundle_checks import REWARD_TOL, BundleChecks
@@ -534,23 +533,25 @@ class Verifier(ManifestChecks, BundleChecks):
             self._claim_authorship(key, self._seen_content.get(key), signer, committed_at)
 
     def _leaf_holder(self, value: Any) -> Any:
-        """Who holds a leaf now, from its memory value: ``(signer, commitment time, tree key, tree leaves, our
-        reward of the leaf)`` names the tree it first came in, whose holder holds it (authorship moves per tree;
-        its first signer once that tree is forgotten); a ``(holder, time, worth)`` value is a one-leaf tree's own.
-        Other values (``"own"``, ``None``, an in-bundle marker) are returned as they are."""
+        """Who holds a leaf now, from its memory value: ``(signer, commitment time, tree key, tree leaves)`` names
+        the tree it first came in, whose holder holds it (authorship moves per tree; its first signer once that
+        tree is forgotten); a ``(holder, time, worth)`` value is a one-leaf tree's own. Other values (``"own"``, ``None``,
+        an in-bundle marker) are returned as they are."""
         if isinstance(value, tuple) and len(value) == 3:
             return value[0]
-        if not (isinstance(value, tuple) and len(value) == 5):
+        if not (isinstance(value, tuple) and len(value) == 4):
             return value
         tree = self._seen_content.get(value[2])
         return tree[0] if isinstance(tree, tuple) and len(tree) == 3 else value[0]
 
-    def _leaf_claims(self, keys: list[bytes], seen: list[Any], signer: str) -> list[bytes]:
+    def _leaf_claims(self, keys: list[bytes], seen: list[Any], signer: str,
+                     own_contrast: Callable[[], bool] | None = None) -> list[bytes]:
         """The content keys of the earlier peer trees a tree from ``signer`` claims (:meth:`_apply_claims`): each
         tree more than half of whose distinct leaves are among this tree's leaves (``keys``, their memory values
         ``seen``) and that another key holds now -- a copy of this tree's content verified before it (a subset, a
-        split, a copy that added leaves) -- and each tree this tree lies wholly inside when this tree's leaves
-        have reward contrast of their own (our remembered rewards of them): an author's original claims a copy
+        split, a copy that added leaves) -- and each tree this tree lies wholly inside when ``own_contrast()``
+        (our verifier's scores of this tree's own texts have reward contrast; called only then, None = never):
+        an author's original claims a copy
         that was verified first and padded with as many junk leaves as it copied (an outside attack kept 5 units
         of 5 that way). One claim per earlier tree, however many leaves it shares, so regrouped copies cannot move
         or dispute one tree more than once; two honest trees sharing one leaf of two claim nothing, and a tree
@@ -558,11 +559,9 @@ class Verifier(ManifestChecks, BundleChecks):
         "exactly half" rule) claims only by the majority rule."""
         count: dict[bytes, int] = {}
         size: dict[bytes, int] = {}
-        rewards: dict[bytes, list[float]] = {}
         for x, v in zip(keys, seen):
-            if isinstance(v, tuple) and len(v) == 5:
+            if isinstance(v, tuple) and len(v) == 4:
                 tk, n = v[2], int(v[3])
-                rewards.setdefault(tk, []).append(float(v[4]))
             elif isinstance(v, tuple) and len(v) == 3:  # the leaf is a one-leaf tree of its own
                 tk, n = x, 1
             else:
@@ -570,13 +569,18 @@ class Verifier(ManifestChecks, BundleChecks):
             count[tk] = count.get(tk, 0) + 1
             size[tk] = n
         out = []
+        contrast: bool | None = None  # scored once, only when this tree lies wholly inside an earlier one
         for tk, c in count.items():
             tree = self._seen_content.get(tk)
-            r = rewards.get(tk, [])
-            inside = c == len(keys) and len(r) >= 2 and max(r) - min(r) > ZERO_STD_ATOL
-            if ((2 * c > size[tk] or inside) and isinstance(tree, tuple) and len(tree) == 3 and tree[0] is not None
-                    and tree[0] != signer):
+            if not (isinstance(tree, tuple) and len(tree) == 3 and tree[0] is not None and tree[0] != signer):
+                continue
+            if 2 * c > size[tk]:
                 out.append(tk)
+            elif c == len(keys) and own_contrast is not None:
+                if contrast is None:
+                    contrast = bool(own_contrast())
+                if contrast:
+                    out.append(tk)
         return out
 
     def take_authorship_changes(self) -> list[tuple[str, str | None]]:

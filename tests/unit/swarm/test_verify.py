@@ -1048,6 +1048,24 @@ def test_the_author_of_a_tree_copied_with_new_leaves_takes_it_back_when_read_fir
     assert v.take_authorship_changes() == []
 
 
+def test_a_padded_copy_with_the_right_leaf_in_upper_case_is_still_claimed_by_the_author(peer_mix, clock):
+    """Outside attack: the copier, verified first, sent the author's right leaf in upper case (same copy form,
+    but the answer tag no longer parses: reward 0) beside its wrong leaf and two junk leaves; judged by the reward
+    remembered for that copy form, the author's original had no contrast and claimed nothing (5 units of 5 kept).
+    The original's contrast is our score of its own texts."""
+    v = make_verifier(peer_mix, clock)
+    honest = _honest_tree(peer_mix, 53)
+    (r_text, r, _), (w_text, w, _) = [(honest.completion_text(j), honest.nodes[j].reward, "eos")
+                                      for j in honest.leaves()]
+    ans = peer_mix.get(honest.task).answer
+    copy = _tree(peer_mix, honest.task, [(r_text.upper(), 0.0, "eos"), (w_text, w, "eos"),
+                                         (f"ok <answer>{ans}</answer>", 1.0, "eos"), ("junk <answer>no</answer>", 0.0, "eos")])
+    got = v.verify_bundle(_bundle([copy], ATTACKER, clock), None, "a", committed_at=10.0)
+    assert _credited(got) == {ATTACKER.peer_id: 1}
+    _rej(lambda: v.verify_bundle(_bundle([honest], HONEST, clock), None, "h", committed_at=1.0))
+    assert v.take_authorship_changes() == [(ATTACKER.peer_id, HONEST.peer_id)]
+
+
 def test_copy_with_trailing_space_is_a_replay(peer_mix, clock):
     v = make_verifier(peer_mix, clock)
     assert v.verify_bundle(_bundle([_honest_tree(peer_mix, 0)], HONEST, clock), None, "h")
