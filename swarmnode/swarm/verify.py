@@ -551,9 +551,8 @@ class Verifier(ManifestChecks, BundleChecks):
         ``seen``) and that another key holds now -- a copy of this tree's content verified before it (a subset, a
         split, a copy that added leaves) -- and each tree this tree lies wholly inside when ``own_contrast()``
         (our verifier's scores of this tree's own texts have reward contrast; called only then, None = never):
-        an author's original claims a copy
-        that was verified first and padded with as many junk leaves as it copied (an outside attack kept 5 units
-        of 5 that way). One claim per earlier tree, however many leaves it shares, so regrouped copies cannot move
+        an author's original claims a copy that was verified first and padded with as many junk leaves as it
+        copied (an outside attack kept 5 units of 5 that way). One claim per earlier tree, however many leaves it shares, so regrouped copies cannot move
         or dispute one tree more than once; two honest trees sharing one leaf of two claim nothing, and a tree
         without contrast (a guessed bare answer inside an honest two-leaf tree: an outside attack on an earlier
         "exactly half" rule) claims only by the majority rule."""
