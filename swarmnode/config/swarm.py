@@ -143,6 +143,15 @@ class RescueConfig(_Strict):
         4, ge=1, description="peer completions our verifier finds exactly correct merged into one own all-wrong "
         "group. Default 4"
     )
+    peer_advantage_scale: float = Field(
+        1.0, ge=1.0, le=16.0, allow_inf_nan=False,
+        description="factor on the advantages of the peer completions merged into an own all-wrong group (the own "
+        "wrong leaves keep theirs): a peer's right answer to a question we fail weighs this many times an own "
+        "sample of the same advantage, as ReLIFT (arXiv 2506.07527) fine-tunes on solutions to the questions RL "
+        "fails. The screen and admission by step form apply as before; the step credit mask does not reach "
+        "merged peer leaves (every token of one takes its advantage), so the factor also multiplies whatever "
+        "the screen lets through: keep 1 in a swarm of untrusted peers. 1 = the group's advantages. Default 1",
+    )
     min_standing: int = Field(
         1, ge=0, description="earned standing (useful trees we trained on, swarm/peers.py) an asker needs to be "
         "answered in full; askers below it share the young_answers slots. 0 answers anyone. Default 1"

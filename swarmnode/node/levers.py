@@ -282,7 +282,8 @@ class Levers:
                                  std_floor=cfg.train.advantage_std_floor,
                                  mask_truncated=cfg.train.mask_truncated_completions,
                                  max_len=cfg.external.max_external_completion_length,
-                                 our_model_id=self.base_model_id, our_tokenizer_id=self.policy.tokenizer_id)
+                                 our_model_id=self.base_model_id, our_tokenizer_id=self.policy.tokenizer_id,
+                                 peer_advantage_scale=cfg.levers.rescue.peer_advantage_scale)
             except EXTERNAL_FAILURES as e:
                 log.warning("rescue: merging %d peer trees of %s failed (%s: %s); skipped", len(pts), key,
                             type(e).__name__, str(e)[:200])

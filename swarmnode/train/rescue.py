@@ -42,12 +42,14 @@ from swarmnode.train.samples import Sample
 from swarmnode.turns import TurnQueue
 
 __all__ = ["RESCUE_GROUP_SUFFIX", "PendingGroup", "RescueBook", "RescueHelper", "MergedGroup", "is_all_wrong",
-           "merge_rescue", "CORRECT_THRESHOLD"]
+           "merge_rescue", "CORRECT_THRESHOLD", "MAX_PEER_ADVANTAGE_SCALE"]
 
 CORRECT_THRESHOLD = 1.0
 """A leaf is exactly correct when its verifier's ``correct`` is at least this (the node's definition)."""
 RESCUE_GROUP_SUFFIX = "|rescue"
 """``Sample.group_id`` of a merged group: ``"<task key>|rescue"``."""
+MAX_PEER_ADVANTAGE_SCALE = 16.0
+"""Largest ``levers.rescue.peer_advantage_scale`` (the config's bound, checked again by :func:`merge_rescue`)."""
 #: Question regenerations (the costly check) per answer slot and step: a flood of requests costs at most
 #: ``answer_prompts * _CHECKS_PER_ANSWER`` regenerations a step.
 _CHECKS_PER_ANSWER = 8
@@ -340,6 +342,7 @@ def merge_rescue(
     max_len: int | None = None,
     our_model_id: str = "",
     our_tokenizer_id: str = "",
+    peer_advantage_scale: float = 1.0,
 ) -> MergedGroup | None:
     """Merge the peer leaves our verifier finds exactly correct into our stored all-wrong group.
 
@@ -363,16 +366,25 @@ def merge_rescue(
         max_len: most completion tokens of a peer leaf (our ``sampling.max_completion_length``; None: no cap).
         our_model_id, our_tokenizer_id: a peer leaf keeps its behaviour log-probs only when its producer's ids
             equal these and its ids were not re-tokenized (as :func:`~swarmnode.train.batch.external_samples`).
+        peer_advantage_scale: factor (1 to :data:`MAX_PEER_ADVANTAGE_SCALE`) on the peer leaves' advantages after the group's advantages
+            are computed (``levers.rescue.peer_advantage_scale``; ReLIFT, arXiv 2506.07527); the own leaves keep
+            theirs.
 
     Returns:
         The :class:`MergedGroup`, or ``None`` when no peer leaf is exactly correct (or the mixed group has no
         reward variance).
 
     Raises:
-        ValueError: ``max_merged < 1``, or a leaf of our tree without a reward.
+        ValueError: ``max_merged < 1``, ``peer_advantage_scale`` not a number from 1 to 16, or a leaf of our
+            tree without a reward.
     """
     if int(max_merged) < 1:
         raise ValueError(f"max_merged (levers.rescue.max_merged) must be >= 1, got {max_merged!r}")
+    if isinstance(peer_advantage_scale, bool) or not isinstance(peer_advantage_scale, (int, float)) or not (
+            1.0 <= float(peer_advantage_scale) <= MAX_PEER_ADVANTAGE_SCALE):
+        raise ValueError("peer_advantage_scale (levers.rescue.peer_advantage_scale) must be a number from 1 to "
+                         f"{MAX_PEER_ADVANTAGE_SCALE:g}, got {peer_advantage_scale!r}")
+    k = float(peer_advantage_scale)
     own = entry.tree
     by_peer: dict[str, list[PeerTree]] = {}
     for pt in peer_trees:
@@ -452,7 +464,7 @@ def merge_rescue(
             lp = sub.completion_logprobs(lid) if keep_lp else None
             peer_samples.append(Sample(
                 prompt_ids=list(own.prompt_ids), completion_ids=comp,
-                advantages=[float(a) for a in result.advantages[ti][lid]], source=pt.source,
+                advantages=[k * float(a) for a in result.advantages[ti][lid]], source=pt.source,
                 behaviour_logprobs=lp, loss_mask=[1] * len(comp), reward=float(sub.nodes[lid].reward),
                 group_id=gid, policy_version=pt.policy_version, model_id=pt.model_id,
                 truncated=sub.nodes[lid].finish_reason == "length"))

@@ -589,6 +589,27 @@ def test_swarm_set_goes_into_swarm_arms_only_and_bad_keys_are_named(tmp_path):
             node_config(base, bad, 0, steps=3, eval_every=0, eval_size=5, run_dir=tmp_path / "b", swarm_id="x")
 
 
+def test_an_arm_with_many_overrides_gets_a_directory_name_a_file_system_takes(tmp_path):
+    """Seven --swarm-set overrides made a 249-character arm name, and ``<name>-r1`` failed with 'File name too
+    long' on the second repeat: names are capped, and the cap keeps two arms apart."""
+    from swarmnode.bench.swarm import MAX_NAME, arm_dir_name, parse_swarm_set
+
+    keys = ",".join(f"levers.rescue.{k}=8" for k in ("answer_prompts", "max_answers_per_peer", "max_requests",
+                                                     "max_age_steps", "max_merged"))
+    a = plan_arms([(8, 8)], levers=["rescue"], isolated=False,
+                  swarm_set=parse_swarm_set(keys + ",swarm.net.heartbeat_interval=3,levers.rescue.min_standing=0"))[0]
+    b = plan_arms([(8, 8)], levers=["rescue"], isolated=False,
+                  swarm_set=parse_swarm_set(keys + ",swarm.net.heartbeat_interval=3,levers.rescue.min_standing=1"))[0]
+    assert len(a.name) == len(b.name) == MAX_NAME and a.name != b.name
+    assert a.name.startswith("swarm-8x8-per_source-none-res-levers.rescue.answer_prompts=8")
+    for repeat in (0, 1, 12):
+        d = tmp_path / arm_dir_name(a, repeat)
+        d.mkdir()  # the file system takes it
+        assert len(d.name.encode()) < 255
+    short = plan_arms([(8, 8)], isolated=False)[0]
+    assert short.name == "swarm-8x8-per_source-none"  # short names are unchanged
+
+
 def test_rescue_lever_enables_swarm_rescue(tmp_path):
     arms = plan_arms([(8, 8)], levers=["none", "rescue"], isolated=False)
     assert [a.name for a in arms] == ["swarm-8x8-per_source-none", "swarm-8x8-per_source-none-res"]

@@ -10,6 +10,7 @@ an arm directory holds (:data:`ARM_FILE`, :data:`HOSTILE_INFO`, :data:`HOSTILE_S
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass, replace
@@ -144,6 +145,10 @@ def _parse_choices(text: str | Sequence[str], allowed: Sequence[str], what: str)
     return list(dict.fromkeys(items))
 
 
+MAX_NAME = 200
+"""Most characters of :attr:`Arm.name` (a directory name, with ``-r<k>`` appended per repeat)."""
+
+
 @dataclass(frozen=True)
 class Arm:
     """One configuration of the benchmark, run with N nodes.
@@ -205,11 +210,19 @@ class Arm:
 
     @property
     def name(self) -> str:
-        """Directory-safe label, e.g. ``isolated-4``, ``swarm-4x4-per_source-none`` or ``…-none-hostile``."""
+        """Directory-safe label, e.g. ``isolated-4``, ``swarm-4x4-per_source-none`` or ``…-none-hostile``.
+
+        At most :data:`MAX_NAME` characters, so that ``<name>-r<k>`` stays under the 255-byte file name limit
+        of common file systems: a longer name (many ``--swarm-set`` overrides) keeps its first characters and
+        ends in ``-h`` and 12 hex digits of the SHA-256 of the whole name, so two arms still differ."""
         if not self.swarm:
             return f"isolated-{self.local}"
-        return f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}{self._levers}" + (
+        full = f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}{self._levers}" + (
             {"": "", "network": "-hostile", "poison": "-poison"}[self.hostile]) + ("" if self.screen else "-noscreen")
+        if len(full) <= MAX_NAME:
+            return full
+        digest = hashlib.sha256(full.encode()).hexdigest()[:12]
+        return full[: MAX_NAME - 14] + "-h" + digest
 
     @property
     def label(self) -> str:

@@ -121,6 +121,29 @@ def test_merge_gives_own_wrong_leaves_negative_and_peer_correct_ones_positive_ad
     assert p.behaviour_logprobs is not None and p.policy_version == 1
 
 
+def test_the_peer_advantage_scale_multiplies_the_peer_leaves_only():
+    book = RescueBook(4, 8)
+    book.add(_own(), 3)
+    entry = book.get(REF.key())
+    peers = [_peer("p1", ["right a", "wrong x", "right b"])]
+    kw = dict(max_merged=4, estimator="grpo", our_model_id="m", our_tokenizer_id="tok")
+    plain = merge_rescue(entry, peers, _score, **kw)
+    scaled = merge_rescue(entry, peers, _score, peer_advantage_scale=4.0, **kw)
+    assert plain is not None and scaled is not None
+    for a, b in zip(plain.peer, scaled.peer):
+        assert a.advantages and b.advantages == pytest.approx([4.0 * x for x in a.advantages])
+        assert all(x > 0 for x in b.advantages)
+    assert [s.advantages for s in scaled.own] == [s.advantages for s in plain.own]  # the own leaves keep theirs
+    assert scaled.rewards == plain.rewards  # rewards and the group are unchanged
+    for bad in (0.5, 0.0, -1.0, 16.5, 1e300, float("inf"), float("nan"), True, "4"):
+        with pytest.raises(ValueError, match="levers.rescue.peer_advantage_scale"):
+            merge_rescue(entry, peers, _score, peer_advantage_scale=bad, **kw)
+    cfg = RunConfig()
+    assert cfg.levers.rescue.peer_advantage_scale == 1.0
+    with pytest.raises(ValueError, match="peer_advantage_scale"):
+        RescueConfig(peer_advantage_scale=0.5)
+
+
 def test_merge_caps_the_peer_leaves_takes_turns_and_drops_foreign_logprobs():
     book = RescueBook(4, 8)
     book.add(_own(), 0)
