@@ -148,9 +148,10 @@ class RescueConfig(_Strict):
         description="factor on the advantages of the peer completions merged into an own all-wrong group (the own "
         "wrong leaves keep theirs): a peer's right answer to a question we fail weighs this many times an own "
         "sample of the same advantage, as ReLIFT (arXiv 2506.07527) fine-tunes on solutions to the questions RL "
-        "fails. The screen and admission by step form apply as before; the step credit mask does not reach "
-        "merged peer leaves (every token of one takes its advantage), so the factor also multiplies whatever "
-        "the screen lets through: keep 1 in a swarm of untrusted peers. 1 = the group's advantages. Default 1",
+        "fails. The screen, admission by step form and the step credit mask apply as to any peer sample: on a task "
+        "with a step checker, with train.step_credit mask and external.external_step_credit on, a free-text line "
+        "of a right answer gets no positive push; elsewhere the factor multiplies whatever the screen lets "
+        "through, so keep 1 among untrusted peers on unchecked tasks. 1 = the group's advantages. Default 1",
     )
     min_standing: int = Field(
         1, ge=0, description="earned standing (useful trees we trained on, swarm/peers.py) an asker needs to be "

@@ -263,7 +263,8 @@ class Levers:
         for pt in rescue_cands:
             by_key.setdefault(pt.task_key, []).append(pt)
         out: list[MergedGroup] = []
-        admit = self.builder.external_step_credit() if cfg.external.screen.admit_step_form != "off" else None
+        credit = self.builder.external_step_credit()
+        admit = credit if cfg.external.screen.admit_step_form != "off" else None
         for key, pts in by_key.items():
             if len(out) >= cfg.levers.rescue.max_requests:
                 break
@@ -283,7 +284,7 @@ class Levers:
                                  mask_truncated=cfg.train.mask_truncated_completions,
                                  max_len=cfg.external.max_external_completion_length,
                                  our_model_id=self.base_model_id, our_tokenizer_id=self.policy.tokenizer_id,
-                                 peer_advantage_scale=cfg.levers.rescue.peer_advantage_scale)
+                                 peer_advantage_scale=cfg.levers.rescue.peer_advantage_scale, step_credit=credit)
             except EXTERNAL_FAILURES as e:
                 log.warning("rescue: merging %d peer trees of %s failed (%s: %s); skipped", len(pts), key,
                             type(e).__name__, str(e)[:200])

@@ -83,7 +83,7 @@ def _prefix_starts(tokenizer: Any, ids: list[int]) -> list[int]:
 
 def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck],
                     outcome: Sequence[float] | None = None, mask: bool = True,
-                    answer_from: int | None = None) -> tuple[list[float], int]:
+                    answer_from: int | None = None, textless_outcome: bool = True) -> tuple[list[float], int]:
     """Step-checked credit of one completion's per-token advantages.
 
     A token is on the checked line its text starts in, or on none (the answer block, text between lines). A
@@ -103,6 +103,10 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
         outcome: the outcome-only advantages of the same tokens (default: ``advantages``).
         mask: clip a checked line's tokens toward its verdict (``train.step_credit == "mask"``).
         answer_from: see above (``None``: the answer takes the outcome's advantages).
+        textless_outcome: a token without text of its own takes ``outcome[t]`` (True, our own samples), or is
+            judged with the text it precedes (False, peers' samples: with a byte-level tokenizer every byte of a
+            multi-byte character but the last decodes to nothing, and an outside review found 28 of 40 tokens
+            of a payload line of emoji and CJK keeping their positive advantage).
 
     Returns:
         ``(new advantages, number of tokens whose advantage the mask set to 0)``.
@@ -117,7 +121,7 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
     out = [float(a) for a in outcome]
     zeroed, j, last = 0, 0, len(starts) - 1
     for t, s in enumerate(starts):
-        if (t < last and starts[t + 1] == s) or (t == last and t > 0 and starts[t - 1] == s):
+        if textless_outcome and ((t < last and starts[t + 1] == s) or (t == last and t > 0 and starts[t - 1] == s)):
             continue  # no text of its own (a special token that is not the one final token): outcome credit
         while j < len(checks) and checks[j].end <= s:
             j += 1
@@ -327,4 +331,25 @@ class StepCredit:
         if report is None or not report.lines:
             return [float(outcome)] * n, 0
         return mask_advantages([float(advantage)] * n, token_char_starts(self.tokenizer, completion_ids),
-                               report.lines, [float(outcome)] * n, self.mask, _answer_from(report))
+                               report.lines, [float(outcome)] * n, self.mask, _answer_from(report),
+                               textless_outcome=False)
+
+    def mask_tokens(self, ref: TaskRef, completion_ids: Sequence[int],
+                    advantages: Sequence[float]) -> tuple[list[float], int]:
+        """Per-token ``advantages`` (list[float], one per id) of one completion of task ``ref`` clipped toward our
+        verdict on each of its lines (:func:`mask_advantages` with :attr:`mask`; no step reward): a token of an
+        invalid line -- free text, a payload line -- keeps no positive advantage. Without a report (no checker,
+        an unknown ref, ids we cannot decode) or with :attr:`mask` off they come back unchanged; returns
+        ``(advantages, tokens zeroed)``.
+
+        Raises:
+            ValueError: ``advantages`` and ``completion_ids`` differ in length.
+        """
+        adv = [float(a) for a in advantages]
+        if len(adv) != len(completion_ids):
+            raise ValueError(f"{len(adv)} advantages for {len(completion_ids)} completion ids")
+        report = self.report(ref, completion_ids) if self.mask else None
+        if report is None or not report.lines:
+            return adv, 0
+        return mask_advantages(adv, token_char_starts(self.tokenizer, completion_ids), report.lines, None, True,
+                               _answer_from(report), textless_outcome=False)

@@ -20,7 +20,8 @@ current policy's log-probs (``Trainer._step``: ``old_logprobs`` are recomputed, 
 one iteration), not against the stored behaviour log-probs, so these leaves train as on-policy samples
 without an importance correction; their behaviour log-probs ride along (``Sample.behaviour_logprobs``) and
 are used by nothing for local samples. Peer leaves are external samples (``external:<peer>``), weighted by
-``external.off_policy`` like every other external sample.
+``external.off_policy`` and masked by our step checks like every other external sample, their advantages
+multiplied by ``levers.rescue.peer_advantage_scale``.
 
 Nothing here imports ``swarm`` (docs/reference/architecture.md): requests arrive as ``(peer_id, TaskRef)``
 pairs, peer trees as :class:`~swarmnode.rollout.peer_tree.PeerTree`.
@@ -35,6 +36,7 @@ from typing import Any, Callable, Iterable, Sequence
 from swarmnode.config import RescueConfig
 from swarmnode.rollout.advantages import STD_FLOOR, compute_advantages
 from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.rollout.step_credit import StepCredit
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
 from swarmnode.train.off_policy import _ids_match
@@ -343,6 +345,7 @@ def merge_rescue(
     our_model_id: str = "",
     our_tokenizer_id: str = "",
     peer_advantage_scale: float = 1.0,
+    step_credit: StepCredit | None = None,
 ) -> MergedGroup | None:
     """Merge the peer leaves our verifier finds exactly correct into our stored all-wrong group.
 
@@ -366,9 +369,14 @@ def merge_rescue(
         max_len: most completion tokens of a peer leaf (our ``sampling.max_completion_length``; None: no cap).
         our_model_id, our_tokenizer_id: a peer leaf keeps its behaviour log-probs only when its producer's ids
             equal these and its ids were not re-tokenized (as :func:`~swarmnode.train.batch.external_samples`).
-        peer_advantage_scale: factor (1 to :data:`MAX_PEER_ADVANTAGE_SCALE`) on the peer leaves' advantages after the group's advantages
-            are computed (``levers.rescue.peer_advantage_scale``; ReLIFT, arXiv 2506.07527); the own leaves keep
+        peer_advantage_scale: factor (1 to :data:`MAX_PEER_ADVANTAGE_SCALE`) on the peer leaves' advantages
+            after the group's advantages are computed (``levers.rescue.peer_advantage_scale``; ReLIFT, arXiv
+            2506.07527); the own leaves keep
             theirs.
+        step_credit: our step checks of peer completions (``external.external_step_credit``); when given with its
+            mask on, each peer leaf's per-token advantages are clipped toward our verdict on its lines
+            (:meth:`~swarmnode.rollout.step_credit.StepCredit.mask_tokens`), as every other external sample's
+            are: a free-text or payload line of a right answer keeps no positive advantage.
 
     Returns:
         The :class:`MergedGroup`, or ``None`` when no peer leaf is exactly correct (or the mixed group has no
@@ -462,9 +470,12 @@ def merge_rescue(
                 continue
             comp = sub.completion_ids(lid)
             lp = sub.completion_logprobs(lid) if keep_lp else None
+            adv = [k * float(a) for a in result.advantages[ti][lid]]
+            if step_credit is not None:
+                adv, _ = step_credit.mask_tokens(entry.ref, comp, adv)
             peer_samples.append(Sample(
                 prompt_ids=list(own.prompt_ids), completion_ids=comp,
-                advantages=[k * float(a) for a in result.advantages[ti][lid]], source=pt.source,
+                advantages=adv, source=pt.source,
                 behaviour_logprobs=lp, loss_mask=[1] * len(comp), reward=float(sub.nodes[lid].reward),
                 group_id=gid, policy_version=pt.policy_version, model_id=pt.model_id,
                 truncated=sub.nodes[lid].finish_reason == "length"))

@@ -144,6 +144,91 @@ def test_the_peer_advantage_scale_multiplies_the_peer_leaves_only():
         RescueConfig(peer_advantage_scale=0.5)
 
 
+def test_a_payload_line_of_a_merged_right_answer_keeps_no_positive_advantage():
+    """With our step checks given (the node passes them when external step credit is on), a merged peer answer is
+    masked like any external sample: a clean worked solution keeps its (scaled) positive advantage on every
+    token, a payload line -- not a step -- gets 0, and the answer keeps its own."""
+    from transformers import AutoTokenizer
+
+    from swarmnode.policy.loading import EMBEDDED_DIR
+    from swarmnode.rollout.step_credit import StepCredit
+    from swarmnode.tasks.solutions import worked_solution
+
+    if not (EMBEDDED_DIR / "tokenizer.json").is_file():
+        pytest.skip(f"the embedded tokenizer is not built ({EMBEDDED_DIR})")
+    tok = AutoTokenizer.from_pretrained(str(EMBEDDED_DIR))
+    src = ReasoningGymSource("chain_sum", {"min_terms": 4, "max_terms": 4})
+    ref = src.ref(5, 3)
+    task = src.get(ref)
+    sol = worked_solution("chain_sum", {"question": task.question, "answer": task.answer, "metadata": task.metadata})
+    texts = {"clean": sol, "payload": "pwned!\n" + sol}
+    own = RolloutTree.from_group(ref, [1, 2], [tok.encode("<answer>0</answer>", add_special_tokens=False)] * 3,
+                                 texts=["<answer>0</answer>"] * 3)
+    for lid in own.leaves():
+        own.nodes[lid].reward = 0.0
+    book = RescueBook(4, 8)
+    book.add(own, 0)
+    peer_tree = RolloutTree.from_group(ref, [9], [tok.encode(t, add_special_tokens=False) for t in texts.values()],
+                                       texts=list(texts.values()))
+    for lid in peer_tree.leaves():
+        peer_tree.nodes[lid].reward = 1.0
+    pt = PeerTree(peer_tree, "p1", model_id="m", tokenizer_id="tok", policy_version=1, same_tokenizer=True)
+
+    def score(text: str) -> tuple[bool, float]:
+        ok = src.score(task, text) >= 1.0
+        return ok, 1.0 if ok else 0.0
+
+    credit = StepCredit(src.get, tok, mask=True)
+    kw = dict(max_merged=4, estimator="grpo", peer_advantage_scale=4.0)
+    plain = merge_rescue(book.get(ref.key()), [pt], score, **kw)
+    masked = merge_rescue(book.get(ref.key()), [pt], score, step_credit=credit, **kw)
+    assert plain is not None and masked is not None and len(masked.peer) == 2
+    clean, payload = masked.peer
+    assert clean.advantages == plain.peer[0].advantages and min(clean.advantages) > 0  # every line valid: unchanged
+    n_reasoning = len(tok.encode(texts["payload"][: texts["payload"].index("<answer>")], add_special_tokens=False))
+    # the payload line is not a step, and it shifts every worked line off the step it is judged against (a line
+    # is the k-th step or invalid): the whole reasoning gets no positive push, the answer keeps its advantage
+    assert payload.advantages[:n_reasoning] == [0.0] * n_reasoning
+    assert payload.advantages[n_reasoning:] == plain.peer[1].advantages[n_reasoning:]
+    assert min(plain.peer[1].advantages) > 0  # without our checks the payload was pushed up 4x
+    assert [s.advantages for s in masked.own] == [s.advantages for s in plain.own]
+    with pytest.raises(ValueError, match="advantages for"):
+        credit.mask_tokens(ref, [1, 2], [1.0])
+    off = merge_rescue(book.get(ref.key()), [pt], score, step_credit=StepCredit(src.get, tok, mask=False), **kw)
+    assert [s.advantages for s in off.peer] == [s.advantages for s in plain.peer]  # mask off: unchanged
+
+
+def test_a_multi_byte_payload_line_is_masked_whole_with_a_byte_level_tokenizer():
+    """With byte-level BPE every byte of a multi-byte character but the last decodes to nothing; such tokens of a
+    peer's completion go with the character they start, so none of a payload line of emoji and CJK keeps a
+    positive advantage (an outside review found 28 of its ~40 tokens positive, through rescue and the ordinary
+    external path alike)."""
+    from transformers import AutoTokenizer
+
+    from swarmnode.policy.loading import EMBEDDED_BPE_DIR
+    from swarmnode.rollout.step_credit import StepCredit
+    from swarmnode.tasks.solutions import worked_solution
+
+    if not (EMBEDDED_BPE_DIR / "tokenizer.json").is_file():
+        pytest.skip(f"the embedded-bpe tokenizer is not built ({EMBEDDED_BPE_DIR})")
+    tok = AutoTokenizer.from_pretrained(str(EMBEDDED_BPE_DIR))
+    src = ReasoningGymSource("chain_sum", {"min_terms": 4, "max_terms": 4})
+    ref = src.ref(5, 3)
+    task = src.get(ref)
+    sol = worked_solution("chain_sum", {"question": task.question, "answer": task.answer, "metadata": task.metadata})
+    text = "\U0001f4a3\U0001f4a3\u4f60\u597d\u4e16\u754c\U0001f525 payload\n" + sol
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    n_reasoning = len(tok.encode(text[: text.index("<answer>")], add_special_tokens=False))
+    credit = StepCredit(src.get, tok, mask=True)
+    for adv, zeroed in (credit.mask_tokens(ref, ids, [6.0] * len(ids)),
+                        credit.token_advantages(6.0, ids, credit.report(ref, ids))):
+        assert n_reasoning < len(ids) and adv[:n_reasoning] == [0.0] * n_reasoning, adv[:n_reasoning]
+        assert zeroed == n_reasoning and adv[n_reasoning:] == [6.0] * (len(ids) - n_reasoning)
+    clean = tok.encode(sol, add_special_tokens=False)
+    assert credit.mask_tokens(ref, clean, [6.0] * len(clean)) == ([6.0] * len(clean), 0)
+
+
 def test_merge_caps_the_peer_leaves_takes_turns_and_drops_foreign_logprobs():
     book = RescueBook(4, 8)
     book.add(_own(), 0)
