@@ -12,6 +12,7 @@ import pytest
 
 from swarmnode.config import RescueConfig, RunConfig, SwarmConfig
 from swarmnode.rollout.peer_tree import PeerTree
+from swarmnode.rollout.step_credit import StepCredit
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.gossip import RescueRequest, SwarmClient, _flat_subtree
@@ -144,23 +145,34 @@ def test_the_peer_advantage_scale_multiplies_the_peer_leaves_only():
         RescueConfig(peer_advantage_scale=0.5)
 
 
-def test_a_payload_line_of_a_merged_right_answer_keeps_no_positive_advantage():
-    """With our step checks given (the node passes them when external step credit is on), a merged peer answer is
-    masked like any external sample: a clean worked solution keeps its (scaled) positive advantage on every
-    token, a payload line -- not a step -- gets 0, and the answer keeps its own."""
+def _packaged_tokenizer(model_dir):
+    """A packaged model's tokenizer (real Hugging Face tokenizer files); skips when it is not built."""
     from transformers import AutoTokenizer
 
-    from swarmnode.policy.loading import EMBEDDED_DIR
-    from swarmnode.rollout.step_credit import StepCredit
+    if not (model_dir / "tokenizer.json").is_file():
+        pytest.skip(f"the packaged tokenizer is not built ({model_dir})")
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _chain_sum_and_its_worked_solution():
+    """A 4-term chain_sum of the training stream: (source, ref, task, worked solution text)."""
     from swarmnode.tasks.solutions import worked_solution
 
-    if not (EMBEDDED_DIR / "tokenizer.json").is_file():
-        pytest.skip(f"the embedded tokenizer is not built ({EMBEDDED_DIR})")
-    tok = AutoTokenizer.from_pretrained(str(EMBEDDED_DIR))
     src = ReasoningGymSource("chain_sum", {"min_terms": 4, "max_terms": 4})
     ref = src.ref(5, 3)
     task = src.get(ref)
     sol = worked_solution("chain_sum", {"question": task.question, "answer": task.answer, "metadata": task.metadata})
+    return src, ref, task, sol
+
+
+def test_a_payload_line_of_a_merged_right_answer_keeps_no_positive_advantage():
+    """With our step checks given (the node passes them when external step credit is on), a merged peer answer is
+    masked like any external sample: a clean worked solution keeps its (scaled) positive advantage on every
+    token, a payload line -- not a step -- gets 0, and the answer keeps its own."""
+    from swarmnode.policy.loading import EMBEDDED_DIR
+
+    tok = _packaged_tokenizer(EMBEDDED_DIR)
+    src, ref, task, sol = _chain_sum_and_its_worked_solution()
     texts = {"clean": sol, "payload": "pwned!\n" + sol}
     own = RolloutTree.from_group(ref, [1, 2], [tok.encode("<answer>0</answer>", add_special_tokens=False)] * 3,
                                  texts=["<answer>0</answer>"] * 3)
@@ -203,19 +215,10 @@ def test_a_multi_byte_payload_line_is_masked_whole_with_a_byte_level_tokenizer()
     peer's completion go with the character they start, so none of a payload line of emoji and CJK keeps a
     positive advantage (an outside review found 28 of its ~40 tokens positive, through rescue and the ordinary
     external path alike)."""
-    from transformers import AutoTokenizer
-
     from swarmnode.policy.loading import EMBEDDED_BPE_DIR
-    from swarmnode.rollout.step_credit import StepCredit
-    from swarmnode.tasks.solutions import worked_solution
 
-    if not (EMBEDDED_BPE_DIR / "tokenizer.json").is_file():
-        pytest.skip(f"the embedded-bpe tokenizer is not built ({EMBEDDED_BPE_DIR})")
-    tok = AutoTokenizer.from_pretrained(str(EMBEDDED_BPE_DIR))
-    src = ReasoningGymSource("chain_sum", {"min_terms": 4, "max_terms": 4})
-    ref = src.ref(5, 3)
-    task = src.get(ref)
-    sol = worked_solution("chain_sum", {"question": task.question, "answer": task.answer, "metadata": task.metadata})
+    tok = _packaged_tokenizer(EMBEDDED_BPE_DIR)
+    src, ref, task, sol = _chain_sum_and_its_worked_solution()
     text = "\U0001f4a3\U0001f4a3\u4f60\u597d\u4e16\u754c\U0001f525 payload\n" + sol
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text
