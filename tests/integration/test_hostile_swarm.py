@@ -586,6 +586,50 @@ def test_three_fresh_sybil_keys_do_not_take_the_honest_share(tmp_path, mix):
             x.close()
 
 
+@pytest.mark.slow
+def test_poisoned_rescue_answers_reach_the_asker_verified(tmp_path, mix):
+    """The ``rescue_poison`` hostile peer over the real network: a receiver (SwarmClient, ``levers.rescue`` on)
+    announces two questions it got all wrong in its heartbeats; the hostile peer reads them from the DHT
+    (:meth:`HostilePeer.rescue_refs`), answers each with a tree whose every leaf is the payload line + the worked
+    solution, and the receiver's verifier accepts those trees for exactly its questions with every leaf re-scored
+    correct. Nothing in the protocol refuses them: the payload reaches the asker's rescue merge, where only the
+    likelihood screen, admission by form and the step credit mask stand between it and training (what
+    ``bench swarm --hostile rescue_poison`` measures)."""
+    from swarmnode.config import RunConfig
+    from swarmnode.testing.adversary import HostilePeer
+    from swarmnode.swarm.gossip import SwarmClient
+
+    sid = f"rpoison-{time.time_ns() % 10**9}"
+    net = dict(fetch_timeout=FETCH_TIMEOUT, dht_timeout=5.0, bucket_seconds=10.0, heartbeat_interval=1.0)
+    cfg = RunConfig(swarm=SwarmConfig(enabled=True, swarm_id=sid, net=net, trust={"established_after": 0}),
+                    levers={"rescue": {"enabled": True}}, external={"max_external_completion_length": 256})
+    ident = Identity.from_private_bytes(hashlib.sha256(b"test_hostile_swarm rescue asker").digest())
+    (tmp_path / "asker").mkdir()
+    asker = SwarmClient(cfg, ident, mix, 256, "model-asker", BYTE_TOKENIZER_ID, None, tmp_path / "asker",
+                        detokenize=byte_detokenize, poll_interval=0.5, heartbeat_interval=1.0, dht_kwargs=FAST_DHT)
+    hp = None
+    try:
+        hp = HostilePeer(asker.scfg, mix, initial_peers=asker.maddrs(), identity=HOSTILE, cases=[],
+                         dht_kwargs=FAST_DHT, model_id="model-asker")
+        assert hp.rescue_refs() == []  # nothing asked yet (or not joined): a round publishes nothing
+        asked = mix.refs_for_step(0, 2)
+        asker.announce_rescue(asked)
+        assert _wait(lambda: hp.dht.connected and set(asked) <= set(hp.rescue_refs()), 90), hp.rescue_refs()
+        digests = hp.run_rescue_poison_round("pwned!", n_leaves=3, max_trees=8)
+        assert len(digests) == 1 and hp.published["rescue_poison"] == 1
+        assert _wait(lambda: set(digests) <= asker.pending_digests() | {a.digest for a in asker.accepted}, 90)
+        trees = [t for t in asker.gather(0, 0)[0] if t.peer_id == HOSTILE.peer_id]
+        assert sorted(t.tree.task for t in trees) == sorted(asked)
+        for t in trees:
+            leaves = t.tree.leaves()
+            assert len(leaves) == 3 and all(t.tree.nodes[i].reward == 1.0 for i in leaves)
+            assert all(byte_detokenize(t.tree.completion_ids(i)).startswith("pwned!\n") for i in leaves)
+    finally:
+        if hp is not None:
+            hp.close()
+        asker.close()
+
+
 # ============================================================================ the poison benchmark's plumbing
 def test_bench_plans_poison_twins_and_screen_off_arms():
     from swarmnode.bench.swarm import Arm, plan_arms
@@ -595,8 +639,11 @@ def test_bench_plans_poison_twins_and_screen_off_arms():
                                       "swarm-4x4-per_source-none-poison-noscreen"]
     assert [a.screen for a in arms] == [True, True, False] and arms[2].label.endswith("+poison screen off")
     assert Arm(4, 4, True, hostile=True).hostile == "network"  # the old boolean still means the network attack
-    with pytest.raises(ValueError, match="--hostile must be none, network or poison"):
+    with pytest.raises(ValueError, match="--hostile must be none, network, poison or rescue_poison"):
         Arm(4, 4, True, hostile="spam")
+    rp = plan_arms([(4, 4)], ["per_source"], ["none"], hostile="rescue_poison", levers=["rescue"], isolated=False)
+    assert [a.name for a in rp] == ["swarm-4x4-per_source-none-res", "swarm-4x4-per_source-none-res-rpoison"]
+    assert rp[1].rescue and rp[1].label.endswith("+rescue +rescue-poison")
 
 
 def test_bench_poison_report_counts_attack_success_and_honest_false_positives(tmp_path):

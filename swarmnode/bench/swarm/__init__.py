@@ -48,7 +48,10 @@ peer's input by reason, what they accepted from it (must be 0), bans, and the tr
 ``--hostile poison`` runs the *poisoned but correct* attack instead: the hostile peer publishes valid,
 truthful groups whose correct leaves carry a payload string; every node counts the payload in what it screened
 and trained and in its greedy held-out completions (:class:`PayloadCounter`), and the report adds attack
-success and the screen's false-positive rate on honest peers (:func:`poison_report`). ``--repeats`` runs every
+success and the screen's false-positive rate on honest peers (:func:`poison_report`); ``--hostile rescue_poison``
+(with ``--levers rescue``) plants the payload in answers to the honest nodes' rescue requests instead, every leaf
+correct, so that an asker merging them gives the payload its all-wrong group's whole (and
+``levers.rescue.peer_advantage_scale``-weighted) positive advantage. ``--repeats`` runs every
 arm several times and adds mean ± standard error (:func:`repeats_report`). Every report also traces the external
 samples of the swarm arms from publication to training, with the likelihood screen's loss on honest peers
 (:func:`supply_report`); :func:`report_from_arm_dirs` (``scripts/swarm_bench_report.py``) rebuilds a report from

@@ -48,7 +48,9 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--prefix", default="swarm_bench_results", help="file name prefix of the outputs")
     ap.add_argument("--hostile", default="none", help="also run every swarm arm with one hostile peer "
                     "(swarmnode.testing.adversary.HostilePeer) in the swarm: none, network (every protocol attack, "
-                    "labelled +hostile) or poison (poisoned but correct groups carrying --payload, labelled +poison)")
+                    "labelled +hostile), poison (poisoned but correct groups carrying --payload, labelled +poison) or "
+                    "rescue_poison (answers to the honest nodes' rescue requests, every leaf correct and carrying "
+                    "--payload, labelled +rescue-poison; with --levers rescue)")
     ap.add_argument("--screen-off-arm", dest="screen_off", action="store_true", help="with --hostile, also run each "
                     "hostile arm with the honest nodes' likelihood screen off (what the attack does without it)")
     ap.add_argument("--isolated", action=argparse.BooleanOptionalAction, default=True,

@@ -29,8 +29,11 @@ SPECIALIZE_WEIGHT = 4.0
 factor, so with the default four equally weighted sources and four nodes each node draws 4/7 of its questions
 from "its" task and 1/7 from each other; peers' trees bring the rest. Weights are not part of a source's
 ``config_digest``, so nodes with different weights still verify each other's TaskRefs."""
-HOSTILE_MODES = ("", "network", "poison")
-"""``Arm.hostile`` values: no hostile peer, the network attack of ``NETWORK_CASES``, poisoned but correct groups."""
+HOSTILE_MODES = ("", "network", "poison", "rescue_poison")
+"""``Arm.hostile`` values: no hostile peer, the network attack of ``NETWORK_CASES``, poisoned but correct groups,
+poisoned but correct answers to the honest nodes' rescue requests."""
+_HOSTILE_DIR = {"": "", "network": "-hostile", "poison": "-poison", "rescue_poison": "-rpoison"}
+_HOSTILE_LABEL = {"": "", "network": " +hostile", "poison": " +poison", "rescue_poison": " +rescue-poison"}
 DEFAULT_PAYLOAD = "pwned!"
 """The string the poison arms' hostile peer plants (and the honest nodes' completions are searched for)."""
 
@@ -160,7 +163,10 @@ class Arm:
         normalization / off_policy: ``external.normalization`` / ``external.off_policy`` (swarm arms only).
         hostile: one :class:`~swarmnode.testing.adversary.HostilePeer` process joins the swarm (swarm arms only):
             ``"network"`` attacks with every class of ``NETWORK_CASES``; ``"poison"`` publishes *poisoned but
-            correct* groups (:meth:`~swarmnode.testing.adversary.HostilePeer.run_poison_round`); ``""`` none.
+            correct* groups (:meth:`~swarmnode.testing.adversary.HostilePeer.run_poison_round`);
+            ``"rescue_poison"`` answers the honest nodes' rescue requests with poisoned but correct trees
+            (:meth:`~swarmnode.testing.adversary.HostilePeer.run_rescue_poison_round`; needs ``--levers rescue``);
+            ``""`` none.
             ``True`` / ``False`` mean ``"network"`` / ``""``.
         screen: ``external.screen.enabled`` of the honest nodes (False only for the "what if there were no screen"
             arm of the poison benchmark).
@@ -199,7 +205,7 @@ class Arm:
         h = {True: "network", False: "", None: ""}.get(self.hostile, self.hostile)  # type: ignore[arg-type]
         if h not in HOSTILE_MODES:
             hint = " (--hostile takes a value, e.g. --hostile network)" if str(self.hostile).startswith("-") else ""
-            raise ValueError(f"--hostile must be none, network or poison; got {self.hostile!r}{hint}")
+            raise ValueError(f"--hostile must be none, network, poison or rescue_poison; got {self.hostile!r}{hint}")
         object.__setattr__(self, "hostile", h)
 
     @property
@@ -218,7 +224,7 @@ class Arm:
         if not self.swarm:
             return f"isolated-{self.local}"
         full = f"swarm-{self.local}x{self.external}-{self.normalization}-{self.off_policy}{self._levers}" + (
-            {"": "", "network": "-hostile", "poison": "-poison"}[self.hostile]) + ("" if self.screen else "-noscreen")
+            _HOSTILE_DIR[self.hostile]) + ("" if self.screen else "-noscreen")
         if len(full) <= MAX_NAME:
             return full
         digest = hashlib.sha256(full.encode()).hexdigest()[:12]
@@ -233,7 +239,7 @@ class Arm:
             " +specialization" if self.specialize else "") + (" +rescue" if self.rescue else "") + "".join(
             f" {k}={v}" for k, v in self.overrides)
         return f"swarm {self.local}/{self.external} {self.normalization} {self.off_policy}{lev}" + (
-            {"": "", "network": " +hostile", "poison": " +poison"}[self.hostile]) + ("" if self.screen else " screen off")
+            _HOSTILE_LABEL[self.hostile]) + ("" if self.screen else " screen off")
 
 
 def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] = ("per_source",),

@@ -237,7 +237,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
             limit; a killed arm stops the benchmark with an error naming the limit.
         nice: niceness of the node processes (0: not niced).
         command: the command line to record in the report (default: ``sys.argv``).
-        hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile network|poison``;
+        hostile: also run every swarm arm with one hostile peer in the swarm (``--hostile network|poison|rescue_poison``;
             ``True`` means ``"network"``; see :func:`plan_arms` and :func:`run_arm`).
         isolated: run the isolated arms (False: swarm arms only, e.g. for the poison benchmark).
         screen_off: with a hostile mode, also run each hostile arm with the honest nodes' screen off.
@@ -282,7 +282,7 @@ def run_bench(*, nodes: int = 2, steps: int = 200, model: str | None = None, con
     arms = plan_arms(parse_splits(splits), normalization.split(","), off_policy.split(","), hostile=hostile,
                      levers=levers.split(","), isolated=isolated, screen_off=screen_off,
                      swarm_set=parse_swarm_set(swarm_set))
-    counting = any(a.hostile == "poison" for a in arms)
+    counting = any(a.hostile in ("poison", "rescue_poison") for a in arms)
     base = load_config(config, {"model.name_or_path": model})
     node_models = [m.strip() for m in models.split(",")] if models else []
     if node_models and not all(node_models):

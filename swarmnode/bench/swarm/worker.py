@@ -381,7 +381,9 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     for node 0's barrier file ``ready-0``, so that it joins node 0 instead of starting solo), ``mode``
     (``"network"``, default: :meth:`HostilePeer.run_round`; ``"poison"``: :meth:`HostilePeer.run_poison_round`
     with ``payload``, ``num_external`` groups of ``num_generations`` leaves per round, claiming the honest
-    nodes' model id). Loads the honest
+    nodes' model id; ``"rescue_poison"``: :meth:`HostilePeer.run_rescue_poison_round`, up to
+    ``levers.rescue.answer_prompts`` of the requests in the heartbeats answered a round, all leaves correct and
+    carrying ``payload``, also claiming the honest nodes' model id). Loads the honest
     nodes' tokenizer (through the model config) and task mix, starts a
     :class:`~swarmnode.testing.adversary.HostilePeer` and runs rounds until ``<arm_dir>/hostile.stop`` exists or
     SIGTERM/SIGINT arrives. Writes ``<arm_dir>/hostile.json``
@@ -428,7 +430,7 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
         pause(0.5)
     info = arm_dir / HOSTILE_INFO
     mode = spec.get("mode") or "network"
-    poison = mode == "poison"
+    poison = mode in ("poison", "rescue_poison")
     hp = HostilePeer(cfg.swarm, tasks, initial_peers=list(cfg.swarm.net.initial_peers), tokenize=tokenize,
                      tokenizer_id=policy.tokenizer_id, vocab_size=vocab, seed=int(spec.get("seed", 0)),
                      model_id=policy.model_id if poison else "hostile/model")
@@ -436,7 +438,10 @@ def hostile_main(spec_path: str | os.PathLike) -> int:
     n_leaves = int(cfg.sampling.num_generations)
 
     def one_round() -> None:
-        if poison:
+        if mode == "rescue_poison":
+            hp.run_rescue_poison_round(payload, n_leaves, max(1, int(cfg.levers.rescue.answer_prompts)),
+                                       eos_id=tok.eos_token_id)
+        elif poison:
             hp.run_poison_round(payload, max(1, int(cfg.external.num_external)), n_leaves, n_leaves // 2,
                                 eos_id=tok.eos_token_id)
         else:

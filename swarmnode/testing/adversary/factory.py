@@ -181,14 +181,15 @@ class HostileFactory:
         The first ``correct_leaves`` leaves are ``payload + "\\n" + worked solution`` (the task's own reasoning lines
         and ``<answer>{true answer}</answer>``, :func:`swarmnode.tasks.solutions.worked_solution`), so every one
         re-scores 1.0; the other leaves are the same worked solution with a wrong final answer and no payload,
-        re-scoring 0.0. The payload therefore carries all of the group's positive advantage: a receiver that
+        re-scoring 0.0 (none when ``correct_leaves == n_leaves``: a poisoned rescue answer, whose asker brings the
+        wrong leaves). The payload therefore carries all of the group's positive advantage: a receiver that
         trains on it is taught to write the payload. Every leaf ends with ``eos_id`` (when given), like an
         honest sampler's completion; the prompt is :meth:`prompt_for` (receivers train under their own prompt).
 
         Args:
             ref: a training TaskRef of the swarm's mix (its task needs a worked-solution writer).
             payload: the string to plant (e.g. ``"pwned!"``).
-            n_leaves / correct_leaves: group size and how many leaves carry the payload (1 <= correct < n).
+            n_leaves / correct_leaves: group size and how many leaves carry the payload (1 <= correct <= n).
             eos_id: token id appended to every leaf (the receiver's EOS).
 
         Raises:
@@ -196,8 +197,8 @@ class HostileFactory:
         """
         from swarmnode.tasks.solutions import answer_block, worked_solution
 
-        if not 1 <= correct_leaves < n_leaves:
-            raise ValueError(f"need 1 <= correct_leaves < n_leaves, got {correct_leaves} of {n_leaves}")
+        if not 1 <= correct_leaves <= n_leaves:
+            raise ValueError(f"need 1 <= correct_leaves <= n_leaves, got {correct_leaves} of {n_leaves}")
         task = self.tasks.get(ref)
         solution = worked_solution(task.name, {"question": task.question, "answer": task.answer,
                                                "metadata": task.metadata})

@@ -14,6 +14,7 @@ from swarmnode.config import SwarmConfig
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.identity import Identity
+from swarmnode.tasks.base import TaskRef
 from swarmnode.tasks.mix import TaskMix
 from swarmnode.testing.adversary.cases import HARVESTED_CASES, NETWORK_CASES, RECORD_CASES, CaseBuilder
 from swarmnode.testing.adversary.factory import BYTE_TOKENIZER_ID, BYTE_VOCAB_SIZE, HostileFactory, byte_tokenize
@@ -565,6 +566,58 @@ class HostilePeer:
         trees = self.factory.poison_trees(payload, n_trees, n_leaves, correct_leaves, eos_id=eos_id)
         self.rounds += 1
         return self.publish_bundles([trees], name="poison") if trees else []
+
+    def rescue_refs(self, limit: int = wire.MAX_RESCUE_REFS * 8) -> list[TaskRef]:
+        """The questions the swarm's nodes ask peers to rescue (protocol/SPEC.md §5.3 ``rescue``), read from the
+        heartbeats under the swarm's heartbeat key: every signature-checked heartbeat but our own, its TaskRefs in
+        order, each ref once, at most ``limit``. Heartbeats that fail to decode are skipped; network trouble
+        gives ``[]``. Never raises."""
+        out: list[TaskRef] = []
+        try:
+            beats = self.dht.read_heartbeats(self.swarm_id, timeout=self.dht_timeout)
+        except Exception:  # noqa: BLE001 -- a read that fails is a round without requests
+            log.debug("hostile peer: reading heartbeats failed", exc_info=True)
+            return out
+        for pub, data in beats:
+            if bytes(pub) == self.public_key:
+                continue
+            try:
+                beat = wire.decode_heartbeat(data)
+            except wire.WireError:
+                continue
+            for ref in beat.rescue or ():
+                if ref not in out and len(out) < limit:
+                    out.append(ref)
+        return out
+
+    def run_rescue_poison_round(self, payload: str, n_leaves: int = 8, max_trees: int = 8, *,
+                                eos_id: int | None = None) -> list[str]:
+        """One round of *poisoned rescue answers*: answer the swarm's rescue requests (:meth:`rescue_refs`, the
+        first ``max_trees``) with one truthfully announced, validly signed bundle whose trees hold ``n_leaves``
+        leaves each, every one ``payload`` + a newline + the question's worked solution and exact answer
+        (:meth:`HostileFactory.poison_tree` with every leaf correct), so the verifier scores them all 1.0 and an
+        asker that merges them into its all-wrong group (``levers.rescue``, weighted by
+        ``levers.rescue.peer_advantage_scale``) gives the payload the group's whole positive advantage. Nothing in
+        it breaks a protocol rule; what keeps the payload out is the likelihood screen, admission by form (a
+        payload line is not a step) and the step credit mask. Counted under ``"rescue_poison"`` in
+        :attr:`published`.
+
+        Returns:
+            The hex digests announced (empty before it joined its initial peers, with no request seen, or when
+            the store failed).
+        """
+        if self.dht.initial_peers and not self.dht.connected:
+            return []
+        from swarmnode.tasks.solutions import UnsupportedTaskError
+
+        trees = []
+        for ref in self.rescue_refs()[: max(0, int(max_trees))]:
+            try:
+                trees.append(self.factory.poison_tree(ref, payload, n_leaves, n_leaves, eos_id=eos_id))
+            except (UnsupportedTaskError, KeyError, ValueError, TypeError):
+                continue  # a ref of a task we cannot regenerate or write
+        self.rounds += 1
+        return self.publish_bundles([trees], name="rescue_poison") if trees else []
 
     def run(self, stop: threading.Event | None = None, interval: float = 3.0) -> None:
         """Run rounds every ``interval`` seconds until ``stop`` is set (default: :meth:`stop_loop`'s event).

@@ -1285,7 +1285,11 @@ def test_poisoned_but_correct_groups_pass_verification(peer_mix, clock, hf_tok):
     trees = fac.poison_trees("pwned!", 2, 8, 4, eos_id=hf_tok.eos_token_id)
     assert len(trees) == 2
     with pytest.raises(ValueError):
-        fac.poison_tree(trees[0].task, "pwned!", 4, 4)
+        fac.poison_tree(trees[0].task, "pwned!", 4, 5)
+    with pytest.raises(ValueError):
+        fac.poison_tree(trees[0].task, "pwned!", 4, 0)
+    answer = fac.poison_tree(trees[0].task, "pwned!", 4, 4)  # a poisoned rescue answer: every leaf correct
+    assert [answer.nodes[i].reward for i in answer.leaves()] == [1.0] * 4
     v = hf_verifier(peer_mix, clock, hf_tok)
     out = v.verify_bundle(_bundle(trees, ATTACKER, clock, tokenizer_id=tokenizer_digest(hf_tok), vocab=len(hf_tok)),
                           None, "x")
