@@ -332,14 +332,13 @@ class BundleChecks(TokenChecks):
         scores: dict[tuple[int, int], float] = {}
         fmt_claims: list[tuple[int, int, float, float, float]] = []  # (i, j, claim, exact, partial)
         n_scored = sum(len(live[i]) for i in keep)
-        wfmt = float(self.tasks.format_reward or 0.0)
         for i in keep:
             wt = b.trees[i]
             for j in live[i]:
                 text = texts[(i, j)]
                 d = self.tasks.rescore(tasks[i], text)
                 exact, partial, fmt = float(d["correct"]), float(d["partial"]), float(d["format"])
-                reward = exact + wfmt * fmt
+                reward = self._reward(d)
                 if not all(math.isfinite(x) for x in (exact, partial, fmt, reward)):
                     raise final(self._reject("internal", f"our scorer returned a non-finite value {d!r}", signer,
                                              False, charge=False))
@@ -416,16 +415,19 @@ class BundleChecks(TokenChecks):
             self.stats["canonicalized_trees"] += sum(1 for i in keep if i in canon)
         return out
 
+    def _reward(self, detail: dict[str, Any]) -> float:
+        """A leaf's reward from our verifier's ``rescore`` detail: ``correct + format_reward x format`` (the one
+        formula of re-scoring and of :meth:`_own_contrast`; may be non-finite when the scorer misbehaves)."""
+        return float(detail["correct"]) + float(self.tasks.format_reward or 0.0) * float(detail["format"])
+
     def _own_contrast(self, task: Task, leaf_texts: list[str]) -> bool:
         """Whether our verifier scores a claimant tree's own texts (every live leaf) with reward contrast: at least
         two leaves whose rewards (exact + format weight x format) differ by more than ``ZERO_STD_ATOL``. Scored on
         the claimant's texts, not remembered ones: a copier's case variant of a right leaf (same copy form, a
         reward of 0) came first and would otherwise stand for the author's right leaf (an outside attack)."""
-        wfmt = float(self.tasks.format_reward or 0.0)
         rewards = []
         for text in leaf_texts:
-            d = self.tasks.rescore(task, text)
-            r = float(d["correct"]) + wfmt * float(d["format"])
+            r = self._reward(self.tasks.rescore(task, text))
             if not math.isfinite(r):
                 return False
             rewards.append(r)
