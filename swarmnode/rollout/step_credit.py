@@ -29,7 +29,12 @@ spans a line end belongs to the line it starts in).
 Peers' completions get the same credit on the receiving node (:class:`StepCredit`, used by
 :func:`swarmnode.train.batch.external_samples` with ``external.external_step_credit``): the receiver regenerates
 the task from its own task set, checks the lines of the re-verified text itself, and adds the bonus and the mask
-to its own per-source advantages. Nothing a peer claims about its steps is read.
+to its own per-source advantages. Nothing a peer claims about its steps is read. With the mask on, a peer's
+completion gets one rule more (:func:`checked_chars`): a token that covers any character outside its checked
+lines and its answer block -- an empty or whitespace-only line, text after ``</answer>`` -- keeps no positive
+advantage. Our own completions keep outcome credit there; a peer could otherwise teach free text that is not a
+line (an outside attack trained runs of empty lines into a node through right answers, each ``"\n"`` at +42.65
+under ``levers.rescue.peer_advantage_scale: 16``).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, check_steps
 
-__all__ = ["token_char_starts", "mask_advantages", "step_reports", "step_reward_bonus",
+__all__ = ["token_char_starts", "mask_advantages", "checked_chars", "step_reports", "step_reward_bonus",
            "apply_step_credit", "StepCredit"]
 
 
@@ -83,7 +88,8 @@ def _prefix_starts(tokenizer: Any, ids: list[int]) -> list[int]:
 
 def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck],
                     outcome: Sequence[float] | None = None, mask: bool = True,
-                    answer_from: int | None = None, textless_outcome: bool = True) -> tuple[list[float], int]:
+                    answer_from: int | None = None, textless_outcome: bool = True,
+                    checked: Sequence[bool] | None = None) -> tuple[list[float], int]:
     """Step-checked credit of one completion's per-token advantages.
 
     A token is on the checked line its text starts in, or on none (the answer block, text between lines). A
@@ -107,6 +113,11 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
             judged with the text it precedes (False, peers' samples: with a byte-level tokenizer every byte of a
             multi-byte character but the last decodes to nothing, and an outside review found 28 of 40 tokens
             of a payload line of emoji and CJK keeping their positive advantage).
+        checked: peers' samples with the mask on (:func:`checked_chars`): per character of the completion
+            (decoded without special tokens), whether it is on a checked line or in the answer block. A token whose
+            text covers any other character (from its start to the next token's; a token without text: the
+            character it precedes) keeps no positive advantage, whatever the rules above gave it; a last token
+            that starts at or after the end of the text (the final end-of-sequence token) is exempt.
 
     Returns:
         ``(new advantages, number of tokens whose advantage the mask set to 0)``.
@@ -137,7 +148,39 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
             a = 0.0
             zeroed += 1
         out[t] = a
+    if checked is not None:
+        n = len(checked)
+        for t, s in enumerate(starts):
+            if out[t] <= 0 or (t == last and s >= n):
+                continue
+            end = max(starts[t + 1] if t < last else n, s + 1)
+            if not all(checked[s:end]) or end > n:
+                out[t] = 0.0
+                zeroed += 1
     return out, zeroed
+
+
+def checked_chars(report: StepReport, text: str) -> list[bool]:
+    """Per character of ``text`` (a completion decoded without special tokens, as :func:`token_char_starts`
+    decodes it): whether it lies on one of ``report``'s checked lines (:attr:`StepReport.lines`, each line's
+    ``"\n"`` included) or in its first answer block, ``<answer>`` at :attr:`StepReport.answer_start` through the
+    first ``</answer>`` after it. Every other character is free text: an empty or whitespace-only line (not a
+    line for the checker), text after ``</answer>``, a second answer block. ``mask_advantages(checked=...)`` takes
+    the positive advantage from a peer's token that covers one.
+
+    Returns:
+        list[bool] of ``len(text)``.
+    """
+    ok = [False] * len(text)
+    for c in report.lines:
+        ok[c.start:c.end] = [True] * (min(c.end, len(text)) - c.start)
+    a = report.answer_start
+    if a >= 0:
+        close = text.find("</answer>", a)
+        if close >= 0:
+            end = close + len("</answer>")
+            ok[a:end] = [True] * (end - a)
+    return ok
 
 
 def _answer_from(report: StepReport) -> int | None:
@@ -324,23 +367,31 @@ class StepCredit:
                          outcome: float | None = None) -> tuple[list[float], int]:
         """One completion's per-token advantages (list[float], one per id) by :func:`mask_advantages`:
         ``advantage`` (from the reward plus :meth:`bonus`) on the checked lines, masked when :attr:`mask` is on,
-        and ``outcome`` (from the reward alone; default ``advantage``) everywhere else; returns ``(advantages,
-        tokens zeroed)``."""
+        and ``outcome`` (from the reward alone; default ``advantage``) everywhere else, except that with the mask
+        on a token on no checked line and outside the answer block keeps no positive advantage (peers' completions:
+        :func:`checked_chars`); returns ``(advantages, tokens zeroed)``."""
         outcome = advantage if outcome is None else outcome
         n = len(completion_ids)
-        if report is None or not report.lines:
+        if report is None or (not report.lines and not self.mask):
             return [float(outcome)] * n, 0
         return mask_advantages([float(advantage)] * n, token_char_starts(self.tokenizer, completion_ids),
                                report.lines, [float(outcome)] * n, self.mask, _answer_from(report),
-                               textless_outcome=False)
+                               textless_outcome=False, checked=self._checked(report, completion_ids))
+
+    def _checked(self, report: StepReport, completion_ids: Sequence[int]) -> list[bool] | None:
+        """:func:`checked_chars` of a peer's completion when the mask is on (else None: no free-text rule)."""
+        if not self.mask:
+            return None
+        return checked_chars(report, self.tokenizer.decode([int(t) for t in completion_ids], skip_special_tokens=True))
 
     def mask_tokens(self, ref: TaskRef, completion_ids: Sequence[int],
                     advantages: Sequence[float]) -> tuple[list[float], int]:
         """Per-token ``advantages`` (list[float], one per id) of one completion of task ``ref`` clipped toward our
         verdict on each of its lines (:func:`mask_advantages` with :attr:`mask`; no step reward): a token of an
-        invalid line -- free text, a payload line -- keeps no positive advantage. Without a report (no checker,
-        an unknown ref, ids we cannot decode) or with :attr:`mask` off they come back unchanged; returns
-        ``(advantages, tokens zeroed)``.
+        invalid line -- free text, a payload line -- keeps no positive advantage, and neither does a token on no
+        line and outside the answer block (:func:`checked_chars`: an empty line, text after ``</answer>``).
+        Without a report (no checker, an unknown ref, ids we cannot decode) or with :attr:`mask` off they come
+        back unchanged; returns ``(advantages, tokens zeroed)``.
 
         Raises:
             ValueError: ``advantages`` and ``completion_ids`` differ in length.
@@ -349,7 +400,8 @@ class StepCredit:
         if len(adv) != len(completion_ids):
             raise ValueError(f"{len(adv)} advantages for {len(completion_ids)} completion ids")
         report = self.report(ref, completion_ids) if self.mask else None
-        if report is None or not report.lines:
+        if report is None:
             return adv, 0
         return mask_advantages(adv, token_char_starts(self.tokenizer, completion_ids), report.lines, None, True,
-                               _answer_from(report), textless_outcome=False)
+                               _answer_from(report), textless_outcome=False,
+                               checked=self._checked(report, completion_ids))

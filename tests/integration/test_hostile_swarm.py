@@ -644,6 +644,13 @@ def test_bench_plans_poison_twins_and_screen_off_arms():
     rp = plan_arms([(4, 4)], ["per_source"], ["none"], hostile="rescue_poison", levers=["rescue"], isolated=False)
     assert [a.name for a in rp] == ["swarm-4x4-per_source-none-res", "swarm-4x4-per_source-none-res-rpoison"]
     assert rp[1].rescue and rp[1].label.endswith("+rescue +rescue-poison")
+    # only arms whose nodes ask get the twin; without one the peer would have nothing to answer (0% by construction)
+    both = plan_arms([(4, 4)], hostile="rescue_poison", levers=["none", "rescue"], isolated=False)
+    assert [a.hostile for a in both] == ["", "", "rescue_poison"] and both[2].rescue
+    on = plan_arms([(4, 4)], hostile="rescue_poison", isolated=False, swarm_set=[("levers.rescue.enabled", "true")])
+    assert [a.hostile for a in on] == ["", "rescue_poison"]
+    with pytest.raises(ValueError, match="needs a swarm arm with rescue on"):
+        plan_arms([(4, 4)], hostile="rescue_poison", isolated=False)
 
 
 def test_bench_poison_report_counts_attack_success_and_honest_false_positives(tmp_path):

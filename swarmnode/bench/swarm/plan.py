@@ -252,7 +252,8 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     swarm arm for every normalization (with the first off-policy mode) and for every further off-policy
     mode (with the first normalization). ``I/0`` splits have no swarm arm: with no external groups a swarm
     node trains exactly like an isolated one. With ``hostile`` (``True``/``"network"`` or ``"poison"``), every
-    swarm arm is followed by its twin with one hostile peer in the swarm (``Arm.hostile``), and with
+    swarm arm is followed by its twin with one hostile peer in the swarm (``Arm.hostile``; for ``"rescue_poison"``
+    only the arms whose nodes ask for rescue: others would give it nothing to answer), and with
     ``screen_off`` that twin by one more whose honest nodes run without the likelihood screen. ``isolated=False``
     leaves out the isolated arms. ``levers`` (``--levers``, of :data:`LEVERS`): each swarm arm of the first
     normalization and off-policy mode is run once per lever set -- ``none`` (as is), ``curriculum``,
@@ -261,7 +262,8 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
     (``Arm.overrides``); isolated arms never get it.
 
     Raises:
-        ValueError: unknown normalization, off-policy mode or lever, or empty lists.
+        ValueError: unknown normalization, off-policy mode or lever, empty lists, or ``hostile="rescue_poison"``
+            without an arm with rescue on.
     """
     norms = _parse_choices(list(normalizations), NORMALIZATIONS, "--normalization")
     offs = _parse_choices(list(off_policies), OFF_POLICY_MODES, "--off-policy")
@@ -271,10 +273,14 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
 
     mode = Arm(0, 0, False, hostile=hostile).hostile
 
+    def asks(a: Arm) -> bool:  # its nodes announce rescue requests (a rescue_poison peer has something to answer)
+        return a.rescue or any(k == "levers.rescue.enabled" and v.strip().lower() in ("true", "1", "yes", "on")
+                               for k, v in a.overrides)
+
     def add(a: Arm) -> None:
         if a not in arms:
             arms.append(a)
-        if mode and a.swarm and not a.hostile:
+        if mode and a.swarm and not a.hostile and (mode != "rescue_poison" or asks(a)):
             add(replace(a, hostile=mode))
             if screen_off:
                 add(replace(a, hostile=mode, screen=False))
@@ -293,6 +299,10 @@ def plan_arms(splits: Sequence[tuple[int, int]], normalizations: Sequence[str] =
             add(Arm(i, j, True, nrm, offs[0], overrides=ov))
         for off in offs[1:]:
             add(Arm(i, j, True, norms[0], off, overrides=ov))
+    if mode == "rescue_poison" and not any(a.hostile for a in arms):
+        # nodes that never ask leave the hostile peer nothing to answer: its arm would report 0% by construction
+        raise ValueError("--hostile rescue_poison answers rescue requests: it needs a swarm arm with rescue on "
+                         "(--levers rescue, or --swarm-set levers.rescue.enabled=true)")
     return arms
 
 

@@ -537,3 +537,51 @@ def test_without_the_mask_a_payload_line_gets_no_step_reward(tokenizer):
     adv = [a for s, a in zip(token_char_starts(tokenizer, pids[0]), got[0].advantages) if cut <= s < end]
     assert adv and all(a == 0.0 for a in adv), adv
     assert any(a > 0 for a in got[0].advantages)  # its right lines still take the step reward
+
+
+def test_a_peers_empty_lines_and_text_after_the_answer_take_no_positive_push(tokenizer):
+    """Found by an outside attack on rescue: right worked solutions with empty lines between their steps passed
+    the screen about half the time, and since an empty line is no line for the checker its ``"\\n"`` kept the
+    outcome advantage (+42.65 at ``peer_advantage_scale`` 16): the receiving node began writing runs of empty
+    lines. In a peer's completion, with the mask on, a token outside the checked lines and the answer block keeps
+    no positive advantage (both peer paths: ``external_samples`` and the rescue merge's ``mask_tokens``); our own
+    completions and the final end-of-sequence token keep theirs."""
+    from swarmnode.rollout.step_credit import StepCredit, checked_chars
+    from swarmnode.train.batch import external_samples
+
+    src = ReasoningGymSource("chain_sum", SPECS["chain_sum"]["config"])
+    task = src.get(src.ref(7, 3))
+    sol = solution(task)
+    body, answer = sol[: sol.index("<answer>")], sol[sol.index("<answer>"):]
+    lines = body.splitlines(keepends=True)
+    blank = lines[0] + "\n\n" + "".join(lines[1:3]) + " \t\n" + "".join(lines[3:]) + answer
+    after = sol + "\n\nx"
+    texts = [blank, after, sol, "7\n<answer>7</answer>"]
+    peer, ids = _peer_group(task, texts, [1, 1, 1, 0], tokenizer)
+    credit = StepCredit(src.get, tokenizer, mask=True, weight=0.0)
+    samples, m = external_samples([peer], step_credit=credit)
+    assert [s.reward for s in samples] == [1.0, 1.0, 1.0, 0.0]
+
+    def free(text):
+        report = check_steps(task.name, task.metadata, text)
+        return [c for c, ok in enumerate(checked_chars(report, text)) if not ok]
+
+    assert [blank[c] for c in free(blank)] == ["\n", "\n", " ", "\t", "\n"] and free(sol) == []
+    assert "".join(after[c] for c in free(after)) == "\n\nx"
+    for text, smp, tok in zip(texts[:3], samples, ids):
+        starts = token_char_starts(tokenizer, tok)
+        gone = set(free(text))
+        on_free = [a for s, a in zip(starts, smp.advantages) if s in gone]
+        assert all(a == 0.0 for a in on_free) and len(on_free) == len(gone), (text, on_free)
+        assert all(a > 0 for s, a in zip(starts, smp.advantages) if s not in gone), text  # the lines, the answer
+    assert m["external/step_zeroed_tokens"] >= 8
+    # the rescue merge's path: the same rule on advantages given from outside (16x a right answer's)
+    adv, zeroed = credit.mask_tokens(task.ref, ids[0], [16.0] * len(ids[0]))
+    starts = token_char_starts(tokenizer, ids[0])
+    assert zeroed == 5 and [a for s, a in zip(starts, adv) if s in set(free(blank))] == [0.0] * 5
+    eos = tokenizer.eos_token_id
+    adv, zeroed = credit.mask_tokens(task.ref, ids[2] + [eos], [16.0] * (len(ids[2]) + 1))
+    assert zeroed == 0 and adv[-1] == 16.0  # the worked solution and its final EOS keep everything
+    # the mask off: no free-text rule (outcome credit as before)
+    off = StepCredit(src.get, tokenizer, mask=False, weight=0.0)
+    assert off.mask_tokens(task.ref, ids[0], [16.0] * len(ids[0])) == ([16.0] * len(ids[0]), 0)
