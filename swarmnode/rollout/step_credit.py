@@ -164,9 +164,10 @@ def checked_chars(report: StepReport, text: str) -> list[bool]:
     """Per character of ``text`` (a completion decoded without special tokens, as :func:`token_char_starts`
     decodes it): whether it lies on one of ``report``'s checked lines (:attr:`StepReport.lines`, each line's
     ``"\n"`` included) or in its first answer block, ``<answer>`` at :attr:`StepReport.answer_start` through the
-    first ``</answer>`` after it. Every other character is free text: an empty or whitespace-only line (not a
-    line for the checker), text after ``</answer>``, a second answer block. ``mask_advantages(checked=...)`` takes
-    the positive advantage from a peer's token that covers one.
+    first ``</answer>`` after it, whitespace inside the block excepted (the checked tasks' answers are integers).
+    Every other character is free text: an empty or whitespace-only line (not a line for the checker), text after
+    ``</answer>``, a second answer block, spaces or newlines inside the answer block.
+    ``mask_advantages(checked=...)`` takes the positive advantage from a peer's token that covers one.
 
     Returns:
         list[bool] of ``len(text)``.
@@ -179,7 +180,7 @@ def checked_chars(report: StepReport, text: str) -> list[bool]:
         close = text.find("</answer>", a)
         if close >= 0:
             end = close + len("</answer>")
-            ok[a:end] = [True] * (end - a)
+            ok[a:end] = [not text[c].isspace() for c in range(a, end)]
     return ok
 
 

@@ -556,19 +556,20 @@ def test_a_peers_empty_lines_and_text_after_the_answer_take_no_positive_push(tok
     lines = body.splitlines(keepends=True)
     blank = lines[0] + "\n\n" + "".join(lines[1:3]) + " \t\n" + "".join(lines[3:]) + answer
     after = sol + "\n\nx"
-    texts = [blank, after, sol, "7\n<answer>7</answer>"]
-    peer, ids = _peer_group(task, texts, [1, 1, 1, 0], tokenizer)
+    spaced = body + answer.replace("<answer>", "<answer>\n ")  # the verifier scores it right (it strips the answer)
+    texts = [blank, after, sol, "7\n<answer>7</answer>", spaced]
+    peer, ids = _peer_group(task, texts, [1, 1, 1, 0, 1], tokenizer)
     credit = StepCredit(src.get, tokenizer, mask=True, weight=0.0)
     samples, m = external_samples([peer], step_credit=credit)
-    assert [s.reward for s in samples] == [1.0, 1.0, 1.0, 0.0]
+    assert [s.reward for s in samples] == [1.0, 1.0, 1.0, 0.0, 1.0]
 
     def free(text):
         report = check_steps(task.name, task.metadata, text)
         return [c for c, ok in enumerate(checked_chars(report, text)) if not ok]
 
     assert [blank[c] for c in free(blank)] == ["\n", "\n", " ", "\t", "\n"] and free(sol) == []
-    assert "".join(after[c] for c in free(after)) == "\n\nx"
-    for text, smp, tok in zip(texts[:3], samples, ids):
+    assert "".join(after[c] for c in free(after)) == "\n\nx" and [spaced[c] for c in free(spaced)] == ["\n", " "]
+    for text, smp, tok in [(t, s, i) for t, s, i in zip(texts, samples, ids) if s.reward == 1.0]:
         starts = token_char_starts(tokenizer, tok)
         gone = set(free(text))
         on_free = [a for s, a in zip(starts, smp.advantages) if s in gone]
