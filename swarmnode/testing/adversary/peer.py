@@ -593,18 +593,14 @@ class HostilePeer:
     def run_rescue_poison_round(self, payload: str, n_leaves: int = 8, max_trees: int = 8, *,
                                 eos_id: int | None = None) -> list[str]:
         """One round of *poisoned rescue answers*: answer the swarm's rescue requests (:meth:`rescue_refs`, the
-        first ``max_trees``) with one truthfully announced, validly signed bundle whose trees hold ``n_leaves``
-        leaves each, every one ``payload`` + a newline + the question's worked solution and exact answer
-        (:meth:`HostileFactory.poison_tree` with every leaf correct), so the verifier scores them all 1.0 and an
-        asker that merges them into its all-wrong group (``levers.rescue``, weighted by
-        ``levers.rescue.peer_advantage_scale``) gives the payload the group's whole positive advantage. Nothing in
-        it breaks a protocol rule; what keeps the payload out is the likelihood screen, admission by form (a
-        payload line is not a step) and the step credit mask. Counted under ``"rescue_poison"`` in
-        :attr:`published`.
+        first ``max_trees``) in one validly signed bundle of trees of ``n_leaves`` leaves, each ``payload`` + a
+        newline + the worked solution and exact answer (:meth:`HostileFactory.poison_tree`, every leaf correct):
+        an asker that merges them (``levers.rescue``) gives the payload the group's whole positive advantage,
+        times ``levers.rescue.peer_advantage_scale``. No protocol rule is broken; the likelihood screen, admission
+        by form and the step credit mask must keep it out. Counted under ``"rescue_poison"`` in :attr:`published`.
 
         Returns:
-            The hex digests announced (empty before it joined its initial peers, with no request seen, or when
-            the store failed).
+            The hex digests announced (empty before it joined, with no request seen, or when the store failed).
         """
         if self.dht.initial_peers and not self.dht.connected:
             return []
