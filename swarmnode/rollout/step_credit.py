@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 from swarmnode.rollout.advantages import AdvantageResult
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task, TaskRef
-from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, check_steps
+from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, canonical_integer, check_steps
 
 __all__ = ["token_char_starts", "mask_advantages", "checked_chars", "step_reports", "step_reward_bonus",
            "apply_step_credit", "StepCredit"]
@@ -164,9 +164,12 @@ def checked_chars(report: StepReport, text: str) -> list[bool]:
     """Per character of ``text`` (a completion decoded without special tokens, as :func:`token_char_starts`
     decodes it): whether it lies on one of ``report``'s checked lines (:attr:`StepReport.lines`, each line's
     ``"\n"`` included) or in its first answer block, ``<answer>`` at :attr:`StepReport.answer_start` through the
-    first ``</answer>`` after it, whitespace inside the block excepted (the checked tasks' answers are integers).
-    Every other character is free text: an empty or whitespace-only line (not a line for the checker), text after
-    ``</answer>``, a second answer block, spaces or newlines inside the answer block.
+    first ``</answer>`` after it, whose content counts only when it is an integer in canonical form
+    (:func:`~swarmnode.tasks.steps.canonical_integer`, whitespace around it excepted: the checked tasks' answers
+    are integers). Every other character is free text: an empty or whitespace-only line (not a line for the
+    checker), text after ``</answer>``, a second answer block, whitespace inside the block, and the whole content
+    of a block the verifier accepts in another form (``+020.0e0``, ``,,,,20``: chain_sum's verifier strips
+    commas and reads decimals).
     ``mask_advantages(checked=...)`` takes the positive advantage from a peer's token that covers one.
 
     Returns:
@@ -179,8 +182,11 @@ def checked_chars(report: StepReport, text: str) -> list[bool]:
     if a >= 0:
         close = text.find("</answer>", a)
         if close >= 0:
-            end = close + len("</answer>")
-            ok[a:end] = [not text[c].isspace() for c in range(a, end)]
+            end, body = close + len("</answer>"), a + len("<answer>")
+            ok[a:body] = [True] * (body - a)
+            ok[close:end] = [True] * (end - close)
+            if canonical_integer(text[body:close].strip()):
+                ok[body:close] = [not text[c].isspace() for c in range(body, close)]
     return ok
 
 

@@ -360,6 +360,13 @@ def admissible_by_form(task: str, metadata: dict[str, Any], completion: str, *, 
 _RESULT = re.compile(r"^-?(0|[1-9][0-9]{0,29})$")
 
 
+def canonical_integer(text: str) -> bool:
+    """Whether ``text`` is an integer in the one form the worked solutions write: ASCII digits, an optional
+    leading ``-``, no leading zero, no sign ``+``, no ``-0``, no separators, decimals or exponent, at most 30
+    digits (the verifiers also accept ``020``, ``+20``, ``20.0``, ``2,,0`` as 20)."""
+    return isinstance(text, str) and bool(_RESULT.match(text)) and text != "-0"
+
+
 def _written_result(line: str) -> str | None:
     """The result a reasoning line wrote (after its last ``=``, after the space of a column line) when it is a
     canonical ASCII integer, else ``None`` (never equal to an answer then)."""

@@ -539,6 +539,13 @@ def test_without_the_mask_a_payload_line_gets_no_step_reward(tokenizer):
     assert any(a > 0 for a in got[0].advantages)  # its right lines still take the step reward
 
 
+def mix_score(src, task, text) -> float:
+    """The verifier's ``correct`` for ``text`` (a one-source TaskMix, as the receiving node scores a peer's leaf)."""
+    from swarmnode.tasks import TaskMix
+
+    return float(TaskMix([src], [1.0]).score_detail(task, text, external=True)["correct"])
+
+
 def test_a_peers_empty_lines_and_text_after_the_answer_take_no_positive_push(tokenizer):
     """Found by an outside attack on rescue: right worked solutions with empty lines between their steps passed
     the screen about half the time, and since an empty line is no line for the checker its ``"\\n"`` kept the
@@ -576,6 +583,17 @@ def test_a_peers_empty_lines_and_text_after_the_answer_take_no_positive_push(tok
         assert all(a == 0.0 for a in on_free) and len(on_free) == len(gone), (text, on_free)
         assert all(a > 0 for s, a in zip(starts, smp.advantages) if s not in gone), text  # the lines, the answer
     assert m["external/step_zeroed_tokens"] >= 8
+    # an answer the verifier accepts in another form (chain_sum reads "+020.0e0" and ",,,,20" as 20): its content
+    # is free text, the tags are not (found by an outside review of the rule)
+    n = int(task.answer)
+    for odd in (f"{'-' if n < 0 else '+'}0{abs(n)}.0e0", f",,,,{n}", f"{n}.0"):
+        text = body + f"<answer>{odd}</answer>"
+        assert mix_score(src, task, text) == 1.0, odd
+        tok = tokenizer(text, add_special_tokens=False)["input_ids"]
+        adv, _ = credit.mask_tokens(task.ref, tok, [16.0] * len(tok))
+        inside = [a for s, a in zip(token_char_starts(tokenizer, tok), adv)
+                  if len(body) + len("<answer>") <= s < text.index("</answer>")]
+        assert inside and all(a == 0.0 for a in inside), (odd, inside)
     # the rescue merge's path: the same rule on advantages given from outside (16x a right answer's)
     adv, zeroed = credit.mask_tokens(task.ref, ids[0], [16.0] * len(ids[0]))
     starts = token_char_starts(tokenizer, ids[0])
