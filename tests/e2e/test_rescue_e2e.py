@@ -95,7 +95,10 @@ def test_a_peer_answers_an_all_wrong_question_and_the_asker_merges_it(tmp_path):
         while len(rows_a) < MAX_STEPS and time.monotonic() < deadline:
             rows_a.append(node_a.run_step().metrics)
             rows_b.append(node_b.run_step().metrics)
-            if sum(r.get("rescue/merged", 0) for r in rows_a) >= 1:
+            # until A merged and B answered: A may first merge B's ordinary tree of a question it asked (both
+            # draw from one small task file), before B has read a heartbeat (a CI run merged at step 2 that way)
+            if (sum(r.get("rescue/merged", 0) for r in rows_a) >= 1
+                    and sum(r.get("rescue/answered", 0) for r in rows_b) >= 1):
                 break
             time.sleep(0.2)
         seen = [r.get("rescue/requests_seen", 0) for r in rows_b]
