@@ -9,7 +9,7 @@ trees go through what the swarm layer does to them (swarmnode/swarm/verify.py): 
 re-tokenized into the receiver's vocabulary (``tok(text, add_special_tokens=False)``, log-probs dropped, our prompt
 for the task), a same-tokenizer tree keeps its ids. Then the node's own path: :func:`select_external` (zero-variance
 groups dropped), :func:`external_samples` with the receiver's :class:`StepCredit` (its task set, its tokenizer) and
-``admit_step_form`` = ``off`` / ``correct`` / ``in_form``, and the receiver's :class:`LikelihoodScreen`.
+``admit_step_form`` = ``off`` / ``correct`` / ``in_form`` / ``masked``, and the receiver's :class:`LikelihoodScreen`.
 
 Per (receiver, peer, mode): ``leaves`` (samples offered to the screen), ``rejected`` (the screen's rejections;
 charged to the peer), ``admitted`` (admitted by form, not judged), ``lost`` (offered but not kept: rejected or
@@ -21,7 +21,10 @@ counts too): the most admission by form can save.
 **Poison check**: every correct leaf the peers sent is rewritten as a poisoned-but-correct completion (a payload
 line before the answer, before the first line, between two lines, payload text after ``</answer>``, the payload
 appended to the last line, a special-token string after the answer) and re-encoded in the receiver's vocabulary
-with its EOS; ``StepCredit.admits`` must admit none of them in either mode (``poison_admitted`` must be 0).
+with its EOS; ``StepCredit.admits`` must admit none of them in either mode (``poison_admitted`` must be 0). Under
+``masked`` they are admitted (``poison_masked_admitted``; all but those with a special id), and then no token that
+covers a payload character may keep a positive advantage when the leaf is pushed up (advantage +1 through
+``StepCredit.token_advantages``): ``poison_masked_pushed`` must be 0.
 
 Usage: nice python scripts/bench_screen_admission.py [--rounds 6] [--warm 4] [--pairs embedded:embedded ...]
 Prints one table and one JSON object (``--out`` writes the JSON too).
@@ -41,12 +44,12 @@ from typing import Any
 from swarmnode.config import RunConfig
 from swarmnode.node import Node
 from swarmnode.rollout.peer_tree import PeerTree
-from swarmnode.rollout.step_credit import StepCredit
+from swarmnode.rollout.step_credit import StepCredit, token_char_starts
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.train.batch import external_samples
 from swarmnode.train.external import select_external
 
-MODES = ("off", "correct", "in_form")
+MODES = ("off", "correct", "in_form", "masked")
 PAYLOADS = {
     "line_before_answer": lambda body, ans, p: body + p + "\n" + ans,
     "line_first": lambda body, ans, p: p + "\n" + body + ans,
@@ -109,7 +112,7 @@ def poison_count(recv: Node, credit: StepCredit, ptrees: list[PeerTree], payload
     """Correct leaves rewritten with a payload: how many are admitted by form (must be 0) out of how many."""
     tok = recv.policy.tokenizer
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    tried = admitted = correct_admitted = 0
+    tried = admitted = correct_admitted = masked = pushed = 0
     for pt in ptrees:
         for leaf in pt.tree.leaves():
             if pt.tree.nodes[leaf].reward != 1.0:
@@ -125,7 +128,16 @@ def poison_count(recv: Node, credit: StepCredit, ptrees: list[PeerTree], payload
                 for allow_wrong in (False, True):
                     tried += 1
                     admitted += credit.admits(pt.tree.task, ids, allow_wrong=allow_wrong)
-    return {"poison_tried": tried, "poison_admitted": admitted, "clean_correct_admitted": correct_admitted}
+                if credit.admits_masked(pt.tree.task, ids):  # admitted under "masked": is any payload char pushed up?
+                    masked += 1
+                    adv, _ = credit.token_advantages(1.0, ids, credit.report(pt.tree.task, ids), 1.0)
+                    dec = tok.decode(ids, skip_special_tokens=True)
+                    lo = dec.find(payload)
+                    starts = token_char_starts(tok, ids) + [len(dec)]
+                    pushed += any(a > 0 and starts[t] < lo + len(payload) and max(starts[t + 1], starts[t] + 1) > lo
+                                  for t, a in enumerate(adv)) if lo >= 0 else 0
+    return {"poison_tried": tried, "poison_admitted": admitted, "clean_correct_admitted": correct_admitted,
+            "poison_masked_admitted": masked, "poison_masked_pushed": pushed}
 
 
 def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -143,7 +155,8 @@ def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: P
             p.run_step()
     rows: dict[str, dict[str, int]] = {f"{k}/{m}": dict.fromkeys(
         ("leaves", "rejected", "admitted", "lost", "groups", "groups_dropped"), 0) for k in peers for m in MODES}
-    poison = {"poison_tried": 0, "poison_admitted": 0, "clean_correct_admitted": 0}
+    poison = {"poison_tried": 0, "poison_admitted": 0, "clean_correct_admitted": 0, "poison_masked_admitted": 0,
+              "poison_masked_pushed": 0}
     by_task: dict[str, dict[str, int]] = {}
     for r in range(args.rounds):
         observe_own(recv, recv.run_step().trees)
@@ -223,7 +236,9 @@ def main() -> None:
         print(f"{'':13} off, per task (leaves / rejected / rejected in form): " + ", ".join(
             f"{k} {v['leaves']}/{v['rejected']}/{v['rejected_in_form']}" for k, v in sorted(res["by_task"].items())))
         print(f"{'':13} poison: {res['poison']['poison_admitted']} of {res['poison']['poison_tried']} payload "
-              f"completions admitted by form (clean correct admitted: {res['poison']['clean_correct_admitted']})")
+              f"completions admitted by form (clean correct admitted: {res['poison']['clean_correct_admitted']}); "
+              f"masked: {res['poison']['poison_masked_admitted']} admitted, {res['poison']['poison_masked_pushed']} "
+              "with a payload character pushed up")
     report = {"command": " ".join(sys.argv), "wall_s": round(time.perf_counter() - t0, 1),
               "rounds": args.rounds, "warm": args.warm, "peer_warm": args.peer_warm, "payload": args.payload,
               "results": results}

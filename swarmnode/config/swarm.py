@@ -38,7 +38,7 @@ class ScreenConfig(_Strict):
         "own scores by more than this on average loses them, so external.off_policy=tis weighs it with ratio 1 instead "
         "of a capped weight an extreme claim saturates (None = off). Default 1.0",
     )
-    admit_step_form: Literal["off", "correct", "in_form"] = Field(
+    admit_step_form: Literal["off", "correct", "in_form", "masked"] = Field(
         "correct", description="admit external completions by their step form instead of their likelihood "
         "(swarmnode/tasks/steps.py admissible_by_form; docs/guide/swarm.md trust rules): for tasks whose every "
         "reasoning line a program checks, a completion that is exactly the task's worked solution (every line in "
@@ -46,7 +46,11 @@ class ScreenConfig(_Strict):
         "can ride) is not judged by the screen (not rejected, not charged; screen/admitted_by_form). in_form = "
         "also a wrong completion whose every line is in exact form and whose answer follows its last line (only "
         "its numbers differ; admitted only with train.step_credit mask, which keeps its valid lines from being "
-        "pushed down). correct = only the worked solution. off = every external completion is screened. Checked "
+        "pushed down). masked = every completion of a task with a step checker, only with train.step_credit mask "
+        "(else as correct): the mask leaves a positive advantage only on program-checked text (valid step lines, "
+        "the answer tags and a canonical integer answer, the final EOS), so no payload can be pushed up whatever "
+        "its likelihood; the screen then judges only tasks without a checker (docs/guide/swarm.md trust rules). "
+        "correct = only the worked solution. off = every external completion is screened. Checked "
         "by us on our regenerated task and the decode of the ids that train; needs our step checks of external "
         "completions (external.external_step_credit with train.step_credit or train.step_reward_weight on); tasks "
         "without a checker are screened as before. Default correct (measured: in_form let no more leaves through the screen, "

@@ -255,8 +255,8 @@ class Levers:
         samples the screen dropped keeps its question pending, so an answer that carries a payload cannot use up
         our question before a clean answer arrives (outside attack: payload answers from fresh keys, each taking a
         question, held the honest answerer's merges at 0 in 9 steps). The peer's samples are marked ``admitted_by_form`` as other peers' samples
-        are (``external.screen.admit_step_form``, :meth:`~swarmnode.rollout.step_credit.StepCredit.admits`), so a worked
-        solution in exact step form meets no likelihood screen. Metrics into ``m``: ``rescue/merged`` (groups),
+        are (``external.screen.admit_step_form``, :meth:`~swarmnode.rollout.step_credit.StepCredit.admission`), so a worked
+        solution in exact step form (with ``masked``: any completion of a checked task) meets no likelihood screen. Metrics into ``m``: ``rescue/merged`` (groups),
         ``rescue/merged_samples``."""
         cfg = self.cfg
         by_key: dict[str, list[PeerTree]] = {}
@@ -291,8 +291,9 @@ class Levers:
                 continue
             if g is not None:
                 if admit is not None:  # as any peer sample: a worked solution in exact step form skips the screen
+                    mode = cfg.external.screen.admit_step_form
                     for smp in g.peer:
-                        smp.admitted_by_form = admit.admits(entry.ref, smp.completion_ids)
+                        smp.admitted_by_form = admit.admission(entry.ref, smp.completion_ids, mode)
                 out.append(g)  # the entry stays pending until the group trained (RoundLoop._settle)
                 self.rescue_book.mark_answered(key)  # announced after the unanswered questions from now on
         m["rescue/merged"] = len(out)

@@ -35,6 +35,11 @@ lines and its answer block -- an empty or whitespace-only line, text after ``</a
 advantage. Our own completions keep outcome credit there; a peer could otherwise teach free text that is not a
 line (an outside attack trained runs of empty lines into a node through right answers, each ``"\n"`` at +42.65
 under ``levers.rescue.peer_advantage_scale: 16``).
+
+So with the mask on, a peer's token keeps a positive advantage only on text a program checked: a valid step
+line, the answer tags with an answer in canonical integer form, the final EOS. That is what
+``external.screen.admit_step_form: masked`` rests on (:meth:`StepCredit.admits_masked`): a completion of a
+checked task meets no likelihood screen, because no payload in it can be pushed up whatever its likelihood.
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, canonical_integer, check_steps
 
 __all__ = ["token_char_starts", "mask_advantages", "checked_chars", "step_reports", "step_reward_bonus",
-           "apply_step_credit", "StepCredit"]
+           "apply_step_credit", "StepCredit", "ADMISSIONS"]
+
+ADMISSIONS = ("off", "correct", "in_form", "masked")
+"""The values of ``external.screen.admit_step_form`` (:meth:`StepCredit.admission`)."""
 
 
 def token_char_starts(tokenizer: Any, ids: Sequence[int]) -> list[int]:
@@ -365,6 +373,47 @@ class StepCredit:
             return admissible_by_form(task.name, task.metadata, text, allow_wrong=allow_wrong)
         except Exception:  # noqa: BLE001 - peer input: not admitted (screened as usual), never a crash
             return False
+
+    def admits_masked(self, ref: TaskRef, completion_ids: Sequence[int]) -> bool:
+        """Whether one completion (token ids in our vocabulary, list[int]) of task ``ref`` is admitted because the
+        mask decides its push (``external.screen.admit_step_form: masked``): :attr:`mask` is on, the task has a
+        step checker that handles the regenerated question (:meth:`report` is not ``None``), and no special id is
+        in it but one final end-of-sequence id. Then :meth:`token_advantages` and :meth:`mask_tokens` leave a
+        positive advantage only on text a program checked -- a valid step line, the answer tags and an answer
+        in canonical integer form, the final EOS -- so a payload anywhere in the completion, in any form,
+        takes no positive push, and its likelihood under our policy guards nothing more. Any failure gives
+        ``False`` (screened as usual), never an exception."""
+        if not self.mask:
+            return False
+        try:
+            ids = [int(t) for t in completion_ids]
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            if ids and isinstance(eos, int) and ids[-1] == eos:
+                ids = ids[:-1]
+            special = {int(t) for t in (getattr(self.tokenizer, "all_special_ids", None) or [])}
+            if not ids or any(t in special for t in ids):
+                return False
+            return self.report(ref, ids) is not None
+        except Exception:  # noqa: BLE001 - peer input: not admitted (screened as usual), never a crash
+            return False
+
+    def admission(self, ref: TaskRef, completion_ids: Sequence[int], mode: str) -> bool:
+        """Admission of one completion under ``external.screen.admit_step_form`` = ``mode``: ``"off"`` never;
+        ``"correct"``: :meth:`admits`; ``"in_form"``: :meth:`admits` with ``allow_wrong`` when :attr:`mask` is on
+        (else as ``"correct"``); ``"masked"``: :meth:`admits_masked` when :attr:`mask` is on (else as
+        ``"correct"``).
+
+        Raises:
+            ValueError: an unknown ``mode``.
+        """
+        if mode not in ADMISSIONS:
+            raise ValueError(f"admit_step_form (external.screen.admit_step_form) must be one of {ADMISSIONS}, "
+                             f"got {mode!r}")
+        if mode == "off":
+            return False
+        if mode == "masked" and self.mask:
+            return self.admits_masked(ref, completion_ids)
+        return self.admits(ref, completion_ids, allow_wrong=mode == "in_form" and self.mask)
 
     def bonus(self, report: StepReport | None) -> float:
         """``weight * report.progress`` (0.0 without a report): added to the reward for the advantage only."""

@@ -29,7 +29,7 @@ from swarmnode.rollout.advantages import (
     source_advantages,
 )
 from swarmnode.rollout.peer_tree import PeerTree
-from swarmnode.rollout.step_credit import StepCredit
+from swarmnode.rollout.step_credit import ADMISSIONS, StepCredit
 from swarmnode.tasks.steps import StepReport
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import TaskRef
@@ -41,7 +41,6 @@ _NORMALIZATIONS = ("per_source", "joint")
 _LENGTH_POLICIES = ("drop", "truncate")
 _OFF_POLICY_MODES = OFF_POLICY_MODES
 _SCALE_REWARDS = ("group", "batch", "none")
-_ADMISSIONS = ("off", "correct", "in_form")  # external.screen.admit_step_form
 
 
 def _zero_variance(xs: Sequence[float]) -> bool:
@@ -189,7 +188,7 @@ def external_samples(
     std_floor: float = STD_FLOOR,
     step_credit: StepCredit | None = None,
     local_bonus_by_task: Mapping[Any, Sequence[float]] | None = None,
-    admit_step_form: Literal["off", "correct", "in_form"] = "off",
+    admit_step_form: Literal["off", "correct", "in_form", "masked"] = "off",
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Turn selected external trees into trainer Samples with source-specific advantages.
 
@@ -230,7 +229,10 @@ def external_samples(
     <swarmnode.rollout.step_credit.StepCredit.admits>`; ``"correct"`` admits the task's worked solution only,
     ``"in_form"`` also a wrong completion whose every line is in exact form and whose answer follows its last
     line, but only with ``step_credit.mask`` on (otherwise its valid lines would take its negative advantage;
-    it falls back to ``"correct"``). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
+    it falls back to ``"correct"``); ``"masked"`` every completion of a task with a step checker when
+    ``step_credit.mask`` is on (:meth:`StepCredit.admits_masked
+    <swarmnode.rollout.step_credit.StepCredit.admits_masked>`: the mask then leaves a positive advantage only on
+    program-checked text; without the mask it falls back to ``"correct"``). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
     screen does not judge them.
 
     **Ids**: ``behaviour_logprobs`` are kept only when the producer's model id and tokenizer id equal
@@ -264,9 +266,8 @@ def external_samples(
     _check_choice("length_policy", length_policy, _LENGTH_POLICIES)
     _check_choice("off_policy", off_policy, _OFF_POLICY_MODES)
     _check_choice("scale_rewards", scale_rewards, _SCALE_REWARDS)
-    _check_choice("admit_step_form", admit_step_form, _ADMISSIONS)
+    _check_choice("admit_step_form", admit_step_form, ADMISSIONS)
     admit = step_credit is not None and admit_step_form != "off"
-    allow_wrong = admit and admit_step_form == "in_form" and bool(step_credit.mask)
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
         raise ValueError(f"max_len (external.max_external_completion_length) must be an int >= 1 or None, got {max_len!r}")
     for i, e in enumerate(selected):
@@ -319,7 +320,7 @@ def external_samples(
                 m["external/truncated"] += 1
             comp, lp = leaf_prefix(ext.tree, lid, keep, with_logprobs=keep_lp)
             report = step_credit.report(ext.tree.task, comp) if step_credit is not None else None
-            admitted = admit and step_credit.admits(ext.tree.task, comp, allow_wrong=allow_wrong)
+            admitted = admit and step_credit.admission(ext.tree.task, comp, admit_step_form)
             bucket.append(_Leaf(ext, lid, r, comp, lp, truncated, report,
                                 step_credit.bonus(report) if step_credit is not None else 0.0, admitted))
 

@@ -36,7 +36,10 @@ from 52.5% to 28.3% in 200 steps although no payload was ever trained.
 form, :func:`swarmnode.tasks.steps.admissible_by_form`) is not judged: not scored, never rejected, never
 charged, kept also in warm-up (it needs no reference), counted as ``screen/admitted_by_form``. It has no free text
 for a payload to ride in, so its likelihood says nothing about poison; and text a stronger model of another
-family writes in the worked-solution form would otherwise be rejected for its style. Groups still go whole: a
+family writes in the worked-solution form would otherwise be rejected for its style. With ``admit_step_form:
+masked`` every completion of a task with a step checker is admitted when the step credit mask is on: its free
+text rides along at advantage at most 0 (:meth:`swarmnode.rollout.step_credit.StepCredit.admits_masked`), so the
+screen judges the tasks without a checker only. Groups still go whole: a
 group with a rejected (or, in warm-up, held) member loses its admitted members too.
 
 **Scoring**: one batched ``torch.no_grad()`` forward of our current policy over the external samples,

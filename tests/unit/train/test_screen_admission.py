@@ -181,3 +181,59 @@ def test_warmup_keeps_admitted_groups_whole_only(policy):
     assert res.metrics["screen/warmup"] == 1 and res.metrics["screen/warmup_held"] == 1
     assert res.metrics["screen/admitted_by_form"] == 3 and res.metrics["screen/group_dropped"] == 1
     assert all(math.isnan(x) for x in res.stats[0]) and not math.isnan(res.stats[3][0])  # admitted: not scored
+
+
+def test_masked_admits_a_checked_tasks_completions_and_pushes_up_only_checked_text(policy, src, warm_screen):
+    """``masked``: the honest free text of a peer (a miscopied line) and a payload line both skip the screen, and
+    neither takes a positive advantage; the valid lines and the right answer keep theirs."""
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    task = src.get(src.ref(5, 4))
+    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    cut = sol.index("\n") + 1
+    payload_text = sol[:cut] + "zq#pwned!\n" + sol[cut:]
+    miscopied = sol[:cut] + sol[:cut].replace("=", " = ") + sol[cut:]  # an honest slip: a line out of form
+    rows = [tok(t, add_special_tokens=False)["input_ids"] + [eos]
+            for t in (payload_text, miscopied, _wrong_in_form(sol))]
+    groups = [_group(task, prompt, rows, [1, 1, 0], "p")]
+    credit = StepCredit(src.get, tok, mask=True, weight=0.5)
+    samples, m = external_samples(groups, step_credit=credit, admit_step_form="masked")
+    assert [s.admitted_by_form for s in samples] == [True, True, True] and m["external/admitted_by_form"] == 3
+    res = warm_screen().screen(policy.model, samples)
+    assert res.kept == samples and res.rejected_by_peer == {} and res.metrics["screen/admitted_by_form"] == 3
+    for s, free in zip(samples[:2], ("zq#pwned!\n", sol[:cut].replace("=", " = "))):
+        text = tok.decode(s.completion_ids, skip_special_tokens=True)
+        lo = text.index(free, cut - 1 if free.startswith("zq") else cut)
+        starts = [len(tok.decode(s.completion_ids[:i], skip_special_tokens=True)) for i in range(len(s.completion_ids))]
+        on_free = [a for a, st in zip(s.advantages, starts) if lo <= st < lo + len(free)]
+        assert on_free and max(on_free) <= 0.0  # the free line: no positive push
+        assert max(s.advantages) > 0  # the valid lines and the right answer: pushed up
+    # the same completions under "correct" are screened, and the payload is rejected with its group
+    screened, _ = external_samples(groups, step_credit=credit, admit_step_form="correct")
+    assert not any(s.admitted_by_form for s in screened)
+    assert warm_screen().screen(policy.model, screened).rejected_by_peer.get("p", 0) >= 1
+
+
+def test_masked_needs_the_mask_a_checker_and_no_special_id(policy, src):
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    task = src.get(src.ref(5, 5))
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    free = tok("a line of prose\n" + sol, add_special_tokens=False)["input_ids"] + [eos]
+    masked = StepCredit(src.get, tok, mask=True, weight=0.5)
+    assert masked.admission(task.ref, free, "masked") and not masked.admission(task.ref, free, "correct")
+    # without the mask, masked falls back to correct: the worked solution only
+    unmasked = StepCredit(src.get, tok, mask=False, weight=0.5)
+    assert not unmasked.admission(task.ref, free, "masked")
+    assert unmasked.admission(task.ref, tok(sol, add_special_tokens=False)["input_ids"] + [eos], "masked")
+    # a special id inside the completion (decoded to nothing, it could ride on a checked line's push): screened
+    special = next(t for t in tok.all_special_ids if t != eos)
+    assert not masked.admission(task.ref, free[:3] + [special] + free[3:], "masked")
+    # a question we cannot regenerate (no checker, no report): screened
+    def unknown(ref):
+        raise KeyError(ref)
+    assert not StepCredit(unknown, tok, mask=True).admission(task.ref, free, "masked")
+    assert not masked.admission(task.ref, free, "off")
+    with pytest.raises(ValueError, match="admit_step_form"):
+        masked.admission(task.ref, free, "all")
