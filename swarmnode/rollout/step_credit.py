@@ -39,7 +39,10 @@ under ``levers.rescue.peer_advantage_scale: 16``).
 So with the mask on, a peer's token keeps a positive advantage only on text a program checked: a valid step
 line, the answer tags with an answer in canonical integer form, the final EOS. That is what
 ``external.screen.admit_step_form: masked`` rests on (:meth:`StepCredit.admits_masked`): a completion of a
-checked task meets no likelihood screen, because no payload in it can be pushed up whatever its likelihood.
+checked task meets no likelihood screen, because no payload in it can be pushed up whatever its likelihood; and
+since the mask protects a right step from a negative push only where it is valid at its position, such a
+completion keeps its negative advantages only when it is in exact form throughout
+(:meth:`StepCredit.unscreened_advantages`), and its positive push only on its valid lines.
 """
 
 from __future__ import annotations
@@ -53,10 +56,34 @@ from swarmnode.tasks.base import Task, TaskRef
 from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, canonical_integer, check_steps
 
 __all__ = ["token_char_starts", "mask_advantages", "checked_chars", "step_reports", "step_reward_bonus",
-           "apply_step_credit", "StepCredit", "ADMISSIONS"]
+           "apply_step_credit", "StepCredit", "ADMISSIONS", "special_token_ids"]
 
 ADMISSIONS = ("off", "correct", "in_form", "masked")
 """The values of ``external.screen.admit_step_form`` (:meth:`StepCredit.admission`)."""
+
+
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """Every special token id of a Hugging Face tokenizer: ``all_special_ids`` plus each added token marked
+    ``special`` (``added_tokens_decoder``; chat-role tokens such as ``<|user|>`` are often only there).
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer (duck-typed; missing attributes count as none).
+
+    Returns:
+        The set of ids (ints). Never raises.
+    """
+    out: set[int] = set()
+    try:
+        out.update(int(t) for t in (getattr(tokenizer, "all_special_ids", None) or []))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+            if getattr(tok, "special", False):
+                out.add(int(i))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
 
 
 def token_char_starts(tokenizer: Any, ids: Sequence[int]) -> list[int]:
@@ -123,9 +150,10 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
             of a payload line of emoji and CJK keeping their positive advantage).
         checked: peers' samples with the mask on (:func:`checked_chars`): per character of the completion
             (decoded without special tokens), whether it is on a checked line or in the answer block. A token whose
-            text covers any other character (from its start to the next token's; a token without text: the
-            character it precedes) keeps no positive advantage, whatever the rules above gave it; a last token
-            that starts at or after the end of the text (the final end-of-sequence token) is exempt.
+            text covers any other character (from its start to the next token's) keeps no positive advantage,
+            whatever the rules above gave it, and neither does a token without text of its own (a special id, a
+            byte of a multi-byte character: checked text is ASCII); a last token that starts at or after the end
+            of the text (the final end-of-sequence token) is exempt.
 
     Returns:
         ``(new advantages, number of tokens whose advantage the mask set to 0)``.
@@ -160,6 +188,10 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
         n = len(checked)
         for t, s in enumerate(starts):
             if out[t] <= 0 or (t == last and s >= n):
+                continue
+            if t < last and starts[t + 1] == s:  # no text of its own (a special id, a partial byte): no push
+                out[t] = 0.0
+                zeroed += 1
                 continue
             end = max(starts[t + 1] if t < last else n, s + 1)
             if not all(checked[s:end]) or end > n:
@@ -365,7 +397,7 @@ class StepCredit:
             eos = getattr(self.tokenizer, "eos_token_id", None)
             if ids and isinstance(eos, int) and ids[-1] == eos:
                 ids = ids[:-1]
-            special = {int(t) for t in (getattr(self.tokenizer, "all_special_ids", None) or [])}
+            special = special_token_ids(self.tokenizer)
             if not ids or any(t in special for t in ids):
                 return False
             task = self.task_of(ref)
@@ -378,11 +410,13 @@ class StepCredit:
         """Whether one completion (token ids in our vocabulary, list[int]) of task ``ref`` is admitted because the
         mask decides its push (``external.screen.admit_step_form: masked``): :attr:`mask` is on, the task has a
         step checker that handles the regenerated question (:meth:`report` is not ``None``), and no special id is
-        in it but one final end-of-sequence id. Then :meth:`token_advantages` and :meth:`mask_tokens` leave a
+        in it but one final end-of-sequence id (:func:`special_token_ids`: chat-role tokens too, which decode to
+        nothing). Then :meth:`token_advantages` and :meth:`mask_tokens` leave a
         positive advantage only on text a program checked -- a valid step line, the answer tags and an answer
         in canonical integer form, the final EOS -- so a payload anywhere in the completion, in any form,
-        takes no positive push, and its likelihood under our policy guards nothing more. Any failure gives
-        ``False`` (screened as usual), never an exception."""
+        takes no positive push. The screen also kept hostile *negative* pushes off our own right steps; an
+        admitted completion not in exact form throughout therefore keeps no negative advantage and a positive one only
+        on its valid lines (:meth:`unscreened_advantages`). Any failure gives ``False`` (screened as usual), never an exception."""
         if not self.mask:
             return False
         try:
@@ -390,12 +424,39 @@ class StepCredit:
             eos = getattr(self.tokenizer, "eos_token_id", None)
             if ids and isinstance(eos, int) and ids[-1] == eos:
                 ids = ids[:-1]
-            special = {int(t) for t in (getattr(self.tokenizer, "all_special_ids", None) or [])}
+            special = special_token_ids(self.tokenizer)  # chat-role tokens too: they decode to nothing
             if not ids or any(t in special for t in ids):
                 return False
             return self.report(ref, ids) is not None
         except Exception:  # noqa: BLE001 - peer input: not admitted (screened as usual), never a crash
             return False
+
+    def unscreened_advantages(self, report: StepReport | None, completion_ids: Sequence[int],
+                              advantages: Sequence[float]) -> tuple[list[float], int]:
+        """The per-token ``advantages`` (list[float], one per id of ``completion_ids``) of a completion admitted by
+        :meth:`admits_masked`: unchanged when the completion is in exact form throughout (``report.all_in_form``:
+        only its numbers can differ from the worked solution); otherwise every negative advantage is set to 0 and
+        a positive one is kept only on a token of a valid line; returns ``(advantages, tokens changed)``.
+
+        Two outside attacks on the unscreened path, both measured with a plain policy-gradient loop on the embedded
+        model (log-prob per token of 24 held-out worked solutions, -0.02 before): (1) the mask spares a right step
+        a negative push only where it is valid *at its position*, so one junk line before right steps makes every
+        one of them invalid, and wrong leaves built that way pushed our right steps down (-1.63 in 10 steps);
+        (2) with the negatives dropped, right answers after payload or junk lines still pushed the answer block
+        up after text that is no reasoning (-0.07 in 10 steps, against -0.01 from an honest peer). The
+        likelihood screen rejected both; a completion that skips it teaches only its program-checked steps."""
+        adv = [float(a) for a in advantages]
+        if report is not None and report.all_in_form:
+            return adv, 0
+        valid = [c for c in (report.lines if report is not None else []) if c.valid]
+        starts = token_char_starts(self.tokenizer, completion_ids) if valid else []
+        out, n = [], 0
+        for t, a in enumerate(adv):
+            keep = a > 0 and any(c.start <= starts[t] < c.end for c in valid)
+            b = a if keep else 0.0
+            n += b != a
+            out.append(b)
+        return out, n
 
     def admission(self, ref: TaskRef, completion_ids: Sequence[int], mode: str) -> bool:
         """Admission of one completion under ``external.screen.admit_step_form`` = ``mode``: ``"off"`` never;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Collection
 
+from swarmnode.rollout.step_credit import special_token_ids
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
 from swarmnode.swarm.content import leaf_path
@@ -20,30 +21,6 @@ __all__ = ["TokenChecks", "ids_ok", "special_token_ids"]
 def ids_ok(ids: Any, vocab: int) -> bool:
     """True when ``ids`` is a list of ints in ``[0, vocab)`` (bools and other types are not ids)."""
     return isinstance(ids, list) and all(type(t) is int and 0 <= t < vocab for t in ids)
-
-
-def special_token_ids(tokenizer: Any) -> set[int]:
-    """Every special token id of a Hugging Face tokenizer: ``all_special_ids`` plus each added token marked
-    ``special`` (``added_tokens_decoder``; chat-role tokens such as ``<|user|>`` are often only there).
-
-    Args:
-        tokenizer: a ``transformers`` tokenizer (duck-typed; missing attributes count as none).
-
-    Returns:
-        The set of ids (ints). Never raises.
-    """
-    out: set[int] = set()
-    try:
-        out.update(int(t) for t in (getattr(tokenizer, "all_special_ids", None) or []))
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-            if getattr(tok, "special", False):
-                out.add(int(i))
-    except Exception:  # noqa: BLE001
-        pass
-    return out
 
 
 class TokenChecks:

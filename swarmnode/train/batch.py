@@ -232,7 +232,9 @@ def external_samples(
     it falls back to ``"correct"``); ``"masked"`` every completion of a task with a step checker when
     ``step_credit.mask`` is on (:meth:`StepCredit.admits_masked
     <swarmnode.rollout.step_credit.StepCredit.admits_masked>`: the mask then leaves a positive advantage only on
-    program-checked text; without the mask it falls back to ``"correct"``). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
+    program-checked text, and a sample so admitted that is not in exact form throughout keeps no negative
+    advantage and a positive one only on its valid lines, :meth:`StepCredit.unscreened_advantages <swarmnode.rollout.step_credit.StepCredit.unscreened_advantages>`;
+    without the mask it falls back to ``"correct"``). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
     screen does not judge them.
 
     **Ids**: ``behaviour_logprobs`` are kept only when the producer's model id and tokenizer id equal
@@ -257,7 +259,9 @@ def external_samples(
         ``external/truncated``, ``external/dropped_empty``, ``external/dropped_zero_variance_groups``,
         ``external/samples_with_behaviour_logprobs``, ``external/tis_fallback_samples``,
         ``external/prompts_truncated``, ``external/step_checked`` (samples whose lines we checked),
-        ``external/step_zeroed_tokens`` and ``external/admitted_by_form`` (samples marked admitted by form).
+        ``external/step_zeroed_tokens``, ``external/admitted_by_form`` (samples marked admitted by form) and
+        ``external/unscreened_tokens_zeroed`` (tokens of ``masked``-admitted samples whose advantage
+        :meth:`StepCredit.unscreened_advantages` set to 0).
 
     Raises:
         ValueError / TypeError: bad arguments, or a tree with an unscored leaf.
@@ -288,6 +292,7 @@ def external_samples(
         "external/step_checked": 0,
         "external/step_zeroed_tokens": 0,
         "external/admitted_by_form": 0,
+        "external/unscreened_tokens_zeroed": 0,
     }
 
     # 1. collect leaves with length control, grouped by normalization key
@@ -363,6 +368,9 @@ def external_samples(
                 advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report, a_out)
                 m["external/step_checked"] += lf.report is not None
                 m["external/step_zeroed_tokens"] += zeroed
+                if lf.admitted and admit_step_form == "masked" and step_credit.mask:  # no screen: no free negatives
+                    advantages, clipped = step_credit.unscreened_advantages(lf.report, lf.completion, advantages)
+                    m["external/unscreened_tokens_zeroed"] += clipped
             else:
                 advantages = [a] * len(lf.completion)
             samples.append(

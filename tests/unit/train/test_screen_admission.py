@@ -11,7 +11,7 @@ import torch
 from swarmnode.config import ExternalConfig, ModelConfig
 from swarmnode.policy.loading import load_policy
 from swarmnode.rollout.peer_tree import PeerTree
-from swarmnode.rollout.step_credit import StepCredit
+from swarmnode.rollout.step_credit import StepCredit, special_token_ids
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.reasoning_gym_source import ReasoningGymSource
 from swarmnode.tasks.solutions import DEFAULT_MIX, worked_solution
@@ -185,7 +185,8 @@ def test_warmup_keeps_admitted_groups_whole_only(policy):
 
 def test_masked_admits_a_checked_tasks_completions_and_pushes_up_only_checked_text(policy, src, warm_screen):
     """``masked``: the honest free text of a peer (a miscopied line) and a payload line both skip the screen, and
-    neither takes a positive advantage; the valid lines and the right answer keep theirs."""
+    neither takes a positive advantage; a completion out of exact form keeps a positive push only on its valid lines
+    (not on an answer written after free text) and no negative push at all."""
     tok = policy.tokenizer
     eos = tok.eos_token_id
     task = src.get(src.ref(5, 4))
@@ -194,21 +195,31 @@ def test_masked_admits_a_checked_tasks_completions_and_pushes_up_only_checked_te
     cut = sol.index("\n") + 1
     payload_text = sol[:cut] + "zq#pwned!\n" + sol[cut:]
     miscopied = sol[:cut] + sol[:cut].replace("=", " = ") + sol[cut:]  # an honest slip: a line out of form
+    junk_first = "x\n" + _wrong_in_form(sol)  # right steps made invalid at their positions, then a wrong answer
     rows = [tok(t, add_special_tokens=False)["input_ids"] + [eos]
-            for t in (payload_text, miscopied, _wrong_in_form(sol))]
-    groups = [_group(task, prompt, rows, [1, 1, 0], "p")]
+            for t in (payload_text, miscopied, _wrong_in_form(sol), junk_first)]
+    groups = [_group(task, prompt, rows, [1, 1, 0, 0], "p")]
     credit = StepCredit(src.get, tok, mask=True, weight=0.5)
     samples, m = external_samples(groups, step_credit=credit, admit_step_form="masked")
-    assert [s.admitted_by_form for s in samples] == [True, True, True] and m["external/admitted_by_form"] == 3
+    assert [s.admitted_by_form for s in samples] == [True] * 4 and m["external/admitted_by_form"] == 4
     res = warm_screen().screen(policy.model, samples)
-    assert res.kept == samples and res.rejected_by_peer == {} and res.metrics["screen/admitted_by_form"] == 3
+    assert res.kept == samples and res.rejected_by_peer == {} and res.metrics["screen/admitted_by_form"] == 4
+    # the wrong leaf in exact form keeps its negative push on its wrong line and answer (the mask spares its
+    # valid lines); the junk-first leaf, which the screen would have judged, keeps none: its right steps,
+    # invalid at their shifted positions, would otherwise be pushed down
+    assert min(samples[2].advantages) < 0
+    assert min(samples[3].advantages) == 0.0 and m["external/unscreened_tokens_zeroed"] > 0
+    plain, _ = external_samples(groups, step_credit=credit, admit_step_form="off")
+    assert min(plain[3].advantages) < 0  # what the clip removes
     for s, free in zip(samples[:2], ("zq#pwned!\n", sol[:cut].replace("=", " = "))):
         text = tok.decode(s.completion_ids, skip_special_tokens=True)
         lo = text.index(free, cut - 1 if free.startswith("zq") else cut)
         starts = [len(tok.decode(s.completion_ids[:i], skip_special_tokens=True)) for i in range(len(s.completion_ids))]
         on_free = [a for a, st in zip(s.advantages, starts) if lo <= st < lo + len(free)]
         assert on_free and max(on_free) <= 0.0  # the free line: no positive push
-        assert max(s.advantages) > 0  # the valid lines and the right answer: pushed up
+        assert max(s.advantages[: len(tok(sol[:cut], add_special_tokens=False)["input_ids"])]) > 0  # a valid line: up
+        ans = text.index("<answer>")
+        assert max(a for a, st in zip(s.advantages, starts) if st >= ans) == 0.0  # no answer pushed up after free text
     # the same completions under "correct" are screened, and the payload is rejected with its group
     screened, _ = external_samples(groups, step_credit=credit, admit_step_form="correct")
     assert not any(s.admitted_by_form for s in screened)
@@ -227,9 +238,13 @@ def test_masked_needs_the_mask_a_checker_and_no_special_id(policy, src):
     unmasked = StepCredit(src.get, tok, mask=False, weight=0.5)
     assert not unmasked.admission(task.ref, free, "masked")
     assert unmasked.admission(task.ref, tok(sol, add_special_tokens=False)["input_ids"] + [eos], "masked")
-    # a special id inside the completion (decoded to nothing, it could ride on a checked line's push): screened
-    special = next(t for t in tok.all_special_ids if t != eos)
-    assert not masked.admission(task.ref, free[:3] + [special] + free[3:], "masked")
+    # a special id inside the completion (decoded to nothing, it could ride on a checked line's push): screened,
+    # the chat-role tokens that only added_tokens_decoder marks special included (an outside review)
+    roles = special_token_ids(tok) - set(tok.all_special_ids)
+    assert roles
+    for special in sorted(roles) + [t for t in tok.all_special_ids if t != eos]:
+        assert not masked.admission(task.ref, free[:3] + [special] + free[3:], "masked")
+        assert not masked.admission(task.ref, free[:3] + [special] + free[3:], "correct")
     # a question we cannot regenerate (no checker, no report): screened
     def unknown(ref):
         raise KeyError(ref)
