@@ -124,7 +124,7 @@ def _prefix_starts(tokenizer: Any, ids: list[int]) -> list[int]:
 def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck],
                     outcome: Sequence[float] | None = None, mask: bool = True,
                     answer_from: int | None = None, textless_outcome: bool = True,
-                    checked: Sequence[bool] | None = None) -> tuple[list[float], int]:
+                    checked: Sequence[bool] | None = None, final_eos: bool = True) -> tuple[list[float], int]:
     """Step-checked credit of one completion's per-token advantages.
 
     A token is on the checked line its text starts in, or on none (the answer block, text between lines). A
@@ -153,7 +153,8 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
             text covers any other character (from its start to the next token's) keeps no positive advantage,
             whatever the rules above gave it, and neither does a token without text of its own (a special id, a
             byte of a multi-byte character: checked text is ASCII); a last token that starts at or after the end
-            of the text (the final end-of-sequence token) is exempt.
+            of the text (the final end-of-sequence token) is exempt when ``final_eos`` (the caller saw the EOS id
+            there; a completion cut by a length cap ends on another token, which then takes no positive push).
 
     Returns:
         ``(new advantages, number of tokens whose advantage the mask set to 0)``.
@@ -187,7 +188,7 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
     if checked is not None:
         n = len(checked)
         for t, s in enumerate(starts):
-            if out[t] <= 0 or (t == last and s >= n):
+            if out[t] <= 0 or (t == last and s >= n and final_eos):
                 continue
             if t < last and starts[t + 1] == s:  # no text of its own (a special id, a partial byte): no push
                 out[t] = 0.0
@@ -493,7 +494,12 @@ class StepCredit:
             return [float(outcome)] * n, 0
         return mask_advantages([float(advantage)] * n, token_char_starts(self.tokenizer, completion_ids),
                                report.lines, [float(outcome)] * n, self.mask, _answer_from(report),
-                               textless_outcome=False, checked=self._checked(report, completion_ids))
+                               textless_outcome=False, checked=self._checked(report, completion_ids),
+                               final_eos=self._ends_with_eos(completion_ids))
+
+    def _ends_with_eos(self, completion_ids: Sequence[int]) -> bool:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return bool(completion_ids) and isinstance(eos, int) and int(completion_ids[-1]) == eos
 
     def _checked(self, report: StepReport, completion_ids: Sequence[int]) -> list[bool] | None:
         """:func:`checked_chars` of a peer's completion when the mask is on (else None: no free-text rule)."""
@@ -521,4 +527,5 @@ class StepCredit:
             return adv, 0
         return mask_advantages(adv, token_char_starts(self.tokenizer, completion_ids), report.lines, None, True,
                                _answer_from(report), textless_outcome=False,
-                               checked=self._checked(report, completion_ids))
+                               checked=self._checked(report, completion_ids),
+                               final_eos=self._ends_with_eos(completion_ids))
