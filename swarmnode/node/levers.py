@@ -294,7 +294,7 @@ class Levers:
                     mode = cfg.external.screen.admit_step_form
                     for smp in g.peer:
                         smp.admitted_by_form = admit.admission(entry.ref, smp.completion_ids, mode)
-                        if smp.admitted_by_form and mode == "masked" and admit.mask:  # no screen: no free negatives
+                        if smp.admitted_by_form:  # no screen: only checked steps pushed up, nothing pushed down
                             smp.advantages, _ = admit.unscreened_advantages(
                                 admit.report(entry.ref, smp.completion_ids), smp.completion_ids, smp.advantages)
                 out.append(g)  # the entry stays pending until the group trained (RoundLoop._settle)

@@ -40,9 +40,9 @@ So with the mask on, a peer's token keeps a positive advantage only on text a pr
 line, the answer tags with an answer in canonical integer form, the final EOS. That is what
 ``external.screen.admit_step_form: masked`` rests on (:meth:`StepCredit.admits_masked`): a completion of a
 checked task meets no likelihood screen, because no payload in it can be pushed up whatever its likelihood; and
-since the mask protects a right step from a negative push only where it is valid at its position, such a
-completion keeps its negative advantages only when it is in exact form throughout
-(:meth:`StepCredit.unscreened_advantages`), and its positive push only on its valid lines.
+since the mask protects a right step from a negative push only where it is valid at its position, a completion
+that skipped the screen keeps no negative advantage and a positive one only on its valid lines
+(:meth:`StepCredit.unscreened_advantages`).
 """
 
 from __future__ import annotations
@@ -416,8 +416,8 @@ class StepCredit:
         positive advantage only on text a program checked -- a valid step line, the answer tags and an answer
         in canonical integer form, the final EOS -- so a payload anywhere in the completion, in any form,
         takes no positive push. The screen also kept hostile *negative* pushes off our own right steps; an
-        admitted completion not in exact form throughout therefore keeps no negative advantage and a positive one only
-        on its valid lines (:meth:`unscreened_advantages`). Any failure gives ``False`` (screened as usual), never an exception."""
+        admitted completion therefore keeps no negative advantage and a positive one only on its valid lines
+        (:meth:`unscreened_advantages`). Any failure gives ``False`` (screened as usual), never an exception."""
         if not self.mask:
             return False
         try:
@@ -434,26 +434,28 @@ class StepCredit:
 
     def unscreened_advantages(self, report: StepReport | None, completion_ids: Sequence[int],
                               advantages: Sequence[float]) -> tuple[list[float], int]:
-        """The per-token ``advantages`` (list[float], one per id of ``completion_ids``) of a completion admitted by
-        :meth:`admits_masked`: unchanged when the completion is in exact form throughout (``report.all_in_form``:
-        only its numbers can differ from the worked solution); otherwise every negative advantage is set to 0 and
-        a positive one is kept only on a token of a valid line; returns ``(advantages, tokens changed)``.
+        """The per-token ``advantages`` (list[float], one per id of ``completion_ids``) of a peer's completion that
+        skipped the likelihood screen (admitted by its step form, any ``admit_step_form``): every negative
+        advantage is set to 0, and a positive one is kept only on a token of a valid line -- or everywhere when
+        the completion is the task's worked solution (``report.all_valid``); returns ``(advantages, tokens
+        changed)``.
 
-        Two outside attacks on the unscreened path, both measured with a plain policy-gradient loop on the embedded
-        model (log-prob per token of 24 held-out worked solutions, -0.02 before): (1) the mask spares a right step
-        a negative push only where it is valid *at its position*, so one junk line before right steps makes every
-        one of them invalid, and wrong leaves built that way pushed our right steps down (-1.63 in 10 steps);
-        (2) with the negatives dropped, right answers after payload or junk lines still pushed the answer block
-        up after text that is no reasoning (-0.07 in 10 steps, against -0.01 from an honest peer). The
-        likelihood screen rejected both; a completion that skips it teaches only its program-checked steps."""
+        The mask spares a right step a negative push only where it is valid *at its position*, and validity
+        chains from the line before. Outside attacks on the unscreened path, each measured with a plain
+        policy-gradient loop on the embedded model (log-prob per token of 24 held-out worked solutions, -0.02
+        before; an honest peer: -0.01): one junk line before right steps made every one of them invalid, and wrong
+        leaves built that way pushed our right steps down (-1.63 in 10 steps); a wrong leaf in exact form whose
+        lines each add one (every line invalid, every ``x+y=`` prefix right text) did the same (-0.92; -1.06
+        interleaving copies of the worked solution's own lines); right answers after payload lines pushed the
+        answer block up after text that is no reasoning (-0.07). The likelihood screen rejected all of them; a
+        completion that skips it teaches only the steps a program checked, never pushes anything down."""
         adv = [float(a) for a in advantages]
-        if report is not None and report.all_in_form:
-            return adv, 0
+        whole = report is not None and report.all_valid
         valid = [c for c in (report.lines if report is not None else []) if c.valid]
-        starts = token_char_starts(self.tokenizer, completion_ids) if valid else []
+        starts = token_char_starts(self.tokenizer, completion_ids) if valid and not whole else []
         out, n = [], 0
         for t, a in enumerate(adv):
-            keep = a > 0 and any(c.start <= starts[t] < c.end for c in valid)
+            keep = a > 0 and (whole or any(c.start <= starts[t] < c.end for c in valid))
             b = a if keep else 0.0
             n += b != a
             out.append(b)

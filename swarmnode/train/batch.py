@@ -232,9 +232,10 @@ def external_samples(
     it falls back to ``"correct"``); ``"masked"`` every completion of a task with a step checker when
     ``step_credit.mask`` is on (:meth:`StepCredit.admits_masked
     <swarmnode.rollout.step_credit.StepCredit.admits_masked>`: the mask then leaves a positive advantage only on
-    program-checked text, and a sample so admitted that is not in exact form throughout keeps no negative
-    advantage and a positive one only on its valid lines, :meth:`StepCredit.unscreened_advantages <swarmnode.rollout.step_credit.StepCredit.unscreened_advantages>`;
-    without the mask it falls back to ``"correct"``). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
+    program-checked text; without the mask it falls back to ``"correct"``). An admitted sample, in every mode,
+    keeps no negative advantage and a positive one only on its valid lines unless it is the worked solution
+    (:meth:`StepCredit.unscreened_advantages <swarmnode.rollout.step_credit.StepCredit.unscreened_advantages>`:
+    the screen kept hostile negative pushes off our right steps). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
     screen does not judge them.
 
     **Ids**: ``behaviour_logprobs`` are kept only when the producer's model id and tokenizer id equal
@@ -260,7 +261,7 @@ def external_samples(
         ``external/samples_with_behaviour_logprobs``, ``external/tis_fallback_samples``,
         ``external/prompts_truncated``, ``external/step_checked`` (samples whose lines we checked),
         ``external/step_zeroed_tokens``, ``external/admitted_by_form`` (samples marked admitted by form) and
-        ``external/unscreened_tokens_zeroed`` (tokens of ``masked``-admitted samples whose advantage
+        ``external/unscreened_tokens_zeroed`` (tokens of admitted samples whose advantage
         :meth:`StepCredit.unscreened_advantages` set to 0).
 
     Raises:
@@ -368,7 +369,7 @@ def external_samples(
                 advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report, a_out)
                 m["external/step_checked"] += lf.report is not None
                 m["external/step_zeroed_tokens"] += zeroed
-                if lf.admitted and admit_step_form == "masked" and step_credit.mask:  # no screen: no free negatives
+                if lf.admitted:  # no screen: only checked steps pushed up, nothing pushed down
                     advantages, clipped = step_credit.unscreened_advantages(lf.report, lf.completion, advantages)
                     m["external/unscreened_tokens_zeroed"] += clipped
             else:

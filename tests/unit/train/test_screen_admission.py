@@ -129,9 +129,11 @@ def test_admission_bypasses_the_screen_for_form_only_and_payloads_are_rejected_e
     assert [s.admitted_by_form for s in in_form[0]] == [True, True, False, True]
     assert "f" not in in_form[2].rejected_by_peer and in_form[2].metrics["screen/group_dropped"] >= 1
     assert [s for s in in_form[2].kept if s.source == "external:f"] == in_form[0][:2]
-    # the wrong completion's valid lines keep their zero-clipped advantages (step credit's mask), its wrong last
-    # line and answer are pushed down
-    assert min(in_form[0][1].advantages) < 0 and max(in_form[0][1].advantages) == 0.0
+    # the wrong completion skipped the screen, so it pushes nothing down (a hostile peer could make every line of
+    # an in-form leaf invalid and push our right steps down) and nothing of it is pushed up: it teaches nothing,
+    # but keeps its group whole; screened, its wrong last line and answer would be pushed down
+    assert min(in_form[0][1].advantages) == 0.0 == max(in_form[0][1].advantages)
+    assert min(off[0][1].advantages) < 0
 
 
 def test_in_form_falls_back_to_correct_without_the_mask(policy, src):
@@ -186,7 +188,7 @@ def test_warmup_keeps_admitted_groups_whole_only(policy):
 def test_masked_admits_a_checked_tasks_completions_and_pushes_up_only_checked_text(policy, src, warm_screen):
     """``masked``: the honest free text of a peer (a miscopied line) and a payload line both skip the screen, and
     neither takes a positive advantage; a completion out of exact form keeps a positive push only on its valid lines
-    (not on an answer written after free text) and no negative push at all."""
+    (not on an answer written after free text) and no negative push at all, in exact form or not."""
     tok = policy.tokenizer
     eos = tok.eos_token_id
     task = src.get(src.ref(5, 4))
@@ -204,13 +206,13 @@ def test_masked_admits_a_checked_tasks_completions_and_pushes_up_only_checked_te
     assert [s.admitted_by_form for s in samples] == [True] * 4 and m["external/admitted_by_form"] == 4
     res = warm_screen().screen(policy.model, samples)
     assert res.kept == samples and res.rejected_by_peer == {} and res.metrics["screen/admitted_by_form"] == 4
-    # the wrong leaf in exact form keeps its negative push on its wrong line and answer (the mask spares its
-    # valid lines); the junk-first leaf, which the screen would have judged, keeps none: its right steps,
-    # invalid at their shifted positions, would otherwise be pushed down
-    assert min(samples[2].advantages) < 0
-    assert min(samples[3].advantages) == 0.0 and m["external/unscreened_tokens_zeroed"] > 0
+    # no admitted leaf keeps a negative push: not the junk-first leaf (its right steps, invalid at their shifted
+    # positions, would be pushed down) nor the one in exact form whose every line adds one (every line invalid,
+    # every right "x+y=" prefix pushed down: an outside review)
+    assert min(samples[2].advantages) == 0.0 == min(samples[3].advantages)
+    assert m["external/unscreened_tokens_zeroed"] > 0
     plain, _ = external_samples(groups, step_credit=credit, admit_step_form="off")
-    assert min(plain[3].advantages) < 0  # what the clip removes
+    assert min(plain[3].advantages) < 0 and min(plain[2].advantages) < 0  # what the rule removes
     for s, free in zip(samples[:2], ("zq#pwned!\n", sol[:cut].replace("=", " = "))):
         text = tok.decode(s.completion_ids, skip_special_tokens=True)
         lo = text.index(free, cut - 1 if free.startswith("zq") else cut)
