@@ -156,7 +156,8 @@ def test_processing_failure_is_dropped_and_counted(tmp_path):
 def test_training_failure_on_external_samples_redoes_the_step_on_local_samples(tmp_path):
     def make(node, step):
         t = honest_like_tree(node, step, "oob")
-        bad = t.tree.leaves()[0]
+        bad = t.tree.leaves()[1]  # a wrong leaf: its negative advantage trains (an id without text of its own
+        # takes no positive push from the step credit, so a right leaf's would not reach the forward)
         t.tree.nodes[bad].token_ids = [10_000]  # outside the embedding: IndexError in the forward
         return [t]
 
