@@ -77,8 +77,8 @@ class StepCheck:
         in_form: the line has the form of one of the task's steps (``"{x}+{y}={z}"`` and the like, its numbers
             and words possibly wrong); False for prose and other text.
         exact_form: the line is string-equal to the canonical rendering of the step at its position with its
-            own numbers: the question's k-th word, animal or operator in place (for column addition: one of
-            the operands' columns), every number canonical ASCII (no leading zero, no ``-0``), single spaces
+            own numbers: the question's k-th word, animal or operator in place (for column addition: a line
+            at one of the operands' column positions, its digits free), every number canonical ASCII (no leading zero, no ``-0``), single spaces
             where the writer puts them and nothing else; only its numbers may be wrong. Implied by ``valid``.
     """
 
