@@ -394,12 +394,8 @@ class StepCredit:
         a peer's metadata). Any failure (unknown ref, undecodable ids) gives ``False``, never an exception.
         """
         try:
-            ids = [int(t) for t in completion_ids]
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-            if ids and isinstance(eos, int) and ids[-1] == eos:
-                ids = ids[:-1]
-            special = special_token_ids(self.tokenizer)
-            if not ids or any(t in special for t in ids):
+            ids = self._plain_ids(completion_ids)
+            if ids is None:
                 return False
             task = self.task_of(ref)
             text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -421,14 +417,8 @@ class StepCredit:
         if not self.mask:
             return False
         try:
-            ids = [int(t) for t in completion_ids]
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-            if ids and isinstance(eos, int) and ids[-1] == eos:
-                ids = ids[:-1]
-            special = special_token_ids(self.tokenizer)  # chat-role tokens too: they decode to nothing
-            if not ids or any(t in special for t in ids):
-                return False
-            return self.report(ref, ids) is not None
+            ids = self._plain_ids(completion_ids)
+            return ids is not None and self.report(ref, ids) is not None
         except Exception:  # noqa: BLE001 - peer input: not admitted (screened as usual), never a crash
             return False
 
@@ -498,6 +488,15 @@ class StepCredit:
                                report.lines, [float(outcome)] * n, self.mask, _answer_from(report),
                                textless_outcome=False, checked=self._checked(report, completion_ids),
                                final_eos=self._ends_with_eos(completion_ids))
+
+    def _plain_ids(self, completion_ids: Sequence[int]) -> list[int] | None:
+        """The ids without one final EOS, or None when that leaves nothing or a special id (chat-role tokens
+        included, :func:`special_token_ids`: they decode to nothing) remains. Raises on ids that are not ints."""
+        ids = [int(t) for t in completion_ids]
+        if self._ends_with_eos(ids):
+            ids = ids[:-1]
+        special = special_token_ids(self.tokenizer)
+        return None if not ids or any(t in special for t in ids) else ids
 
     def _ends_with_eos(self, completion_ids: Sequence[int]) -> bool:
         eos = getattr(self.tokenizer, "eos_token_id", None)
