@@ -36,7 +36,8 @@ class ScreenConfig(_Strict):
     max_claim_gap: float | None = Field(
         1.0, ge=0, description="nats/token: a kept external sample whose claimed behaviour log-probs differ from our "
         "own scores by more than this on average loses them, so external.off_policy=tis weighs it with ratio 1 instead "
-        "of a capped weight an extreme claim saturates (None = off). Default 1.0",
+        "of a capped weight an extreme claim saturates; a sample admitted by its step form is not scored, so its claim "
+        "cannot be checked and is dropped too (None = off: claims kept). Default 1.0",
     )
     admit_step_form: Literal["off", "correct", "in_form", "masked"] = Field(
         "correct", description="admit external completions by their step form instead of their likelihood "

@@ -34,7 +34,9 @@ from 52.5% to 28.3% in 200 steps although no payload was ever trained.
 **Admitted by form.** A sample marked ``Sample.admitted_by_form`` (set by the receiver when it built the sample,
 ``external.screen.admit_step_form``: a completion whose every line a program checked to be in the task's exact step
 form, :func:`swarmnode.tasks.steps.admissible_by_form`) is not judged: not scored, never rejected, never
-charged, kept also in warm-up (it needs no reference), counted as ``screen/admitted_by_form``. It has no free text
+charged, kept also in warm-up (it needs no reference), counted as ``screen/admitted_by_form``; since it is not
+scored, a behaviour log-prob claim it carries cannot be checked and is dropped as an unchecked claim is (with
+``max_claim_gap`` set: ``external.off_policy: tis`` weighs it with ratio 1). It has no free text
 for a payload to ride in, so its likelihood says nothing about poison; and text a stronger model of another
 family writes in the worked-solution form would otherwise be rejected for its style. With ``admit_step_form:
 masked`` every completion of a task with a step checker is admitted when the step credit mask is on: its free
@@ -275,6 +277,9 @@ class LikelihoodScreen:
         n_claims_dropped = n_admitted = 0
         for s, (mean, win), row in zip(samples, stats, rows):
             if s.admitted_by_form:  # every line program-checked in exact form: its likelihood is not asked
+                if s.behaviour_logprobs is not None and self.max_claim_gap is not None:
+                    s.behaviour_logprobs = None  # not scored, so its claim cannot be checked: tis takes ratio 1
+                    n_claims_dropped += 1
                 kept.append(s)
                 n_admitted += 1
                 continue

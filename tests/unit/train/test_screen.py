@@ -158,3 +158,18 @@ def test_a_group_that_loses_a_member_is_dropped_whole(policy):
     res = sc.screen(policy.model, joint)
     assert not [s for s in res.kept if s.source == "external:p"]
     assert len([s for s in res.kept if s.source == "external:h"]) == (0 if res.rejected_by_peer.get("h") else 4)
+
+
+def test_a_sample_admitted_by_form_keeps_no_behaviour_claim(policy):
+    """An admitted sample is not scored, so nothing checks its claimed log-probs: an extreme claim (-100 a token,
+    which saturates tis's min(pi/mu, C) at C) is dropped like a claim that failed the check; without the check
+    (``max_claim_gap: None``) the claim is left as it came."""
+    prompt, rows = _own_samples(policy, 4, seed=2)
+    ids = [t for t, _ in rows[0]]
+    for gap, kept_claim in ((1.0, False), (None, True)):
+        extreme = Sample(prompt, ids, [1.0] * len(ids), source="external:x", behaviour_logprobs=[-100.0] * len(ids),
+                         admitted_by_form=True)
+        res = LikelihoodScreen(window=4, min_history=32, max_claim_gap=gap).screen(policy.model, [extreme])
+        assert res.kept == [extreme] and res.metrics["screen/admitted_by_form"] == 1
+        assert (extreme.behaviour_logprobs is not None) == kept_claim
+        assert res.metrics["screen/behaviour_claims_dropped"] == (0 if kept_claim else 1)
