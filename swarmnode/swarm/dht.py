@@ -34,6 +34,12 @@ docs/reference/references.md §4.4 and §6.1):
   (:func:`~swarmnode.swarm.validator.publisher_key`). A shared bucket key takes any number of fresh keys'
   entries, and past hivemind's 4 MiB find-reply cap (about 350 entries of 12 KB) every replica's reply fails
   and the reader sees only its own storage; :meth:`SwarmDHT.read_publishers` reaches known publishers anyway.
+* **A byte budget per key.** A failed reply also removes the replica from the asker's routing table (hivemind's
+  ``update_routing_table(responded=False)``), so a flooded key used to empty the routing tables of every node that
+  read or stored it, after which even publisher keys were out of reach. Our storage refuses a new entry once a
+  key's dictionary would pass ``max_key_bytes`` (3 MiB, :class:`~swarmnode.swarm.dht_process.KeyCappedStorage`),
+  so our replies stay under the cap; only a replica that stores without a budget (an attacker's) fails its
+  replies, and drops out of the askers' routing tables.
 
 The API is synchronous and thread-safe; it never calls the DHT from inside the DHT's own coroutines.
 Values are opaque bytes (the wire codec lives elsewhere).
@@ -50,12 +56,14 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from swarmnode.rundir import end_stale_children
 from swarmnode.swarm.dht_host import DHTHost, SwarmDHTStatus
+from swarmnode.swarm.dht_process import DEFAULT_MAX_KEY_BYTES, cap_key_bytes
 from swarmnode.swarm.maddrs import loopback_only, parse_multiaddr
 from swarmnode.swarm.validator import (
     DEFAULT_MAX_CLOCK_SKEW,
@@ -110,6 +118,9 @@ class SwarmDHT(DHTHost):
     :param max_clock_skew: tolerated clock difference between peers (s)
     :param max_record_bytes: cap on one manifest/heartbeat (bytes); the whole dictionary of a key must stay
         under hivemind's 4 MiB reply cap
+    :param max_key_bytes: byte budget of one key's dictionary in this node's storage (new entries past it are
+        refused, :class:`~swarmnode.swarm.dht_process.KeyCappedStorage`); ``None``: hivemind's unbounded storage
+        (only to stand in for a hostile replica in tests)
     :param start: start immediately (otherwise call :meth:`start`)
     :param host: every other keyword (initial peers, listen and announce addresses, timeouts, watchdog, join
         backoff, identity file, ``pid_file``) is :class:`~swarmnode.swarm.dht_host.DHTHost`'s and documented there
@@ -128,6 +139,7 @@ class SwarmDHT(DHTHost):
         max_ttl: float = 900.0,
         max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW,
         max_record_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_key_bytes: int | None = DEFAULT_MAX_KEY_BYTES,
         start: bool = True,
         **host: Any,
     ):
@@ -136,7 +148,12 @@ class SwarmDHT(DHTHost):
         for name, value in [("manifest_ttl", manifest_ttl), ("heartbeat_ttl", heartbeat_ttl)]:
             if not (isinstance(value, (int, float)) and 0 < value <= max_ttl):
                 raise ValueError(f"{name} must be in (0, max_ttl={max_ttl}] seconds, got {value!r}")
+        if max_key_bytes is not None and not (isinstance(max_key_bytes, int) and not isinstance(max_key_bytes, bool)
+                                              and 2 * max_record_bytes <= max_key_bytes <= DEFAULT_MAX_KEY_BYTES):
+            raise ValueError(f"max_key_bytes must be an int in [2 * max_record_bytes = {2 * max_record_bytes}, "
+                             f"{DEFAULT_MAX_KEY_BYTES}] (under hivemind's 4 MiB reply cap) or None, got {max_key_bytes!r}")
         super().__init__(**host)
+        self.max_key_bytes = max_key_bytes
         self.swarm_ids = tuple(dict.fromkeys(swarm_ids))
         self.key_spaces = tuple(SwarmKeySpace(s, bucket_seconds) for s in self.swarm_ids)
         self.bucket_seconds = float(bucket_seconds)
@@ -154,6 +171,12 @@ class SwarmDHT(DHTHost):
         )
         if start:
             self.start()
+
+    def _configure_dht(self, dht: Any) -> None:
+        """Bound every key's dictionary in the new DHT process's storage (``max_key_bytes``)."""
+        if self.max_key_bytes is not None:
+            dht.run_coroutine(partial(cap_key_bytes, max_key_bytes=self.max_key_bytes),
+                              return_future=True).result(max(self.call_timeout, 30.0))
 
     # ------------------------------------------------------------------ identity / addresses
     @property

@@ -224,6 +224,7 @@ class DHTHost:
                 dht = self._make_dht(peers)
                 # part of start-up: a loaded machine may need more than one call_timeout here
                 info = dht.run_coroutine(startup_info, return_future=True).result(max(self.call_timeout, 30.0))
+                self._configure_dht(dht)
             except Exception as e:  # noqa: BLE001 - p2pd start / bootstrap failures are expected here
                 if dht is not None:  # started but does not answer: do not leak the process
                     stop_dht_process(dht, {}, graceful=False)
@@ -258,6 +259,10 @@ class DHTHost:
                      self._solo_fallback or not self.initial_peers)
             return True
         return False
+
+    def _configure_dht(self, dht: DHT) -> None:
+        """Called once a new DHT process answers, before it is used (a subclass's hook: :class:`SwarmDHT` bounds
+        its storage there). An exception fails that start attempt."""
 
     def _record_children(self, dht: DHT, info: dict) -> None:
         if self.pid_file is None:

@@ -7,6 +7,9 @@ end with the node (parent-death signal, parent watch, no inherited listening soc
 :func:`stop_dht_process` stops a process and cleans up after it. The coroutines :func:`startup_info`,
 :func:`health_info`, :func:`read_visible_maddrs` and :func:`join_peers` run *inside* the DHT process
 (``DHT.run_coroutine``). :class:`~swarmnode.swarm.dht_host.DHTHost` uses all of them.
+:class:`KeyCappedStorage` and :func:`cap_key_bytes` bound what one key may hold in this node's storage (a flood of
+fresh keys past hivemind's 4 MiB reply cap would otherwise fail every reply for that key and, with it, empty the
+routing tables of the nodes that ask).
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ import time
 from typing import Any
 
 from hivemind.dht import DHT, DHTNode
+from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 __all__ = [
+    "DEFAULT_MAX_KEY_BYTES",
+    "KeyCappedStorage",
     "PARENT_WATCH_INTERVAL",
+    "cap_key_bytes",
     "REQUEST_OVERHEAD",
     "NodeBoundDHT",
     "fresh_mpfuture_locks",
@@ -46,6 +53,10 @@ except ImportError:  # pragma: no cover - hivemind itself needs a Unix
     fcntl = termios = None  # type: ignore[assignment]
 _F_GETPIPE_SZ = 1032  # Linux fcntl command; elsewhere the check is skipped
 REQUEST_OVERHEAD = 2048  # bytes of a pickled request besides its value (method name, key, MPFuture)
+#: Bytes one key's dictionary may hold in our storage (:class:`KeyCappedStorage`): 1 MiB under hivemind's 4 MiB
+#: message cap, for the reply's other fields (nearest peers, expirations) and msgpack framing.
+DEFAULT_MAX_KEY_BYTES = 3 * 1024 * 1024
+ENTRY_OVERHEAD = 32  # bytes counted per dictionary entry besides its subkey and value (expiration, framing)
 
 
 def pipe_room(dht: DHT) -> int | None:
@@ -184,7 +195,69 @@ class NodeBoundDHT(DHT):
     _parent_pid: int | None = None
 
 
+# --------------------------------------------------------------------------- bounded storage
+def _entry_bytes(subkey: Any, value: Any) -> int:
+    sub = len(subkey) if isinstance(subkey, (bytes, str)) else 16
+    return sub + (len(value) if isinstance(value, (bytes, bytearray)) else 0) + ENTRY_OVERHEAD
+
+
+def dictionary_bytes(value: DictionaryDHTValue) -> int:
+    """Bytes a dictionary value counts against :attr:`KeyCappedStorage.max_key_bytes` (its live entries'
+    subkeys and values plus :data:`ENTRY_OVERHEAD` each)."""
+    return sum(_entry_bytes(k, v) for k, (v, _) in value.items())
+
+
+class KeyCappedStorage(DHTLocalStorage):
+    """hivemind's local DHT storage with a byte budget per key (the class of a running node's ``storage`` and
+    ``cache`` once :func:`cap_key_bytes` ran).
+
+    hivemind answers a find request with a key's whole dictionary, and a reply over its 4 MiB message cap fails:
+    the asker gets nothing from this replica *and removes it from its routing table*
+    (``DHTProtocol.update_routing_table(responded=False)``). Anyone can add an entry to a shared key (a manifest
+    bucket, the heartbeats) under a fresh signing key, so 1,000 free keys of 5 KB each made every replica's reply
+    fail, emptied the routing tables of the nodes that read or stored that key, and left a reader unable to reach
+    even the publisher keys of the peers it knew (docs/guide/swarm.md, trust table). Here a **new** subkey is
+    refused once the key's dictionary would hold more than :attr:`max_key_bytes` (:func:`dictionary_bytes`); a
+    subkey already held may be replaced within the budget (an owner re-publishing its record); a whole dictionary
+    over the budget (a cached read, an ``in_cache`` store) is not stored. Expired entries do not count. Regular
+    (non-dictionary) values are hivemind's as before; our validators refuse them under our keys anyway.
+
+    The budget is first come, first served: a flood that arrives first fills a shared key and later entries are
+    refused until its entries expire. Known publishers are read from their own keys
+    (:meth:`swarmnode.swarm.dht.SwarmDHT.read_publishers`), which only their owner can write.
+    """
+
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
+
+    def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> bool:
+        if subkey is None and isinstance(value, DictionaryDHTValue) and dictionary_bytes(value) > self.max_key_bytes:
+            return False
+        return super().store(key, value, expiration_time, subkey)
+
+    def store_subkey(self, key: Any, subkey: Any, value: Any, expiration_time: float) -> bool:
+        current = self.get(key)
+        if current is not None and isinstance(current.value, DictionaryDHTValue):
+            held = current.value.get(subkey)
+            total = dictionary_bytes(current.value) + _entry_bytes(subkey, value)
+            if held is not None:
+                total -= _entry_bytes(subkey, held.value)
+            if total > self.max_key_bytes:
+                return False
+        elif _entry_bytes(subkey, value) > self.max_key_bytes:
+            return False
+        return super().store_subkey(key, subkey, value, expiration_time)
+
+
 # --------------------------------------------------------------------------- helpers (picklable coroutines)
+async def cap_key_bytes(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
+    """Runs inside the DHT process: make the node's storage and cache :class:`KeyCappedStorage` with a budget of
+    ``max_key_bytes`` per key (their entries are kept). Returns the budget."""
+    for store in (node.protocol.storage, node.protocol.cache):
+        store.__class__ = KeyCappedStorage
+        store.max_key_bytes = int(max_key_bytes)
+    return int(max_key_bytes)
+
+
 async def startup_info(_dht: DHT, node: DHTNode) -> dict:
     """Runs inside the DHT process: identity and daemon facts needed by the host process."""
     p2p = node.p2p

@@ -558,17 +558,20 @@ def _flood_entries(key: str, n: int, size: int, ttl: float = 300.0) -> list[tupl
 
 
 @pytest.mark.slow
-def test_a_flood_past_the_reply_cap_blinds_the_bucket_key_but_not_publisher_keys():
+def test_a_flood_of_the_bucket_key_stops_at_the_key_budget_and_keeps_the_readers_routing_table():
     """Outside attack (flooded bucket key), at the DHT: 400 free keys each store a 12 KB signed entry under one
-    bucket key. Every
-    replica's find reply then exceeds hivemind's 4 MiB message cap and fails, so a reader that does not hold the key
-    itself (a client-mode node here; in a large swarm, almost every reader) gets nothing from the shared key, the
-    honest publisher's entry included. The publisher's own key holds its record alone (validators refuse the
-    flood there) and is read in full."""
+    bucket key, 4.8 MB, past hivemind's 4 MiB reply cap. Before the key budget every replica's find reply failed:
+    a reader that does not hold the key itself (a client-mode node here; in a large swarm, almost every reader) got
+    nothing from the shared key and dropped the replicas from its routing table, after which even publisher keys
+    were out of reach until it re-joined (at 1,000 keys in a running swarm: 1 of 6 honest bundles accepted). Now our
+    storage refuses new entries past 3 MiB a key: the honest replica ``a`` holds the honest record and the part of
+    the flood that fits, its reply succeeds, and the reader keeps it in its routing table. Only the flooding node
+    ``b``, which stores without a budget (as an attacker's node would), fails its replies."""
+    from swarmnode.swarm.dht_process import DEFAULT_MAX_KEY_BYTES
     from swarmnode.testing.adversary import store_signed_entries
 
     a = _node()
-    b = _node(initial_peers=a.visible_maddrs())
+    b = _node(initial_peers=a.visible_maddrs(), max_key_bytes=None)  # the attacker's replica: no budget
     reader = _node(initial_peers=a.visible_maddrs(), client_mode=True)
     try:
         assert _wait(lambda: b.connected and reader.connected, 60)
@@ -579,20 +582,21 @@ def test_a_flood_past_the_reply_cap_blinds_the_bucket_key_but_not_publisher_keys
         assert b.read_manifests(SWARM, [bucket]) == [(a.public_key, b"honest record")]
         flood = _flood_entries(key, 400, 12_000)
         stored, peers = store_signed_entries(b, _key_id(key), flood)
-        # the flood's entries are valid: both storing peers (a, b; the reader is a client) accepted every one
-        assert peers >= 1 and stored >= 400 * (peers + 1), (stored, peers)
+        # b (no budget) took all 400; a only what fits in 3 MiB beside the honest record (about 260)
+        fits = DEFAULT_MAX_KEY_BYTES // 12_100
+        assert peers >= 1 and 400 + fits // 2 <= stored <= 400 + fits, (stored, peers, fits)
         # the flood also tries the honest publisher's own key: refused there
         own = flood[:5]
         own_id = _key_id(publisher_key(SWARM, a.public_key))
         assert store_signed_entries(b, own_id, own)[0] == 0
-        # the publisher key is read in full (first, as SwarmClient.poll does)
         assert reader.read_publishers(SWARM, [a.public_key, b.public_key]) == [(a.public_key, b"honest record")]
-        # the shared key is blinded for the reader: 400 x 12 KB > 4 MiB per reply
-        assert reader.read_manifests(SWARM, [bucket], timeout=20) == []
-        # the failed replies also cost the reader its routing-table entries for the replicas; once it re-joins
-        # (the watchdog's periodic join), the publisher key is reachable again
-        assert _wait(lambda: reader.read_publishers(SWARM, [a.public_key]) == [(a.public_key, b"honest record")],
-                     60, 2.0)
+        # the shared key is not blinded: a's reply (under the cap) carries the honest record and its part of the flood
+        got = reader.read_manifests(SWARM, [bucket], timeout=20)
+        assert (a.public_key, b"honest record") in got and fits // 2 <= len(got) <= fits + 1, len(got)
+        # and the reader still reaches a: its routing table kept the replica whose reply succeeded
+        assert _wait(lambda: reader.num_peers >= 1, 10)
+        assert reader.read_publishers(SWARM, [a.public_key]) == [(a.public_key, b"honest record")]
+        assert (a.public_key, b"honest record") in reader.read_manifests(SWARM, [bucket], timeout=20)
     finally:
         for n in (reader, b, a):
             n.shutdown()
