@@ -9,10 +9,12 @@ trees go through what the swarm layer does to them (swarmnode/swarm/verify.py): 
 re-tokenized into the receiver's vocabulary (``tok(text, add_special_tokens=False)``, log-probs dropped, our prompt
 for the task), a same-tokenizer tree keeps its ids. Then the node's own path: :func:`select_external` (zero-variance
 groups dropped), :func:`external_samples` with the receiver's :class:`StepCredit` (its task set, its tokenizer) and
-``admit_step_form`` = ``off`` / ``correct`` / ``in_form`` / ``masked``, and the receiver's :class:`LikelihoodScreen`.
+``admit_step_form`` = ``off`` / ``correct`` / ``in_form`` / ``masked`` / ``keep``, and the receiver's
+:class:`LikelihoodScreen`.
 
 Per (receiver, peer, mode): ``leaves`` (samples offered to the screen), ``rejected`` (the screen's rejections;
-charged to the peer), ``admitted`` (admitted by form, not judged), ``lost`` (offered but not kept: rejected or
+charged to the peer), ``admitted`` (admitted by form, not judged), ``kept_unscreened`` (``keep``: judged, failed,
+kept with the unscreened credit; the share of a peer's leaves that trains on checked steps only), ``lost`` (offered but not kept: rejected or
 dropped with their group), ``groups`` and ``groups_dropped`` (groups that lost a member, so went whole).
 Rates: ``rejected / leaves`` and ``groups_dropped / groups``. ``by_task``: with admission off, per task the
 leaves offered, rejected, and rejected although every line was in exact form (``rejected_in_form``; a wrong one
@@ -22,9 +24,10 @@ counts too): the most admission by form can save.
 line before the answer, before the first line, between two lines, payload text after ``</answer>``, the payload
 appended to the last line, a special-token string after the answer) and re-encoded in the receiver's vocabulary
 with its EOS; ``StepCredit.admits`` must admit none of them in either mode (``poison_admitted`` must be 0). Under
-``masked`` they are admitted (``poison_masked_admitted``; all but those with a special id), and then no token that
-covers a payload character may keep a positive advantage when the leaf is pushed up (advantage +1 through
-``StepCredit.token_advantages``): ``poison_masked_pushed`` must be 0.
+``masked`` (and ``keep``) they are admitted (``poison_masked_admitted``; all but those with a special id), and then
+no token that covers a payload character may keep a positive advantage when the leaf is pushed up (advantage +1
+through ``StepCredit.token_advantages``, the credit of a sample the screen passes; the unscreened credit of a
+rejected one is a subset of it): ``poison_masked_pushed`` must be 0.
 
 Usage: nice python scripts/bench_screen_admission.py [--rounds 6] [--warm 4] [--pairs embedded:embedded ...]
 Prints one table and one JSON object (``--out`` writes the JSON too).
@@ -49,7 +52,7 @@ from swarmnode.rollout.tree import RolloutTree
 from swarmnode.train.batch import external_samples
 from swarmnode.train.external import select_external
 
-MODES = ("off", "correct", "in_form", "masked")
+MODES = ("off", "correct", "in_form", "masked", "keep")
 PAYLOADS = {
     "line_before_answer": lambda body, ans, p: body + p + "\n" + ans,
     "line_first": lambda body, ans, p: p + "\n" + body + ans,
@@ -154,7 +157,8 @@ def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: P
         for _ in range(args.peer_warm):
             p.run_step()
     rows: dict[str, dict[str, int]] = {f"{k}/{m}": dict.fromkeys(
-        ("leaves", "rejected", "admitted", "lost", "groups", "groups_dropped"), 0) for k in peers for m in MODES}
+        ("leaves", "rejected", "admitted", "kept_unscreened", "lost", "groups", "groups_dropped"), 0)
+        for k in peers for m in MODES}
     poison = {"poison_tried": 0, "poison_admitted": 0, "clean_correct_admitted": 0, "poison_masked_admitted": 0,
               "poison_masked_pushed": 0}
     by_task: dict[str, dict[str, int]] = {}
@@ -190,6 +194,7 @@ def run_pair(recv_model: str, peer_model: str, args: argparse.Namespace, root: P
                 row["leaves"] += len(samples)
                 row["rejected"] += sr.metrics["screen/rejected"]
                 row["admitted"] += sr.metrics["screen/admitted_by_form"]
+                row["kept_unscreened"] += sr.metrics["screen/kept_unscreened"]
                 row["lost"] += len(samples) - len(sr.kept)
                 row["groups"] += len({s.group_id for s in samples})
                 row["groups_dropped"] += len(lost_groups)
@@ -226,12 +231,13 @@ def main() -> None:
             recv_model, _, peer_model = pair.partition(":")
             results.append(run_pair(recv_model, peer_model or recv_model, args, Path(d) / f"pair-{i}"))
     print(f"{'receiver':13} {'peer':22} {'mode':8} {'leaves':>6} {'rejected':>9} {'rej%':>6} {'admitted':>8} "
-          f"{'lost%':>6} {'groups':>6} {'dropped':>7} {'grp%':>6}")
+          f"{'unscr.':>6} {'lost%':>6} {'groups':>6} {'dropped':>7} {'grp%':>6}")
     for res in results:
         for key, row in res["rows"].items():
             kind, mode = key.split("/")
             print(f"{res['receiver']:13} {kind + ' ' + res['peer']:22} {mode:8} {row['leaves']:6d} {row['rejected']:9d} "
-                  f"{100 * row['rejection_rate']:6.1f} {row['admitted']:8d} {100 * row['loss_rate']:6.1f} "
+                  f"{100 * row['rejection_rate']:6.1f} {row['admitted']:8d} {row['kept_unscreened']:6d} "
+                  f"{100 * row['loss_rate']:6.1f} "
                   f"{row['groups']:6d} {row['groups_dropped']:7d} {100 * row['group_drop_rate']:6.1f}")
         print(f"{'':13} off, per task (leaves / rejected / rejected in form): " + ", ".join(
             f"{k} {v['leaves']}/{v['rejected']}/{v['rejected_in_form']}" for k, v in sorted(res["by_task"].items())))

@@ -39,7 +39,7 @@ class ScreenConfig(_Strict):
         "of a capped weight an extreme claim saturates; a sample admitted by its step form is not scored, so its claim "
         "cannot be checked and is dropped too (None = off: claims kept). Default 1.0",
     )
-    admit_step_form: Literal["off", "correct", "in_form", "masked"] = Field(
+    admit_step_form: Literal["off", "correct", "in_form", "masked", "keep"] = Field(
         "correct", description="admit external completions by their step form instead of their likelihood "
         "(swarmnode/tasks/steps.py admissible_by_form; docs/guide/swarm.md trust rules): for tasks whose every "
         "reasoning line a program checks, a completion that is exactly the task's worked solution (every line in "
@@ -53,7 +53,10 @@ class ScreenConfig(_Strict):
         "its likelihood; the screen then judges only tasks without a checker (docs/guide/swarm.md trust rules). In "
         "every mode a completion admitted without the screen keeps no negative advantage and a positive one only "
         "on its valid lines unless it is the worked solution (a junk first line, or one added to every line's "
-        "total, turns right steps into pushed-down invalid lines). "
+        "total, turns right steps into pushed-down invalid lines). keep = what masked admits, but still judged "
+        "by the screen: one it passes trains with the credit of a screened sample (answer block and negative push "
+        "included), one it rejects (or holds in warm-up) is kept with the admitted credit above instead of dropped, "
+        "not charged (screen/kept_unscreened): no checked task's completion is lost to the screen. "
         "correct = only the worked solution. off = every external completion is screened. Checked "
         "by us on our regenerated task and the decode of the ids that train; needs our step checks of external "
         "completions (external.external_step_credit with train.step_credit or train.step_reward_weight on); tasks "

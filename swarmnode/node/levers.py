@@ -256,7 +256,8 @@ class Levers:
         our question before a clean answer arrives (outside attack: payload answers from fresh keys, each taking a
         question, held the honest answerer's merges at 0 in 9 steps). The peer's samples are marked ``admitted_by_form`` as other peers' samples
         are (``external.screen.admit_step_form``, :meth:`~swarmnode.rollout.step_credit.StepCredit.admission`), so a worked
-        solution in exact step form (with ``masked``: any completion of a checked task) meets no likelihood screen. Metrics into ``m``: ``rescue/merged`` (groups),
+        solution in exact step form (with ``masked``: any completion of a checked task) meets no likelihood screen;
+        with ``keep`` such a sample is judged and, if rejected, trains with its ``unscreened_advantages``. Metrics into ``m``: ``rescue/merged`` (groups),
         ``rescue/merged_samples``."""
         cfg = self.cfg
         by_key: dict[str, list[PeerTree]] = {}
@@ -293,10 +294,10 @@ class Levers:
                 if admit is not None:  # as any peer sample: a worked solution in exact step form skips the screen
                     mode = cfg.external.screen.admit_step_form
                     for smp in g.peer:
-                        smp.admitted_by_form = admit.admission(entry.ref, smp.completion_ids, mode)
-                        if smp.admitted_by_form:  # no screen: only checked steps pushed up, nothing pushed down
-                            smp.advantages, _ = admit.unscreened_advantages(
-                                admit.report(entry.ref, smp.completion_ids), smp.completion_ids, smp.advantages)
+                        if admit.admission(entry.ref, smp.completion_ids, mode):  # without the screen only
+                            smp.advantages, smp.unscreened_advantages, smp.admitted_by_form, _ = admit.admitted_credit(
+                                admit.report(entry.ref, smp.completion_ids), smp.completion_ids, smp.advantages,
+                                mode)  # checked steps pushed up, nothing pushed down
                 out.append(g)  # the entry stays pending until the group trained (RoundLoop._settle)
                 self.rescue_book.mark_answered(key)  # announced after the unanswered questions from now on
         m["rescue/merged"] = len(out)

@@ -58,7 +58,7 @@ from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, can
 __all__ = ["token_char_starts", "mask_advantages", "checked_chars", "step_reports", "step_reward_bonus",
            "apply_step_credit", "StepCredit", "ADMISSIONS", "special_token_ids"]
 
-ADMISSIONS = ("off", "correct", "in_form", "masked")
+ADMISSIONS = ("off", "correct", "in_form", "masked", "keep")
 """The values of ``external.screen.admit_step_form`` (:meth:`StepCredit.admission`)."""
 
 
@@ -454,8 +454,9 @@ class StepCredit:
     def admission(self, ref: TaskRef, completion_ids: Sequence[int], mode: str) -> bool:
         """Admission of one completion under ``external.screen.admit_step_form`` = ``mode``: ``"off"`` never;
         ``"correct"``: :meth:`admits`; ``"in_form"``: :meth:`admits` with ``allow_wrong`` when :attr:`mask` is on
-        (else as ``"correct"``); ``"masked"``: :meth:`admits_masked` when :attr:`mask` is on (else as
-        ``"correct"``).
+        (else as ``"correct"``); ``"masked"`` and ``"keep"``: :meth:`admits_masked` when :attr:`mask` is on (else
+        as ``"correct"``). Under ``"keep"`` an admitted completion is still judged by the screen
+        (:meth:`keeps_on_rejection`).
 
         Raises:
             ValueError: an unknown ``mode``.
@@ -465,9 +466,29 @@ class StepCredit:
                              f"got {mode!r}")
         if mode == "off":
             return False
-        if mode == "masked" and self.mask:
+        if mode in ("masked", "keep") and self.mask:
             return self.admits_masked(ref, completion_ids)
         return self.admits(ref, completion_ids, allow_wrong=mode == "in_form" and self.mask)
+
+    def keeps_on_rejection(self, mode: str) -> bool:
+        """Whether a completion admitted under ``mode`` (:meth:`admission`) is judged by the likelihood screen
+        and, when rejected, kept with :meth:`unscreened_advantages` (``Sample.unscreened_advantages``) instead of
+        skipping the screen: ``"keep"`` with :attr:`mask` on. A completion the screen passes then keeps the credit
+        of a screened sample (its answer block, its negative push): the screen decides the credit, never the
+        loss of a checked task's completion."""
+        return mode == "keep" and self.mask
+
+    def admitted_credit(self, report: StepReport | None, completion_ids: Sequence[int], advantages: Sequence[float],
+                        mode: str) -> tuple[list[float], list[float] | None, bool, int]:
+        """The credit of a peer's completion that :meth:`admission` admitted under ``mode``, as the fields of its
+        ``Sample``: ``(advantages, unscreened_advantages, admitted_by_form, tokens changed)``. Unjudged
+        (:meth:`keeps_on_rejection` false): it trains with :meth:`unscreened_advantages` and is marked admitted by
+        form; under ``"keep"``: it keeps ``advantages`` (the screened credit) and carries the unscreened one for a
+        rejection. ``advantages``: its per-token advantages from :meth:`token_advantages` (list[float], one per id)."""
+        unscreened, n = self.unscreened_advantages(report, completion_ids, advantages)
+        if self.keeps_on_rejection(mode):
+            return [float(a) for a in advantages], unscreened, False, n
+        return unscreened, None, True, n
 
     def bonus(self, report: StepReport | None) -> float:
         """``weight * report.progress`` (0.0 without a report): added to the reward for the advantage only."""

@@ -236,7 +236,10 @@ def external_samples(
     keeps no negative advantage and a positive one only on its valid lines unless it is the worked solution
     (:meth:`StepCredit.unscreened_advantages <swarmnode.rollout.step_credit.StepCredit.unscreened_advantages>`:
     the screen kept hostile negative pushes off our right steps). Admitted samples get ``Sample.admitted_by_form = True``; the likelihood
-    screen does not judge them.
+    screen does not judge them. ``"keep"`` admits what ``"masked"`` admits but leaves the verdict to the screen
+    (:meth:`StepCredit.keeps_on_rejection <swarmnode.rollout.step_credit.StepCredit.keeps_on_rejection>`): such
+    a sample keeps the screened credit in ``advantages`` and carries the admitted credit in
+    ``Sample.unscreened_advantages``, which it trains with if the screen rejects it.
 
     **Ids**: ``behaviour_logprobs`` are kept only when the producer's model id and tokenizer id equal
     ours (both non-empty), ``same_tokenizer`` is true and every segment on the leaf's path has them;
@@ -260,7 +263,8 @@ def external_samples(
         ``external/truncated``, ``external/dropped_empty``, ``external/dropped_zero_variance_groups``,
         ``external/samples_with_behaviour_logprobs``, ``external/tis_fallback_samples``,
         ``external/prompts_truncated``, ``external/step_checked`` (samples whose lines we checked),
-        ``external/step_zeroed_tokens``, ``external/admitted_by_form`` (samples marked admitted by form) and
+        ``external/step_zeroed_tokens``, ``external/admitted_by_form`` (samples admitted by form, ``keep``'s
+        included: they cannot be lost to the screen) and
         ``external/unscreened_tokens_zeroed`` (tokens of admitted samples whose advantage
         :meth:`StepCredit.unscreened_advantages` set to 0).
 
@@ -365,12 +369,14 @@ def external_samples(
             if max_prompt_len is not None and len(prompt) > max_prompt_len:
                 prompt = prompt[-max_prompt_len:]  # left-truncated, as our own prompts (node/lifecycle.py)
                 m["external/prompts_truncated"] += 1
+            unscreened, unjudged = None, False
             if step_credit is not None:
                 advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report, a_out)
                 m["external/step_checked"] += lf.report is not None
                 m["external/step_zeroed_tokens"] += zeroed
-                if lf.admitted:  # no screen: only checked steps pushed up, nothing pushed down
-                    advantages, clipped = step_credit.unscreened_advantages(lf.report, lf.completion, advantages)
+                if lf.admitted:  # without the screen only checked steps pushed up, nothing pushed down
+                    advantages, unscreened, unjudged, clipped = step_credit.admitted_credit(
+                        lf.report, lf.completion, advantages, admit_step_form)
                     m["external/unscreened_tokens_zeroed"] += clipped
             else:
                 advantages = [a] * len(lf.completion)
@@ -387,7 +393,8 @@ def external_samples(
                     policy_version=ext.policy_version,
                     model_id=ext.model_id,
                     truncated=lf.truncated,
-                    admitted_by_form=lf.admitted,
+                    admitted_by_form=unjudged,
+                    unscreened_advantages=unscreened,
                     copied=lf.leaf in ext.copied_leaves,
                 )
             )

@@ -26,6 +26,11 @@ class Sample:
             admitted by its step form (:func:`swarmnode.tasks.steps.admissible_by_form`, checked on our
             regenerated task and the decode of ``completion_ids``), so the likelihood screen does not judge it
             (``external.screen.admit_step_form``).
+        unscreened_advantages: set by the receiver only (``external.screen.admit_step_form: keep``): the
+            advantages this external sample trains with if the likelihood screen rejects it or is warming up
+            (:meth:`swarmnode.rollout.step_credit.StepCredit.unscreened_advantages`: no negative push, a positive
+            one only on valid step lines); the sample is then kept with them instead of dropped, and its peer is
+            not charged. ``None``: the screen's verdict stands (list[float], length T, or None).
         copied: set by the receiver only: this external completion's normalized text was held from another key (or
             our own rollouts) before its signer sent it (``PeerTree.copied_leaves``); it trains, but its reward
             contrast earns the signer no standing (:func:`swarmnode.train.batch.trained_groups_by_peer`).
@@ -43,6 +48,7 @@ class Sample:
     model_id: str = ""
     truncated: bool = False
     admitted_by_form: bool = False
+    unscreened_advantages: list[float] | None = None
     copied: bool = False
 
     def __post_init__(self) -> None:
@@ -54,6 +60,8 @@ class Sample:
                 f"Sample lengths differ: completion {n}, advantages {len(self.advantages)}, "
                 f"loss_mask {len(self.loss_mask)}"
             )
+        if self.unscreened_advantages is not None and len(self.unscreened_advantages) != n:
+            raise ValueError(f"unscreened_advantages length {len(self.unscreened_advantages)} != completion {n}")
         if self.behaviour_logprobs is not None and len(self.behaviour_logprobs) != n:
             raise ValueError(f"behaviour_logprobs length {len(self.behaviour_logprobs)} != completion {n}")
 

@@ -44,6 +44,12 @@ text rides along at advantage at most 0 (:meth:`swarmnode.rollout.step_credit.St
 screen judges the tasks without a checker only. Groups still go whole: a
 group with a rejected (or, in warm-up, held) member loses its admitted members too.
 
+**Kept with the unscreened credit** (``admit_step_form: keep``). The same completions as under ``masked`` are
+judged like any sample, but one the screen rejects (or holds in warm-up) is not lost: it carries
+``Sample.unscreened_advantages`` (no negative push, a positive one only on valid step lines) and trains with
+them, its behaviour claim dropped, its peer not charged (``screen/kept_unscreened``). One that passes trains with
+the step credit of a screened sample (its answer block and its negative push included), as under ``correct``.
+
 **Scoring**: one batched ``torch.no_grad()`` forward of our current policy over the external samples,
 micro-batched by padded tokens like the trainer (:func:`swarmnode.train.trainer.pack_micro_batches`). The
 samples were already cut to our length caps, so this forward is bounded. For a foreign tokenizer the
@@ -126,7 +132,9 @@ class ScreenResult:
             (nats/token; NaN in warm-up), ``screen/ext_mean_median`` (median mean log-prob of the checked samples),
             ``screen/behaviour_claims_dropped`` (kept samples whose claimed behaviour log-probs were discarded),
             ``screen/group_dropped`` (passing samples dropped because their group lost a member; not charged),
-            ``screen/admitted_by_form`` (samples not judged: admitted by their step form).
+            ``screen/admitted_by_form`` (samples not judged: admitted by their step form),
+            ``screen/kept_unscreened`` (samples with ``unscreened_advantages`` that the screen rejected or held in
+            warm-up, kept with those advantages; not counted as rejected, not charged).
         stats: per input sample ``(mean, window)`` under our policy; ``(nan, nan)`` for an admitted sample (not
             scored).
     """
@@ -260,7 +268,8 @@ class LikelihoodScreen:
         Returns:
             :class:`ScreenResult`. In warm-up no judged sample is kept and none is charged (all are still scored,
             for the metrics; ``screen/warmup_held`` counts them). Samples marked ``admitted_by_form`` are not
-            scored nor judged and are kept unless their group goes whole (module docstring).
+            scored nor judged and are kept unless their group goes whole; samples with ``unscreened_advantages``
+            that are rejected or held are kept with those advantages (module docstring).
 
         Raises:
             Whatever the forward raises (RuntimeError / MemoryError / IndexError on bad input): the node
@@ -274,7 +283,7 @@ class LikelihoodScreen:
         th = self.thresholds()
         kept: list[Sample] = []
         rejected: dict[str, int] = {}
-        n_claims_dropped = n_admitted = 0
+        n_claims_dropped = n_admitted = n_unscreened = 0
         for s, (mean, win), row in zip(samples, stats, rows):
             if s.admitted_by_form:  # every line program-checked in exact form: its likelihood is not asked
                 if s.behaviour_logprobs is not None and self.max_claim_gap is not None:
@@ -283,9 +292,15 @@ class LikelihoodScreen:
                 kept.append(s)
                 n_admitted += 1
                 continue
-            if th is None:  # warm-up: nothing is judged, so nothing trains
-                continue
-            if mean < th[0] or win < th[1]:
+            if th is None or mean < th[0] or win < th[1]:
+                if s.unscreened_advantages is not None:  # admit_step_form keep: trains on its checked steps only
+                    s.advantages = list(s.unscreened_advantages)
+                    s.behaviour_logprobs = None  # unlikely under our policy: its claim is not trusted either
+                    kept.append(s)
+                    n_unscreened += 1
+                    continue
+                if th is None:  # warm-up: nothing is judged, so nothing trains
+                    continue
                 peer = s.source.split(":", 1)[1] if s.source.startswith("external:") else s.source
                 rejected[peer] = rejected.get(peer, 0) + 1
                 continue
@@ -308,8 +323,9 @@ class LikelihoodScreen:
             "screen/rejected": sum(rejected.values()),
             "screen/group_dropped": n_before - len(kept),
             "screen/warmup": int(th is None),
-            "screen/warmup_held": len(judged) if th is None else 0,
+            "screen/warmup_held": len(judged) - n_unscreened if th is None else 0,
             "screen/admitted_by_form": n_admitted,
+            "screen/kept_unscreened": n_unscreened,
             "screen/reference": len(self._ref),
             "screen/threshold_mean": th[0] if th else float("nan"),
             "screen/threshold_window": th[1] if th else float("nan"),

@@ -254,3 +254,75 @@ def test_masked_needs_the_mask_a_checker_and_no_special_id(policy, src):
     assert not masked.admission(task.ref, free, "off")
     with pytest.raises(ValueError, match="admit_step_form"):
         masked.admission(task.ref, free, "all")
+
+
+def test_keep_lets_the_screen_pick_the_credit_and_loses_no_checked_completion(policy, src, warm_screen):
+    """``keep``: what ``masked`` admits is still judged. A completion the screen passes trains with the screened
+    credit (as under ``off``/``correct``: its answer block and its negative push included), one it rejects is kept
+    with the credit ``masked`` would give it (no negative push, positive only on valid lines), not charged and not
+    counted as rejected; nothing is lost and no group goes whole. In warm-up every such sample trains with the
+    unscreened credit. A payload line never takes a positive push on either branch."""
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    task = src.get(src.ref(5, 4))
+    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    cut = sol.index("\n") + 1
+    texts = (sol[:cut] + "zq#pwned!\n" + sol[cut:], sol, _wrong_in_form(sol), "x\n" + _wrong_in_form(sol))
+    rows = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
+    groups = [_group(task, prompt, rows, [1, 1, 0, 0], "p")]
+    credit = StepCredit(src.get, tok, mask=True, weight=0.5)
+    keep, m = external_samples(groups, step_credit=credit, admit_step_form="keep")
+    masked, _ = external_samples(groups, step_credit=credit, admit_step_form="masked")
+    plain, _ = external_samples(groups, step_credit=credit, admit_step_form="off")
+    assert not any(s.admitted_by_form for s in keep) and m["external/admitted_by_form"] == 4
+    assert [s.unscreened_advantages for s in keep] == [s.advantages for s in masked]
+    assert [s.advantages for s in keep] == [s.advantages for s in plain]  # the screened credit until judged
+    assert min(plain[2].advantages) < 0  # what a rejection would remove
+    sc = warm_screen()
+    res = sc.screen(policy.model, keep)
+    th = sc.thresholds()
+    assert res.kept == keep and res.rejected_by_peer == {} and res.metrics["screen/rejected"] == 0
+    assert res.metrics["screen/group_dropped"] == 0
+    failed = [mean < th[0] or win < th[1] for mean, win in res.stats]
+    assert any(failed) and res.metrics["screen/kept_unscreened"] == sum(failed)
+    for s, p, q, f in zip(keep, plain, masked, failed):
+        assert s.advantages == (q.advantages if f else p.advantages)
+    payload = keep[0]
+    text = tok.decode(payload.completion_ids, skip_special_tokens=True)
+    lo = text.index("zq#pwned!")
+    starts = [len(tok.decode(payload.completion_ids[:i], skip_special_tokens=True))
+              for i in range(len(payload.completion_ids))]
+    for adv in (payload.advantages, plain[0].advantages, masked[0].advantages):
+        assert max(a for a, st in zip(adv, starts) if lo <= st < lo + len("zq#pwned!\n")) <= 0.0
+    # warm-up: no reference yet, nothing judged: every keep sample trains with its unscreened credit
+    cold, _ = external_samples(groups, step_credit=credit, admit_step_form="keep")
+    res = LikelihoodScreen(window=4, min_history=32).screen(policy.model, cold)
+    assert res.kept == cold and res.metrics["screen/warmup"] == 1 and res.metrics["screen/warmup_held"] == 0
+    assert res.metrics["screen/kept_unscreened"] == 4 and [s.advantages for s in cold] == [s.advantages for s in masked]
+    # without the mask keep falls back to correct: the worked solution is admitted unjudged, the rest screened
+    unmasked = StepCredit(src.get, tok, mask=False, weight=0.5)
+    fell, _ = external_samples(groups, step_credit=unmasked, admit_step_form="keep")
+    assert [s.admitted_by_form for s in fell] == [False, True, False, False]
+    assert all(s.unscreened_advantages is None for s in fell if not s.admitted_by_form)
+    with pytest.raises(ValueError, match="unscreened_advantages"):
+        Sample([1], [2, 3], [0.0, 0.0], unscreened_advantages=[0.0])
+
+
+def test_admitted_credit_is_what_a_sample_carries_under_each_mode(policy, src):
+    """The one helper both the batch builder and the rescue merge use: unjudged modes train on the unscreened
+    credit and mark the sample admitted; ``keep`` keeps the screened credit and carries the unscreened one."""
+    tok = policy.tokenizer
+    task = src.get(src.ref(5, 4))
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    ids = tok("x\n" + _wrong_in_form(sol), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    credit = StepCredit(src.get, tok, mask=True, weight=0.5)
+    report = credit.report(task.ref, ids)
+    adv = [-1.0] * len(ids)
+    unscreened, n = credit.unscreened_advantages(report, ids, adv)
+    assert n == len(ids) and unscreened == [0.0] * len(ids)
+    assert credit.admitted_credit(report, ids, adv, "masked") == (unscreened, None, True, n)
+    assert credit.admitted_credit(report, ids, adv, "correct") == (unscreened, None, True, n)
+    assert credit.admitted_credit(report, ids, adv, "keep") == (adv, unscreened, False, n)
+    assert credit.keeps_on_rejection("keep") and not credit.keeps_on_rejection("masked")
+    assert not StepCredit(src.get, tok, mask=False).keeps_on_rejection("keep")
