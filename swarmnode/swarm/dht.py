@@ -34,7 +34,7 @@ docs/reference/references.md §4.4 and §6.1):
   (:func:`~swarmnode.swarm.validator.publisher_key`). A shared bucket key takes any number of fresh keys'
   entries, and past hivemind's 4 MiB find-reply cap (about 350 entries of 12 KB) every replica's reply fails
   and the reader sees only its own storage; :meth:`SwarmDHT.read_publishers` reaches known publishers anyway.
-* **A byte budget per key.** A failed reply also removes the replica from the asker's routing table (hivemind's
+* **A byte budget per key** (and no cache, a chunked hand-over: :mod:`~swarmnode.swarm.dht_process`). A failed reply also removes the replica from the asker's routing table (hivemind's
   ``update_routing_table(responded=False)``), so a flooded key used to empty the routing tables of every node that
   read or stored it, after which even publisher keys were out of reach. Our storage refuses a new entry once a
   key's dictionary would pass ``max_key_bytes`` (3 MiB, :class:`~swarmnode.swarm.dht_process.KeyCappedStorage`),

@@ -67,3 +67,90 @@ def test_swarm_dht_refuses_a_budget_past_the_reply_cap_or_below_two_records():
     for bad in (4 * 1024 * 1024, 1000, True, 2.5e6):
         with pytest.raises(ValueError, match="max_key_bytes"):
             SwarmDHT(key, max_key_bytes=bad, start=False)
+
+
+def test_reads_get_a_copy_so_a_merge_cannot_grow_the_stored_dictionary():
+    """Outside attack: hivemind's DHTNode.get starts its search from the stored dictionary and merges every other
+    replica's entries into that object, which took an honest node's key from 3.1 MB to 6.7 MB in one read (past
+    the reply cap, without passing the budget). ``get`` now hands out a copy."""
+    key, now = DHTID.generate(source="swarm:manifests:7"), get_dht_time()
+    store = _capped(3 * (100 + 4 + ENTRY_OVERHEAD))
+    for i in range(3):
+        assert store.store(key, b"v" * 100, now + 60, subkey=b"k%03d" % i)
+    got = store.get(key).value
+    for i in range(3, 40):  # what a search merges into its candidate
+        got.store(b"k%03d" % i, b"v" * 100, now + 60)
+    assert len(store.get(key).value) == 3 and dictionary_bytes(store.get(key).value) == 3 * (100 + 4 + ENTRY_OVERHEAD)
+    assert not store.store(key, b"v" * 100, now + 60, subkey=b"k999")  # the stored object is still the one judged
+
+
+def test_the_cache_keeps_nothing_and_cap_key_bytes_installs_both():
+    """Outside attack: a node answers a find with its storage's value or its cache's, whichever expires later, and
+    anyone may store into its cache; one cached entry expiring later hid every honest entry of a key."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from hivemind.dht.protocol import DHTProtocol
+
+    from swarmnode.swarm.dht_process import ChunkedHandoverProtocol, NoCache, cap_key_bytes
+
+    now = get_dht_time()
+    storage, cache = DHTLocalStorage(), DHTLocalStorage()
+    storage.store(DHTID.generate(source="kept"), b"v", now + 60, subkey=b"k")
+    cache.store(DHTID.generate(source="cached"), b"v", now + 900, subkey=b"k")
+    protocol = DHTProtocol.__new__(DHTProtocol)  # the attributes cap_key_bytes touches, no network
+    protocol.storage, protocol.cache = storage, cache
+    node = SimpleNamespace(protocol=protocol)
+    assert asyncio.run(cap_key_bytes(None, node, 2 * 1024 * 1024)) == 2 * 1024 * 1024
+    assert isinstance(protocol, ChunkedHandoverProtocol)
+    assert isinstance(storage, KeyCappedStorage) and storage.max_key_bytes == 2 * 1024 * 1024
+    assert storage.get(DHTID.generate(source="kept")) is not None  # the storage keeps its entries
+    assert isinstance(cache, NoCache) and len(cache) == 0  # the cache is emptied ...
+    key = DHTID.generate(source="swarm:heartbeats")
+    assert not cache.store(key, b"v", now + 900, subkey=b"k") and not cache.store(key, b"v", now + 900)
+    assert cache.get(key) is None  # ... and keeps nothing
+
+
+def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap():
+    """Outside attack: 1,000 free keys of 60 KB each under their own publisher keys (each under the key budget) made
+    hivemind's hand-over to a newly met node one store over 4 MiB, which failed and dropped the newcomer from the
+    routing table again. The same items now go out in batches of at most 1 MiB, and the newcomer is added."""
+    import asyncio
+
+    from hivemind.dht.routing import RoutingTable
+    from hivemind.p2p import PeerID
+
+    from swarmnode.swarm.dht_process import HANDOVER_BYTES, ChunkedHandoverProtocol, split_handover
+
+    items = [(i, b"x" * 60_000, 1.0) for i in range(80)]  # 4.8 MB: one store would fail
+    batches = split_handover(items)
+    assert [it for b in batches for it in b] == items and len(batches) == 5
+    assert all(sum(len(v) + ENTRY_OVERHEAD for _, v, _ in b) <= HANDOVER_BYTES for b in batches)
+    assert split_handover([(0, b"y" * (2 * HANDOVER_BYTES), 1.0), (1, b"z", 1.0)]) == [
+        [(0, b"y" * (2 * HANDOVER_BYTES), 1.0)], [(1, b"z", 1.0)]]  # an item over a batch goes alone
+
+    proto = ChunkedHandoverProtocol.__new__(ChunkedHandoverProtocol)
+    proto.node_id, proto.num_replicas = DHTID.generate(source="us"), 5
+    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+    proto.storage = _capped(3 * 1024 * 1024)
+    now = get_dht_time()
+    for i in range(80):  # each its own key, as the attack's publisher keys
+        assert proto.storage.store(DHTID.generate(source=f"swarm:publisher:{i}"), b"x" * 60_000, now + 600,
+                                   subkey=b"k")
+    sent: list[int] = []
+
+    async def call_store(peer, keys, values, expirations, in_cache=None):
+        sent.append(sum(dictionary_bytes(v) for v in values))
+        return [True] * len(keys)
+
+    proto.call_store = call_store
+    newcomer = DHTID.generate(source="newcomer")
+    peer = PeerID.from_base58("12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc")
+
+    async def meet():
+        await proto.update_routing_table(newcomer, peer)
+        await asyncio.sleep(0)  # let the store tasks run
+
+    asyncio.run(meet())
+    assert newcomer in proto.routing_table  # with no other neighbour it should store everything: 80 keys
+    assert len(sent) == 5 and sum(sent) == 80 * (60_000 + 1 + ENTRY_OVERHEAD) and max(sent) <= HANDOVER_BYTES
