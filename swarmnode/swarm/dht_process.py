@@ -7,7 +7,7 @@ end with the node (parent-death signal, parent watch, no inherited listening soc
 :func:`stop_dht_process` stops a process and cleans up after it. The coroutines :func:`startup_info`,
 :func:`health_info`, :func:`read_visible_maddrs` and :func:`join_peers` run *inside* the DHT process
 (``DHT.run_coroutine``). :class:`~swarmnode.swarm.dht_host.DHTHost` uses all of them.
-:class:`KeyCappedStorage` and :func:`cap_key_bytes` bound what one key may hold in this node's storage (a flood of
+:class:`KeyCappedStorage`, :class:`NoCache`, :func:`update_routing_table_chunked` and :func:`cap_key_bytes` bound what one key may hold in this node's storage (a flood of
 fresh keys past hivemind's 4 MiB reply cap would otherwise fail every reply for that key and, with it, empty the
 routing tables of the nodes that ask).
 """
@@ -15,6 +15,7 @@ routing tables of the nodes that ask).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ import signal
 import struct
 import threading
 import time
+import types
 from typing import Any, Sequence
 
 from hivemind.dht import DHT, DHTNode
@@ -33,12 +35,12 @@ from hivemind.utils.multiaddr import Multiaddr
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
-    "ChunkedHandoverProtocol",
     "KeyCappedStorage",
     "NoCache",
     "PARENT_WATCH_INTERVAL",
     "cap_key_bytes",
     "split_handover",
+    "update_routing_table_chunked",
     "REQUEST_OVERHEAD",
     "NodeBoundDHT",
     "fresh_mpfuture_locks",
@@ -63,6 +65,9 @@ REQUEST_OVERHEAD = 2048  # bytes of a pickled request besides its value (method 
 #: message cap, for the reply's other fields (nearest peers, expirations) and msgpack framing.
 DEFAULT_MAX_KEY_BYTES = 3 * 1024 * 1024
 ENTRY_OVERHEAD = 32  # bytes counted per dictionary entry besides its subkey and value (expiration, framing)
+#: Entries one key's dictionary may hold (:class:`KeyCappedStorage`): every reader checks every entry's signature
+#: in its DHT event loop, and 11,000 one-byte entries under the byte budget made a find take 7 s.
+MAX_KEY_ENTRIES = 1024
 
 
 def pipe_room(dht: DHT) -> int | None:
@@ -223,7 +228,8 @@ class KeyCappedStorage(DHTLocalStorage):
     bucket, the heartbeats) under a fresh signing key, so 1,000 free keys of 5 KB each made every replica's reply
     fail, emptied the routing tables of the nodes that read or stored that key, and left a reader unable to reach
     even the publisher keys of the peers it knew (docs/guide/swarm.md, trust table). Here a **new** subkey is
-    refused once the key's dictionary would hold more than :attr:`max_key_bytes` (:func:`dictionary_bytes`); a
+    refused once the key's dictionary would hold more than :attr:`max_key_bytes` (:func:`dictionary_bytes`) or
+    more than :attr:`max_key_entries` entries (many tiny entries cost every reader a signature check each); a
     subkey already held may be replaced within the budget (an owner re-publishing its record); a whole dictionary
     over the budget is not stored. Expired entries do not count. Regular (non-dictionary) values are hivemind's as
     before; our validators refuse them under our keys anyway.
@@ -240,6 +246,7 @@ class KeyCappedStorage(DHTLocalStorage):
     """
 
     max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
+    max_key_entries: int = MAX_KEY_ENTRIES
 
     def get(self, key: Any) -> ValueWithExpiration | None:
         item = TimedStorage.get(self, key)
@@ -265,6 +272,8 @@ class KeyCappedStorage(DHTLocalStorage):
         previous, previous_expiration = current if current is not None else (b"", -math.inf)
         if isinstance(previous, DictionaryDHTValue):
             held = previous.get(subkey)
+            if held is None and len(previous) >= self.max_key_entries:
+                return False
             total = dictionary_bytes(previous) + _entry_bytes(subkey, value)
             if held is not None:
                 total -= _entry_bytes(subkey, held.value)
@@ -297,7 +306,7 @@ class NoCache(DHTLocalStorage):
         return False
 
 
-HANDOVER_BYTES = 1024 * 1024  # bytes of one store of the hand-over to a newly met node (ChunkedHandoverProtocol)
+HANDOVER_BYTES = 1024 * 1024  # bytes of one store of the hand-over to a newly met node (update_routing_table_chunked)
 
 
 def _value_bytes(value: Any) -> int:
@@ -320,22 +329,33 @@ def split_handover(items: Sequence[tuple[Any, Any, float]],
     return batches
 
 
-class ChunkedHandoverProtocol(DHTProtocol):
-    """hivemind's DHT protocol with the hand-over to a newly met node split into stores of at most
-    :data:`HANDOVER_BYTES` (the class of a running node's ``protocol`` once :func:`cap_key_bytes` ran).
+HANDOVER_EVERY_S = 60.0  # a peer id gets the hand-over at most once in this many seconds
+MAX_HANDOVER_PEERS = 4096  # peer ids whose last hand-over is remembered
+
+
+async def update_routing_table_chunked(self: DHTProtocol, node_id: Any, peer_id: Any, responded: bool = True) -> None:
+    """hivemind's ``DHTProtocol.update_routing_table`` with the hand-over to a newly met node split into stores of
+    at most :data:`HANDOVER_BYTES` and sent to one peer id at most once per :data:`HANDOVER_EVERY_S` (bound to a
+    running node's protocol by :func:`cap_key_bytes`; ``self`` is that protocol).
 
     When a node meets a peer it did not have in its routing table, hivemind sends that peer every stored key the
-    peer should now replicate in **one** store (``DHTProtocol.update_routing_table``); past the 4 MiB message cap
-    that store fails, and a failed call removes the peer from the routing table again. Free keys each storing one
-    60 KB record under their own publisher key (1,000 of them, every one under the key budget) kept a newly joined
-    honest node out of its neighbours' routing tables (in 1 of 12 and 0 of 12 samples; an outside attack). Here the
-    same items (hivemind's rule for which keys the newcomer should store) go out in batches."""
-
-    async def update_routing_table(self, node_id: Any, peer_id: Any, responded: bool = True) -> None:
-        node_id = node_id if node_id is not None else self.routing_table.get(peer_id=peer_id)
-        if not responded or node_id is None or node_id in self.routing_table:
-            return await super().update_routing_table(node_id, peer_id, responded)
-        data_to_send = []  # hivemind 1.1's rule: keys the new node should store and we are responsible for
+    peer should now replicate in **one** store; past the 4 MiB message cap that store fails, and a failed call
+    removes the peer from the routing table again. Free keys each storing one 60 KB record under their own
+    publisher key (1,000 of them, every one under the key budget) kept a newly joined honest node out of its
+    neighbours' routing tables (in 1 of 12 and 0 of 12 samples; an outside attack). And since every request
+    carries a node id its sender chooses, a peer sending pings with fresh node ids made a node repeat the
+    hand-over each time (50 pings of ~100 B: 44 MB sent back). Which keys go is hivemind 1.1's rule."""
+    node_id = node_id if node_id is not None else self.routing_table.get(peer_id=peer_id)
+    if not responded or node_id is None or node_id in self.routing_table:
+        return await DHTProtocol.update_routing_table(self, node_id, peer_id, responded)
+    recent = self.__dict__.setdefault("_handovers", collections.OrderedDict())
+    now = time.monotonic()
+    if recent.get(peer_id) is None or now - recent[peer_id] >= HANDOVER_EVERY_S:
+        recent[peer_id] = now
+        recent.move_to_end(peer_id)
+        while len(recent) > MAX_HANDOVER_PEERS:
+            recent.popitem(last=False)
+        data_to_send = []  # keys the new node should store and we are responsible for
         for key, item in list(self.storage.items()):
             neighbors = self.routing_table.get_nearest_neighbors(key, self.num_replicas, exclude=self.node_id)
             if neighbors:
@@ -346,21 +366,25 @@ class ChunkedHandoverProtocol(DHTProtocol):
         for batch in split_handover(data_to_send):
             keys, values, expirations = zip(*batch)
             asyncio.create_task(self.call_store(peer_id, keys, values, expirations, in_cache=False))
-        maybe_node_to_ping = self.routing_table.add_or_update_node(node_id, peer_id)
-        if maybe_node_to_ping is not None:  # table full: check the least recently seen node (Kademlia 2.2)
-            asyncio.create_task(self.call_ping(maybe_node_to_ping[1]))
+    maybe_node_to_ping = self.routing_table.add_or_update_node(node_id, peer_id)
+    if maybe_node_to_ping is not None:  # table full: check the least recently seen node (Kademlia 2.2)
+        asyncio.create_task(self.call_ping(maybe_node_to_ping[1]))
 
 
 # --------------------------------------------------------------------------- helpers (picklable coroutines)
 async def cap_key_bytes(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     """Runs inside the DHT process: make the node's storage a :class:`KeyCappedStorage` with a budget of
-    ``max_key_bytes`` per key (its entries are kept), its cache a :class:`NoCache` (emptied) and its protocol a
-    :class:`ChunkedHandoverProtocol`. Returns the budget."""
+    ``max_key_bytes`` per key (its entries are kept), its cache a :class:`NoCache` (emptied; and the node caches
+    nothing after a read, here nor at the nearest nodes: hivemind pushed a read's merged dictionary, over 4 MiB
+    after a flood, to one nearby node, the call failed and that honest node left the reader's routing table), and
+    its protocol's ``update_routing_table`` :func:`update_routing_table_chunked` (the protocol's class, under
+    whose name its RPC handlers are registered, stays hivemind's). Returns the budget."""
     node.protocol.storage.__class__ = KeyCappedStorage
     node.protocol.storage.max_key_bytes = int(max_key_bytes)
     node.protocol.cache.clear()
     node.protocol.cache.__class__ = NoCache
-    node.protocol.__class__ = ChunkedHandoverProtocol
+    node.cache_locally, node.cache_nearest, node.cache_on_store = False, 0, False
+    node.protocol.update_routing_table = types.MethodType(update_routing_table_chunked, node.protocol)
     return int(max_key_bytes)
 
 

@@ -92,7 +92,7 @@ def test_the_cache_keeps_nothing_and_cap_key_bytes_installs_both():
 
     from hivemind.dht.protocol import DHTProtocol
 
-    from swarmnode.swarm.dht_process import ChunkedHandoverProtocol, NoCache, cap_key_bytes
+    from swarmnode.swarm.dht_process import NoCache, cap_key_bytes
 
     now = get_dht_time()
     storage, cache = DHTLocalStorage(), DHTLocalStorage()
@@ -100,9 +100,14 @@ def test_the_cache_keeps_nothing_and_cap_key_bytes_installs_both():
     cache.store(DHTID.generate(source="cached"), b"v", now + 900, subkey=b"k")
     protocol = DHTProtocol.__new__(DHTProtocol)  # the attributes cap_key_bytes touches, no network
     protocol.storage, protocol.cache = storage, cache
-    node = SimpleNamespace(protocol=protocol)
+    node = SimpleNamespace(protocol=protocol, cache_locally=True, cache_nearest=1, cache_on_store=True)
     assert asyncio.run(cap_key_bytes(None, node, 2 * 1024 * 1024)) == 2 * 1024 * 1024
-    assert isinstance(protocol, ChunkedHandoverProtocol)
+    # the protocol keeps hivemind's class (its RPC handlers are registered under that name: swapping the class
+    # made every shutdown fail to remove them), only its routing-table update is ours
+    assert type(protocol) is DHTProtocol and protocol.update_routing_table.__func__.__name__ == "update_routing_table_chunked"
+    # nothing is cached after a read, here or at the nearest nodes (hivemind pushed the merged dictionary of a read,
+    # over 4 MiB after a flood, to a nearby honest node; the failed call dropped it from the reader's routing table)
+    assert (node.cache_locally, node.cache_nearest, node.cache_on_store) == (False, 0, False)
     assert isinstance(storage, KeyCappedStorage) and storage.max_key_bytes == 2 * 1024 * 1024
     assert storage.get(DHTID.generate(source="kept")) is not None  # the storage keeps its entries
     assert isinstance(cache, NoCache) and len(cache) == 0  # the cache is emptied ...
@@ -120,7 +125,11 @@ def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(
     from hivemind.dht.routing import RoutingTable
     from hivemind.p2p import PeerID
 
-    from swarmnode.swarm.dht_process import HANDOVER_BYTES, ChunkedHandoverProtocol, split_handover
+    import types
+
+    from hivemind.dht.protocol import DHTProtocol
+
+    from swarmnode.swarm.dht_process import HANDOVER_BYTES, split_handover, update_routing_table_chunked
 
     items = [(i, b"x" * 60_000, 1.0) for i in range(80)]  # 4.8 MB: one store would fail
     batches = split_handover(items)
@@ -129,7 +138,8 @@ def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(
     assert split_handover([(0, b"y" * (2 * HANDOVER_BYTES), 1.0), (1, b"z", 1.0)]) == [
         [(0, b"y" * (2 * HANDOVER_BYTES), 1.0)], [(1, b"z", 1.0)]]  # an item over a batch goes alone
 
-    proto = ChunkedHandoverProtocol.__new__(ChunkedHandoverProtocol)
+    proto = DHTProtocol.__new__(DHTProtocol)
+    proto.update_routing_table = types.MethodType(update_routing_table_chunked, proto)
     proto.node_id, proto.num_replicas = DHTID.generate(source="us"), 5
     proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
     proto.storage = _capped(3 * 1024 * 1024)
@@ -154,3 +164,37 @@ def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(
     asyncio.run(meet())
     assert newcomer in proto.routing_table  # with no other neighbour it should store everything: 80 keys
     assert len(sent) == 5 and sum(sent) == 80 * (60_000 + 1 + ENTRY_OVERHEAD) and max(sent) <= HANDOVER_BYTES
+    # outside attack: every request carries a node id of the sender's choosing, and each unseen one repeated the
+    # hand-over (50 pings of ~100 B: 44 MB back). A peer id gets it at most once a minute, whatever node ids it
+    # claims; it still enters the routing table.
+    # (the table is emptied before each meeting, so by hivemind's rule the whole storage would go every time)
+    for i in range(10):
+        fresh = DHTID.generate(source=f"fresh {i}")
+        proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+
+        async def meet_again(fresh=fresh):
+            await proto.update_routing_table(fresh, peer)
+            await asyncio.sleep(0)
+
+        asyncio.run(meet_again())
+        assert fresh in proto.routing_table
+    assert len(sent) == 5  # no second hand-over to the same peer id
+    other = PeerID.from_base58("QmNTTWvfgNdHeHgpTbnbAD6LVQqvL7wWEyxYZajW9NEzqa")
+    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+
+    async def meet_other():
+        await proto.update_routing_table(DHTID.generate(source="other"), other)
+        await asyncio.sleep(0)
+
+    asyncio.run(meet_other())
+    assert len(sent) == 10  # another peer id gets its own
+
+
+def test_a_key_holds_at_most_1024_entries_however_small():
+    """Outside attack: 11,000 one-byte entries fit under the byte budget and made one find take 7 s (every reader
+    checks every entry's signature); a key now also holds at most 1,024 entries, and a held one can be replaced."""
+    key, now = DHTID.generate(source="swarm:heartbeats"), get_dht_time()
+    store = _capped(3 * 1024 * 1024)
+    accepted = [store.store(key, b"v", now + 60, subkey=b"k%05d" % i) for i in range(1100)]
+    assert accepted == [True] * 1024 + [False] * 76 and len(store.get(key).value) == 1024
+    assert store.store(key, b"w", now + 61, subkey=b"k00007")
