@@ -41,6 +41,7 @@ __all__ = [
     "cap_key_bytes",
     "split_handover",
     "update_routing_table_chunked",
+    "validate_dictionary_bounded",
     "REQUEST_OVERHEAD",
     "NodeBoundDHT",
     "fresh_mpfuture_locks",
@@ -371,20 +372,39 @@ async def update_routing_table_chunked(self: DHTProtocol, node_id: Any, peer_id:
         asyncio.create_task(self.call_ping(maybe_node_to_ping[1]))
 
 
+def validate_dictionary_bounded(self: DHTProtocol, key_bytes: bytes, dictionary: DictionaryDHTValue) -> bool:
+    """hivemind's ``DHTProtocol._validate_dictionary`` (every entry's record checked by our validator), refusing
+    first, without checking a signature, a dictionary over our storage's per-key budget
+    (:attr:`KeyCappedStorage.max_key_entries` entries or :attr:`KeyCappedStorage.max_key_bytes`); bound to a
+    running node's protocol by :func:`cap_key_bytes`; ``self`` is that protocol. It judges find replies and
+    whole-dictionary stores: an attacker's own replica answering with 20,000 signed one-byte entries made every
+    reader check 20,000 signatures in its DHT event loop (heartbeat reads timed out, pings to the reader failed and
+    an honest node left a routing table; an outside attack). Such a reply counts as "not found" at that peer."""
+    storage = self.storage
+    limit_entries = getattr(storage, "max_key_entries", MAX_KEY_ENTRIES)
+    limit_bytes = getattr(storage, "max_key_bytes", DEFAULT_MAX_KEY_BYTES)
+    with dictionary.freeze():
+        if len(dictionary.data) > limit_entries or dictionary_bytes(dictionary) > limit_bytes:
+            return False
+    return DHTProtocol._validate_dictionary(self, key_bytes, dictionary)
+
+
 # --------------------------------------------------------------------------- helpers (picklable coroutines)
 async def cap_key_bytes(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     """Runs inside the DHT process: make the node's storage a :class:`KeyCappedStorage` with a budget of
     ``max_key_bytes`` per key (its entries are kept), its cache a :class:`NoCache` (emptied; and the node caches
     nothing after a read, here nor at the nearest nodes: hivemind pushed a read's merged dictionary, over 4 MiB
     after a flood, to one nearby node, the call failed and that honest node left the reader's routing table), and
-    its protocol's ``update_routing_table`` :func:`update_routing_table_chunked` (the protocol's class, under
-    whose name its RPC handlers are registered, stays hivemind's). Returns the budget."""
+    its protocol's ``update_routing_table`` :func:`update_routing_table_chunked` and ``_validate_dictionary``
+    :func:`validate_dictionary_bounded` (the protocol's class, under whose name its RPC handlers are registered,
+    stays hivemind's). Returns the budget."""
     node.protocol.storage.__class__ = KeyCappedStorage
     node.protocol.storage.max_key_bytes = int(max_key_bytes)
     node.protocol.cache.clear()
     node.protocol.cache.__class__ = NoCache
     node.cache_locally, node.cache_nearest, node.cache_on_store = False, 0, False
     node.protocol.update_routing_table = types.MethodType(update_routing_table_chunked, node.protocol)
+    node.protocol._validate_dictionary = types.MethodType(validate_dictionary_bounded, node.protocol)
     return int(max_key_bytes)
 
 

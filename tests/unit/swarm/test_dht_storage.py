@@ -105,6 +105,7 @@ def test_the_cache_keeps_nothing_and_cap_key_bytes_installs_both():
     # the protocol keeps hivemind's class (its RPC handlers are registered under that name: swapping the class
     # made every shutdown fail to remove them), only its routing-table update is ours
     assert type(protocol) is DHTProtocol and protocol.update_routing_table.__func__.__name__ == "update_routing_table_chunked"
+    assert protocol._validate_dictionary.__func__.__name__ == "validate_dictionary_bounded"
     # nothing is cached after a read, here or at the nearest nodes (hivemind pushed the merged dictionary of a read,
     # over 4 MiB after a flood, to a nearby honest node; the failed call dropped it from the reader's routing table)
     assert (node.cache_locally, node.cache_nearest, node.cache_on_store) == (False, 0, False)
@@ -198,3 +199,38 @@ def test_a_key_holds_at_most_1024_entries_however_small():
     accepted = [store.store(key, b"v", now + 60, subkey=b"k%05d" % i) for i in range(1100)]
     assert accepted == [True] * 1024 + [False] * 76 and len(store.get(key).value) == 1024
     assert store.store(key, b"w", now + 61, subkey=b"k00007")
+
+
+def test_a_reply_over_the_budget_is_refused_before_any_signature_is_checked():
+    """Outside attack: an attacker's own replica (no budget) answered with 20,000 signed one-byte entries; every
+    reader checked every signature in its DHT event loop, heartbeat reads timed out and an honest node left a
+    routing table. A dictionary over 1,024 entries or 3 MiB is now refused unchecked ("not found" at that peer)."""
+    import types
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from swarmnode.swarm.dht_process import validate_dictionary_bounded
+
+    class Counting:
+        calls = 0
+
+        def validate(self, record):
+            Counting.calls += 1
+            return True
+
+    proto = DHTProtocol.__new__(DHTProtocol)
+    proto.storage, proto.record_validator, proto.serializer = _capped(3 * 1024 * 1024), Counting(), MSGPackSerializer
+    proto._validate_dictionary = types.MethodType(validate_dictionary_bounded, proto)
+    now = get_dht_time()
+
+    def dictionary(n: int, size: int) -> DictionaryDHTValue:
+        d = DictionaryDHTValue()
+        for i in range(n):
+            d.store(b"k%05d" % i, b"v" * size, now + 60)
+        return d
+
+    key = DHTID.generate(source="swarm:heartbeats").to_bytes()
+    assert not proto._validate_dictionary(key, dictionary(1025, 1)) and Counting.calls == 0  # too many entries
+    assert not proto._validate_dictionary(key, dictionary(60, 60_000)) and Counting.calls == 0  # 3.6 MB
+    assert proto._validate_dictionary(key, dictionary(1024, 1)) and Counting.calls == 1024  # at the budget: checked
