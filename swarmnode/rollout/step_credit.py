@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping, Sequence
 from swarmnode.rollout.advantages import AdvantageResult
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.tasks.base import Task, TaskRef
+from swarmnode.tasks.solutions import worked_solution
 from swarmnode.tasks.steps import StepCheck, StepReport, admissible_by_form, canonical_integer, check_steps
 
 __all__ = ["token_char_starts", "mask_advantages", "checked_chars", "step_reports", "step_reward_bonus",
@@ -124,7 +125,8 @@ def _prefix_starts(tokenizer: Any, ids: list[int]) -> list[int]:
 def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: Sequence[StepCheck],
                     outcome: Sequence[float] | None = None, mask: bool = True,
                     answer_from: int | None = None, textless_outcome: bool = True,
-                    checked: Sequence[bool] | None = None, final_eos: bool = True) -> tuple[list[float], int]:
+                    checked: Sequence[bool] | None = None, final_eos: bool = True,
+                   protect: Sequence[bool] | None = None) -> tuple[list[float], int]:
     """Step-checked credit of one completion's per-token advantages.
 
     A token is on the checked line its text starts in, or on none (the answer block, text between lines). A
@@ -155,6 +157,11 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
             byte of a multi-byte character: checked text is ASCII); a last token that starts at or after the end
             of the text (the final end-of-sequence token) is exempt when ``final_eos`` (the caller saw the EOS id
             there; a completion cut by a length cap ends on another token, which then takes no positive push).
+        protect: peers' samples: per checked line, whether its text is a right step of the question at *some*
+            position (:meth:`StepCredit.right_step_lines`); a token on such a line keeps no negative advantage even
+            when the line is invalid where it stands (an outside attack: the worked solution with its first step
+            written twice shifts every later right step off its position, passes the likelihood screen as our
+            own style, and its wrong answer pushed those right steps down).
 
     Returns:
         ``(new advantages, number of tokens whose advantage the mask set to 0)``.
@@ -182,6 +189,9 @@ def mask_advantages(advantages: Sequence[float], starts: Sequence[int], checks: 
         if not checks[j].valid and not mask:
             continue  # an invalid line without the mask: outcome credit, never the step reward
         if mask and ((checks[j].valid and a < 0) or (not checks[j].valid and a > 0)):
+            a = 0.0
+            zeroed += 1
+        if a < 0 and protect is not None and j < len(protect) and protect[j]:
             a = 0.0
             zeroed += 1
         out[t] = a
@@ -495,12 +505,13 @@ class StepCredit:
         return self.weight * report.progress if report is not None else 0.0
 
     def token_advantages(self, advantage: float, completion_ids: Sequence[int], report: StepReport | None,
-                         outcome: float | None = None) -> tuple[list[float], int]:
+                         outcome: float | None = None, ref: TaskRef | None = None) -> tuple[list[float], int]:
         """One completion's per-token advantages (list[float], one per id) by :func:`mask_advantages`:
         ``advantage`` (from the reward plus :meth:`bonus`) on the checked lines, masked when :attr:`mask` is on,
         and ``outcome`` (from the reward alone; default ``advantage``) everywhere else, except that with the mask
         on a token on no checked line and outside the answer block keeps no positive advantage (peers' completions:
-        :func:`checked_chars`); returns ``(advantages, tokens zeroed)``."""
+        :func:`checked_chars`), and with ``ref`` (the task) no line that is a right step of the question somewhere
+        takes a negative one (:meth:`right_step_lines`); returns ``(advantages, tokens zeroed)``."""
         outcome = advantage if outcome is None else outcome
         n = len(completion_ids)
         if report is None or (not report.lines and not self.mask):
@@ -508,7 +519,22 @@ class StepCredit:
         return mask_advantages([float(advantage)] * n, token_char_starts(self.tokenizer, completion_ids),
                                report.lines, [float(outcome)] * n, self.mask, _answer_from(report),
                                textless_outcome=False, checked=self._checked(report, completion_ids),
-                               final_eos=self._ends_with_eos(completion_ids))
+                               final_eos=self._ends_with_eos(completion_ids),
+                               protect=self.right_step_lines(ref, report, completion_ids) if ref is not None else None)
+
+    def right_step_lines(self, ref: TaskRef, report: StepReport, completion_ids: Sequence[int]) -> list[bool] | None:
+        """Per checked line of ``report`` (one completion of task ``ref``): whether its text (without its
+        ``"\n"``) is one of the lines of the task's worked solution (:func:`~swarmnode.tasks.solutions.worked_solution`
+        on our regenerated question): a right step, wherever it stands. ``None`` when the task has no writer or
+        anything fails (then nothing is protected)."""
+        try:
+            task = self.task_of(ref)
+            sol = worked_solution(task.name, {"metadata": task.metadata})
+            right = {ln for ln in sol[: sol.index("<answer>")].split("\n") if ln}
+            text = self.tokenizer.decode([int(t) for t in completion_ids], skip_special_tokens=True)
+            return [text[c.start:c.end].rstrip("\n") in right for c in report.lines]
+        except Exception:  # noqa: BLE001 - peer input: no protection, never a crash
+            return None
 
     def _plain_ids(self, completion_ids: Sequence[int]) -> list[int] | None:
         """The ids without one final EOS, or None when that leaves nothing or a special id (chat-role tokens
@@ -550,4 +576,5 @@ class StepCredit:
         return mask_advantages(adv, token_char_starts(self.tokenizer, completion_ids), report.lines, None, True,
                                _answer_from(report), textless_outcome=False,
                                checked=self._checked(report, completion_ids),
-                               final_eos=self._ends_with_eos(completion_ids))
+                               final_eos=self._ends_with_eos(completion_ids),
+                               protect=self.right_step_lines(ref, report, completion_ids))

@@ -371,7 +371,7 @@ def external_samples(
                 m["external/prompts_truncated"] += 1
             unscreened, unjudged = None, False
             if step_credit is not None:
-                advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report, a_out)
+                advantages, zeroed = step_credit.token_advantages(a, lf.completion, lf.report, a_out, ext.tree.task)
                 m["external/step_checked"] += lf.report is not None
                 m["external/step_zeroed_tokens"] += zeroed
                 if lf.admitted:  # without the screen only checked steps pushed up, nothing pushed down

@@ -47,8 +47,9 @@ group with a rejected (or, in warm-up, held) member loses its admitted members t
 **Kept with the unscreened credit** (``admit_step_form: keep``). The same completions as under ``masked`` are
 judged like any sample, but one the screen rejects (or holds in warm-up) is not lost: it carries
 ``Sample.unscreened_advantages`` (no negative push, a positive one only on valid step lines) and trains with
-them, its behaviour claim dropped, its peer not charged (``screen/kept_unscreened``). One that passes trains with
-the step credit of a screened sample (its answer block and its negative push included), as under ``correct``.
+them, its behaviour claim dropped, its peer not charged (``screen/kept_unscreened``), and so does every keep
+sample of its group (where ``correct`` drops the group whole). A group whose members all pass trains with the
+step credit of screened samples (answer block and negative push included), as under ``correct``.
 
 **Scoring**: one batched ``torch.no_grad()`` forward of our current policy over the external samples,
 micro-batched by padded tokens like the trainer (:func:`swarmnode.train.trainer.pack_micro_batches`). The
@@ -133,8 +134,8 @@ class ScreenResult:
             ``screen/behaviour_claims_dropped`` (kept samples whose claimed behaviour log-probs were discarded),
             ``screen/group_dropped`` (passing samples dropped because their group lost a member; not charged),
             ``screen/admitted_by_form`` (samples not judged: admitted by their step form),
-            ``screen/kept_unscreened`` (samples with ``unscreened_advantages`` that the screen rejected or held in
-            warm-up, kept with those advantages; not counted as rejected, not charged).
+            ``screen/kept_unscreened`` (samples with ``unscreened_advantages`` kept with those advantages: the
+            screen rejected or held them, or a member of their group; not counted as rejected, not charged).
         stats: per input sample ``(mean, window)`` under our policy; ``(nan, nan)`` for an admitted sample (not
             scored).
     """
@@ -283,7 +284,8 @@ class LikelihoodScreen:
         th = self.thresholds()
         kept: list[Sample] = []
         rejected: dict[str, int] = {}
-        n_claims_dropped = n_admitted = n_unscreened = 0
+        n_claims_dropped = n_admitted = 0
+        demoted: set[int] = set()  # keep samples that take their unscreened credit
         for s, (mean, win), row in zip(samples, stats, rows):
             if s.admitted_by_form:  # every line program-checked in exact form: its likelihood is not asked
                 if s.behaviour_logprobs is not None and self.max_claim_gap is not None:
@@ -294,10 +296,8 @@ class LikelihoodScreen:
                 continue
             if th is None or mean < th[0] or win < th[1]:
                 if s.unscreened_advantages is not None:  # admit_step_form keep: trains on its checked steps only
-                    s.advantages = list(s.unscreened_advantages)
-                    s.behaviour_logprobs = None  # unlikely under our policy: its claim is not trusted either
+                    demoted.add(id(s))
                     kept.append(s)
-                    n_unscreened += 1
                     continue
                 if th is None:  # warm-up: nothing is judged, so nothing trains
                     continue
@@ -312,11 +312,21 @@ class LikelihoodScreen:
             kept.append(s)
         kept_ids = {id(k) for k in kept}
         # a source's group that lost a member goes whole (by source too: under `joint` normalization group ids are
-        # shared by every peer, and one peer's rejected leaf must not drop the others' samples)
-        tainted = {(s.source, s.group_id) for s in samples if s.group_id and id(s) not in kept_ids}
+        # shared by every peer, and one peer's rejected leaf must not drop the others' samples); under keep a group
+        # with a rejected member trains whole on the unscreened credit instead: its advantages were normalized with
+        # the rejected members' rewards (an outside attack put rejected right-answer junk beside likely wrong
+        # leaves, whose negative push on our right steps the junk's rewards made larger)
+        tainted = {(s.source, s.group_id) for s in samples
+                   if s.group_id and (id(s) not in kept_ids or id(s) in demoted)}
         n_before = len(kept)
         if tainted:
-            kept = [s for s in kept if (s.source, s.group_id) not in tainted]
+            demoted |= {id(s) for s in kept if (s.source, s.group_id) in tainted and s.unscreened_advantages is not None}
+            kept = [s for s in kept if (s.source, s.group_id) not in tainted or id(s) in demoted]
+        for s in kept:
+            if id(s) in demoted:
+                s.advantages = list(s.unscreened_advantages)
+                s.behaviour_logprobs = None  # unlikely under our policy, or beside such a sample: not trusted
+        n_unscreened = len(demoted)
         means = sorted(a for a, _ in stats if not math.isnan(a))
         metrics: dict[str, Any] = {
             "screen/checked": len(samples),

@@ -279,15 +279,30 @@ def test_keep_lets_the_screen_pick_the_credit_and_loses_no_checked_completion(po
     assert [s.unscreened_advantages for s in keep] == [s.advantages for s in masked]
     assert [s.advantages for s in keep] == [s.advantages for s in plain]  # the screened credit until judged
     assert min(plain[2].advantages) < 0  # what a rejection would remove
+    # a second group of another question, in the worked-solution style our policy writes
+    task2 = src.get(src.ref(5, 6))
+    prompt2 = tok(policy.prompt(task2.question), add_special_tokens=False)["input_ids"]
+    sol2 = worked_solution(task2.name, {"metadata": task2.metadata})
+    rows2 = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in (sol2, _wrong_in_form(sol2))]
+    groups2 = groups + [_group(task2, prompt2, rows2, [1, 0], "p")]
+    keep, _ = external_samples(groups2, step_credit=credit, admit_step_form="keep")
+    masked, _ = external_samples(groups2, step_credit=credit, admit_step_form="masked")
+    plain, _ = external_samples(groups2, step_credit=credit, admit_step_form="off")
     sc = warm_screen()
     res = sc.screen(policy.model, keep)
     th = sc.thresholds()
     assert res.kept == keep and res.rejected_by_peer == {} and res.metrics["screen/rejected"] == 0
     assert res.metrics["screen/group_dropped"] == 0
     failed = [mean < th[0] or win < th[1] for mean, win in res.stats]
-    assert any(failed) and res.metrics["screen/kept_unscreened"] == sum(failed)
-    for s, p, q, f in zip(keep, plain, masked, failed):
-        assert s.advantages == (q.advantages if f else p.advantages)
+    assert any(failed[:4])  # the payload leaf at least
+    # a group with a rejected member trains whole on the unscreened credit (its advantages were normalized with
+    # the rejected members' rewards: an outside attack used rejected right-answer junk to enlarge the negative push
+    # of likely wrong leaves beside it); a group whose members all pass keeps the screened credit
+    for lo, hi in ((0, 4), (4, 6)):
+        demoted = any(failed[lo:hi])
+        for s, p, q in zip(keep[lo:hi], plain[lo:hi], masked[lo:hi]):
+            assert s.advantages == (q.advantages if demoted else p.advantages)
+    assert res.metrics["screen/kept_unscreened"] == 4 + 2 * any(failed[4:])
     payload = keep[0]
     text = tok.decode(payload.completion_ids, skip_special_tokens=True)
     lo = text.index("zq#pwned!")
@@ -299,7 +314,7 @@ def test_keep_lets_the_screen_pick_the_credit_and_loses_no_checked_completion(po
     cold, _ = external_samples(groups, step_credit=credit, admit_step_form="keep")
     res = LikelihoodScreen(window=4, min_history=32).screen(policy.model, cold)
     assert res.kept == cold and res.metrics["screen/warmup"] == 1 and res.metrics["screen/warmup_held"] == 0
-    assert res.metrics["screen/kept_unscreened"] == 4 and [s.advantages for s in cold] == [s.advantages for s in masked]
+    assert res.metrics["screen/kept_unscreened"] == 4 and [s.advantages for s in cold] == [s.advantages for s in masked[:4]]
     # without the mask keep falls back to correct: the worked solution is admitted unjudged, the rest screened
     unmasked = StepCredit(src.get, tok, mask=False, weight=0.5)
     fell, _ = external_samples(groups, step_credit=unmasked, admit_step_form="keep")
@@ -326,3 +341,38 @@ def test_admitted_credit_is_what_a_sample_carries_under_each_mode(policy, src):
     assert credit.admitted_credit(report, ids, adv, "keep") == (adv, unscreened, False, n)
     assert credit.keeps_on_rejection("keep") and not credit.keeps_on_rejection("masked")
     assert not StepCredit(src.get, tok, mask=False).keeps_on_rejection("keep")
+
+
+def test_a_right_step_out_of_place_is_not_pushed_down_in_a_peer_s_wrong_leaf(policy, src):
+    """Outside attack: the worked solution with its first step written twice and a wrong answer shifts every later
+    right step off its position (invalid where it stands), looks like our own style to the screen, and its
+    negative advantage pushed our right steps down, under ``correct`` as under ``keep``. A line whose text is a
+    right step of the question anywhere keeps no negative push; the wrong answer still takes it."""
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    task = src.get(src.ref(5, 4))
+    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    cut = sol.index("\n") + 1
+    body, ans = sol[: sol.index("<answer>")], sol[sol.index("<answer>"):]
+    wrong_ans = ans.replace(ans[len("<answer>"):ans.index("</answer>")], str(int(ans[len("<answer>"):ans.index("</answer>")]) + 1))
+    dup = sol[:cut] + body + wrong_ans  # first step twice, a wrong answer
+    rows = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in (sol, dup)]
+    credit = StepCredit(src.get, tok, mask=True, weight=0.5)
+    report = credit.report(task.ref, rows[1])
+    assert report is not None and not all(c.valid for c in report.lines)  # shifted: invalid where they stand
+    assert credit.right_step_lines(task.ref, report, rows[1]) == [True] * len(report.lines)
+    for mode in ("off", "correct", "keep"):
+        samples, m = external_samples([_group(task, prompt, rows, [1, 0], "p")], step_credit=credit,
+                                      admit_step_form=mode)
+        wrong = samples[1]
+        text = tok.decode(wrong.completion_ids, skip_special_tokens=True)
+        starts = [len(tok.decode(wrong.completion_ids[:i], skip_special_tokens=True))
+                  for i in range(len(wrong.completion_ids))]
+        a0 = text.index("<answer>")
+        on_lines = [a for a, st in zip(wrong.advantages, starts) if st < a0]
+        on_answer = [a for a, st in zip(wrong.advantages, starts) if st >= a0]
+        assert min(on_lines) == 0.0 and min(on_answer) < 0, mode  # the lines are spared, the answer is not
+    # our protection needs the task: without it (no ref) the shifted lines are pushed down as before
+    adv, _ = credit.token_advantages(-1.0, rows[1], report, -1.0)
+    assert min(adv[: len(tok(sol[:cut] + body, add_special_tokens=False)["input_ids"])]) < 0
