@@ -80,6 +80,16 @@ def _group(task, prompt, rows, rewards, peer):
     return PeerTree(tree, peer, model_id="m", tokenizer_id="t", same_tokenizer=True)
 
 
+def _question(policy, src, k: int):
+    """chain_sum question ``k`` of the test stream: (tokenizer, EOS id, task, prompt ids, worked solution, the offset
+    just past its first line)."""
+    tok = policy.tokenizer
+    task = src.get(src.ref(5, k))
+    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
+    sol = worked_solution(task.name, {"metadata": task.metadata})
+    return tok, tok.eos_token_id, task, prompt, sol, sol.index("\n") + 1
+
+
 def _wrong_in_form(sol: str) -> str:
     cut = sol.index("<answer>")
     lines = sol[:cut].split("\n")[:-1]
@@ -189,12 +199,7 @@ def test_masked_admits_a_checked_tasks_completions_and_pushes_up_only_checked_te
     """``masked``: the honest free text of a peer (a miscopied line) and a payload line both skip the screen, and
     neither takes a positive advantage; a completion out of exact form keeps a positive push only on its valid lines
     (not on an answer written after free text) and no negative push at all, in exact form or not."""
-    tok = policy.tokenizer
-    eos = tok.eos_token_id
-    task = src.get(src.ref(5, 4))
-    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
-    sol = worked_solution(task.name, {"metadata": task.metadata})
-    cut = sol.index("\n") + 1
+    tok, eos, task, prompt, sol, cut = _question(policy, src, 4)
     payload_text = sol[:cut] + "zq#pwned!\n" + sol[cut:]
     miscopied = sol[:cut] + sol[:cut].replace("=", " = ") + sol[cut:]  # an honest slip: a line out of form
     junk_first = "x\n" + _wrong_in_form(sol)  # right steps made invalid at their positions, then a wrong answer
@@ -260,14 +265,9 @@ def test_keep_lets_the_screen_pick_the_credit_and_loses_no_checked_completion(po
     """``keep``: what ``masked`` admits is still judged. A completion the screen passes trains with the screened
     credit (as under ``off``/``correct``: its answer block and its negative push included), one it rejects is kept
     with the credit ``masked`` would give it (no negative push, positive only on valid lines), not charged and not
-    counted as rejected; nothing is lost and no group goes whole. In warm-up every such sample trains with the
-    unscreened credit. A payload line never takes a positive push on either branch."""
-    tok = policy.tokenizer
-    eos = tok.eos_token_id
-    task = src.get(src.ref(5, 4))
-    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
-    sol = worked_solution(task.name, {"metadata": task.metadata})
-    cut = sol.index("\n") + 1
+    counted as rejected, and so is the rest of its group; nothing is lost. In warm-up every such sample trains with
+    the unscreened credit. A payload line never takes a positive push on either branch."""
+    tok, eos, task, prompt, sol, cut = _question(policy, src, 4)
     texts = (sol[:cut] + "zq#pwned!\n" + sol[cut:], sol, _wrong_in_form(sol), "x\n" + _wrong_in_form(sol))
     rows = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
     groups = [_group(task, prompt, rows, [1, 1, 0, 0], "p")]
@@ -348,12 +348,7 @@ def test_a_right_step_out_of_place_is_not_pushed_down_in_a_peer_s_wrong_leaf(pol
     right step off its position (invalid where it stands), looks like our own style to the screen, and its
     negative advantage pushed our right steps down, under ``correct`` as under ``keep``. A line whose text is a
     right step of the question anywhere keeps no negative push; the wrong answer still takes it."""
-    tok = policy.tokenizer
-    eos = tok.eos_token_id
-    task = src.get(src.ref(5, 4))
-    prompt = tok(policy.prompt(task.question), add_special_tokens=False)["input_ids"]
-    sol = worked_solution(task.name, {"metadata": task.metadata})
-    cut = sol.index("\n") + 1
+    tok, eos, task, prompt, sol, cut = _question(policy, src, 4)
     body, ans = sol[: sol.index("<answer>")], sol[sol.index("<answer>"):]
     wrong_ans = ans.replace(ans[len("<answer>"):ans.index("</answer>")], str(int(ans[len("<answer>"):ans.index("</answer>")]) + 1))
     dup = sol[:cut] + body + wrong_ans  # first step twice, a wrong answer
