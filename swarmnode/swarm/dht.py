@@ -63,7 +63,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from swarmnode.rundir import end_stale_children
 from swarmnode.swarm.dht_host import DHTHost, SwarmDHTStatus
-from swarmnode.swarm.dht_process import DEFAULT_MAX_KEY_BYTES, cap_key_bytes
+from swarmnode.swarm.dht_process import DEFAULT_MAX_KEY_BYTES, harden_dht_node
 from swarmnode.swarm.maddrs import loopback_only, parse_multiaddr
 from swarmnode.swarm.validator import (
     DEFAULT_MAX_CLOCK_SKEW,
@@ -175,7 +175,7 @@ class SwarmDHT(DHTHost):
     def _configure_dht(self, dht: Any) -> None:
         """Bound every key's dictionary in the new DHT process's storage (``max_key_bytes``)."""
         if self.max_key_bytes is not None:
-            dht.run_coroutine(partial(cap_key_bytes, max_key_bytes=self.max_key_bytes),
+            dht.run_coroutine(partial(harden_dht_node, max_key_bytes=self.max_key_bytes),
                               return_future=True).result(max(self.call_timeout, 30.0))
 
     # ------------------------------------------------------------------ identity / addresses

@@ -7,15 +7,17 @@ end with the node (parent-death signal, parent watch, no inherited listening soc
 :func:`stop_dht_process` stops a process and cleans up after it. The coroutines :func:`startup_info`,
 :func:`health_info`, :func:`read_visible_maddrs` and :func:`join_peers` run *inside* the DHT process
 (``DHT.run_coroutine``). :class:`~swarmnode.swarm.dht_host.DHTHost` uses all of them.
-:class:`KeyCappedStorage`, :class:`NoCache`, :func:`update_routing_table_chunked` and :func:`cap_key_bytes` bound what one key may hold in this node's storage (a flood of
-fresh keys past hivemind's 4 MiB reply cap would otherwise fail every reply for that key and, with it, empty the
-routing tables of the nodes that ask).
+:func:`harden_dht_node` installs :class:`KeyCappedStorage`, :class:`NoCache`, :func:`update_routing_table_chunked`,
+:func:`validate_dictionary_bounded` and :func:`call_find_off_loop` in a running node: they bound what one key may
+hold in this node's storage and what one reply may cost it (a flood of fresh keys past hivemind's 4 MiB reply cap
+would otherwise fail every reply for that key and, with it, empty the routing tables of the nodes that ask).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import math
 import os
@@ -28,6 +30,8 @@ from typing import Any, Sequence
 
 from hivemind.dht import DHT, DHTNode
 from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
+from hivemind.proto import dht_pb2
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 from hivemind.p2p import PeerID
@@ -38,7 +42,9 @@ __all__ = [
     "KeyCappedStorage",
     "NoCache",
     "PARENT_WATCH_INTERVAL",
-    "cap_key_bytes",
+    "call_find_off_loop",
+    "harden_dht_node",
+    "unpack_find_results",
     "split_handover",
     "update_routing_table_chunked",
     "validate_dictionary_bounded",
@@ -221,7 +227,7 @@ def dictionary_bytes(value: DictionaryDHTValue) -> int:
 
 class KeyCappedStorage(DHTLocalStorage):
     """hivemind's local DHT storage with a byte budget per key (the class of a running node's ``storage`` once
-    :func:`cap_key_bytes` ran; its ``cache`` becomes a :class:`NoCache`).
+    :func:`harden_dht_node` ran; its ``cache`` becomes a :class:`NoCache`).
 
     hivemind answers a find request with a key's whole dictionary, and a reply over its 4 MiB message cap fails:
     the asker gets nothing from this replica *and removes it from its routing table*
@@ -293,7 +299,7 @@ class KeyCappedStorage(DHTLocalStorage):
 
 
 class NoCache(DHTLocalStorage):
-    """A DHT cache that keeps nothing (the class of a running node's ``cache`` once :func:`cap_key_bytes` ran).
+    """A DHT cache that keeps nothing (the class of a running node's ``cache`` once :func:`harden_dht_node` ran).
 
     hivemind answers a find with the storage's value *or* the cache's, whichever expires later, never both; and
     anyone may store into a node's cache (``call_store(in_cache=True)``). One cached entry per key expiring later
@@ -337,7 +343,7 @@ MAX_HANDOVER_PEERS = 4096  # peer ids whose last hand-over is remembered
 async def update_routing_table_chunked(self: DHTProtocol, node_id: Any, peer_id: Any, responded: bool = True) -> None:
     """hivemind's ``DHTProtocol.update_routing_table`` with the hand-over to a newly met node split into stores of
     at most :data:`HANDOVER_BYTES` and sent to one peer id at most once per :data:`HANDOVER_EVERY_S` (bound to a
-    running node's protocol by :func:`cap_key_bytes`; ``self`` is that protocol).
+    running node's protocol by :func:`harden_dht_node`; ``self`` is that protocol).
 
     When a node meets a peer it did not have in its routing table, hivemind sends that peer every stored key the
     peer should now replicate in **one** store; past the 4 MiB message cap that store fails, and a failed call
@@ -376,7 +382,7 @@ def validate_dictionary_bounded(self: DHTProtocol, key_bytes: bytes, dictionary:
     """hivemind's ``DHTProtocol._validate_dictionary`` (every entry's record checked by our validator), refusing
     first, without checking a signature, a dictionary over our storage's per-key budget
     (:attr:`KeyCappedStorage.max_key_entries` entries or :attr:`KeyCappedStorage.max_key_bytes`); bound to a
-    running node's protocol by :func:`cap_key_bytes`; ``self`` is that protocol. It judges find replies and
+    running node's protocol by :func:`harden_dht_node`; ``self`` is that protocol. It judges find replies and
     whole-dictionary stores: an attacker's own replica answering with 20,000 signed one-byte entries made every
     reader check 20,000 signatures in its DHT event loop (heartbeat reads timed out, pings to the reader failed and
     an honest node left a routing table; an outside attack). Such a reply counts as "not found" at that peer."""
@@ -389,15 +395,86 @@ def validate_dictionary_bounded(self: DHTProtocol, key_bytes: bytes, dictionary:
     return DHTProtocol._validate_dictionary(self, key_bytes, dictionary)
 
 
+def unpack_find_results(self: DHTProtocol, keys: Sequence[DHTID], results: Sequence[Any]) -> dict:
+    """hivemind 1.1's unpacking of a find reply (``DHTProtocol.call_find`` after the call returned): per key,
+    ``(ValueWithExpiration | None, {neighbour DHTID: PeerID})``, every value decoded and checked by our
+    validators (``_validate_record`` / ``_validate_dictionary``); a value that fails counts as not found.
+    Runs in :func:`call_find_off_loop`'s worker thread. ``self`` is the protocol.
+
+    :raises Exception: whatever decoding a malformed reply raises (the caller counts the peer as failed)
+    """
+    output: dict = {}
+    for key, result in zip(keys, results):
+        key_bytes = DHTID.to_bytes(key)
+        nearest = dict(zip(map(DHTID.from_bytes, result.nearest_node_ids), map(PeerID, result.nearest_peer_ids)))
+        if result.type == dht_pb2.NOT_FOUND:
+            output[key] = None, nearest
+        elif result.type == dht_pb2.FOUND_REGULAR:
+            ok = self._validate_record(key_bytes, self.IS_REGULAR_VALUE, result.value, result.expiration_time)
+            output[key] = (ValueWithExpiration(result.value, result.expiration_time) if ok else None), nearest
+        elif result.type == dht_pb2.FOUND_DICTIONARY:
+            value = self.serializer.loads(result.value)
+            ok = self._validate_dictionary(key_bytes, value)
+            output[key] = (ValueWithExpiration(value, result.expiration_time) if ok else None), nearest
+        else:
+            log.error("unknown find result type %s from a DHT peer", result.type)
+    return output
+
+
+def _decode_pool(self: DHTProtocol) -> concurrent.futures.ThreadPoolExecutor:
+    pool = self.__dict__.get("_decode_pool")
+    if pool is None:
+        pool = self.__dict__["_decode_pool"] = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dht-find-decode")
+    return pool
+
+
+async def call_find_off_loop(self: DHTProtocol, peer: PeerID, keys: Any) -> dict | None:
+    """hivemind 1.1's ``DHTProtocol.call_find`` with each reply decoded and validated in one worker thread
+    (:func:`unpack_find_results`) instead of the DHT event loop (bound to a running node's protocol by
+    :func:`harden_dht_node`; ``self`` is that protocol). Returns what hivemind's returns: per key
+    ``(value or None, nearest neighbours)``, or ``None`` when the peer did not answer or its reply does not decode
+    (the peer then counts as failed, as in hivemind).
+
+    Decoding a reply of ~3 MiB and checking its up to 1,024 signatures takes a loaded 2-core machine ~0.6 s.
+    One read of a few keys has several replicas answer at once; in the event loop their replies ran back to
+    back, and every other call waiting meanwhile, an honest replica's reply or a ping from a neighbour, passed
+    hivemind's 3 s RPC timeout, counted as failed and left the routing table: two attacker replicas just under
+    the key budget under the keys a poll reads emptied a reader's routing table after every read (an outside
+    attack). Here the loop only waits: pings are answered and honest replies are taken as they arrive, and the
+    peer that answered is marked as responded before its reply is decoded. The worker is one thread, so
+    decoding costs at most one core and our validators run one at a time."""
+    keys = list(keys)
+    find_request = dht_pb2.FindRequest(keys=list(map(DHTID.to_bytes, keys)), peer=self.node_info)
+    try:
+        async with self.rpc_semaphore:
+            response = await self.get_stub(peer).rpc_find(find_request, timeout=self.wait_timeout)
+        if response.peer and response.peer.node_id:
+            asyncio.create_task(self.update_routing_table(DHTID.from_bytes(response.peer.node_id), peer,
+                                                          responded=True))
+        if len(keys) != len(response.results):
+            raise ValueError(f"find reply has {len(response.results)} results for {len(keys)} keys")
+        results = list(response.results)
+        return await asyncio.get_running_loop().run_in_executor(_decode_pool(self), unpack_find_results, self,
+                                                                keys, results)
+    except Exception:  # noqa: BLE001 - as hivemind: a peer whose call or reply fails is marked as failed
+        log.debug("DHT find at %s failed", peer, exc_info=True)
+        asyncio.create_task(self.update_routing_table(self.routing_table.get(peer_id=peer), peer, responded=False))
+        return None
+
+
 # --------------------------------------------------------------------------- helpers (picklable coroutines)
-async def cap_key_bytes(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
+async def harden_dht_node(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     """Runs inside the DHT process: make the node's storage a :class:`KeyCappedStorage` with a budget of
     ``max_key_bytes`` per key (its entries are kept), its cache a :class:`NoCache` (emptied; and the node caches
     nothing after a read, here nor at the nearest nodes: hivemind pushed a read's merged dictionary, over 4 MiB
     after a flood, to one nearby node, the call failed and that honest node left the reader's routing table), and
-    its protocol's ``update_routing_table`` :func:`update_routing_table_chunked` and ``_validate_dictionary``
-    :func:`validate_dictionary_bounded` (the protocol's class, under whose name its RPC handlers are registered,
-    stays hivemind's). Returns the budget."""
+    its protocol's ``update_routing_table`` :func:`update_routing_table_chunked`, ``_validate_dictionary``
+    :func:`validate_dictionary_bounded` and ``call_find`` :func:`call_find_off_loop` (the protocol's class, under
+    whose name its RPC handlers are registered, stays hivemind's). Returns the budget.
+
+    The last three restate hivemind 1.1's code in order to change one part of it (hivemind has no hook there):
+    a hivemind upgrade must be checked against them."""
     node.protocol.storage.__class__ = KeyCappedStorage
     node.protocol.storage.max_key_bytes = int(max_key_bytes)
     node.protocol.cache.clear()
@@ -405,6 +482,7 @@ async def cap_key_bytes(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     node.cache_locally, node.cache_nearest, node.cache_on_store = False, 0, False
     node.protocol.update_routing_table = types.MethodType(update_routing_table_chunked, node.protocol)
     node.protocol._validate_dictionary = types.MethodType(validate_dictionary_bounded, node.protocol)
+    node.protocol.call_find = types.MethodType(call_find_off_loop, node.protocol)
     return int(max_key_bytes)
 
 

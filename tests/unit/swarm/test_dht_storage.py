@@ -84,7 +84,7 @@ def test_reads_get_a_copy_so_a_merge_cannot_grow_the_stored_dictionary():
     assert not store.store(key, b"v" * 100, now + 60, subkey=b"k999")  # the stored object is still the one judged
 
 
-def test_the_cache_keeps_nothing_and_cap_key_bytes_installs_both():
+def test_the_cache_keeps_nothing_and_harden_dht_node_installs_every_bound():
     """Outside attack: a node answers a find with its storage's value or its cache's, whichever expires later, and
     anyone may store into its cache; one cached entry expiring later hid every honest entry of a key."""
     import asyncio
@@ -92,16 +92,16 @@ def test_the_cache_keeps_nothing_and_cap_key_bytes_installs_both():
 
     from hivemind.dht.protocol import DHTProtocol
 
-    from swarmnode.swarm.dht_process import NoCache, cap_key_bytes
+    from swarmnode.swarm.dht_process import NoCache, harden_dht_node
 
     now = get_dht_time()
     storage, cache = DHTLocalStorage(), DHTLocalStorage()
     storage.store(DHTID.generate(source="kept"), b"v", now + 60, subkey=b"k")
     cache.store(DHTID.generate(source="cached"), b"v", now + 900, subkey=b"k")
-    protocol = DHTProtocol.__new__(DHTProtocol)  # the attributes cap_key_bytes touches, no network
+    protocol = DHTProtocol.__new__(DHTProtocol)  # the attributes harden_dht_node touches, no network
     protocol.storage, protocol.cache = storage, cache
     node = SimpleNamespace(protocol=protocol, cache_locally=True, cache_nearest=1, cache_on_store=True)
-    assert asyncio.run(cap_key_bytes(None, node, 2 * 1024 * 1024)) == 2 * 1024 * 1024
+    assert asyncio.run(harden_dht_node(None, node, 2 * 1024 * 1024)) == 2 * 1024 * 1024
     # the protocol keeps hivemind's class (its RPC handlers are registered under that name: swapping the class
     # made every shutdown fail to remove them), only its routing-table update is ours
     assert type(protocol) is DHTProtocol and protocol.update_routing_table.__func__.__name__ == "update_routing_table_chunked"
@@ -234,3 +234,139 @@ def test_a_reply_over_the_budget_is_refused_before_any_signature_is_checked():
     assert not proto._validate_dictionary(key, dictionary(1025, 1)) and Counting.calls == 0  # too many entries
     assert not proto._validate_dictionary(key, dictionary(60, 60_000)) and Counting.calls == 0  # 3.6 MB
     assert proto._validate_dictionary(key, dictionary(1024, 1)) and Counting.calls == 1024  # at the budget: checked
+
+
+def _find_protocol(reply, validator):
+    """A hivemind DHTProtocol with the attributes ``call_find`` touches and a stub peer answering ``reply``."""
+    import asyncio
+    import types
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.dht.routing import RoutingTable
+    from hivemind.proto import dht_pb2
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from swarmnode.swarm.dht_process import call_find_off_loop, validate_dictionary_bounded
+
+    proto = DHTProtocol.__new__(DHTProtocol)
+    proto.storage, proto.record_validator, proto.serializer = _capped(3 * 1024 * 1024), validator, MSGPackSerializer
+    proto._validate_dictionary = types.MethodType(validate_dictionary_bounded, proto)
+    proto.node_id = DHTID.generate(source="reader")
+    proto.node_info, proto.wait_timeout = dht_pb2.NodeInfo(node_id=proto.node_id.to_bytes()), 3.0
+    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+    proto.rpc_semaphore = asyncio.Semaphore(8)
+    proto.updates = []
+
+    async def update_routing_table(node_id, peer_id, responded=True):
+        proto.updates.append(responded)
+
+    async def rpc_find(request, timeout=None):
+        return reply(request)
+
+    proto.update_routing_table = update_routing_table
+    proto.get_stub = lambda peer: types.SimpleNamespace(rpc_find=rpc_find)
+    return proto, types.MethodType(call_find_off_loop, proto)
+
+
+def _find_reply(request, value: DictionaryDHTValue, expiration: float):
+    from hivemind.proto import dht_pb2
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    neighbour = DHTID.generate(source="neighbour")
+    near = dict(nearest_node_ids=[neighbour.to_bytes()],
+                nearest_peer_ids=[b"\x00$\x08\x01\x12 " + b"\x07" * 32])
+    results = [dht_pb2.FindResult(type=dht_pb2.NOT_FOUND, **near),
+               dht_pb2.FindResult(type=dht_pb2.FOUND_REGULAR, value=b"plain", expiration_time=expiration, **near),
+               dht_pb2.FindResult(type=dht_pb2.FOUND_DICTIONARY, value=MSGPackSerializer.dumps(value),
+                                  expiration_time=expiration, **near)]
+    return dht_pb2.FindResponse(results=results[: len(request.keys)],
+                                peer=dht_pb2.NodeInfo(node_id=DHTID.generate(source="replica").to_bytes()))
+
+
+def test_find_replies_are_decoded_and_checked_off_the_event_loop_with_hivemind_s_result():
+    """Outside attack: two attacker replicas answering just under the key budget (1,024 entries, ~3 MiB) under the
+    keys a poll reads held a loaded reader's DHT event loop past hivemind's 3 s RPC timeout while it decoded and
+    checked their replies one after another; honest replies and pings counted as failed and the reader's routing
+    table was empty after every read. Replies are now decoded and checked in a worker thread, the loop stays free
+    (here: the validator waits for a task that only a free loop can run), and the result is hivemind's."""
+    import asyncio
+    import threading
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.p2p import PeerID
+
+    now = get_dht_time()
+    value = DictionaryDHTValue()
+    for i in range(5):
+        value.store(b"k%d" % i, b"v" * 100, now + 60)
+    loop_free, seen_threads = threading.Event(), set()
+
+    class WaitsForTheLoop:
+        def validate(self, record):
+            seen_threads.add(threading.get_ident())
+            return loop_free.wait(60)  # set by a task on the loop: never, if this ran on the loop
+
+    keys = [DHTID.generate(source=f"swarm:key{i}") for i in range(3)]
+    peer = PeerID.from_base58("12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc")
+    proto, call_find = _find_protocol(lambda request: _find_reply(request, value, now + 60), WaitsForTheLoop())
+
+    async def read():
+        async def free_loop():
+            await asyncio.sleep(0)
+            loop_free.set()
+
+        task = asyncio.create_task(free_loop())
+        out = await call_find(peer, keys)
+        await task
+        return out, threading.get_ident()
+
+    ours, loop_thread = asyncio.run(read())
+    assert seen_threads and loop_thread not in seen_threads  # checked in the worker thread
+    assert proto.updates == [True]  # the replica counts as responded
+    # the same reply through hivemind's own call_find gives the same result
+    loop_free.set()
+    proto.updates.clear()
+    theirs = asyncio.run(DHTProtocol.call_find(proto, peer, keys))
+    assert ours.keys() == theirs.keys() == set(keys)
+    for key in keys:
+        (a, near_a), (b, near_b) = ours[key], theirs[key]
+        assert near_a == near_b and len(near_a) == 1
+        if b is None:
+            assert a is None
+        elif isinstance(b.value, DictionaryDHTValue):
+            assert dict(a.value.items()) == dict(b.value.items()) and a.expiration_time == b.expiration_time
+        else:
+            assert a == b
+    assert ours[keys[0]][0] is None and ours[keys[1]][0].value == b"plain" and len(ours[keys[2]][0].value) == 5
+
+
+def test_a_find_reply_that_fails_its_checks_or_does_not_decode_counts_as_not_found_or_failed():
+    """A value refused by a validator is "not found" at that replica (as in hivemind); a reply that does not decode,
+    or has a result count other than the keys asked, makes the call return None and marks the replica failed."""
+    import asyncio
+
+    from hivemind.p2p import PeerID
+
+    class Refuses:
+        def validate(self, record):
+            return False
+
+    now = get_dht_time()
+    value = DictionaryDHTValue()
+    value.store(b"k", b"v", now + 60)
+    keys = [DHTID.generate(source=f"swarm:key{i}") for i in range(3)]
+    peer = PeerID.from_base58("12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc")
+    proto, call_find = _find_protocol(lambda request: _find_reply(request, value, now + 60), Refuses())
+    out = asyncio.run(call_find(peer, keys))
+    assert [out[k][0] for k in keys] == [None, None, None] and proto.updates == [True]
+
+    def garbled(request):
+        reply = _find_reply(request, value, now + 60)
+        reply.results[2].value = b"\xc1 not msgpack"
+        return reply
+
+    proto, call_find = _find_protocol(garbled, Refuses())
+    assert asyncio.run(call_find(peer, keys)) is None and proto.updates == [True, False]
+    proto, call_find = _find_protocol(lambda request: _find_reply(request, value, now + 60), Refuses())
+    assert asyncio.run(call_find(peer, keys + [DHTID.generate(source="a fourth key")])) is None
+    assert proto.updates == [True, False]
