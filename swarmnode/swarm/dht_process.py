@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import logging
 import math
 import os
@@ -30,21 +29,19 @@ from typing import Any, Sequence
 
 from hivemind.dht import DHT, DHTNode
 from hivemind.dht.protocol import DHTProtocol
-from hivemind.dht.routing import DHTID
-from hivemind.proto import dht_pb2
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
+
+from swarmnode.swarm.dht_reply import MAX_DICTIONARY_ENTRIES, BoundedSerializer, call_find_off_loop
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
     "KeyCappedStorage",
     "NoCache",
     "PARENT_WATCH_INTERVAL",
-    "call_find_off_loop",
     "harden_dht_node",
-    "unpack_find_results",
     "split_handover",
     "update_routing_table_chunked",
     "validate_dictionary_bounded",
@@ -73,8 +70,9 @@ REQUEST_OVERHEAD = 2048  # bytes of a pickled request besides its value (method 
 DEFAULT_MAX_KEY_BYTES = 3 * 1024 * 1024
 ENTRY_OVERHEAD = 32  # bytes counted per dictionary entry besides its subkey and value (expiration, framing)
 #: Entries one key's dictionary may hold (:class:`KeyCappedStorage`): every reader checks every entry's signature
-#: in its DHT event loop, and 11,000 one-byte entries under the byte budget made a find take 7 s.
-MAX_KEY_ENTRIES = 1024
+#: in its DHT event loop, and 11,000 one-byte entries under the byte budget made a find take 7 s. A decoded
+#: reply holds no longer array either (:class:`~swarmnode.swarm.dht_reply.BoundedSerializer`).
+MAX_KEY_ENTRIES = MAX_DICTIONARY_ENTRIES
 
 
 def pipe_room(dht: DHT) -> int | None:
@@ -395,74 +393,6 @@ def validate_dictionary_bounded(self: DHTProtocol, key_bytes: bytes, dictionary:
     return DHTProtocol._validate_dictionary(self, key_bytes, dictionary)
 
 
-def unpack_find_results(self: DHTProtocol, keys: Sequence[DHTID], results: Sequence[Any]) -> dict:
-    """hivemind 1.1's unpacking of a find reply (``DHTProtocol.call_find`` after the call returned): per key,
-    ``(ValueWithExpiration | None, {neighbour DHTID: PeerID})``, every value decoded and checked by our
-    validators (``_validate_record`` / ``_validate_dictionary``); a value that fails counts as not found.
-    Runs in :func:`call_find_off_loop`'s worker thread. ``self`` is the protocol.
-
-    :raises Exception: whatever decoding a malformed reply raises (the caller counts the peer as failed)
-    """
-    output: dict = {}
-    for key, result in zip(keys, results):
-        key_bytes = DHTID.to_bytes(key)
-        nearest = dict(zip(map(DHTID.from_bytes, result.nearest_node_ids), map(PeerID, result.nearest_peer_ids)))
-        if result.type == dht_pb2.NOT_FOUND:
-            output[key] = None, nearest
-        elif result.type == dht_pb2.FOUND_REGULAR:
-            ok = self._validate_record(key_bytes, self.IS_REGULAR_VALUE, result.value, result.expiration_time)
-            output[key] = (ValueWithExpiration(result.value, result.expiration_time) if ok else None), nearest
-        elif result.type == dht_pb2.FOUND_DICTIONARY:
-            value = self.serializer.loads(result.value)
-            ok = self._validate_dictionary(key_bytes, value)
-            output[key] = (ValueWithExpiration(value, result.expiration_time) if ok else None), nearest
-        else:
-            log.error("unknown find result type %s from a DHT peer", result.type)
-    return output
-
-
-def _decode_pool(self: DHTProtocol) -> concurrent.futures.ThreadPoolExecutor:
-    pool = self.__dict__.get("_decode_pool")
-    if pool is None:
-        pool = self.__dict__["_decode_pool"] = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="dht-find-decode")
-    return pool
-
-
-async def call_find_off_loop(self: DHTProtocol, peer: PeerID, keys: Any) -> dict | None:
-    """hivemind 1.1's ``DHTProtocol.call_find`` with each reply decoded and validated in one worker thread
-    (:func:`unpack_find_results`) instead of the DHT event loop (bound to a running node's protocol by
-    :func:`harden_dht_node`; ``self`` is that protocol). Returns what hivemind's returns: per key
-    ``(value or None, nearest neighbours)``, or ``None`` when the peer did not answer or its reply does not decode
-    (the peer then counts as failed, as in hivemind).
-
-    Decoding a reply of ~3 MiB and checking its up to 1,024 signatures takes a loaded 2-core machine ~0.6 s.
-    One read of a few keys has several replicas answer at once; in the event loop their replies ran back to
-    back, and every other call waiting meanwhile, an honest replica's reply or a ping from a neighbour, passed
-    hivemind's 3 s RPC timeout, counted as failed and left the routing table: two attacker replicas just under
-    the key budget under the keys a poll reads emptied a reader's routing table after every read (an outside
-    attack). Here the loop only waits: pings are answered and honest replies are taken as they arrive, and the
-    peer that answered is marked as responded before its reply is decoded. The worker is one thread, so
-    decoding costs at most one core and our validators run one at a time."""
-    keys = list(keys)
-    find_request = dht_pb2.FindRequest(keys=list(map(DHTID.to_bytes, keys)), peer=self.node_info)
-    try:
-        async with self.rpc_semaphore:
-            response = await self.get_stub(peer).rpc_find(find_request, timeout=self.wait_timeout)
-        if response.peer and response.peer.node_id:
-            asyncio.create_task(self.update_routing_table(DHTID.from_bytes(response.peer.node_id), peer,
-                                                          responded=True))
-        if len(keys) != len(response.results):
-            raise ValueError(f"find reply has {len(response.results)} results for {len(keys)} keys")
-        results = list(response.results)
-        return await asyncio.get_running_loop().run_in_executor(_decode_pool(self), unpack_find_results, self,
-                                                                keys, results)
-    except Exception:  # noqa: BLE001 - as hivemind: a peer whose call or reply fails is marked as failed
-        log.debug("DHT find at %s failed", peer, exc_info=True)
-        asyncio.create_task(self.update_routing_table(self.routing_table.get(peer_id=peer), peer, responded=False))
-        return None
-
-
 # --------------------------------------------------------------------------- helpers (picklable coroutines)
 async def harden_dht_node(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     """Runs inside the DHT process: make the node's storage a :class:`KeyCappedStorage` with a budget of
@@ -470,8 +400,10 @@ async def harden_dht_node(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     nothing after a read, here nor at the nearest nodes: hivemind pushed a read's merged dictionary, over 4 MiB
     after a flood, to one nearby node, the call failed and that honest node left the reader's routing table), and
     its protocol's ``update_routing_table`` :func:`update_routing_table_chunked`, ``_validate_dictionary``
-    :func:`validate_dictionary_bounded` and ``call_find`` :func:`call_find_off_loop` (the protocol's class, under
-    whose name its RPC handlers are registered, stays hivemind's). Returns the budget.
+    :func:`validate_dictionary_bounded`, ``call_find`` :func:`~swarmnode.swarm.dht_reply.call_find_off_loop` and
+    ``serializer`` :class:`~swarmnode.swarm.dht_reply.BoundedSerializer` (which also decodes stores and the values
+    of a finished read; the protocol's class, under whose name its RPC handlers are registered, stays
+    hivemind's). Returns the budget.
 
     The last three restate hivemind 1.1's code in order to change one part of it (hivemind has no hook there):
     a hivemind upgrade must be checked against them."""
@@ -483,6 +415,7 @@ async def harden_dht_node(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     node.protocol.update_routing_table = types.MethodType(update_routing_table_chunked, node.protocol)
     node.protocol._validate_dictionary = types.MethodType(validate_dictionary_bounded, node.protocol)
     node.protocol.call_find = types.MethodType(call_find_off_loop, node.protocol)
+    node.protocol.serializer = BoundedSerializer
     return int(max_key_bytes)
 
 

@@ -93,6 +93,7 @@ def test_the_cache_keeps_nothing_and_harden_dht_node_installs_every_bound():
     from hivemind.dht.protocol import DHTProtocol
 
     from swarmnode.swarm.dht_process import NoCache, harden_dht_node
+    from swarmnode.swarm.dht_reply import BoundedSerializer
 
     now = get_dht_time()
     storage, cache = DHTLocalStorage(), DHTLocalStorage()
@@ -106,6 +107,7 @@ def test_the_cache_keeps_nothing_and_harden_dht_node_installs_every_bound():
     # made every shutdown fail to remove them), only its routing-table update is ours
     assert type(protocol) is DHTProtocol and protocol.update_routing_table.__func__.__name__ == "update_routing_table_chunked"
     assert protocol._validate_dictionary.__func__.__name__ == "validate_dictionary_bounded"
+    assert protocol.call_find.__func__.__name__ == "call_find_off_loop" and protocol.serializer is BoundedSerializer
     # nothing is cached after a read, here or at the nearest nodes (hivemind pushed the merged dictionary of a read,
     # over 4 MiB after a flood, to a nearby honest node; the failed call dropped it from the reader's routing table)
     assert (node.cache_locally, node.cache_nearest, node.cache_on_store) == (False, 0, False)
@@ -246,7 +248,8 @@ def _find_protocol(reply, validator):
     from hivemind.proto import dht_pb2
     from hivemind.utils.serializer import MSGPackSerializer
 
-    from swarmnode.swarm.dht_process import call_find_off_loop, validate_dictionary_bounded
+    from swarmnode.swarm.dht_process import validate_dictionary_bounded
+    from swarmnode.swarm.dht_reply import call_find_off_loop
 
     proto = DHTProtocol.__new__(DHTProtocol)
     proto.storage, proto.record_validator, proto.serializer = _capped(3 * 1024 * 1024), validator, MSGPackSerializer
@@ -370,3 +373,67 @@ def test_a_find_reply_that_fails_its_checks_or_does_not_decode_counts_as_not_fou
     proto, call_find = _find_protocol(lambda request: _find_reply(request, value, now + 60), Refuses())
     assert asyncio.run(call_find(peer, keys + [DHTID.generate(source="a fourth key")])) is None
     assert proto.updates == [True, False]
+
+
+def _nested_tuples(depth: int) -> bytes:
+    """hivemind's encoding of ``depth`` tuples nested in one another, built bottom-up (no recursion here)."""
+    import msgpack
+
+    data = msgpack.packb([])
+    for _ in range(depth - 1):
+        data = msgpack.packb([msgpack.ExtType(0x40, data)])
+    return msgpack.packb(msgpack.ExtType(0x40, data))
+
+
+def test_the_bounded_serializer_decodes_what_hivemind_s_does():
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from swarmnode.swarm.dht_reply import BoundedSerializer
+
+    now = get_dht_time()
+    value = DictionaryDHTValue()
+    for i in range(1024):  # a full key
+        value.store(b"[ed25519:%04d]" % i, b"record %d" % i, now + 60 + i)
+    for obj in [b"signed record", None, 7, 1.5, "text", [1, [2, b"x"]], ((1, (2, (b"x",))), "y")]:
+        assert BoundedSerializer.loads(MSGPackSerializer.dumps(obj)) == obj
+    assert BoundedSerializer.loads(_nested_tuples(8)) == MSGPackSerializer.loads(_nested_tuples(8))
+    ours = BoundedSerializer.loads(MSGPackSerializer.dumps(value))
+    theirs = MSGPackSerializer.loads(MSGPackSerializer.dumps(value))
+    assert isinstance(ours, DictionaryDHTValue) and dict(ours.items()) == dict(theirs.items()) and len(ours) == 1024
+    assert ours.latest_expiration_time == theirs.latest_expiration_time == now + 60 + 1023
+    assert BoundedSerializer.dumps(value) == MSGPackSerializer.dumps(value)
+
+
+def test_the_bounded_serializer_refuses_deep_nesting_long_arrays_and_other_extension_types():
+    """Outside attack: 200 tuple extension types nested in one another (714 bytes) overflowed the C stack in
+    hivemind's decoder and killed the DHT process of the node that decoded them, as a find reply or as a store
+    sent straight to it (no signature needed); a reply of 300,000 one-byte entries took 5.5 s to decode before
+    any bound looked at it. Both are refused now, the long one at its array header. The deep one is decoded in a
+    child process: were the bound gone, the crash would take the child, not the test run."""
+    import subprocess
+    import sys
+
+    import msgpack
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from swarmnode.swarm.dht_reply import MAX_DICTIONARY_ENTRIES, BoundedSerializer
+
+    code = ("import sys; from swarmnode.swarm.dht_reply import BoundedSerializer\n"
+            "try:\n    BoundedSerializer.loads(sys.stdin.buffer.read())\nexcept ValueError as e:\n    print('refused:', e)")
+    out = subprocess.run([sys.executable, "-c", code], input=_nested_tuples(2000), capture_output=True, timeout=120)
+    assert out.returncode == 0 and b"refused: msgpack extension types nested deeper than 8" in out.stdout, out
+    with pytest.raises(ValueError, match="nested deeper"):
+        BoundedSerializer.loads(_nested_tuples(9))
+    now = get_dht_time()
+    value = DictionaryDHTValue()
+    for i in range(MAX_DICTIONARY_ENTRIES + 1):
+        value.store(b"k%05d" % i, b"v", now + 60)
+    with pytest.raises(ValueError):
+        BoundedSerializer.loads(MSGPackSerializer.dumps(value))
+    with pytest.raises(ValueError):
+        BoundedSerializer.loads(msgpack.packb([0] * (MAX_DICTIONARY_ENTRIES + 1)))
+    with pytest.raises(ValueError, match="extension type 0x51"):  # hivemind's tensor descriptor, or any other
+        BoundedSerializer.loads(msgpack.packb(msgpack.ExtType(0x51, msgpack.packb([1, 2]))))
+    for payload in [[1, 2], [None, 1.0, [[b"k", b"v"]]], [None, "x", []], [None, 1.0, [[[b"list"], b"v", 1.0]]]]:
+        with pytest.raises(ValueError, match="DHT dictionary"):
+            BoundedSerializer.loads(msgpack.packb(msgpack.ExtType(0x50, msgpack.packb(payload))))
