@@ -28,13 +28,16 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmnode.swarm.wire import unpack_dht_bytes
 
-__all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "BoundedSerializer", "call_find_off_loop",
+__all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_MESSAGE_OBJECTS", "BoundedSerializer", "call_find_off_loop",
            "unpack_find_results"]
 
 log = logging.getLogger("swarmnode.swarm.dht")
 
 MAX_DICTIONARY_ENTRIES = 1024  # entries of one key's dictionary, on the wire and in storage (KeyCappedStorage)
 MAX_EXT_DEPTH = 8  # extension types nested in one another (ours nest 1: a dictionary of byte values)
+#: objects in the arrays and maps of one message, all levels together, each container counting its elements
+#: plus one: a full dictionary value counts 4 (its payload) + 1,025 (the items array) + 1,024 x 4 (the entries)
+MAX_MESSAGE_OBJECTS = 5 * MAX_DICTIONARY_ENTRIES + 64
 DICTIONARY_EXT_CODE = 0x50  # hivemind's DictionaryDHTValue (hivemind.dht.storage)
 
 
@@ -47,15 +50,24 @@ class BoundedSerializer(MSGPackSerializer):
     decoding overflowed the C stack at ~200 levels, 714 bytes, and the process died), any other extension type
     (hivemind's registered types decode their payload with the unbounded serializer), an array or map over
     :data:`MAX_DICTIONARY_ENTRIES` elements (refused at its header: :func:`swarmnode.swarm.wire.unpack_dht_bytes`),
-    and a dictionary value not of hivemind's form ``[maxsize, latest expiration, [[subkey, value, expiration],
+    a message of more than :data:`MAX_MESSAGE_OBJECTS` objects in its arrays and maps, all levels together
+    (refused as soon as the count passes it), and a dictionary value not of hivemind's form ``[maxsize, latest expiration, [[subkey, value, expiration],
     ...]]``. hivemind turns the error into a failed call (find) or an RPC error (store)."""
 
     max_entries: int = MAX_DICTIONARY_ENTRIES
     max_ext_depth: int = MAX_EXT_DEPTH
+    max_objects: int = MAX_MESSAGE_OBJECTS
 
     @classmethod
     def loads(cls, buf: bytes) -> object:
         depth = 0
+        objects = 0
+
+        def count(n: int) -> None:
+            nonlocal objects
+            objects += n
+            if objects > cls.max_objects:
+                raise ValueError(f"a DHT message of more than {cls.max_objects} msgpack objects in arrays and maps")
 
         def ext_hook(code: int, data: bytes) -> Any:
             nonlocal depth
@@ -72,7 +84,7 @@ class BoundedSerializer(MSGPackSerializer):
                 depth -= 1
 
         def unpack(data: bytes) -> Any:
-            return unpack_dht_bytes(data, ext_hook, cls.max_entries)
+            return unpack_dht_bytes(data, ext_hook, cls.max_entries, count)
 
         return unpack(buf)
 

@@ -432,6 +432,13 @@ def test_the_bounded_serializer_refuses_deep_nesting_long_arrays_and_other_exten
         BoundedSerializer.loads(MSGPackSerializer.dumps(value))
     with pytest.raises(ValueError):
         BoundedSerializer.loads(msgpack.packb([0] * (MAX_DICTIONARY_ENTRIES + 1)))
+    # every container under the per-array bound, ~3 million empty maps in all (4 MB): 6-8 s and ~320 MB to decode
+    # a reply or a store before (an outside attack); refused once the count passes a full dictionary's
+    many = msgpack.packb(msgpack.ExtType(0x50, msgpack.packb([None, 1.0, [[{}, {}, {}]] * 1024] * 8)))
+    with pytest.raises(ValueError, match="msgpack objects"):
+        BoundedSerializer.loads(many)
+    with pytest.raises(ValueError, match="msgpack objects"):
+        BoundedSerializer.loads(msgpack.packb([[[]] * 1024] * 6))
     with pytest.raises(ValueError, match="extension type 0x51"):  # hivemind's tensor descriptor, or any other
         BoundedSerializer.loads(msgpack.packb(msgpack.ExtType(0x51, msgpack.packb([1, 2]))))
     for payload in [[1, 2], [None, 1.0, [[b"k", b"v"]]], [None, "x", []], [None, 1.0, [[[b"list"], b"v", 1.0]]]]:
