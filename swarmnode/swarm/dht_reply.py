@@ -76,7 +76,10 @@ class BoundedSerializer(MSGPackSerializer):
             depth += 1
             try:
                 if code == cls._TUPLE_EXT_TYPE_CODE:
-                    return tuple(unpack(data))
+                    items = unpack(data)
+                    if not isinstance(items, list):  # tuple("4 MiB of text") would be millions of objects
+                        raise ValueError("a msgpack tuple's payload is an array")
+                    return tuple(items)
                 if code == DICTIONARY_EXT_CODE:
                     return _dictionary(unpack(data))
                 raise ValueError(f"msgpack extension type {code:#x}: only tuples and DHT dictionaries are decoded")

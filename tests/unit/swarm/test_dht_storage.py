@@ -439,6 +439,9 @@ def test_the_bounded_serializer_refuses_deep_nesting_long_arrays_and_other_exten
         BoundedSerializer.loads(many)
     with pytest.raises(ValueError, match="msgpack objects"):
         BoundedSerializer.loads(msgpack.packb([[[]] * 1024] * 6))
+    for payload in [b"\x00" * 100_000, "é" * 50_000, 7, None]:  # tuple(payload) was 100,000 objects, or a TypeError
+        with pytest.raises(ValueError, match="tuple's payload"):
+            BoundedSerializer.loads(msgpack.packb(msgpack.ExtType(0x40, msgpack.packb(payload))))
     with pytest.raises(ValueError, match="extension type 0x51"):  # hivemind's tensor descriptor, or any other
         BoundedSerializer.loads(msgpack.packb(msgpack.ExtType(0x51, msgpack.packb([1, 2]))))
     for payload in [[1, 2], [None, 1.0, [[b"k", b"v"]]], [None, "x", []], [None, 1.0, [[[b"list"], b"v", 1.0]]]]:
