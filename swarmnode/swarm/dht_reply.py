@@ -51,8 +51,9 @@ class BoundedSerializer(MSGPackSerializer):
     (hivemind's registered types decode their payload with the unbounded serializer), an array or map over
     :data:`MAX_DICTIONARY_ENTRIES` elements (refused at its header: :func:`swarmnode.swarm.wire.unpack_dht_bytes`),
     a message of more than :data:`MAX_MESSAGE_OBJECTS` objects in its arrays and maps, all levels together
-    (refused as soon as the count passes it), and a dictionary value not of hivemind's form ``[maxsize, latest expiration, [[subkey, value, expiration],
-    ...]]``. hivemind turns the error into a failed call (find) or an RPC error (store)."""
+    (refused as soon as the count passes it), a tuple whose payload is not an array, and a dictionary value not of
+    hivemind's form ``[maxsize, latest expiration, [[subkey, value, expiration], ...]]``. hivemind turns the error
+    into a failed call (find) or an RPC error (store)."""
 
     max_entries: int = MAX_DICTIONARY_ENTRIES
     max_ext_depth: int = MAX_EXT_DEPTH
