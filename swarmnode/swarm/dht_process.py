@@ -34,7 +34,8 @@ from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarmnode.swarm.dht_reply import MAX_DICTIONARY_ENTRIES, BoundedSerializer, call_find_off_loop
+from swarmnode.swarm.dht_reply import (MAX_DICTIONARY_ENTRIES, MAX_STORE_KEYS, BoundedSerializer, bound_request_handlers,
+                                      call_find_off_loop)
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -318,15 +319,16 @@ def _value_bytes(value: Any) -> int:
     return dictionary_bytes(value) if isinstance(value, DictionaryDHTValue) else len(value) + ENTRY_OVERHEAD
 
 
-def split_handover(items: Sequence[tuple[Any, Any, float]],
-                   max_bytes: int = HANDOVER_BYTES) -> list[list[tuple[Any, Any, float]]]:
+def split_handover(items: Sequence[tuple[Any, Any, float]], max_bytes: int = HANDOVER_BYTES,
+                   max_items: int = MAX_STORE_KEYS) -> list[list[tuple[Any, Any, float]]]:
     """Split ``(key, value, expiration)`` items into batches of at most ``max_bytes`` (:func:`dictionary_bytes`
-    for a dictionary value; an item bigger than ``max_bytes`` goes alone), in order."""
+    for a dictionary value; an item bigger than ``max_bytes`` goes alone) and at most ``max_items`` keys (what a
+    peer's store handler takes, :data:`~swarmnode.swarm.dht_reply.MAX_STORE_KEYS`), in order."""
     batches: list[list[tuple[Any, Any, float]]] = []
     size = max_bytes + 1
     for item in items:
         n = _value_bytes(item[1])
-        if size + n > max_bytes:
+        if size + n > max_bytes or len(batches[-1]) >= max_items:
             batches.append([])
             size = 0
         batches[-1].append(item)
@@ -403,7 +405,9 @@ async def harden_dht_node(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     :func:`validate_dictionary_bounded`, ``call_find`` :func:`~swarmnode.swarm.dht_reply.call_find_off_loop` and
     ``serializer`` :class:`~swarmnode.swarm.dht_reply.BoundedSerializer` (which also decodes stores and the values
     of a finished read; the protocol's class, under whose name its RPC handlers are registered, stays
-    hivemind's). Returns the budget.
+    hivemind's), and serves find and store requests by the bounded handlers of
+    :func:`~swarmnode.swarm.dht_reply.bound_request_handlers` (at most 64 keys a find, 256 a store, 3.5 MiB of
+    values a reply). Returns the budget.
 
     The last three restate hivemind 1.1's code in order to change one part of it (hivemind has no hook there):
     a hivemind upgrade must be checked against them."""
@@ -416,6 +420,7 @@ async def harden_dht_node(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     node.protocol._validate_dictionary = types.MethodType(validate_dictionary_bounded, node.protocol)
     node.protocol.call_find = types.MethodType(call_find_off_loop, node.protocol)
     node.protocol.serializer = BoundedSerializer
+    await bound_request_handlers(node.protocol)
     return int(max_key_bytes)
 
 

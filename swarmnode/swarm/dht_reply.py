@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import types
 from typing import Any, Sequence
 
 from hivemind.dht.protocol import DHTProtocol
@@ -23,13 +24,15 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
+from hivemind.utils.auth import AuthRole, AuthRPCWrapper
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmnode.swarm.wire import unpack_dht_bytes
 
-__all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_MESSAGE_OBJECTS", "BoundedSerializer", "call_find_off_loop",
-           "unpack_find_results"]
+__all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_FIND_KEYS", "MAX_MESSAGE_OBJECTS", "MAX_STORE_KEYS",
+           "REPLY_VALUE_BYTES", "BoundedSerializer", "bound_request_handlers", "call_find_off_loop", "rpc_find_bounded",
+           "rpc_store_bounded", "unpack_find_results"]
 
 log = logging.getLogger("swarmnode.swarm.dht")
 
@@ -39,6 +42,13 @@ MAX_EXT_DEPTH = 8  # extension types nested in one another (ours nest 1: a dicti
 #: plus one: a full dictionary value counts 4 (its payload) + 1,025 (the items array) + 1,024 x 4 (the entries)
 MAX_MESSAGE_OBJECTS = 5 * MAX_DICTIONARY_ENTRIES + 64
 DICTIONARY_EXT_CODE = 0x50  # hivemind's DictionaryDHTValue (hivemind.dht.storage)
+#: keys one find request may ask for: hivemind packs at most min(sqrt(keys of the read), 16) keys of a read into one
+#: request (``DHTNode.get_many_by_id``, ``chunk_size``), and sqrt(keys) when it looks up where to store
+MAX_FIND_KEYS = 64
+#: keys one store request may carry (ours: the few keys of one publish, or a hand-over batch of at most as many)
+MAX_STORE_KEYS = 256
+#: value bytes one find reply carries (hivemind's message cap is 4 MiB; a key holds at most 3 MiB)
+REPLY_VALUE_BYTES = 3 * 1024 * 1024 + 512 * 1024
 
 
 class BoundedSerializer(MSGPackSerializer):
@@ -179,3 +189,105 @@ async def call_find_off_loop(self: DHTProtocol, peer: PeerID, keys: Any) -> dict
         log.debug("DHT find at %s failed", peer, exc_info=True)
         asyncio.create_task(self.update_routing_table(self.routing_table.get(peer_id=peer), peer, responded=False))
         return None
+
+
+def _value_size(value: Any) -> int:
+    """Bytes a stored value adds to a find reply, estimated without encoding it."""
+    if isinstance(value, DictionaryDHTValue):
+        return sum((len(v) if isinstance(v, (bytes, bytearray)) else 0) + 64 for v, _ in value.data.values()) + 16
+    return len(value) if isinstance(value, (bytes, bytearray)) else 64
+
+
+async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, context: Any) -> dht_pb2.FindResponse:
+    """hivemind 1.1's find handler (``DHTProtocol.rpc_find``: per key, the stored value and the ``bucket_size``
+    nearest neighbours) with two bounds; registered for a running node's protocol by :func:`bound_request_handlers`
+    (``self`` is that protocol, ``context`` hivemind's ``P2PContext``).
+
+    - A request of more than :data:`MAX_FIND_KEYS` keys is refused with :class:`ValueError` (the caller gets an
+      RPC error) before any key is looked up, and its sender is not added to the routing table. hivemind answered
+      any number: one request of 150,000 keys (3.3 MB) held the node's DHT event loop past 60 s and took +120 MB
+      (an outside attack), and no honest reader asks for more than 16 keys at once.
+    - The values of one reply carry at most :data:`REPLY_VALUE_BYTES`: the smallest values go first, and a key
+      whose value would pass the budget is answered as not found (with its neighbours). hivemind's reply for
+      several full keys passed its 4 MiB message cap and failed whole, so the asker got nothing from this node,
+      not even the small owner-only publisher keys asked beside a flooded bucket key, and dropped the node from its
+      routing table. Results keep the order of ``request.keys``.
+
+    :raises ValueError: a request of more than :data:`MAX_FIND_KEYS` keys
+    """
+    n_keys = len(request.keys)
+    if n_keys > MAX_FIND_KEYS:
+        raise ValueError(f"a DHT find request from {context.remote_id} asks for {n_keys} keys "
+                         f"(at most {MAX_FIND_KEYS})")
+    if request.peer:  # as hivemind: the asker joins the routing table once it answers a ping
+        asyncio.create_task(self.rpc_ping(dht_pb2.PingRequest(peer=request.peer), context))
+    key_ids = [DHTID.from_bytes(key) for key in request.keys]
+    items = []
+    for key_id in key_ids:  # hivemind's rule: the stored value, or the cached one if it expires later
+        item, cached = self.storage.get(key_id), self.cache.get(key_id)
+        if cached is not None and (item is None or cached.expiration_time > item.expiration_time):
+            item = cached
+        items.append(item)
+    encoded: dict[int, bytes] = {}
+    budget = REPLY_VALUE_BYTES
+    by_size = sorted((i for i, item in enumerate(items) if item is not None), key=lambda i: _value_size(items[i].value))
+    for i in by_size:
+        value = items[i].value
+        if _value_size(value) > budget:
+            break
+        data = self.serializer.dumps(value) if isinstance(value, DictionaryDHTValue) else value
+        if len(data) > budget:
+            break
+        encoded[i] = data
+        budget -= len(data)
+    if len(encoded) < len(by_size):
+        log.debug("DHT find from %s: %d of %d found values left out of the reply (value budget %d bytes)",
+                  context.remote_id, len(by_size) - len(encoded), len(by_size), REPLY_VALUE_BYTES)
+    exclude = DHTID.from_bytes(request.peer.node_id)
+    response = dht_pb2.FindResponse(results=[], peer=self.node_info)
+    for i, key_id in enumerate(key_ids):
+        if i not in encoded:
+            result = dht_pb2.FindResult(type=dht_pb2.NOT_FOUND)
+        else:
+            kind = dht_pb2.FOUND_DICTIONARY if isinstance(items[i].value, DictionaryDHTValue) else dht_pb2.FOUND_REGULAR
+            result = dht_pb2.FindResult(type=kind, value=encoded[i], expiration_time=items[i].expiration_time)
+        for node_id, peer_id in self.routing_table.get_nearest_neighbors(key_id, k=self.bucket_size, exclude=exclude):
+            result.nearest_node_ids.append(node_id.to_bytes())
+            result.nearest_peer_ids.append(peer_id.to_bytes())
+        response.results.append(result)
+    return response
+
+
+async def rpc_store_bounded(self: DHTProtocol, request: dht_pb2.StoreRequest, context: Any) -> dht_pb2.StoreResponse:
+    """hivemind 1.1's store handler (``DHTProtocol.rpc_store``) refusing, with :class:`ValueError` and before any
+    key is decoded or its record checked, a request of more than :data:`MAX_STORE_KEYS` keys (each stored record
+    costs a signature check in the DHT event loop; hivemind took any number). Registered by
+    :func:`bound_request_handlers`; ``self`` is the protocol.
+
+    :raises ValueError: a request of more than :data:`MAX_STORE_KEYS` keys
+    """
+    n_keys = len(request.keys)
+    if n_keys > MAX_STORE_KEYS:
+        raise ValueError(f"a DHT store request from {context.remote_id} carries {n_keys} keys "
+                         f"(at most {MAX_STORE_KEYS})")
+    return await DHTProtocol.rpc_store(self, request, context)
+
+
+async def bound_request_handlers(protocol: DHTProtocol) -> None:
+    """Serve a running node's find and store requests with :func:`rpc_find_bounded` and :func:`rpc_store_bounded`.
+
+    hivemind registers the protocol's handlers with p2pd once, when the protocol is created, as the bound methods
+    of that moment; so this sets the two methods on the protocol and registers them again, by hivemind's public
+    ``P2P.remove_protobuf_handler`` / ``add_protobuf_handler`` under the same names (through hivemind's
+    ``AuthRPCWrapper``, as ``DHTProtocol.create`` does). Between the two calls, a few milliseconds at start, a
+    find or store sent to this node fails as if it had not answered. A client-mode node serves no requests and is
+    left as it is. Runs in the DHT process."""
+    if protocol.client_mode:
+        return
+    protocol.rpc_find = types.MethodType(rpc_find_bounded, protocol)
+    protocol.rpc_store = types.MethodType(rpc_store_bounded, protocol)
+    wrapper = AuthRPCWrapper(protocol, AuthRole.SERVICER, protocol.authorizer)
+    for name, request_type in (("rpc_find", dht_pb2.FindRequest), ("rpc_store", dht_pb2.StoreRequest)):
+        handle = DHTProtocol._get_handle_name(None, name)
+        await protocol.p2p.remove_protobuf_handler(handle)
+        await protocol.p2p.add_protobuf_handler(handle, getattr(wrapper, name), request_type)

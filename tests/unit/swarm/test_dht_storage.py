@@ -101,6 +101,7 @@ def test_the_cache_keeps_nothing_and_harden_dht_node_installs_every_bound():
     cache.store(DHTID.generate(source="cached"), b"v", now + 900, subkey=b"k")
     protocol = DHTProtocol.__new__(DHTProtocol)  # the attributes harden_dht_node touches, no network
     protocol.storage, protocol.cache = storage, cache
+    protocol.client_mode = True  # no request handlers to bound (tests/integration/test_dht_requests.py has them)
     node = SimpleNamespace(protocol=protocol, cache_locally=True, cache_nearest=1, cache_on_store=True)
     assert asyncio.run(harden_dht_node(None, node, 2 * 1024 * 1024)) == 2 * 1024 * 1024
     # the protocol keeps hivemind's class (its RPC handlers are registered under that name: swapping the class
