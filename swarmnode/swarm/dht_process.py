@@ -34,7 +34,7 @@ from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarmnode.swarm.dht_reply import (MAX_DICTIONARY_ENTRIES, MAX_STORE_KEYS, BoundedSerializer, bound_request_handlers,
+from swarmnode.swarm.dht_reply import (MAX_DICTIONARY_ENTRIES, MAX_STORE_ENTRIES, MAX_STORE_KEYS, BoundedSerializer, bound_request_handlers,
                                       call_find_off_loop)
 
 __all__ = [
@@ -320,19 +320,23 @@ def _value_bytes(value: Any) -> int:
 
 
 def split_handover(items: Sequence[tuple[Any, Any, float]], max_bytes: int = HANDOVER_BYTES,
-                   max_items: int = MAX_STORE_KEYS) -> list[list[tuple[Any, Any, float]]]:
+                   max_items: int = MAX_STORE_KEYS,
+                   max_entries: int = MAX_STORE_ENTRIES) -> list[list[tuple[Any, Any, float]]]:
     """Split ``(key, value, expiration)`` items into batches of at most ``max_bytes`` (:func:`dictionary_bytes`
-    for a dictionary value; an item bigger than ``max_bytes`` goes alone) and at most ``max_items`` keys (what a
-    peer's store handler takes, :data:`~swarmnode.swarm.dht_reply.MAX_STORE_KEYS`), in order."""
+    for a dictionary value), ``max_items`` keys and ``max_entries`` entries (a dictionary's entries, 1 for a regular
+    value): what a peer's store handler takes (:data:`~swarmnode.swarm.dht_reply.MAX_STORE_KEYS`,
+    :data:`~swarmnode.swarm.dht_reply.MAX_STORE_ENTRIES`). An item over a bound goes alone; order is kept."""
     batches: list[list[tuple[Any, Any, float]]] = []
-    size = max_bytes + 1
+    size = entries = max_bytes + 1
     for item in items:
         n = _value_bytes(item[1])
-        if size + n > max_bytes or len(batches[-1]) >= max_items:
+        k = len(item[1]) if isinstance(item[1], DictionaryDHTValue) else 1
+        if size + n > max_bytes or entries + k > max_entries or len(batches[-1]) >= max_items:
             batches.append([])
-            size = 0
+            size = entries = 0
         batches[-1].append(item)
         size += n
+        entries += k
     return batches
 
 
@@ -406,8 +410,8 @@ async def harden_dht_node(_dht: DHT, node: DHTNode, max_key_bytes: int) -> int:
     ``serializer`` :class:`~swarmnode.swarm.dht_reply.BoundedSerializer` (which also decodes stores and the values
     of a finished read; the protocol's class, under whose name its RPC handlers are registered, stays
     hivemind's), and serves find and store requests by the bounded handlers of
-    :func:`~swarmnode.swarm.dht_reply.bound_request_handlers` (at most 64 keys a find, 256 a store, 3.5 MiB of
-    values a reply). Returns the budget.
+    :func:`~swarmnode.swarm.dht_reply.bound_request_handlers` (at most 64 keys a find, 3.5 MiB of values a
+    reply; at most 256 keys and 1,024 entries not already held a store, checked off the event loop). Returns the budget.
 
     The last three restate hivemind 1.1's code in order to change one part of it (hivemind has no hook there):
     a hivemind upgrade must be checked against them."""

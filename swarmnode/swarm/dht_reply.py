@@ -26,13 +26,13 @@ from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils.auth import AuthRole, AuthRPCWrapper
 from hivemind.utils.serializer import MSGPackSerializer
-from hivemind.utils.timed_storage import ValueWithExpiration
+from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 
 from swarmnode.swarm.wire import unpack_dht_bytes
 
-__all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_FIND_KEYS", "MAX_MESSAGE_OBJECTS", "MAX_STORE_KEYS",
-           "REPLY_VALUE_BYTES", "BoundedSerializer", "bound_request_handlers", "call_find_off_loop", "rpc_find_bounded",
-           "rpc_store_bounded", "unpack_find_results"]
+__all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_FIND_KEYS", "MAX_MESSAGE_OBJECTS", "MAX_PENDING_STORES",
+           "MAX_STORE_ENTRIES", "MAX_STORE_KEYS", "REPLY_VALUE_BYTES", "BoundedSerializer", "bound_request_handlers",
+           "call_find_off_loop", "check_store_items", "rpc_find_bounded", "rpc_store_bounded", "unpack_find_results"]
 
 log = logging.getLogger("swarmnode.swarm.dht")
 
@@ -47,6 +47,10 @@ DICTIONARY_EXT_CODE = 0x50  # hivemind's DictionaryDHTValue (hivemind.dht.storag
 MAX_FIND_KEYS = 64
 #: keys one store request may carry (ours: the few keys of one publish, or a hand-over batch of at most as many)
 MAX_STORE_KEYS = 256
+#: entries one store request may carry that the node does not already hold (each one a signature check)
+MAX_STORE_ENTRIES = MAX_DICTIONARY_ENTRIES
+#: store requests waiting for the store worker at once; more are refused at once
+MAX_PENDING_STORES = 4
 #: value bytes one find reply carries (hivemind's message cap is 4 MiB; a key holds at most 3 MiB)
 REPLY_VALUE_BYTES = 3 * 1024 * 1024 + 512 * 1024
 
@@ -258,19 +262,123 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
     return response
 
 
-async def rpc_store_bounded(self: DHTProtocol, request: dht_pb2.StoreRequest, context: Any) -> dht_pb2.StoreResponse:
-    """hivemind 1.1's store handler (``DHTProtocol.rpc_store``) refusing, with :class:`ValueError` and before any
-    key is decoded or its record checked, a request of more than :data:`MAX_STORE_KEYS` keys (each stored record
-    costs a signature check in the DHT event loop; hivemind took any number). Registered by
-    :func:`bound_request_handlers`; ``self`` is the protocol.
+def _held_entry(held: Any, subkey: Any, value: bytes, expiration: float) -> bool:
+    """Whether ``held`` (a stored dictionary, read without a copy) holds this exact entry (a GIL-atomic lookup)."""
+    if not isinstance(held, DictionaryDHTValue):
+        return False
+    try:
+        item = held.data.get(subkey)
+    except TypeError:  # an unhashable subkey
+        return False
+    return item is not None and item.value == value and item.expiration_time == expiration
 
-    :raises ValueError: a request of more than :data:`MAX_STORE_KEYS` keys
+
+def check_store_items(self: DHTProtocol, items: Sequence[tuple], held: dict) -> list:
+    """Decode and check the items of one store request (runs in the store worker thread of
+    :func:`rpc_store_bounded`; ``self`` is the protocol, ``held`` maps each key's DHTID to the dictionary the node
+    holds under it). Returns per item ``None`` (refused) or what to store: ``("dict", [(subkey, value,
+    expiration), ...])`` with the entries already held byte for byte left out unchecked, or ``("record", subkey or
+    None, value, expiration)``.
+
+    :raises ValueError: the request's entries not already held (a dictionary's entries, or one record each) number
+        more than :data:`MAX_STORE_ENTRIES`, or an item does not decode
+    """
+    decoded: list = []
+    entries = 0
+    for key, tag, value_bytes, expiration, _in_cache in items:
+        key_id = DHTID.from_bytes(key)
+        if tag == self.IS_DICTIONARY:
+            dictionary = self.serializer.loads(value_bytes)
+            if not isinstance(dictionary, DictionaryDHTValue):
+                raise ValueError("a DHT store of a whole dictionary carries another value")
+            with dictionary.freeze():
+                fresh = [(k, v, e) for k, (v, e) in dictionary.items()
+                         if not _held_entry(held.get(key_id), k, v, e)]
+            entries += len(fresh)
+            decoded.append((key, dictionary, fresh))
+        else:
+            subkey = None if tag == self.IS_REGULAR_VALUE else self.serializer.loads(tag)
+            entries += 1
+            decoded.append((key, None, (subkey, value_bytes, expiration, tag)))
+        if entries > MAX_STORE_ENTRIES:
+            raise ValueError(f"a DHT store request of more than {MAX_STORE_ENTRIES} entries not already held")
+    out: list = []
+    for key, dictionary, payload in decoded:
+        if dictionary is not None:  # hivemind: a whole dictionary is stored only if every entry passes
+            whole = DictionaryDHTValue()
+            for subkey, value, expiration in payload:
+                whole.store(subkey, value, expiration)
+            out.append(("dict", payload) if self._validate_dictionary(key, whole) else None)
+        else:
+            subkey, value, expiration, tag = payload
+            out.append(("record", subkey, value, expiration) if self._validate_record(key, tag, value, expiration)
+                       else None)
+    return out
+
+
+def _store_pool(self: DHTProtocol) -> concurrent.futures.ThreadPoolExecutor:
+    pool = self.__dict__.get("_store_pool")
+    if pool is None:
+        pool = self.__dict__["_store_pool"] = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dht-store-check")
+    return pool
+
+
+async def rpc_store_bounded(self: DHTProtocol, request: dht_pb2.StoreRequest, context: Any) -> dht_pb2.StoreResponse:
+    """hivemind 1.1's store handler (``DHTProtocol.rpc_store``) with its records checked in one worker thread and
+    bounded; registered for a running node's protocol by :func:`bound_request_handlers` (``self`` is the protocol).
+
+    - More than :data:`MAX_STORE_KEYS` keys, or more than :data:`MAX_PENDING_STORES` store requests already
+      waiting for the worker: refused with :class:`ValueError` before anything is decoded.
+    - Decoding and signature checks run in one worker thread (not the DHT event loop, which keeps answering pings
+      and find requests), and a request's entries not already held byte for byte count against
+      :data:`MAX_STORE_ENTRIES`; past it the whole request is refused (:func:`check_store_items`). An outside attack
+      sent one store of 24 whole dictionaries of 1,000 fresh signed entries each (4 MB, under every per-key bound)
+      and replayed it: each took a loaded node 3.3 s of signature checks in its event loop, and with four in flight
+      1 of 20 pings was answered and the node's watchdog restarted its DHT.
+    - Entries already held byte for byte are neither checked nor stored again. What passes is stored as hivemind
+      does, on the event loop.
+
+    :raises ValueError: a request over the bounds above, or whose fields differ in length or do not decode
     """
     n_keys = len(request.keys)
     if n_keys > MAX_STORE_KEYS:
         raise ValueError(f"a DHT store request from {context.remote_id} carries {n_keys} keys "
                          f"(at most {MAX_STORE_KEYS})")
-    return await DHTProtocol.rpc_store(self, request, context)
+    if not (n_keys == len(request.subkeys) == len(request.values) == len(request.expiration_time)
+            == len(request.in_cache)):
+        raise ValueError(f"a DHT store request from {context.remote_id} has fields of different lengths")
+    pending = self.__dict__.get("_stores_pending", 0)
+    if pending >= MAX_PENDING_STORES:
+        raise ValueError(f"a DHT store request from {context.remote_id} refused: {pending} stores are being checked")
+    if request.peer:  # as hivemind: the sender joins the routing table once it answers a ping
+        asyncio.create_task(self.rpc_ping(dht_pb2.PingRequest(peer=request.peer), context))
+    items = list(zip(request.keys, request.subkeys, request.values, request.expiration_time, request.in_cache))
+    held = {}
+    for key in {item[0] for item in items}:
+        key_id = DHTID.from_bytes(key)
+        stored = TimedStorage.get(self.storage, key_id)  # the stored object, not KeyCappedStorage.get's copy
+        held[key_id] = stored.value if stored is not None else None
+    self.__dict__["_stores_pending"] = pending + 1
+    try:
+        checked = await asyncio.get_running_loop().run_in_executor(_store_pool(self), check_store_items, self,
+                                                                   items, held)
+    finally:
+        self.__dict__["_stores_pending"] -= 1
+    response = dht_pb2.StoreResponse(store_ok=[], peer=self.node_info)
+    for (key, _tag, _value, _expiration, in_cache), result in zip(items, checked):
+        key_id = DHTID.from_bytes(key)
+        storage = self.cache if in_cache else self.storage
+        if result is None:
+            response.store_ok.append(False)
+        elif result[0] == "dict":
+            response.store_ok.append(all([storage.store_subkey(key_id, k, v, e) for k, v, e in result[1]]))
+        else:
+            _, subkey, value, expiration = result
+            ok = (storage.store(key_id, value, expiration) if subkey is None
+                  else storage.store_subkey(key_id, subkey, value, expiration))
+            response.store_ok.append(ok)
+    return response
 
 
 async def bound_request_handlers(protocol: DHTProtocol) -> None:

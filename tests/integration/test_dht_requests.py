@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from hivemind.dht.node import DHTNode
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DictionaryDHTValue
+from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import P2PHandlerError
 from hivemind.proto import dht_pb2
+from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarmnode.swarm.dht_process import harden_dht_node
-from swarmnode.swarm.dht_reply import MAX_FIND_KEYS, MAX_STORE_KEYS, REPLY_VALUE_BYTES
+from swarmnode.swarm.dht_reply import (MAX_FIND_KEYS, MAX_PENDING_STORES, MAX_STORE_ENTRIES, MAX_STORE_KEYS,
+                                      REPLY_VALUE_BYTES)
 
 BUDGET = 3 * 1024 * 1024
 
@@ -27,8 +31,9 @@ def _full_dictionary(tag: str, now: float) -> DictionaryDHTValue:
     return value
 
 
-async def _pair(harden: bool):
-    server = await DHTNode.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], cache_locally=False)
+async def _pair(harden: bool, record_validator=None):
+    server = await DHTNode.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], cache_locally=False,
+                                  record_validator=record_validator)
     if harden:
         await harden_dht_node(None, server, BUDGET)
     maddrs = await server.get_visible_maddrs()
@@ -129,3 +134,112 @@ def test_a_client_mode_node_is_left_as_it_is():
             await node.shutdown()
 
     asyncio.run(main())
+
+
+class _GatedValidator(RecordValidatorBase):
+    """Accepts every record, counts the checks, and (while ``gate`` is clear) holds the checking thread, so a test
+    can tell whether checks run on the event loop without measuring time."""
+
+    def __init__(self):
+        self.checks = 0
+        self.gate = threading.Event()
+
+    def validate(self, record) -> bool:
+        self.checks += 1
+        self.gate.wait(60)
+        return True
+
+    def sign_value(self, record) -> bytes:
+        return record.value
+
+    def strip_value(self, record) -> bytes:
+        return record.value
+
+
+def _store_request(asker: DHTNode, key: DHTID, dictionaries: list[DictionaryDHTValue]) -> dht_pb2.StoreRequest:
+    return dht_pb2.StoreRequest(
+        keys=[key.to_bytes()] * len(dictionaries), subkeys=[DHTProtocol.IS_DICTIONARY] * len(dictionaries),
+        values=[MSGPackSerializer.dumps(d) for d in dictionaries],
+        expiration_time=[d.latest_expiration_time for d in dictionaries], in_cache=[False] * len(dictionaries),
+        peer=asker.protocol.node_info)
+
+
+def _entries(tag: str, n: int, now: float) -> DictionaryDHTValue:
+    value = DictionaryDHTValue()
+    for i in range(n):
+        value.store(f"{tag}{i}".encode(), b"v", now + 600)
+    return value
+
+
+def test_stores_are_checked_off_the_loop_bounded_in_entries_and_pending_and_replays_cost_no_check():
+    """Outside attack: one store of 24 whole dictionaries of 1,000 fresh signed entries (4 MB, under every per-key
+    bound), replayed: each took a loaded node 3.3 s of signature checks in its event loop; with four in flight 1 of
+    20 pings was answered and the node's watchdog restarted its DHT. Now a store's entries not already held are at
+    most 1,024 a request, checked in a worker thread (pings are answered while a check is held), at most 4 requests
+    wait for it, and entries already held byte for byte are not checked again."""
+
+    async def main():
+        validator = _GatedValidator()
+        server, asker = await _pair(harden=True, record_validator=validator)
+        pinger = await DHTNode.create(initial_peers=await server.get_visible_maddrs(),
+                                      host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True)
+        try:
+            stub = asker.protocol.get_stub(server.peer_id)
+            now = get_dht_time()
+            key = DHTID.generate(source="swarm:manifests:7")
+            # the attack's shape: 24 whole dictionaries under one key, 24,000 entries: refused before any check
+            with pytest.raises(P2PHandlerError, match=f"more than {MAX_STORE_ENTRIES} entries"):
+                await stub.rpc_store(_store_request(asker, key, [_entries(f"{j}.", 1000, now) for j in range(24)]),
+                                     timeout=60)
+            assert validator.checks == 0 and server.protocol.storage.get(key) is None
+            # a store within the bound is checked in the worker: while its checks are held, the node answers pings
+            store = asyncio.create_task(stub.rpc_store(_store_request(asker, key, [_entries("a", 900, now)]),
+                                                       timeout=120))
+            while validator.checks == 0:
+                await asyncio.sleep(0.05)
+            assert await pinger.protocol.call_ping(server.peer_id) is not None
+            assert not store.done()  # the ping was answered while the store's first check was still held
+            # more than 4 stores waiting: refused at once, before anything is decoded
+            waiting = [asyncio.create_task(stub.rpc_store(_store_request(asker, key, [_entries(f"w{j}.", 10, now)]),
+                                                          timeout=120)) for j in range(MAX_PENDING_STORES - 1)]
+            await asyncio.sleep(1.0)
+            with pytest.raises(P2PHandlerError, match="stores are being checked"):
+                await stub.rpc_store(_store_request(asker, key, [_entries("late", 10, now)]), timeout=60)
+            validator.gate.set()
+            assert list((await store).store_ok) == [True]
+            for w in waiting:
+                assert list((await w).store_ok) == [True]
+            held = server.protocol.storage.get(key).value
+            assert len(held) == 900 + 10 * (MAX_PENDING_STORES - 1)  # (a key holds at most 1,024)
+            # the same 900 entries again (the attack replayed its bytes): stored already, no check
+            checks = validator.checks
+            again = await stub.rpc_store(_store_request(asker, key, [_entries("a", 900, now)]), timeout=60)
+            assert list(again.store_ok) == [True] and validator.checks == checks
+            # one changed entry is checked (only that one)
+            changed = _entries("a", 900, now)
+            changed.store(b"a0", b"other", now + 601)  # a later expiration replaces it
+            assert list((await stub.rpc_store(_store_request(asker, key, [changed]), timeout=60)).store_ok) == [True]
+            assert validator.checks == checks + 1 and server.protocol.storage.get(key).value.get(b"a0").value == b"other"
+        finally:
+            validator.gate.set()
+            await pinger.shutdown()
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())
+
+
+def test_the_hand_over_is_split_within_what_a_store_takes():
+    """A node hands a newly met peer its keys in stores that peer's handler takes: at most 256 keys and 1,024
+    entries each (a full key goes alone)."""
+    from swarmnode.swarm.dht_process import split_handover
+
+    now = get_dht_time()
+    items = [(i, _entries(str(i), 300, now), now + 600) for i in range(10)] + [(10 + i, b"r", now) for i in range(600)]
+    batches = split_handover(items)
+    assert [it for b in batches for it in b] == items
+    for batch in batches:
+        assert len(batch) <= MAX_STORE_KEYS
+        assert sum(len(v) if isinstance(v, DictionaryDHTValue) else 1 for _, v, _ in batch) <= MAX_STORE_ENTRIES
+    # 3 + 3 + 3 dictionaries (900 entries each); the last one with 255 records (256 keys); 256 records; 89
+    assert [len(b) for b in batches] == [3, 3, 3, 256, 256, 89]
