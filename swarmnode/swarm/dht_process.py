@@ -297,6 +297,39 @@ class KeyCappedStorage(DHTLocalStorage):
         return False
 
 
+    def store_entries(self, key: Any, entries: Sequence[tuple[Any, Any, float]]) -> list[bool]:
+        """:meth:`store_subkey` for several ``(subkey, value, expiration)`` entries of one key, in order, with the
+        key's byte total computed once and then kept up to date (:meth:`store_subkey` recomputes it over the whole
+        dictionary for every entry: a store of 1,024 entries cost the event loop 0.43 s, an outside attack).
+        Returns per entry whether it was stored."""
+        results: list[bool] = []
+        total: int | None = None
+        for subkey, value, expiration in entries:
+            current = TimedStorage.get(self, key)
+            previous = current.value if current is not None else None
+            if not isinstance(previous, DictionaryDHTValue):
+                results.append(self.store_subkey(key, subkey, value, expiration))
+                total = None
+                continue
+            if total is None:
+                total = dictionary_bytes(previous)
+            held = previous.get(subkey)
+            if held is None and len(previous) >= self.max_key_entries:
+                results.append(False)
+                continue
+            new_total = total + _entry_bytes(subkey, value) - (_entry_bytes(subkey, held.value) if held else 0)
+            if new_total > self.max_key_bytes:
+                results.append(False)
+                continue
+            if expiration > previous.latest_expiration_time:
+                TimedStorage.store(self, key, previous, expiration)  # refresh the key's expiration
+            stored = previous.store(subkey, value, expiration)
+            if stored:
+                total = new_total
+            results.append(stored)
+        return results
+
+
 class NoCache(DHTLocalStorage):
     """A DHT cache that keeps nothing (the class of a running node's ``cache`` once :func:`harden_dht_node` ran).
 
@@ -310,6 +343,9 @@ class NoCache(DHTLocalStorage):
 
     def store_subkey(self, key: Any, subkey: Any, value: Any, expiration_time: float) -> bool:
         return False
+
+    def store_entries(self, key: Any, entries: Sequence[tuple[Any, Any, float]]) -> list[bool]:
+        return [False] * len(entries)
 
 
 HANDOVER_BYTES = 1024 * 1024  # bytes of one store of the hand-over to a newly met node (update_routing_table_chunked)

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
+import struct
 import types
 from typing import Any, Sequence
+
+import cachetools
 
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
@@ -31,7 +35,7 @@ from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 from swarmnode.swarm.wire import unpack_dht_bytes
 
 __all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_FIND_KEYS", "MAX_MESSAGE_OBJECTS", "MAX_PENDING_STORES",
-           "MAX_STORE_ENTRIES", "MAX_STORE_KEYS", "REPLY_VALUE_BYTES", "BoundedSerializer", "bound_request_handlers",
+           "MAX_STORE_ENTRIES", "MAX_STORE_KEYS", "REPLY_VALUE_BYTES", "VERIFIED_ENTRIES", "VERIFIED_SECONDS", "BoundedSerializer", "bound_request_handlers",
            "call_find_off_loop", "check_store_items", "rpc_find_bounded", "rpc_store_bounded", "unpack_find_results"]
 
 log = logging.getLogger("swarmnode.swarm.dht")
@@ -49,8 +53,11 @@ MAX_FIND_KEYS = 64
 MAX_STORE_KEYS = 256
 #: entries one store request may carry that the node does not already hold (each one a signature check)
 MAX_STORE_ENTRIES = MAX_DICTIONARY_ENTRIES
-#: store requests waiting for the store worker at once; more are refused at once
-MAX_PENDING_STORES = 4
+#: store requests waiting for the store worker at once (one a sender); more are refused at once
+MAX_PENDING_STORES = 8
+#: entries whose signature a node remembers having checked (a store of them again is not checked), and for how long
+VERIFIED_ENTRIES = 65_536
+VERIFIED_SECONDS = 60.0
 #: value bytes one find reply carries (hivemind's message cap is 4 MiB; a key holds at most 3 MiB)
 REPLY_VALUE_BYTES = 3 * 1024 * 1024 + 512 * 1024
 
@@ -262,29 +269,51 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
     return response
 
 
-def _held_entry(held: Any, subkey: Any, value: bytes, expiration: float) -> bool:
-    """Whether ``held`` (a stored dictionary, read without a copy) holds this exact entry (a GIL-atomic lookup)."""
+def _held(held: Any, subkey: Any) -> Any:
+    """The entry ``held`` (a stored dictionary, read without a copy) keeps under ``subkey``, or None (a GIL-atomic
+    lookup)."""
     if not isinstance(held, DictionaryDHTValue):
-        return False
+        return None
     try:
-        item = held.data.get(subkey)
+        return held.data.get(subkey)
     except TypeError:  # an unhashable subkey
-        return False
-    return item is not None and item.value == value and item.expiration_time == expiration
+        return None
+
+
+def _digest(key: bytes, subkey: bytes, value: bytes, expiration: float) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for part in (key, subkey, value):
+        h.update(len(part).to_bytes(4, "big"))
+        h.update(part)
+    h.update(struct.pack(">d", expiration))
+    return h.digest()
+
+
+def _verified(self: DHTProtocol) -> cachetools.TTLCache:
+    cache = self.__dict__.get("_verified_entries")
+    if cache is None:
+        cache = self.__dict__["_verified_entries"] = cachetools.TTLCache(VERIFIED_ENTRIES, VERIFIED_SECONDS)
+    return cache
 
 
 def check_store_items(self: DHTProtocol, items: Sequence[tuple], held: dict) -> list:
     """Decode and check the items of one store request (runs in the store worker thread of
     :func:`rpc_store_bounded`; ``self`` is the protocol, ``held`` maps each key's DHTID to the dictionary the node
-    holds under it). Returns per item ``None`` (refused) or what to store: ``("dict", [(subkey, value,
-    expiration), ...])`` with the entries already held byte for byte left out unchecked, or ``("record", subkey or
-    None, value, expiration)``.
+    holds under it). Returns per item ``None`` (refused) or ``(entries to store, entries left out as held)``, each
+    entry ``(subkey or None for a regular value, value, expiration)``.
 
-    :raises ValueError: the request's entries not already held (a dictionary's entries, or one record each) number
-        more than :data:`MAX_STORE_ENTRIES`, or an item does not decode
+    An entry whose subkey the node already holds with the same or a later expiration is left out unchecked: the
+    storage would refuse it or already holds it (a replay of valid entries with an older expiration was checked and
+    refused on every replay, an outside attack). An entry whose signature this node checked in the last
+    :data:`VERIFIED_SECONDS` (the same key, subkey, value and expiration) is not checked again. What is left counts
+    against :data:`MAX_STORE_ENTRIES` and is checked by the protocol's validators in order, each one that passes
+    remembered; an item is refused at its first entry that fails (a whole dictionary with it, as in hivemind).
+
+    :raises ValueError: more than :data:`MAX_STORE_ENTRIES` entries to check, or an item that does not decode
     """
+    verified = _verified(self)
     decoded: list = []
-    entries = 0
+    to_check = 0
     for key, tag, value_bytes, expiration, _in_cache in items:
         key_id = DHTID.from_bytes(key)
         if tag == self.IS_DICTIONARY:
@@ -292,27 +321,34 @@ def check_store_items(self: DHTProtocol, items: Sequence[tuple], held: dict) -> 
             if not isinstance(dictionary, DictionaryDHTValue):
                 raise ValueError("a DHT store of a whole dictionary carries another value")
             with dictionary.freeze():
-                fresh = [(k, v, e) for k, (v, e) in dictionary.items()
-                         if not _held_entry(held.get(key_id), k, v, e)]
-            entries += len(fresh)
-            decoded.append((key, dictionary, fresh))
+                entries = [(k, v, e) for k, (v, e) in dictionary.items()]
+            records = [(k, self.serializer.dumps(k), v, e) for k, v, e in entries]
         else:
             subkey = None if tag == self.IS_REGULAR_VALUE else self.serializer.loads(tag)
-            entries += 1
-            decoded.append((key, None, (subkey, value_bytes, expiration, tag)))
-        if entries > MAX_STORE_ENTRIES:
-            raise ValueError(f"a DHT store request of more than {MAX_STORE_ENTRIES} entries not already held")
+            records = [(subkey, tag, value_bytes, expiration)]
+        keep, left_out, unchecked = [], [], []
+        for subkey, subkey_bytes, value, exp in records:
+            prior = _held(held.get(key_id), subkey) if subkey is not None else None
+            if prior is not None and prior.expiration_time >= exp:
+                left_out.append(prior.value == value and prior.expiration_time == exp)
+                continue
+            digest = _digest(key, subkey_bytes, value, exp)
+            if digest not in verified:
+                unchecked.append((subkey, subkey_bytes, value, exp, digest))
+            keep.append((subkey, value, exp))
+        to_check += len(unchecked)
+        if to_check > MAX_STORE_ENTRIES:
+            raise ValueError(f"a DHT store request of more than {MAX_STORE_ENTRIES} entries to check")
+        decoded.append((key, tag, keep, left_out, unchecked))
     out: list = []
-    for key, dictionary, payload in decoded:
-        if dictionary is not None:  # hivemind: a whole dictionary is stored only if every entry passes
-            whole = DictionaryDHTValue()
-            for subkey, value, expiration in payload:
-                whole.store(subkey, value, expiration)
-            out.append(("dict", payload) if self._validate_dictionary(key, whole) else None)
-        else:
-            subkey, value, expiration, tag = payload
-            out.append(("record", subkey, value, expiration) if self._validate_record(key, tag, value, expiration)
-                       else None)
+    for key, _tag, keep, left_out, unchecked in decoded:
+        ok = True
+        for _, subkey_bytes, value, exp, digest in unchecked:  # hivemind's check of each entry, stopping at the first
+            if not self._validate_record(key, subkey_bytes, value, exp):  # that fails (which refuses its item)
+                ok = False
+                break
+            verified[digest] = True  # a replay with one entry changed checks only that one
+        out.append((keep, left_out) if ok else None)
     return out
 
 
@@ -324,33 +360,47 @@ def _store_pool(self: DHTProtocol) -> concurrent.futures.ThreadPoolExecutor:
     return pool
 
 
+def _store(storage: Any, key_id: DHTID, entries: list) -> list[bool]:
+    regular = [storage.store(key_id, value, exp) for subkey, value, exp in entries if subkey is None]
+    sub = [(subkey, value, exp) for subkey, value, exp in entries if subkey is not None]
+    if hasattr(storage, "store_entries"):
+        return regular + storage.store_entries(key_id, sub)
+    return regular + [storage.store_subkey(key_id, subkey, value, exp) for subkey, value, exp in sub]
+
+
 async def rpc_store_bounded(self: DHTProtocol, request: dht_pb2.StoreRequest, context: Any) -> dht_pb2.StoreResponse:
     """hivemind 1.1's store handler (``DHTProtocol.rpc_store``) with its records checked in one worker thread and
     bounded; registered for a running node's protocol by :func:`bound_request_handlers` (``self`` is the protocol).
 
-    - More than :data:`MAX_STORE_KEYS` keys, or more than :data:`MAX_PENDING_STORES` store requests already
-      waiting for the worker: refused with :class:`ValueError` before anything is decoded.
+    - Refused with :class:`ValueError` before anything is decoded: more than :data:`MAX_STORE_KEYS` keys, a key's
+      whole dictionary twice in one request, a sender that already has a store waiting for the worker, or
+      :data:`MAX_PENDING_STORES` stores waiting.
     - Decoding and signature checks run in one worker thread (not the DHT event loop, which keeps answering pings
-      and find requests), and a request's entries not already held byte for byte count against
-      :data:`MAX_STORE_ENTRIES`; past it the whole request is refused (:func:`check_store_items`). An outside attack
-      sent one store of 24 whole dictionaries of 1,000 fresh signed entries each (4 MB, under every per-key bound)
-      and replayed it: each took a loaded node 3.3 s of signature checks in its event loop, and with four in flight
-      1 of 20 pings was answered and the node's watchdog restarted its DHT.
-    - Entries already held byte for byte are neither checked nor stored again. What passes is stored as hivemind
-      does, on the event loop.
+      and find requests); entries already held with the same or a later expiration, or checked in the last
+      :data:`VERIFIED_SECONDS`, are not checked again, and at most :data:`MAX_STORE_ENTRIES` are checked a request
+      (:func:`check_store_items`). Outside attacks: one store of 24 whole dictionaries of 1,000 fresh signed
+      entries (4 MB, under every per-key bound), replayed, took a loaded node 3.3 s of signature checks in its event
+      loop each (pings 1 of 20 with four in flight; its watchdog restarted the DHT); then, on the first version of
+      this handler, valid entries replayed with an older expiration were checked on every replay, and their storing
+      cost O(entries^2) in the loop (pings 6 of 20).
+    - What passes is stored on the event loop, one key's entries at a time (``KeyCappedStorage.store_entries``).
 
     :raises ValueError: a request over the bounds above, or whose fields differ in length or do not decode
     """
     n_keys = len(request.keys)
+    sender = context.remote_id
     if n_keys > MAX_STORE_KEYS:
-        raise ValueError(f"a DHT store request from {context.remote_id} carries {n_keys} keys "
-                         f"(at most {MAX_STORE_KEYS})")
+        raise ValueError(f"a DHT store request from {sender} carries {n_keys} keys (at most {MAX_STORE_KEYS})")
     if not (n_keys == len(request.subkeys) == len(request.values) == len(request.expiration_time)
             == len(request.in_cache)):
-        raise ValueError(f"a DHT store request from {context.remote_id} has fields of different lengths")
-    pending = self.__dict__.get("_stores_pending", 0)
-    if pending >= MAX_PENDING_STORES:
-        raise ValueError(f"a DHT store request from {context.remote_id} refused: {pending} stores are being checked")
+        raise ValueError(f"a DHT store request from {sender} has fields of different lengths")
+    whole = [key for key, tag in zip(request.keys, request.subkeys) if tag == self.IS_DICTIONARY]
+    if len(set(whole)) < len(whole):
+        raise ValueError(f"a DHT store request from {sender} carries a key's whole dictionary twice")
+    pending = self.__dict__.setdefault("_stores_pending", {})
+    if sender in pending or len(pending) >= MAX_PENDING_STORES:
+        raise ValueError(f"a DHT store request from {sender} refused: {len(pending)} stores are being checked"
+                         f"{' (one of them its own)' if sender in pending else ''}")
     if request.peer:  # as hivemind: the sender joins the routing table once it answers a ping
         asyncio.create_task(self.rpc_ping(dht_pb2.PingRequest(peer=request.peer), context))
     items = list(zip(request.keys, request.subkeys, request.values, request.expiration_time, request.in_cache))
@@ -359,25 +409,20 @@ async def rpc_store_bounded(self: DHTProtocol, request: dht_pb2.StoreRequest, co
         key_id = DHTID.from_bytes(key)
         stored = TimedStorage.get(self.storage, key_id)  # the stored object, not KeyCappedStorage.get's copy
         held[key_id] = stored.value if stored is not None else None
-    self.__dict__["_stores_pending"] = pending + 1
+    pending[sender] = True
     try:
         checked = await asyncio.get_running_loop().run_in_executor(_store_pool(self), check_store_items, self,
                                                                    items, held)
     finally:
-        self.__dict__["_stores_pending"] -= 1
+        del pending[sender]
     response = dht_pb2.StoreResponse(store_ok=[], peer=self.node_info)
     for (key, _tag, _value, _expiration, in_cache), result in zip(items, checked):
-        key_id = DHTID.from_bytes(key)
-        storage = self.cache if in_cache else self.storage
         if result is None:
             response.store_ok.append(False)
-        elif result[0] == "dict":
-            response.store_ok.append(all([storage.store_subkey(key_id, k, v, e) for k, v, e in result[1]]))
-        else:
-            _, subkey, value, expiration = result
-            ok = (storage.store(key_id, value, expiration) if subkey is None
-                  else storage.store_subkey(key_id, subkey, value, expiration))
-            response.store_ok.append(ok)
+            continue
+        keep, left_out = result
+        stored = _store(self.cache if in_cache else self.storage, DHTID.from_bytes(key), keep)
+        response.store_ok.append(all(stored) and all(left_out))
     return response
 
 

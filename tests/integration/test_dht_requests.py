@@ -137,7 +137,7 @@ def test_a_client_mode_node_is_left_as_it_is():
 
 
 class _GatedValidator(RecordValidatorBase):
-    """Accepts every record, counts the checks, and (while ``gate`` is clear) holds the checking thread, so a test
+    """Accepts every record but those of value ``b"forged"``, counts the checks, and (while ``gate`` is clear) holds the checking thread, so a test
     can tell whether checks run on the event loop without measuring time."""
 
     def __init__(self):
@@ -147,7 +147,7 @@ class _GatedValidator(RecordValidatorBase):
     def validate(self, record) -> bool:
         self.checks += 1
         self.gate.wait(60)
-        return True
+        return record.value != b"forged"
 
     def sign_value(self, record) -> bytes:
         return record.value
@@ -156,9 +156,9 @@ class _GatedValidator(RecordValidatorBase):
         return record.value
 
 
-def _store_request(asker: DHTNode, key: DHTID, dictionaries: list[DictionaryDHTValue]) -> dht_pb2.StoreRequest:
+def _store_request(asker: DHTNode, keys: list[DHTID], dictionaries: list[DictionaryDHTValue]) -> dht_pb2.StoreRequest:
     return dht_pb2.StoreRequest(
-        keys=[key.to_bytes()] * len(dictionaries), subkeys=[DHTProtocol.IS_DICTIONARY] * len(dictionaries),
+        keys=[key.to_bytes() for key in keys], subkeys=[DHTProtocol.IS_DICTIONARY] * len(dictionaries),
         values=[MSGPackSerializer.dumps(d) for d in dictionaries],
         expiration_time=[d.latest_expiration_time for d in dictionaries], in_cache=[False] * len(dictionaries),
         peer=asker.protocol.node_info)
@@ -171,60 +171,81 @@ def _entries(tag: str, n: int, now: float) -> DictionaryDHTValue:
     return value
 
 
-def test_stores_are_checked_off_the_loop_bounded_in_entries_and_pending_and_replays_cost_no_check():
-    """Outside attack: one store of 24 whole dictionaries of 1,000 fresh signed entries (4 MB, under every per-key
-    bound), replayed: each took a loaded node 3.3 s of signature checks in its event loop; with four in flight 1 of
-    20 pings was answered and the node's watchdog restarted its DHT. Now a store's entries not already held are at
-    most 1,024 a request, checked in a worker thread (pings are answered while a check is held), at most 4 requests
-    wait for it, and entries already held byte for byte are not checked again."""
+def test_stores_are_checked_off_the_loop_bounded_in_entries_and_pending_and_replays_cost_no_check(monkeypatch):
+    """Outside attacks: one store of 24 whole dictionaries of 1,000 fresh signed entries (4 MB, under every per-key
+    bound), replayed, took a loaded node 3.3 s of signature checks in its event loop each (pings 1 of 20, its DHT
+    restarted); on the first bounded version, valid entries replayed with an older expiration were checked on every
+    replay and stored at O(entries^2) in the loop (pings 6 of 20), and one sender held every waiting slot. Now a
+    key's whole dictionary comes once a request, at most 1,024 entries are checked a request, in a worker thread
+    (pings are answered while a check is held), one store waits per sender, and entries held with the same or a
+    later expiration, or checked a moment ago, are not checked again."""
+    from swarmnode.swarm import dht_reply
+
+    monkeypatch.setattr(dht_reply, "MAX_PENDING_STORES", 2)
 
     async def main():
         validator = _GatedValidator()
         server, asker = await _pair(harden=True, record_validator=validator)
-        pinger = await DHTNode.create(initial_peers=await server.get_visible_maddrs(),
-                                      host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True)
+        maddrs = await server.get_visible_maddrs()
+        pinger = await DHTNode.create(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True)
+        third = await DHTNode.create(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True)
         try:
             stub = asker.protocol.get_stub(server.peer_id)
             now = get_dht_time()
-            key = DHTID.generate(source="swarm:manifests:7")
-            # the attack's shape: 24 whole dictionaries under one key, 24,000 entries: refused before any check
-            with pytest.raises(P2PHandlerError, match=f"more than {MAX_STORE_ENTRIES} entries"):
-                await stub.rpc_store(_store_request(asker, key, [_entries(f"{j}.", 1000, now) for j in range(24)]),
+            key, other = DHTID.generate(source="swarm:manifests:7"), DHTID.generate(source="swarm:manifests:8")
+            # the attack's shape: 24 whole dictionaries under one key: refused before anything is decoded
+            with pytest.raises(P2PHandlerError, match="whole dictionary twice"):
+                await stub.rpc_store(_store_request(asker, [key] * 24, [_entries(f"{j}.", 1000, now) for j in range(24)]),
                                      timeout=60)
+            # two keys of 600 fresh entries: more than 1,024 to check, refused before any check
+            with pytest.raises(P2PHandlerError, match=f"more than {MAX_STORE_ENTRIES} entries to check"):
+                await stub.rpc_store(_store_request(asker, [key, other], [_entries("x", 600, now),
+                                                                          _entries("y", 600, now)]), timeout=60)
             assert validator.checks == 0 and server.protocol.storage.get(key) is None
             # a store within the bound is checked in the worker: while its checks are held, the node answers pings
-            store = asyncio.create_task(stub.rpc_store(_store_request(asker, key, [_entries("a", 900, now)]),
+            store = asyncio.create_task(stub.rpc_store(_store_request(asker, [key], [_entries("a", 900, now)]),
                                                        timeout=120))
             while validator.checks == 0:
                 await asyncio.sleep(0.05)
             assert await pinger.protocol.call_ping(server.peer_id) is not None
             assert not store.done()  # the ping was answered while the store's first check was still held
-            # more than 4 stores waiting: refused at once, before anything is decoded
-            waiting = [asyncio.create_task(stub.rpc_store(_store_request(asker, key, [_entries(f"w{j}.", 10, now)]),
-                                                          timeout=120)) for j in range(MAX_PENDING_STORES - 1)]
+            # one waiting store a sender; and at most MAX_PENDING_STORES (2 here) in all
+            with pytest.raises(P2PHandlerError, match="one of them its own"):
+                await stub.rpc_store(_store_request(asker, [other], [_entries("b", 10, now)]), timeout=60)
+            second = asyncio.create_task(pinger.protocol.get_stub(server.peer_id).rpc_store(
+                _store_request(pinger, [other], [_entries("p", 10, now)]), timeout=120))
             await asyncio.sleep(1.0)
-            with pytest.raises(P2PHandlerError, match="stores are being checked"):
-                await stub.rpc_store(_store_request(asker, key, [_entries("late", 10, now)]), timeout=60)
+            with pytest.raises(P2PHandlerError, match="2 stores are being checked"):
+                await third.protocol.get_stub(server.peer_id).rpc_store(
+                    _store_request(third, [other], [_entries("t", 10, now)]), timeout=60)
             validator.gate.set()
-            assert list((await store).store_ok) == [True]
-            for w in waiting:
-                assert list((await w).store_ok) == [True]
-            held = server.protocol.storage.get(key).value
-            assert len(held) == 900 + 10 * (MAX_PENDING_STORES - 1)  # (a key holds at most 1,024)
-            # the same 900 entries again (the attack replayed its bytes): stored already, no check
+            assert list((await store).store_ok) == [True] and list((await second).store_ok) == [True]
+            assert len(server.protocol.storage.get(key).value) == 900
+            # the same 900 entries again (the attack replayed its bytes): held, no check
             checks = validator.checks
-            again = await stub.rpc_store(_store_request(asker, key, [_entries("a", 900, now)]), timeout=60)
+            again = await stub.rpc_store(_store_request(asker, [key], [_entries("a", 900, now)]), timeout=60)
             assert list(again.store_ok) == [True] and validator.checks == checks
-            # one changed entry is checked (only that one)
+            # the same entries with an older expiration: held with a later one, refused unchecked
+            stale = await stub.rpc_store(_store_request(asker, [key], [_entries("a", 900, now - 10)]), timeout=60)
+            assert list(stale.store_ok) == [False] and validator.checks == checks
+            # one changed entry with a later expiration is checked (only that one) and replaces the held one
             changed = _entries("a", 900, now)
             changed.store(b"a0", b"other", now + 601)  # a later expiration replaces it
-            assert list((await stub.rpc_store(_store_request(asker, key, [changed]), timeout=60)).store_ok) == [True]
+            assert list((await stub.rpc_store(_store_request(asker, [key], [changed]), timeout=60)).store_ok) == [True]
             assert validator.checks == checks + 1 and server.protocol.storage.get(key).value.get(b"a0").value == b"other"
+            # a dictionary whose last entry fails: refused whole; replayed, only the failing entry is checked again
+            bad = _entries("c", 100, now)
+            bad.store(b"c99", b"forged", now + 700)
+            checks = validator.checks
+            for _ in range(2):
+                refused = await stub.rpc_store(_store_request(asker, [other], [bad]), timeout=60)
+                assert list(refused.store_ok) == [False]
+            assert validator.checks == checks + 100 + 1  # 99 good + 1 forged, then the forged one alone
+            assert server.protocol.storage.get(other).value.get(b"c0") is None
         finally:
             validator.gate.set()
-            await pinger.shutdown()
-            await asker.shutdown()
-            await server.shutdown()
+            for node in (third, pinger, asker, server):
+                await node.shutdown()
 
     asyncio.run(main())
 
