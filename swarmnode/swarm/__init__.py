@@ -15,7 +15,8 @@ Network
     ``dht``         :class:`SwarmDHT`: signed, time-bucketed records and their reads on a hivemind DHT
     ``dht_host``    the DHT process's lifecycle: start, watchdog, restart, join, health, bounded calls
     ``dht_process`` the child processes: dying with the node, stopping, hivemind's shared locks; the storage budget
-    ``dht_reply``   what one DHT message may cost: bounded decoding, find replies decoded off the event loop
+    ``dht_reply``   what one DHT message may cost: bounded decoding, find replies decoded off the event loop,
+                    find and store requests bounded (stores checked off the loop)
     ``maddrs``      multiaddr parsing and checks
     ``validator``   the DHT's record validator (Ed25519 owner signatures) and the swarm's key space
     ``transport``   :class:`BundleServer`: bundle bodies over libp2p streams, bounded serving and fetching
