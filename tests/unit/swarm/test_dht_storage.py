@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
-from hivemind.utils.timed_storage import get_dht_time
+from hivemind.utils.timed_storage import TimedStorage, get_dht_time
 
 from swarmnode.swarm.dht import SwarmDHT
 from swarmnode.swarm.dht_process import ENTRY_OVERHEAD, KeyCappedStorage, dictionary_bytes
@@ -466,3 +466,26 @@ def test_store_entries_keeps_store_subkey_s_rules_with_the_total_computed_once()
     a, b = one_by_one.get(key).value, batched.get(key).value
     assert {k: tuple(v) for k, v in a.items()} == {k: tuple(v) for k, v in b.items()}
     assert dictionary_bytes(b) <= 12_000 and len(b) <= 30
+
+
+def test_re_storing_a_subkey_later_and_later_keeps_the_heaps_small():
+    """Outside attack: 1,024 owners re-storing one key 1 ms later each time left a key of 1,033 entries with
+    409,395 entries in hivemind's expiration heap (+127 MB in 75 s): one heap entry per store, dropped only at its
+    expiration. The heaps are compacted once stale entries outnumber live ones; what is stored and when it expires
+    stay hivemind's."""
+    now = get_dht_time()
+    key = DHTID.generate(source="swarm:heartbeats")
+    store = _capped(3 * 1024 * 1024)
+    for i in range(2000):
+        assert store.store_subkey(key, f"k{i % 10}".encode(), b"v%d" % i, now + 60 + i * 0.001)
+    batched = _capped(3 * 1024 * 1024)
+    for i in range(200):
+        assert batched.store_entries(key, [(f"k{j}".encode(), b"w%d" % i, now + 60 + i * 0.001) for j in range(10)])
+    for storage in (store, batched):
+        held = TimedStorage.get(storage, key).value
+        assert len(held) == 10 and len(held.expiration_heap) <= 2 * 10 + 64 + 1
+        assert len(storage.expiration_heap) <= 2 * 1 + 64 + 1
+        top_key, top = held.top()  # the heap still orders the live entries by expiration
+        assert top.expiration_time == min(v.expiration_time for _, v in held.items())
+    assert store.get(key).value.get(b"k9").value == b"v1999"
+    assert batched.get(key).value.get(b"k0").value == b"w199"
