@@ -164,11 +164,11 @@ def unpack_find_results(self: DHTProtocol, keys: Sequence[DHTID], results: Seque
     return output
 
 
-def _decode_pool(self: DHTProtocol) -> concurrent.futures.ThreadPoolExecutor:
-    pool = self.__dict__.get("_decode_pool")
+def _worker(self: DHTProtocol, name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """The protocol's one-thread pool ``name`` (``dht-find-decode`` or ``dht-store-check``), made on first use."""
+    pool = self.__dict__.get(name)
     if pool is None:
-        pool = self.__dict__["_decode_pool"] = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="dht-find-decode")
+        pool = self.__dict__[name] = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
     return pool
 
 
@@ -198,7 +198,7 @@ async def call_find_off_loop(self: DHTProtocol, peer: PeerID, keys: Any) -> dict
         if len(keys) != len(response.results):
             raise ValueError(f"find reply has {len(response.results)} results for {len(keys)} keys")
         results = list(response.results)
-        return await asyncio.get_running_loop().run_in_executor(_decode_pool(self), unpack_find_results, self,
+        return await asyncio.get_running_loop().run_in_executor(_worker(self, "dht-find-decode"), unpack_find_results, self,
                                                                 keys, results)
     except Exception:  # noqa: BLE001 - as hivemind: a peer whose call or reply fails is marked as failed
         log.debug("DHT find at %s failed", peer, exc_info=True)
@@ -362,14 +362,6 @@ def check_store_items(self: DHTProtocol, items: Sequence[tuple], held: dict) -> 
     return out
 
 
-def _store_pool(self: DHTProtocol) -> concurrent.futures.ThreadPoolExecutor:
-    pool = self.__dict__.get("_store_pool")
-    if pool is None:
-        pool = self.__dict__["_store_pool"] = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="dht-store-check")
-    return pool
-
-
 def _store(storage: Any, key_id: DHTID, entries: list) -> list[bool]:
     regular = [storage.store(key_id, value, exp) for subkey, value, exp in entries if subkey is None]
     sub = [(subkey, value, exp) for subkey, value, exp in entries if subkey is not None]
@@ -420,7 +412,7 @@ async def rpc_store_bounded(self: DHTProtocol, request: dht_pb2.StoreRequest, co
         stored = TimedStorage.get(self.storage, key_id)  # the stored object, not KeyCappedStorage.get's copy
         held[key_id] = stored.value if stored is not None else None
     pending[sender] = True
-    job = asyncio.get_running_loop().run_in_executor(_store_pool(self), check_store_items, self, items, held)
+    job = asyncio.get_running_loop().run_in_executor(_worker(self, "dht-store-check"), check_store_items, self, items, held)
     job.add_done_callback(lambda _job: pending.pop(sender, None))  # the slot is free once the check is done
     try:
         checked = await asyncio.shield(job)
