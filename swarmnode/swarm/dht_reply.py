@@ -21,6 +21,7 @@ import concurrent.futures
 import hashlib
 import logging
 import struct
+import time
 import types
 from typing import Any, Sequence
 
@@ -38,9 +39,10 @@ from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 from swarmnode.swarm.wire import unpack_dht_bytes
 
 __all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_FIND_KEYS", "MAX_MESSAGE_OBJECTS", "MAX_PENDING_STORES",
-           "MAX_STORE_ENTRIES", "MAX_STORE_KEYS", "REPLY_VALUE_BYTES", "VERIFIED_ENTRIES", "VERIFIED_SECONDS",
-           "BoundedSerializer", "bound_request_handlers", "call_find_off_loop", "check_store_items",
-           "release_finished_handlers", "rpc_find_bounded", "rpc_store_bounded", "unpack_find_results"]
+           "MAX_STORE_ENTRIES", "MAX_STORE_KEYS", "REPLY_BACKED_UP_BYTES", "REPLY_BYTES_BURST", "REPLY_BYTES_PER_SECOND",
+           "REPLY_QUEUE_LIMIT", "REPLY_VALUE_BYTES", "VERIFIED_ENTRIES", "VERIFIED_SECONDS", "BoundedSerializer",
+           "bound_request_handlers", "call_find_off_loop", "check_store_items", "release_finished_handlers",
+           "rpc_find_bounded", "rpc_store_bounded", "unpack_find_results"]
 
 log = logging.getLogger("swarmnode.swarm.dht")
 
@@ -55,6 +57,13 @@ DICTIONARY_EXT_CODE = 0x50  # hivemind's DictionaryDHTValue (hivemind.dht.storag
 MAX_FIND_KEYS = 64
 #: keys one store request may carry (ours: the few keys of one publish, or a hand-over batch of at most as many)
 MAX_STORE_KEYS = 256
+#: value bytes all find replies of a node carry, per second and at most at once (a token bucket): a full key is
+#: ~3 MiB, and a flood of finds its senders cancel at once had a node queue ~6 GB of replies no one read
+REPLY_BYTES_PER_SECOND = 32 * 1024 * 1024
+REPLY_BYTES_BURST = 32 * 1024 * 1024
+#: messages waiting in the node's queue to p2pd past which a find reply carries at most REPLY_BACKED_UP_BYTES
+REPLY_QUEUE_LIMIT = 8
+REPLY_BACKED_UP_BYTES = 64 * 1024
 #: entries one store request may carry that the node does not already hold (each one a signature check)
 MAX_STORE_ENTRIES = MAX_DICTIONARY_ENTRIES
 #: store requests waiting for the store worker at once (one a sender); more are refused at once
@@ -227,6 +236,12 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
       several full keys passed its 4 MiB message cap and failed whole, so the asker got nothing from this node,
       not even the small owner-only publisher keys asked beside a flooded bucket key, and dropped the node from its
       routing table. Results keep the order of ``request.keys``.
+    - All replies together carry at most :data:`REPLY_BYTES_PER_SECOND` of values a second (a burst of
+      :data:`REPLY_BYTES_BURST`), and at most :data:`REPLY_BACKED_UP_BYTES` while more than
+      :data:`REPLY_QUEUE_LIMIT` messages wait to go to p2pd; past it, the keys that do not fit are answered as not
+      found, the smallest values still first. An outside attack sent finds of one full key and cancelled each after 10 ms: hivemind queued
+      every reply for sending anyway (6.4 GB in 30 s, pings 1 of 9). A key asked twice in one request is answered
+      once.
 
     :raises ValueError: a request of more than :data:`MAX_FIND_KEYS` keys
     """
@@ -250,7 +265,14 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
             item = cached
         items.append(item)
     encoded: dict[int, bytes] = {}
-    budget = REPLY_VALUE_BYTES
+    tokens, last = self.__dict__.get("_reply_tokens", (float(REPLY_BYTES_BURST), time.monotonic()))
+    now = time.monotonic()
+    tokens = min(float(REPLY_BYTES_BURST), tokens + (now - last) * REPLY_BYTES_PER_SECOND)
+    budget = int(min(REPLY_VALUE_BYTES, tokens))
+    control = getattr(getattr(getattr(self, "p2p", None), "_client", None), "control", None)
+    outgoing = getattr(control, "_pending_messages", None)
+    if outgoing is not None and outgoing.qsize() > REPLY_QUEUE_LIMIT:  # replies are not leaving as fast as made
+        budget = min(budget, REPLY_BACKED_UP_BYTES)
     by_size = sorted((i for i, item in enumerate(items) if item is not None), key=lambda i: _value_size(items[i].value))
     for i in by_size:
         value = items[i].value
@@ -261,6 +283,7 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
             break
         encoded[i] = data
         budget -= len(data)
+    self.__dict__["_reply_tokens"] = (tokens - sum(map(len, encoded.values())), now)
     if len(encoded) < len(by_size):
         log.debug("DHT find from %s: %d of %d found values left out of the reply (value budget %d bytes)",
                   context.remote_id, len(by_size) - len(encoded), len(by_size), REPLY_VALUE_BYTES)
@@ -429,24 +452,26 @@ async def rpc_store_bounded(self: DHTProtocol, request: dht_pb2.StoreRequest, co
     return response
 
 
+class _ForgetfulTasks(dict):
+    """hivemind's table of running handler tasks, each removed once its task is done, however it ends."""
+
+    def __setitem__(self, call_id: Any, task: Any) -> None:
+        super().__setitem__(call_id, task)
+        task.add_done_callback(lambda _task, call_id=call_id: self.pop(call_id, None))
+
+
 def release_finished_handlers(p2p: Any) -> None:
     """Make hivemind's p2pd control client forget a request handler's task however the task ends.
 
     hivemind 1.1.12 (``ControlClient._handle_persistent_request``) removes a handler's task from its table only when
-    the handler returns; a call its sender cancels (p2pd's ``cancel``) stays there with its request bytes: an outside
-    attack cancelling pre-signed 1,024-entry stores after 10 ms grew a node from 240 MB to 1,096 MB in 30 s, and
-    3 MB stores to 1,657 MB. Wraps that method on the running client (no hook exists); a hivemind upgrade must be
-    checked against it. Runs in the DHT process."""
+    the handler returns; a call its sender cancels (p2pd's ``cancel``) stays there with its request bytes, also
+    when the cancel comes before the task has started: outside attacks cancelling pre-signed 1,024-entry stores
+    after 10 ms grew a node from 240 MB to 1,096 MB in 30 s, and 3 MB stores to 1,657 MB. Here the table removes
+    each task when it is done (a done callback, which runs for a task cancelled before it started). Replaces the
+    running client's table (no hook exists); a hivemind upgrade must be checked against it. Runs in the DHT
+    process."""
     control = p2p._client.control
-    handle = control._handle_persistent_request
-
-    async def handle_and_forget(call_id: Any, request: Any) -> None:
-        try:
-            await handle(call_id, request)
-        finally:
-            control._handler_tasks.pop(call_id, None)
-
-    control._handle_persistent_request = handle_and_forget
+    control._handler_tasks = _ForgetfulTasks(control._handler_tasks)
 
 
 async def bound_request_handlers(protocol: DHTProtocol) -> None:

@@ -284,3 +284,61 @@ def test_the_hand_over_is_split_within_what_a_store_takes():
         assert sum(len(v) if isinstance(v, DictionaryDHTValue) else 1 for _, v, _ in batch) <= MAX_STORE_ENTRIES
     # 3 + 3 + 3 dictionaries (900 entries each); the last one with 255 records (256 keys); 256 records; 89
     assert [len(b) for b in batches] == [3, 3, 3, 256, 256, 89]
+
+
+def test_find_replies_share_a_byte_rate_and_small_keys_still_fit(monkeypatch):
+    """Outside attack: finds of one full key, each cancelled by its sender after 10 ms, made a node queue every
+    3 MB reply anyway (6.4 GB in 30 s, pings 1 of 9). All replies now share a token bucket of value bytes; past it
+    a full key is answered as not found while a small owner-only key still fits."""
+    from swarmnode.swarm import dht_reply
+
+    monkeypatch.setattr(dht_reply, "REPLY_BYTES_PER_SECOND", 1)  # no refill within the test
+    monkeypatch.setattr(dht_reply, "REPLY_BYTES_BURST", 4 * 1024 * 1024)
+
+    async def main():
+        server, asker = await _pair(harden=True)
+        try:
+            now = get_dht_time()
+            big, small = DHTID.generate(source="swarm:manifests:1"), DHTID.generate(source="swarm:publisher:ab")
+            assert server.protocol.storage.store(big, _full_dictionary("0", now), now + 600)
+            assert server.protocol.storage.store(small, b"record", now + 600, subkey=b"owner")
+            first = await asker.protocol.call_find(server.peer_id, [big, small])
+            assert first[big][0] is not None and first[small][0] is not None  # within the burst
+            second = await asker.protocol.call_find(server.peer_id, [big, small])
+            assert second[big][0] is None  # the bucket is spent: the full key is left out ...
+            assert second[small][0].value.get(b"owner").value == b"record"  # ... the small one still fits
+        finally:
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())
+
+
+def test_the_handler_table_forgets_a_task_cancelled_before_it_started():
+    """Outside attack: a store or find cancelled by its sender stayed in hivemind's table of handler tasks with its
+    request bytes (the table forgets a task only when its handler returns), also when the cancel came before the
+    task had started; the table now removes every task when it is done."""
+    from types import SimpleNamespace
+
+    from swarmnode.swarm.dht_reply import release_finished_handlers
+
+    async def main():
+        control = SimpleNamespace(_handler_tasks={})
+        release_finished_handlers(SimpleNamespace(_client=SimpleNamespace(control=control)))
+
+        async def handler():
+            await asyncio.sleep(10)
+
+        before = asyncio.create_task(handler())
+        control._handler_tasks["before"] = before
+        before.cancel()  # cancelled before its first step: no code of the handler ever runs
+        during = asyncio.create_task(handler())
+        control._handler_tasks["during"] = during
+        await asyncio.sleep(0.01)
+        during.cancel()
+        done = asyncio.create_task(asyncio.sleep(0))
+        control._handler_tasks["done"] = done
+        await asyncio.sleep(0.05)
+        assert control._handler_tasks == {}
+
+    asyncio.run(main())
