@@ -14,7 +14,8 @@ Protocol and identity
 Network
     ``dht``         :class:`SwarmDHT`: signed, time-bucketed records and their reads on a hivemind DHT
     ``dht_host``    the DHT process's lifecycle: start, watchdog, restart, join, health, bounded calls
-    ``dht_process`` the child processes: dying with the node, stopping, hivemind's shared locks; the storage budget
+    ``dht_process`` the child processes: dying with the node, stopping; the storage budget
+    ``result_channel`` the pipe DHT processes answer on (hivemind's MPFuture), safe when one of them dies
     ``dht_reply``   what one DHT message may cost: bounded decoding, find replies decoded off the event loop,
                     find and store requests bounded (stores checked off the loop)
     ``maddrs``      multiaddr parsing and checks

@@ -18,9 +18,11 @@ docs/reference/references.md §4.4 and §6.1):
   failures (or a dead process) trigger :meth:`SwarmDHT.restart` (rl-swarm #77 #102 #98). Restart
   callbacks let the bundle transport re-attach to the new daemon.
 * **Hung or killed DHT processes.** Requests are written into the DHT's pipe only when it has room (a
-  hung process would otherwise block the caller for ever), and after a DHT process dies uncleanly
-  hivemind's cross-process MPFuture locks are replaced before the next fork (a process killed while
-  holding them makes every later DHT process hang at start-up).
+  hung process would otherwise block the caller for ever). Results come back through hivemind's MPFuture
+  pipe under a lock the kernel releases when its holder dies, and a pipe that a dying process left
+  misframed is replaced (:mod:`~swarmnode.swarm.result_channel`); before, a process killed while holding
+  hivemind's lock made every later DHT process hang at start-up, and replacing that lock let two processes
+  write one pipe at once (``UnpicklingError``, then no DHT call of the node answered again).
 * **Addresses are cached**: :meth:`SwarmDHT.visible_maddrs` asks the daemon at most once per
   ``maddrs_refresh_interval`` seconds (rl-swarm #489).
 * **Records.** Manifests live under ``f"{swarm_id}:manifests:{bucket}"`` and heartbeats under
@@ -47,7 +49,7 @@ Values are opaque bytes (the wire codec lives elsewhere).
 Where each part lives: this module holds :class:`SwarmDHT`'s records (keys, publishing, reads and their
 validation); its base class :class:`~swarmnode.swarm.dht_host.DHTHost` the process lifecycle (start, watchdog,
 restart, join, health, bounded calls); :mod:`swarmnode.swarm.dht_process` the child processes themselves (dying
-with the node, stopping them, hivemind's shared locks) and :mod:`swarmnode.swarm.maddrs` multiaddr parsing.
+with the node, stopping them; the pipe their results come back on: :mod:`~swarmnode.swarm.result_channel`) and :mod:`swarmnode.swarm.maddrs` multiaddr parsing.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ what the swarm stores and reads, is in :mod:`swarmnode.swarm.dht`). It starts a 
 else solo, and keeps trying to join them; a watchdog thread restarts a dead or hung process with backoff and runs
 the restart callbacks; every call into the process is bounded (pipe room checked first, ``result(timeout)``).
 Why each of these exists: the module docstring of :mod:`swarmnode.swarm.dht`. The processes themselves (dying
-with the node, stopping, hivemind's shared locks) are :mod:`swarmnode.swarm.dht_process`.
+with the node, stopping) are :mod:`swarmnode.swarm.dht_process`; the pipe their results come back on
+:mod:`swarmnode.swarm.result_channel`.
 """
 
 from __future__ import annotations

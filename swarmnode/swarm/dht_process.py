@@ -3,7 +3,7 @@
 ``hivemind.DHT`` forks a child process that starts a go-libp2p daemon (``p2pd``). :class:`NodeBoundDHT` makes both
 end with the node (parent-death signal, parent watch, no inherited listening sockets, own process group);
 :func:`pipe_room` measures the request pipe before a write (a hung process must not block its caller);
-:func:`fresh_mpfuture_locks` replaces hivemind's cross-process locks after a process died holding them;
+:mod:`~swarmnode.swarm.result_channel` keeps the pipe its results come back on working when a process dies;
 :func:`stop_dht_process` stops a process and cleans up after it. The coroutines :func:`startup_info`,
 :func:`health_info`, :func:`read_visible_maddrs` and :func:`join_peers` run *inside* the DHT process
 (``DHT.run_coroutine``). :class:`~swarmnode.swarm.dht_host.DHTHost` uses all of them.
@@ -35,8 +35,9 @@ from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarmnode.swarm.dht_reply import (MAX_DICTIONARY_ENTRIES, MAX_STORE_ENTRIES, MAX_STORE_KEYS, BoundedSerializer, bound_request_handlers,
-                                      call_find_off_loop)
+from swarmnode.swarm import result_channel
+from swarmnode.swarm.dht_reply import (MAX_DICTIONARY_ENTRIES, MAX_STORE_ENTRIES, MAX_STORE_KEYS, SIZE_ATTRIBUTE,
+                                      BoundedSerializer, bound_request_handlers, call_find_off_loop)
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -49,7 +50,6 @@ __all__ = [
     "validate_dictionary_bounded",
     "REQUEST_OVERHEAD",
     "NodeBoundDHT",
-    "fresh_mpfuture_locks",
     "health_info",
     "join_peers",
     "pipe_room",
@@ -176,7 +176,15 @@ def _watch_parent(parent_pid: int, interval: float = PARENT_WATCH_INTERVAL) -> N
 
 class NodeBoundDHT(DHT):
     """``hivemind.DHT`` whose child process dies with the node, holds none of its sockets, and whose p2pd
-    dies with it (see the comment above :data:`PARENT_WATCH_INTERVAL`)."""
+    dies with it (see the comment above :data:`PARENT_WATCH_INTERVAL`). Creating one installs
+    :func:`swarmnode.swarm.result_channel.install` first (the child must inherit its lock).
+
+    :raises OSError: when the result channel's lock file cannot be created
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        result_channel.install()
+        super().__init__(*args, **kwargs)
 
     def run(self) -> None:  # runs in the forked child
         try:  # own process group: a terminal's Ctrl-C (or a killpg of the node) reaches the node alone, which
@@ -303,6 +311,7 @@ class KeyCappedStorage(DHTLocalStorage):
                 TimedStorage.store(self, key, previous, expiration_time)  # refresh the key's expiration
                 compact_heap(self)
             stored = previous.store(subkey, value, expiration_time)
+            previous.__dict__.pop(SIZE_ATTRIBUTE, None)  # its find-reply size estimate (dht_reply._value_size)
             compact_heap(previous)
             return stored
         if _entry_bytes(subkey, value) > self.max_key_bytes:
@@ -341,6 +350,7 @@ class KeyCappedStorage(DHTLocalStorage):
             if expiration > previous.latest_expiration_time:
                 TimedStorage.store(self, key, previous, expiration)  # refresh the key's expiration
             stored = previous.store(subkey, value, expiration)
+            previous.__dict__.pop(SIZE_ATTRIBUTE, None)
             if stored:
                 total = new_total
             results.append(stored)
@@ -399,12 +409,34 @@ def split_handover(items: Sequence[tuple[Any, Any, float]], max_bytes: int = HAN
 
 HANDOVER_EVERY_S = 60.0  # a peer id gets the hand-over at most once in this many seconds
 MAX_HANDOVER_PEERS = 4096  # peer ids whose last hand-over is remembered
+#: hand-over bytes to all newly met peers together, per second and at most at once (a token bucket); batches past it
+#: are not sent (the keys' owners re-publish them). Every new peer id used to get the node's whole storage: 8 free
+#: ids took a node storing 16 full keys to 8 x 48 MB of queued stores, behind which its pings waited for 15 s+
+HANDOVER_BYTES_PER_SECOND = 2 * 1024 * 1024
+HANDOVER_BYTES_BURST = 8 * 1024 * 1024
+
+
+async def _send_handover(self: DHTProtocol, peer_id: Any, batches: list) -> None:
+    """Send hand-over batches one store at a time, one hand-over of the node at a time (so at most one hand-over
+    store waits in the node's queue to p2pd: its pings and replies wait behind at most that); stops at a failure."""
+    lock = self.__dict__.get("_handover_lock")
+    if lock is None:
+        lock = self.__dict__["_handover_lock"] = asyncio.Lock()
+    async with lock:
+        for batch in batches:
+            keys, values, expirations = zip(*batch)
+            try:
+                if not await self.call_store(peer_id, keys, values, expirations, in_cache=False):
+                    return
+            except Exception:  # noqa: BLE001 - as hivemind's fire-and-forget store: the peer is judged elsewhere
+                return
 
 
 async def update_routing_table_chunked(self: DHTProtocol, node_id: Any, peer_id: Any, responded: bool = True) -> None:
     """hivemind's ``DHTProtocol.update_routing_table`` with the hand-over to a newly met node split into stores of
-    at most :data:`HANDOVER_BYTES` and sent to one peer id at most once per :data:`HANDOVER_EVERY_S` (bound to a
-    running node's protocol by :func:`harden_dht_node`; ``self`` is that protocol).
+    at most :data:`HANDOVER_BYTES` and sent to one peer id at most once per :data:`HANDOVER_EVERY_S`, within
+    :data:`HANDOVER_BYTES_PER_SECOND` for all peers together, one store at a time (bound to a running node's protocol
+    by :func:`harden_dht_node`; ``self`` is that protocol).
 
     When a node meets a peer it did not have in its routing table, hivemind sends that peer every stored key the
     peer should now replicate in **one** store; past the 4 MiB message cap that store fails, and a failed call
@@ -431,9 +463,18 @@ async def update_routing_table_chunked(self: DHTProtocol, node_id: Any, peer_id:
                 this_node_is_responsible = self.node_id.xor_distance(key) < neighbors[0][0].xor_distance(key)
             if not neighbors or (new_node_should_store and this_node_is_responsible):
                 data_to_send.append((key, item.value, item.expiration_time))
+        tokens, last = self.__dict__.get("_handover_tokens", (float(HANDOVER_BYTES_BURST), now))
+        tokens = min(float(HANDOVER_BYTES_BURST), tokens + (now - last) * HANDOVER_BYTES_PER_SECOND)
+        send = []
         for batch in split_handover(data_to_send):
-            keys, values, expirations = zip(*batch)
-            asyncio.create_task(self.call_store(peer_id, keys, values, expirations, in_cache=False))
+            size = sum(_value_bytes(value) for _, value, _ in batch)
+            if size > tokens:
+                break
+            tokens -= size
+            send.append(batch)
+        self.__dict__["_handover_tokens"] = (tokens, now)
+        if send:
+            asyncio.create_task(_send_handover(self, peer_id, send))
     maybe_node_to_ping = self.routing_table.add_or_update_node(node_id, peer_id)
     if maybe_node_to_ping is not None:  # table full: check the least recently seen node (Kademlia 2.2)
         asyncio.create_task(self.call_ping(maybe_node_to_ping[1]))
@@ -545,34 +586,15 @@ async def join_peers(_dht: DHT, node: DHTNode, maddrs: list[str], timeout: float
     return answered
 
 
-def fresh_mpfuture_locks() -> None:
-    """Give processes forked from now on fresh copies of hivemind's cross-process MPFuture locks.
-
-    hivemind 1.1.12 serializes every result a DHT process sends back with a *global* ``mp.Lock``
-    (``MPFuture._update_lock``; also ``_initialization_lock`` and ``SharedBytes._lock``) shared by every
-    process forked from ours. A DHT process killed or frozen while holding it (OOM killer, SIGKILL, a stop
-    right after it answered) leaves it locked for ever, and every DHT process started afterwards hangs on
-    its first ``set_result`` (its ready signal), so restarts never succeed. Replacing the lock objects in
-    this process before the next fork gives the new DHT process working locks; futures already in flight
-    keep using the current receiver pipe, which is left untouched (unlike ``MPFuture.reset_backend``).
-    """
-    import multiprocessing as mp
-
-    from hivemind.utils.mpfuture import MPFuture, SharedBytes
-
-    MPFuture._initialization_lock = mp.Lock()
-    MPFuture._update_lock = mp.Lock()
-    SharedBytes._lock = mp.Lock()
-
-
 def stop_dht_process(dht: DHT | None, info: dict, graceful: bool = True) -> None:
     """Stop a DHT process and what it leaves behind: its p2pd (when orphaned) and p2pd's control socket file.
 
     :param dht: the process (None: nothing to do)
     :param info: its :func:`startup_info` (``p2pd_pid``, ``daemon_listen_maddr``), or ``{}`` when unknown
     :param graceful: ask it to shut down first (skipped when its request pipe is full: that write would block);
-        then SIGTERM, then SIGKILL. A process that did not exit cleanly gets hivemind's shared locks replaced
-        (:func:`fresh_mpfuture_locks`). Never raises.
+        then SIGTERM, then SIGKILL. After a process that did not exit cleanly, results travel through a fresh
+        pipe (:func:`~swarmnode.swarm.result_channel.after_unclean_exit`: it may have left half a message).
+        Never raises.
     """
     if dht is None:
         return
@@ -590,8 +612,8 @@ def stop_dht_process(dht: DHT | None, info: dict, graceful: bool = True) -> None
             dht.join(5)
     except Exception as e:  # noqa: BLE001
         log.debug("error while stopping the DHT process: %s", e)
-    if not clean:  # it died, hung or was killed: it may have taken hivemind's shared locks with it
-        fresh_mpfuture_locks()
+    if not clean:  # it died, hung or was killed: it may have left half a message in the result pipe
+        result_channel.after_unclean_exit()
     # p2pd normally exits with its parent; make sure an orphan does not keep the port
     pid, sock = info.get("p2pd_pid"), info.get("daemon_listen_maddr", "")
     if pid:

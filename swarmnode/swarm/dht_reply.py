@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import logging
+import math
 import struct
 import time
 import types
@@ -38,11 +39,13 @@ from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 
 from swarmnode.swarm.wire import unpack_dht_bytes
 
-__all__ = ["MAX_DICTIONARY_ENTRIES", "MAX_EXT_DEPTH", "MAX_FIND_KEYS", "MAX_MESSAGE_OBJECTS", "MAX_PENDING_STORES",
-           "MAX_STORE_ENTRIES", "MAX_STORE_KEYS", "REPLY_BACKED_UP_BYTES", "REPLY_BYTES_BURST", "REPLY_BYTES_PER_SECOND",
-           "REPLY_QUEUE_LIMIT", "REPLY_VALUE_BYTES", "VERIFIED_ENTRIES", "VERIFIED_SECONDS", "BoundedSerializer",
-           "bound_request_handlers", "call_find_off_loop", "check_store_items", "release_finished_handlers",
-           "rpc_find_bounded", "rpc_store_bounded", "unpack_find_results"]
+__all__ = ["FINDS_PER_SENDER_BURST", "FINDS_PER_SENDER_PER_SECOND", "FIND_SENDERS_TRACKED", "MAX_DICTIONARY_ENTRIES",
+           "MAX_EXT_DEPTH", "MAX_FIND_KEYS", "MAX_MESSAGE_OBJECTS", "MAX_PENDING_STORES", "MAX_STORE_ENTRIES",
+           "MAX_STORE_KEYS", "REPLY_BACKED_UP_BYTES", "REPLY_BYTES_BURST", "REPLY_BYTES_PER_SECOND",
+           "REPLY_BYTES_PER_SENDER_BURST", "REPLY_BYTES_PER_SENDER_PER_SECOND", "REPLY_QUEUE_BYTES",
+           "REPLY_QUEUE_LIMIT", "REPLY_VALUE_BYTES", "SIZE_ATTRIBUTE", "VERIFIED_ENTRIES", "VERIFIED_SECONDS",
+           "BoundedSerializer", "bound_request_handlers", "call_find_off_loop", "check_store_items", "queued_bytes",
+           "release_finished_handlers", "rpc_find_bounded", "rpc_store_bounded", "unpack_find_results"]
 
 log = logging.getLogger("swarmnode.swarm.dht")
 
@@ -61,8 +64,24 @@ MAX_STORE_KEYS = 256
 #: ~3 MiB, and a flood of finds its senders cancel at once had a node queue ~6 GB of replies no one read
 REPLY_BYTES_PER_SECOND = 32 * 1024 * 1024
 REPLY_BYTES_BURST = 32 * 1024 * 1024
-#: messages waiting in the node's queue to p2pd past which a find reply carries at most REPLY_BACKED_UP_BYTES
+#: find requests one sender (libp2p peer id) may make, per second and at most at once; more are refused before any
+#: key is looked up. An honest node asks one replica a few times a poll; an outside attack of finds for 16 full
+#: keys from two peer ids, each cancelled after 10 ms, stalled a node (pings 5 of 11) until this bound
+FINDS_PER_SENDER_PER_SECOND = 16.0
+FINDS_PER_SENDER_BURST = 64
+#: value bytes the find replies to one sender carry, per second and at most at once (within REPLY_BYTES_*): one
+#: sender cannot spend the node's whole reply rate
+REPLY_BYTES_PER_SENDER_PER_SECOND = 8 * 1024 * 1024
+REPLY_BYTES_PER_SENDER_BURST = 8 * 1024 * 1024
+#: senders whose find budgets are remembered (least recently seen forgotten first: a new one starts full)
+FIND_SENDERS_TRACKED = 4096
+#: messages waiting in the node's queue to p2pd past which the queue counts as backed up
 REPLY_QUEUE_LIMIT = 8
+#: bytes waiting in that queue (every message: replies, the node's own requests, pings) that a find reply may bring
+#: it to; past it (or while backed up) a reply carries values only within a sender's REPLY_BACKED_UP_BYTES, at most
+#: once a second. Everything the node sends waits behind this queue: 8 peer ids that cancelled finds of full keys
+#: queued 1,735 messages, and pings, reads and publishes failed until ~15 s after the attack (an outside attack)
+REPLY_QUEUE_BYTES = 4 * 1024 * 1024
 REPLY_BACKED_UP_BYTES = 64 * 1024
 #: entries one store request may carry that the node does not already hold (each one a signature check)
 MAX_STORE_ENTRIES = MAX_DICTIONARY_ENTRIES
@@ -215,10 +234,56 @@ async def call_find_off_loop(self: DHTProtocol, peer: PeerID, keys: Any) -> dict
         return None
 
 
+def _take_find(self: DHTProtocol, sender: Any) -> list | None:
+    """Spend one find of ``sender``'s budget; returns its bucket ``[finds, value bytes, last refill, last backed-up
+    allowance]`` (refilled to now) or None when the sender has no find left (:data:`FINDS_PER_SENDER_PER_SECOND`)."""
+    senders = self.__dict__.get("_find_senders")
+    if senders is None:
+        senders = self.__dict__["_find_senders"] = cachetools.LRUCache(FIND_SENDERS_TRACKED)
+    now = time.monotonic()
+    bucket = senders.get(sender)
+    if bucket is None:
+        bucket = senders[sender] = [float(FINDS_PER_SENDER_BURST), float(REPLY_BYTES_PER_SENDER_BURST), now, -math.inf]
+    elapsed = max(0.0, now - bucket[2])
+    bucket[0] = min(float(FINDS_PER_SENDER_BURST), bucket[0] + elapsed * FINDS_PER_SENDER_PER_SECOND)
+    bucket[1] = min(float(REPLY_BYTES_PER_SENDER_BURST), bucket[1] + elapsed * REPLY_BYTES_PER_SENDER_PER_SECOND)
+    bucket[2] = now
+    if bucket[0] < 1.0:
+        return None
+    bucket[0] -= 1.0
+    return bucket
+
+
+def queued_bytes(queue: Any) -> float:
+    """Bytes of the messages waiting in ``queue`` (hivemind's ``ControlClient._pending_messages``, protobuf messages
+    to p2pd): 0 when there is no such queue, ``inf`` past :data:`REPLY_QUEUE_LIMIT` messages (not summed then)."""
+    if queue is None:
+        return 0.0
+    if queue.qsize() > REPLY_QUEUE_LIMIT:
+        return math.inf
+    try:
+        return float(sum(message.ByteSize() for message in list(queue._queue)))
+    except Exception:  # noqa: BLE001 - hivemind's internals changed: count messages only
+        return 0.0
+
+
+SIZE_ATTRIBUTE = "_swarmnode_reply_size"  # a dictionary's cached estimate: (entries, heap length, bytes)
+
+
 def _value_size(value: Any) -> int:
-    """Bytes a stored value adds to a find reply, estimated without encoding it."""
+    """Bytes a stored value adds to a find reply, estimated without encoding it. A dictionary's estimate is kept on
+    the object until its entries or expiration heap change (:class:`~swarmnode.swarm.dht_process.KeyCappedStorage`
+    also drops it on every store): walking 16 full keys of 1,024 entries for every find was 91% of a victim's CPU
+    under finds from 8 peer ids (an outside attack; pings 0 of 10)."""
     if isinstance(value, DictionaryDHTValue):
-        return sum((len(v) if isinstance(v, (bytes, bytearray)) else 0) + 64 for v, _ in value.data.values()) + 16
+        signature = (len(value.data), len(value.expiration_heap))
+        cached = value.__dict__.get(SIZE_ATTRIBUTE)
+        if cached is not None and cached[:2] == signature:
+            return cached[2]
+        size = sum((len(item.value) if isinstance(item.value, (bytes, bytearray)) else 0) + 64
+                   for item in value.data.values()) + 16
+        value.__dict__[SIZE_ATTRIBUTE] = (*signature, size)
+        return size
     return len(value) if isinstance(value, (bytes, bytearray)) else 64
 
 
@@ -237,18 +302,27 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
       not even the small owner-only publisher keys asked beside a flooded bucket key, and dropped the node from its
       routing table. Results keep the order of ``request.keys``.
     - All replies together carry at most :data:`REPLY_BYTES_PER_SECOND` of values a second (a burst of
-      :data:`REPLY_BYTES_BURST`), and at most :data:`REPLY_BACKED_UP_BYTES` while more than
-      :data:`REPLY_QUEUE_LIMIT` messages wait to go to p2pd; past it, the keys that do not fit are answered as not
-      found, the smallest values still first. An outside attack sent finds of one full key and cancelled each after 10 ms: hivemind queued
+      :data:`REPLY_BYTES_BURST`), and a reply brings the node's queue of messages to p2pd to at most
+      :data:`REPLY_QUEUE_BYTES` (:func:`queued_bytes`; backed up past :data:`REPLY_QUEUE_LIMIT` messages); beyond
+      that a sender gets at most :data:`REPLY_BACKED_UP_BYTES` of values once a second. The keys that do not fit
+      are answered as not found, the smallest values still first. An outside attack sent finds of one full key and cancelled each after 10 ms: hivemind queued
       every reply for sending anyway (6.4 GB in 30 s, pings 1 of 9). A key asked twice in one request is answered
       once.
+    - Per sender (the libp2p peer id of the connection): at most :data:`FINDS_PER_SENDER_PER_SECOND` finds a
+      second (a burst of :data:`FINDS_PER_SENDER_BURST`), refused with :class:`ValueError` before any key is looked
+      up, and at most :data:`REPLY_BYTES_PER_SENDER_PER_SECOND` of values (so one sender cannot spend the rate
+      above). Finds of 16 full keys from two peer ids, cancelled after 10 ms, stalled a node (pings 5 of 11).
 
-    :raises ValueError: a request of more than :data:`MAX_FIND_KEYS` keys
+    :raises ValueError: a request of more than :data:`MAX_FIND_KEYS` keys, or from a sender past its find rate
     """
     n_keys = len(request.keys)
     if n_keys > MAX_FIND_KEYS:
         raise ValueError(f"a DHT find request from {context.remote_id} asks for {n_keys} keys "
                          f"(at most {MAX_FIND_KEYS})")
+    sender = _take_find(self, context.remote_id)
+    if sender is None:
+        raise ValueError(f"DHT find requests from {context.remote_id} come faster than "
+                         f"{FINDS_PER_SENDER_PER_SECOND:g} a second (at most {FINDS_PER_SENDER_BURST} at once)")
     if request.peer:  # as hivemind: the asker joins the routing table once it answers a ping
         asyncio.create_task(self.rpc_ping(dht_pb2.PingRequest(peer=request.peer), context))
     key_ids = [DHTID.from_bytes(key) for key in request.keys]
@@ -268,11 +342,14 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
     tokens, last = self.__dict__.get("_reply_tokens", (float(REPLY_BYTES_BURST), time.monotonic()))
     now = time.monotonic()
     tokens = min(float(REPLY_BYTES_BURST), tokens + (now - last) * REPLY_BYTES_PER_SECOND)
-    budget = int(min(REPLY_VALUE_BYTES, tokens))
+    budget = int(min(REPLY_VALUE_BYTES, tokens, sender[1]))
     control = getattr(getattr(getattr(self, "p2p", None), "_client", None), "control", None)
     outgoing = getattr(control, "_pending_messages", None)
-    if outgoing is not None and outgoing.qsize() > REPLY_QUEUE_LIMIT:  # replies are not leaving as fast as made
-        budget = min(budget, REPLY_BACKED_UP_BYTES)
+    room = REPLY_QUEUE_BYTES - queued_bytes(outgoing)
+    backed_up = room < budget
+    if backed_up:  # replies are not leaving as fast as made: a small allowance a sender a second, within the room
+        allowance = REPLY_BACKED_UP_BYTES if now - sender[3] >= 1.0 else 0
+        budget = min(budget, max(int(room) if room > 0 else 0, allowance))
     by_size = sorted((i for i, item in enumerate(items) if item is not None), key=lambda i: _value_size(items[i].value))
     for i in by_size:
         value = items[i].value
@@ -283,7 +360,11 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
             break
         encoded[i] = data
         budget -= len(data)
-    self.__dict__["_reply_tokens"] = (tokens - sum(map(len, encoded.values())), now)
+    spent = sum(map(len, encoded.values()))
+    self.__dict__["_reply_tokens"] = (tokens - spent, now)
+    sender[1] -= spent
+    if backed_up and spent > max(0.0, room):
+        sender[3] = now  # its backed-up allowance is used for this second
     if len(encoded) < len(by_size):
         log.debug("DHT find from %s: %d of %d found values left out of the reply (value budget %d bytes)",
                   context.remote_id, len(by_size) - len(encoded), len(by_size), REPLY_VALUE_BYTES)

@@ -520,19 +520,16 @@ def _hold_mpfuture_lock_forever() -> None:
 def test_restart_survives_a_process_that_died_holding_hiveminds_shared_lock():
     import multiprocessing as mp
 
-    from swarmnode.swarm.dht_process import fresh_mpfuture_locks
-
-    fresh_mpfuture_locks()  # other tests' DHT processes keep their own (healthy) lock objects
     node = _node(call_timeout=2.0, health_interval=0)
     holder = mp.get_context("fork").Process(target=_hold_mpfuture_lock_forever, daemon=True)
     try:
         holder.start()
         time.sleep(0.5)
-        holder.kill()  # SIGKILL while holding MPFuture._update_lock: the lock now stays taken for ever
+        holder.kill()  # SIGKILL while holding MPFuture._update_lock (hivemind's mp.Lock would stay taken for ever)
         holder.join(5)
         os.kill(node.pid, signal.SIGKILL)  # the DHT dies too (say, the OOM killer)
         assert _wait(lambda: not node.is_alive, timeout=10)
-        # without fresh locks the new DHT process would hang on its first reply and never become ready
+        # with a lock its dead holder keeps, the new DHT process would hang on its first reply, never ready
         assert node.check_health() is True
         assert node.generation == 2 and node.is_alive
         bucket = node.current_bucket() - 6

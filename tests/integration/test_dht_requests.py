@@ -342,3 +342,121 @@ def test_the_handler_table_forgets_a_task_cancelled_before_it_started():
         assert control._handler_tasks == {}
 
     asyncio.run(main())
+
+
+def test_one_sender_gets_its_own_find_rate_and_reply_bytes(monkeypatch):
+    """Outside attack: finds of 16 full keys from two peer ids, each cancelled after 10 ms, stalled a node (pings 5
+    of 11, reads 2 of 11), and one flooder could spend the node's whole reply rate. A sender past its finds is
+    refused before any key is looked up, and past its value bytes gets small keys only, while another sender is
+    answered in full and pings go on."""
+    from swarmnode.swarm import dht_reply
+
+    monkeypatch.setattr(dht_reply, "FINDS_PER_SENDER_PER_SECOND", 1e-6)  # no refill within the test
+    monkeypatch.setattr(dht_reply, "FINDS_PER_SENDER_BURST", 6)
+    monkeypatch.setattr(dht_reply, "REPLY_BYTES_PER_SENDER_PER_SECOND", 1e-6)
+    monkeypatch.setattr(dht_reply, "REPLY_BYTES_PER_SENDER_BURST", 4 * 1024 * 1024)
+
+    async def main():
+        server, asker = await _pair(harden=True)
+        other = await DHTNode.create(initial_peers=await server.get_visible_maddrs(),
+                                     host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True)
+        try:
+            now = get_dht_time()
+            big, small = DHTID.generate(source="swarm:manifests:2"), DHTID.generate(source="swarm:publisher:cd")
+            assert server.protocol.storage.store(big, _full_dictionary("1", now), now + 600)
+            assert server.protocol.storage.store(small, b"record", now + 600, subkey=b"owner")
+            stub = asker.protocol.get_stub(server.peer_id)
+            first = await stub.rpc_find(_find_request(asker, [big, small]), timeout=30)
+            assert [r.type for r in first.results] == [dht_pb2.FOUND_DICTIONARY] * 2  # within its bytes
+            second = await stub.rpc_find(_find_request(asker, [big, small]), timeout=30)
+            # its bytes are spent: the full key is left out, the small one still fits
+            assert [r.type for r in second.results] == [dht_pb2.NOT_FOUND, dht_pb2.FOUND_DICTIONARY]
+            # another sender is answered in full: the first did not spend the node's rate
+            answer = await other.protocol.call_find(server.peer_id, [big, small])
+            assert answer[big][0] is not None and len(answer[big][0].value) == 1000
+            # the asker's finds: 6 at most (the burst; its bootstrap look-up and the 2 above spent some), then each
+            # is refused before any lookup
+            answered = 0
+            with pytest.raises(P2PHandlerError, match="come faster than"):
+                for _ in range(5):
+                    await stub.rpc_find(_find_request(asker, [small]), timeout=30)
+                    answered += 1
+            assert answered <= 4, answered
+            with pytest.raises(P2PHandlerError, match="come faster than"):
+                await stub.rpc_find(_find_request(asker, [small]), timeout=30)
+            assert await other.protocol.call_ping(server.peer_id) is not None
+            answer = await other.protocol.call_find(server.peer_id, [small])
+            assert answer[small][0].value.get(b"owner").value == b"record"
+        finally:
+            await other.shutdown()
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())
+
+
+class _Message:
+    """A message waiting for p2pd, as ``queued_bytes`` sees it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def ByteSize(self) -> int:  # noqa: N802 - protobuf's name
+        return self.size
+
+
+def test_replies_carry_values_only_within_the_room_left_in_the_queue_to_p2pd(monkeypatch):
+    """Outside attack: 8 peer ids cancelling finds of full keys queued 1,735 messages to p2pd; every ping, read and
+    publish of the node waited behind them, until ~15 s after the attack. A reply now brings that queue to at most
+    4 MiB; past it a sender gets a small allowance once a second (the handler is called directly, with a stand-in
+    queue of waiting messages, and a stand-in clock)."""
+    import collections
+    import types
+
+    from swarmnode.swarm import dht_reply
+
+    clock = [1000.0]
+    monkeypatch.setattr(dht_reply, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    async def main():
+        server, asker = await _pair(harden=True)
+        control = server.protocol.p2p._client.control
+        real = control._pending_messages
+        try:
+            now = get_dht_time()
+            big, small = DHTID.generate(source="swarm:manifests:3"), DHTID.generate(source="swarm:publisher:ef")
+            assert server.protocol.storage.store(big, _full_dictionary("2", now), now + 600)
+            assert server.protocol.storage.store(small, b"record", now + 600, subkey=b"owner")
+            request = dht_pb2.FindRequest(keys=[big.to_bytes(), small.to_bytes()])  # no peer: no ping task
+
+            async def find(sender: str, waiting: list[int]) -> list[int]:
+                queue = types.SimpleNamespace(_queue=collections.deque(map(_Message, waiting)))
+                queue.qsize = lambda: len(queue._queue)
+                control._pending_messages = queue  # no await until restored: nothing else can put into it
+                try:
+                    reply = await dht_reply.rpc_find_bounded(server.protocol, request,
+                                                             types.SimpleNamespace(remote_id=sender))
+                finally:
+                    control._pending_messages = real
+                return [r.type for r in reply.results]
+
+            FOUND, NONE = dht_pb2.FOUND_DICTIONARY, dht_pb2.NOT_FOUND
+            assert dht_reply.queued_bytes(None) == 0.0
+            assert await find("a", []) == [FOUND, FOUND]  # an empty queue: the full key fits
+            clock[0] += 10
+            assert await find("a", [3 << 19]) == [NONE, FOUND]  # 1.5 MiB waiting: the 2.9 MiB key would pass 4 MiB
+            assert await find("a", [3 << 19]) == [NONE, FOUND]  # the small key fits the room, no allowance used
+            assert await find("a", [3 << 20, 1 << 20]) == [NONE, FOUND]  # no room: the allowance
+            assert await find("a", [3 << 20, 1 << 20]) == [NONE, NONE]  # used for this second
+            assert await find("b", [3 << 20, 1 << 20]) == [NONE, FOUND]  # another sender has its own
+            assert await find("c", [10] * (dht_reply.REPLY_QUEUE_LIMIT + 1)) == [NONE, FOUND]  # backed up by count
+            clock[0] += 1.0
+            assert await find("a", [3 << 20, 1 << 20]) == [NONE, FOUND]  # a second later, again
+            clock[0] += 10
+            assert await find("a", []) == [FOUND, FOUND]  # the queue drained: values again
+        finally:
+            control._pending_messages = real
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())

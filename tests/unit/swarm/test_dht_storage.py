@@ -120,10 +120,12 @@ def test_the_cache_keeps_nothing_and_harden_dht_node_installs_every_bound():
     assert cache.get(key) is None  # ... and keeps nothing
 
 
-def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap():
+def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(monkeypatch):
     """Outside attack: 1,000 free keys of 60 KB each under their own publisher keys (each under the key budget) made
     hivemind's hand-over to a newly met node one store over 4 MiB, which failed and dropped the newcomer from the
-    routing table again. The same items now go out in batches of at most 1 MiB, and the newcomer is added."""
+    routing table again. The same items now go out in batches of at most 1 MiB, and the newcomer is added. A later
+    outside attack: 8 fresh peer ids each got a node's whole storage (16 full keys: 8 x 48 MB queued); all peers'
+    hand-overs now share 2 MiB/s (a burst of 8 MiB; a stand-in clock here)."""
     import asyncio
 
     from hivemind.dht.routing import RoutingTable
@@ -133,7 +135,11 @@ def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(
 
     from hivemind.dht.protocol import DHTProtocol
 
+    from swarmnode.swarm import dht_process
     from swarmnode.swarm.dht_process import HANDOVER_BYTES, split_handover, update_routing_table_chunked
+
+    clock = [100.0]
+    monkeypatch.setattr(dht_process, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
 
     items = [(i, b"x" * 60_000, 1.0) for i in range(80)]  # 4.8 MB: one store would fail
     batches = split_handover(items)
@@ -191,7 +197,70 @@ def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(
         await asyncio.sleep(0)
 
     asyncio.run(meet_other())
-    assert len(sent) == 10  # another peer id gets its own
+    # another peer id gets its own, within what the 8 MiB burst has left (8.39 - 4.80 MB: 3 batches of 0.96 MB)
+    assert len(sent) == 8 and sent[5:] == sent[:3]
+    clock[0] += 10.0  # 20 MiB refilled, capped at the 8 MiB burst
+    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+    third = PeerID.from_base58("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N")
+
+    async def meet_third():
+        await proto.update_routing_table(DHTID.generate(source="third"), third)
+        await asyncio.sleep(0)
+
+    asyncio.run(meet_third())
+    assert len(sent) == 13  # all 5 again
+
+
+def test_hand_over_stores_go_one_at_a_time_and_stop_at_a_failure():
+    """Everything a node sends waits in one queue to p2pd: hand-over stores to several new peers at once queued
+    ahead of its pings (an outside attack). One hand-over store of the node is in flight at a time, and a peer whose
+    store fails gets no more of its batches."""
+    import asyncio
+    import types
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.dht.routing import RoutingTable
+    from hivemind.p2p import PeerID
+
+    from swarmnode.swarm.dht_process import update_routing_table_chunked
+
+    proto = DHTProtocol.__new__(DHTProtocol)
+    proto.update_routing_table = types.MethodType(update_routing_table_chunked, proto)
+    proto.node_id, proto.num_replicas = DHTID.generate(source="us"), 5
+    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+    proto.storage = _capped(3 * 1024 * 1024)
+    now = get_dht_time()
+    for i in range(40):  # 2.4 MB: 3 batches a peer, within the burst for both peers
+        assert proto.storage.store(DHTID.generate(source=f"swarm:publisher:{i}"), b"x" * 60_000, now + 600,
+                                   subkey=b"k")
+    peers = [PeerID.from_base58("12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc"),
+             PeerID.from_base58("QmNTTWvfgNdHeHgpTbnbAD6LVQqvL7wWEyxYZajW9NEzqa")]
+    calls: list = []
+    in_flight, most = [0], [0]
+
+    async def call_store(peer, keys, values, expirations, in_cache=None):
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        await asyncio.sleep(0.01)
+        in_flight[0] -= 1
+        calls.append(peer)
+        return None if peer == peers[0] else [True] * len(keys)  # the first peer's store fails
+
+    proto.call_store = call_store
+
+    async def meet():
+        for i, peer in enumerate(peers):  # (an empty table each time: by hivemind's rule all 40 keys go)
+            proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+            await proto.update_routing_table(DHTID.generate(source=f"new {i}"), peer)
+        for _ in range(200):
+            if len(calls) >= 4:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(meet())
+    assert most[0] == 1  # one hand-over store of the node at a time
+    assert calls == [peers[0], peers[1], peers[1], peers[1]]  # the failed peer got one store, the other all three
 
 
 def test_a_key_holds_at_most_1024_entries_however_small():
@@ -489,3 +558,22 @@ def test_re_storing_a_subkey_later_and_later_keeps_the_heaps_small():
         assert top.expiration_time == min(v.expiration_time for _, v in held.items())
     assert store.get(key).value.get(b"k9").value == b"v1999"
     assert batched.get(key).value.get(b"k0").value == b"w199"
+
+
+def test_a_keys_reply_size_is_kept_until_the_key_changes():
+    """Outside attack: walking 16 full keys of 1,024 entries for every answered find was 91% of a victim's CPU under
+    finds from 8 peer ids. A key's size estimate is kept on its stored dictionary and follows every change."""
+    from swarmnode.swarm.dht_reply import SIZE_ATTRIBUTE, _value_size
+
+    storage, key, now = _capped(3 * 1024 * 1024), DHTID.generate(source="swarm:manifests:9"), get_dht_time()
+    for i in range(3):
+        assert storage.store(key, b"x" * 100, now + 600, subkey=f"s{i}".encode())
+    held = TimedStorage.get(storage, key).value
+    first = _value_size(held)
+    assert first == 3 * (100 + 64) + 16 and held.__dict__[SIZE_ATTRIBUTE][2] == first  # kept
+    assert storage.store(key, b"y" * 1000, now + 700, subkey=b"s0")  # same entries, a larger value
+    assert _value_size(held) == first + 900
+    assert storage.store_entries(key, [(b"s3", b"z" * 10, now + 600)]) == [True]
+    assert _value_size(held) == first + 900 + 10 + 64
+    held.store(b"s4", b"w", now + 600)  # a change behind the storage's back: the entry count tells
+    assert _value_size(held) == first + 900 + 10 + 64 + 1 + 64

@@ -1,0 +1,261 @@
+"""The channel DHT processes answer on: hivemind's MPFuture pipe, made safe for processes that die.
+
+Every result a hivemind DHT process sends back to the node (``MPFuture.set_result`` in the child) goes
+through *one* pipe per origin process (``MPFuture._global_sender_pipe``), written under *one* lock
+shared by every forked process (``MPFuture._update_lock``, an ``mp.Lock``; hivemind 1.1.12). Messages
+larger than the pipe's atomic write (4 KiB: a find reply is up to 3.5 MiB) are written in parts, so the
+lock is all that keeps two processes' messages apart. Three ways this breaks, each of which stops every
+DHT call of the node (and every later DHT process's start-up) for good:
+
+1. a process killed while it holds the lock (the OOM killer, SIGKILL, a stop right after it answered)
+   leaves the lock taken for ever: every later send hangs;
+2. replacing the lock after such a death (what this project used to do) gives processes forked before
+   and after the replacement *different* locks on the *same* pipe: two large replies at once interleave,
+   and the receiver reads garbage (``UnpicklingError: invalid load key``), after which every frame is
+   misread;
+3. a process killed in the middle of a message leaves part of it in the pipe: the same misreading.
+
+:func:`install` (called before the first DHT process is forked; idempotent) fixes all three:
+
+* the update lock becomes a :class:`FlockLock`: an exclusive ``flock`` on a lock file of this node,
+  which the kernel releases when its holder dies, plus a thread lock within each process. It is never
+  replaced, so every process forked from the node shares it; hivemind's two per-process locks
+  (``_initialization_lock``, ``SharedBytes._lock``) become fork-safe thread locks;
+* the node reads its pipe with :func:`_serve` instead of hivemind's loop: a frame it cannot decode means
+  the pipe may be misframed, so that pipe is only drained from then on and futures created afterwards
+  use a fresh pipe (:func:`rotate`); the futures in flight on the old pipe are lost and time out, as any
+  DHT call may (every call of :class:`~swarmnode.swarm.dht_host.DHTHost` is bounded);
+* :func:`after_unclean_exit` (called when a DHT process did not exit cleanly) rotates the pipe at once, so
+  a half-written message cannot delay later calls until enough bytes arrive to expose it.
+
+hivemind's own ``MPFuture.reset_backend`` is not used: it replaces the locks (case 2).
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import logging
+import multiprocessing as mp
+import os
+import tempfile
+import threading
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+__all__ = ["FlockLock", "ForkSafeLock", "after_unclean_exit", "install", "rotate", "rotations"]
+
+log = logging.getLogger(__name__)
+
+_DRAIN_CHUNK = 1 << 20  # bytes read at a time from a pipe that is only drained
+
+_state_lock = threading.Lock()
+_installed_pid: int | None = None
+_lock_path: str | None = None
+_rotations = 0
+
+
+class ForkSafeLock:
+    """A thread lock that a forked child gets back unlocked (a thread of the parent may hold it at the fork).
+
+    Same interface as ``threading.Lock`` (``acquire``, ``release``, context manager).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class FlockLock(ForkSafeLock):
+    """A lock shared by a process and every process it forks, released by the kernel when its holder dies.
+
+    An exclusive ``flock`` on ``path``, opened (close-on-exec) by each process on its first use, so each
+    process holds its own open file description; within a process a :class:`ForkSafeLock` orders threads.
+
+    :param path: the lock file (created if missing; the creator removes it at exit)
+    :raises OSError: from ``acquire`` when the lock file cannot be opened
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+        super().__init__()
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._fd = None  # the parent's descriptor (shared lock state) must not be used by the child
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock. ``timeout`` bounds the wait for other threads only; ``blocking=False`` never waits."""
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.release()
+            return False
+        except BaseException:
+            self._lock.release()
+            raise
+        return True
+
+    def release(self) -> None:
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
+
+
+def _remove_lock_file(path: str, pid: int) -> None:
+    if os.getpid() == pid:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def install() -> None:
+    """Make hivemind's MPFuture channel of this process safe for processes that die (see the module).
+
+    Call before forking DHT processes: a process forked earlier keeps hivemind's ``mp.Lock``. Idempotent per
+    process; a process started by ``spawn`` installs its own.
+
+    :raises OSError: when no lock file can be created in the temporary directory
+    """
+    global _installed_pid, _lock_path
+    from hivemind.utils.mpfuture import MPFuture, SharedBytes
+
+    with _state_lock:
+        if _installed_pid == os.getpid():
+            return
+        fd, path = tempfile.mkstemp(prefix="swarmnode-mpfuture-", suffix=".lock")
+        os.close(fd)
+        atexit.register(_remove_lock_file, path, os.getpid())
+        _lock_path = path
+        MPFuture._update_lock = FlockLock(path)
+        MPFuture._initialization_lock = ForkSafeLock()
+        SharedBytes._lock = ForkSafeLock()
+        _installed_pid = os.getpid()
+    rotate()
+
+
+def rotations() -> int:
+    """How many times this process opened a fresh result pipe (install included)."""
+    return _rotations
+
+
+def rotate() -> None:
+    """Send the results of futures created from now on through a fresh pipe, read by a fresh thread.
+
+    The old pipe's thread keeps serving the futures already in flight on it until it reads a frame it cannot
+    decode or every writer has closed it. Futures created by other threads while this runs may use either pipe.
+    """
+    global _rotations
+    from hivemind.utils.mpfuture import MPFuture
+
+    receiver, sender = mp.Pipe(duplex=False)
+    with MPFuture._initialization_lock:
+        if MPFuture._active_futures is None or MPFuture._active_pid != os.getpid():
+            MPFuture._active_futures = {}
+        old = MPFuture._global_sender_pipe if MPFuture._active_pid == os.getpid() else None
+        thread = threading.Thread(target=_serve, args=(receiver, sender), name="swarmnode.mpfuture.results",
+                                  daemon=True)
+        MPFuture._global_sender_pipe, MPFuture._active_pid = sender, os.getpid()
+        MPFuture._pipe_waiter_thread = thread  # hivemind's own loop, if it ran, ends at its next message
+        thread.start()
+        _rotations += 1
+    if old is not None:
+        try:
+            old.close()  # our copy only: children's copies stay open until their futures are done
+        except OSError:
+            pass
+
+
+def after_unclean_exit() -> None:
+    """A DHT process died, was killed or hung: it may have left half a message in the pipe, so rotate now."""
+    if _installed_pid == os.getpid():
+        rotate()
+
+
+def _deliver(uid: int, update_type: Any, payload: Any) -> None:
+    """Hand one update to its future (what hivemind's loop does)."""
+    from hivemind.utils.mpfuture import MPFuture, UpdateType
+
+    ref = (MPFuture._active_futures or {}).pop(uid, None)
+    future = ref() if ref is not None else None
+    if future is None:  # nobody waits for it any more
+        return
+    if update_type == UpdateType.RESULT:
+        future.set_result(payload)
+    elif update_type == UpdateType.EXCEPTION:
+        future.set_exception(payload)
+    elif update_type == UpdateType.CANCEL:
+        future.cancel()
+    else:
+        raise RuntimeError(f"unexpected MPFuture update type {update_type!r}")
+
+
+def _serve(receiver: Connection, sender: Connection) -> None:
+    """Read ``receiver`` until every writer closed it; on a frame that does not decode, drain it and rotate.
+
+    :param sender: the write end this thread's pipe was created with (to tell whether it is still current)
+    """
+    from hivemind.utils.mpfuture import MPFuture
+
+    while True:
+        try:
+            frame = receiver.recv_bytes()
+        except (EOFError, OSError):  # every writer closed it (or a length no frame can have: misframed)
+            if MPFuture._global_sender_pipe is sender:
+                log.warning("the DHT result pipe failed to read; opening a fresh one")
+                rotate()
+            break
+        try:
+            uid, update_type, payload = ForkingPickler.loads(frame)
+        except Exception as e:  # noqa: BLE001 - a writer died mid-message, or two wrote at once
+            log.warning("a DHT result could not be decoded (%s: %s); the pipe may be misframed: draining it and "
+                        "opening a fresh one (calls in flight on it will time out)", type(e).__name__, e)
+            if MPFuture._global_sender_pipe is sender:
+                rotate()
+            _drain(receiver)
+            break
+        try:
+            _deliver(uid, update_type, payload)
+        except Exception:  # noqa: BLE001 - one bad update must not end the loop
+            log.exception("could not deliver a DHT result")
+    try:
+        receiver.close()
+    except OSError:
+        pass
+
+
+def _drain(receiver: Connection) -> None:
+    """Read and discard everything until every writer has closed the pipe (writers must never block on it)."""
+    fd = receiver.fileno()
+    while True:
+        try:
+            if not os.read(fd, _DRAIN_CHUNK):
+                return
+        except InterruptedError:
+            continue
+        except OSError:
+            return
