@@ -24,7 +24,8 @@ DHT call of the node (and every later DHT process's start-up) for good:
 * the node reads its pipe with :func:`_serve` instead of hivemind's loop: a frame it cannot decode means
   the pipe may be misframed, so that pipe is only drained from then on and futures created afterwards
   use a fresh pipe (:func:`rotate`); the futures in flight on the old pipe are lost and time out, as any
-  DHT call may (every call of :class:`~swarmnode.swarm.dht_host.DHTHost` is bounded);
+  DHT call may (every call of :class:`~swarmnode.swarm.dht_host.DHTHost` is bounded); a retired pipe is
+  read for :data:`RETIRED_READ_S` more, then closed;
 * :func:`after_unclean_exit` (called when a DHT process did not exit cleanly) rotates the pipe at once, so
   a half-written message cannot delay later calls until enough bytes arrive to expose it.
 
@@ -38,8 +39,10 @@ import fcntl
 import logging
 import multiprocessing as mp
 import os
+import struct
 import tempfile
 import threading
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -49,6 +52,13 @@ __all__ = ["FlockLock", "ForkSafeLock", "after_unclean_exit", "install", "rotate
 log = logging.getLogger(__name__)
 
 _DRAIN_CHUNK = 1 << 20  # bytes read at a time from a pipe that is only drained
+#: seconds a retired pipe is still read after a rotation (every call on it is bounded far below this); then its
+#: reader closes it and ends. Waiting for every writer to close it is not enough: ``multiprocessing`` keeps a
+#: duplicate of the write end for each future sent to a DHT process until that process fetches it, and a process
+#: killed first never does (an outside run: one thread and one pipe more after every restart, for good)
+RETIRED_READ_S = 300.0
+_POLL_S = 5.0  # how often a reader looks whether its pipe was retired
+MAX_FRAME_BYTES = 1 << 30  # a longer frame length means the pipe is misframed
 
 _state_lock = threading.Lock()
 _installed_pid: int | None = None
@@ -177,8 +187,8 @@ def rotate() -> None:
         if MPFuture._active_futures is None or MPFuture._active_pid != os.getpid():
             MPFuture._active_futures = {}
         old = MPFuture._global_sender_pipe if MPFuture._active_pid == os.getpid() else None
-        thread = threading.Thread(target=_serve, args=(receiver, sender), name="swarmnode.mpfuture.results",
-                                  daemon=True)
+        thread = threading.Thread(target=_serve, args=(receiver, sender), daemon=True,
+                                  name=f"swarmnode.mpfuture.results.{_rotations + 1}")
         MPFuture._global_sender_pipe, MPFuture._active_pid = sender, os.getpid()
         MPFuture._pipe_waiter_thread = thread  # hivemind's own loop, if it ran, ends at its next message
         thread.start()
@@ -214,23 +224,67 @@ def _deliver(uid: int, update_type: Any, payload: Any) -> None:
         raise RuntimeError(f"unexpected MPFuture update type {update_type!r}")
 
 
+class _Stop(Exception):
+    """The reader of a retired pipe has waited long enough."""
+
+
+def _read_exact(receiver: Connection, n: int, sender: Connection, retired: list) -> bytes:
+    """``n`` bytes of ``receiver``, waiting in steps of :data:`_POLL_S` (a blocking read could wait for ever on half a
+    frame a killed writer left). ``retired`` holds when the pipe was first seen retired (``[None]`` before).
+
+    :raises EOFError: every writer closed the pipe
+    :raises _Stop: the pipe has been retired for :data:`RETIRED_READ_S` with nothing to read
+    """
+    from hivemind.utils.mpfuture import MPFuture
+
+    chunks, fd, got = [], receiver.fileno(), 0
+    while got < n:
+        if not receiver.poll(_POLL_S):
+            if MPFuture._global_sender_pipe is not sender:
+                retired[0] = time.monotonic() if retired[0] is None else retired[0]
+                if time.monotonic() - retired[0] >= RETIRED_READ_S:
+                    raise _Stop
+            continue
+        chunk = os.read(fd, min(n - got, _DRAIN_CHUNK))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _recv_frame(receiver: Connection, sender: Connection, retired: list) -> bytes:
+    """One frame in ``multiprocessing``'s framing (a 4-byte big-endian length; -1, then an 8-byte length).
+
+    :raises EOFError, _Stop: as :func:`_read_exact`
+    :raises ValueError: a length no frame of ours has (the pipe is misframed)
+    """
+    (size,) = struct.unpack("!i", _read_exact(receiver, 4, sender, retired))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exact(receiver, 8, sender, retired))
+    if not 0 <= size <= MAX_FRAME_BYTES:
+        raise ValueError(f"a frame of {size} bytes")
+    return _read_exact(receiver, size, sender, retired)
+
+
 def _serve(receiver: Connection, sender: Connection) -> None:
-    """Read ``receiver`` until every writer closed it; on a frame that does not decode, drain it and rotate.
+    """Read ``receiver`` until every writer closed it or it has been retired for :data:`RETIRED_READ_S`; on a frame
+    that does not decode, drain it and rotate.
 
     :param sender: the write end this thread's pipe was created with (to tell whether it is still current)
     """
     from hivemind.utils.mpfuture import MPFuture
 
+    retired: list = [None]
     while True:
         try:
-            frame = receiver.recv_bytes()
-        except (EOFError, OSError):  # every writer closed it (or a length no frame can have: misframed)
+            frame = _recv_frame(receiver, sender, retired)
+            uid, update_type, payload = ForkingPickler.loads(frame)
+        except (_Stop, EOFError):  # retired long enough, or every writer closed it
             if MPFuture._global_sender_pipe is sender:
-                log.warning("the DHT result pipe failed to read; opening a fresh one")
+                log.warning("the DHT result pipe was closed by every writer; opening a fresh one")
                 rotate()
             break
-        try:
-            uid, update_type, payload = ForkingPickler.loads(frame)
         except Exception as e:  # noqa: BLE001 - a writer died mid-message, or two wrote at once
             log.warning("a DHT result could not be decoded (%s: %s); the pipe may be misframed: draining it and "
                         "opening a fresh one (calls in flight on it will time out)", type(e).__name__, e)
@@ -249,12 +303,18 @@ def _serve(receiver: Connection, sender: Connection) -> None:
 
 
 def _drain(receiver: Connection) -> None:
-    """Read and discard everything until every writer has closed the pipe (writers must never block on it)."""
-    fd = receiver.fileno()
+    """Read and discard everything (writers must never block on it) until every writer has closed the pipe or
+    nothing came for :data:`RETIRED_READ_S`."""
+    fd, idle_since = receiver.fileno(), time.monotonic()
     while True:
         try:
+            if not receiver.poll(_POLL_S):
+                if time.monotonic() - idle_since >= RETIRED_READ_S:
+                    return
+                continue
             if not os.read(fd, _DRAIN_CHUNK):
                 return
+            idle_since = time.monotonic()
         except InterruptedError:
             continue
         except OSError:

@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import signal
 import struct
+import threading
 import time
 
 import pytest
@@ -155,3 +156,37 @@ def test_a_process_killed_in_the_middle_of_a_large_result():
     assert _round_trip(8, 60) == _payload(8, 2000)
     assert _wait(lambda: MPFuture._update_lock.acquire(blocking=False), 10)  # the kill released the lock
     MPFuture._update_lock.release()
+
+
+def _reader(rotation: int):
+    return next((t for t in threading.enumerate() if t.name == f"swarmnode.mpfuture.results.{rotation}"), None)
+
+
+@pytest.mark.parametrize("how", ["retired", "half a frame", "garbage"])
+def test_a_retired_pipe_is_closed_even_while_a_copy_of_its_write_end_stays_open(monkeypatch, how):
+    """Outside attack: one reader thread and one pipe more after every restart of a node's only DHT process, for
+    good: multiprocessing keeps a duplicate of the write end for each future sent to a DHT process until that process
+    fetches it, and a killed process never does, so the retired pipe never reached end of file. A retired (or
+    half-read) pipe is now read for RETIRED_READ_S more, then closed, and its thread ends."""
+    monkeypatch.setattr(result_channel, "RETIRED_READ_S", 0.5)
+    monkeypatch.setattr(result_channel, "_POLL_S", 0.05)
+    result_channel.rotate()
+    rotation = result_channel.rotations()
+    reader = _reader(rotation)
+    assert reader is not None and reader.is_alive()
+    kept = os.dup(MPFuture._global_sender_pipe.fileno())  # what multiprocessing keeps for a never-fetched future
+    try:
+        if how == "garbage":  # a whole frame that does not decode: the reader rotates, then drains
+            os.write(kept, struct.pack("!i", 8) + b"\xd3" * 8)
+        else:
+            if how == "half a frame":  # a writer killed mid-message, nothing after it: a blocking read waits for ever
+                _write_half_a_message()
+            result_channel.after_unclean_exit()  # retired
+        assert _wait(lambda: not reader.is_alive(), 30, 0.05)
+        with pytest.raises(BrokenPipeError):  # the pipe is closed: a late writer fails (hivemind ignores that)
+            for _ in range(64):
+                os.write(kept, b"\x00" * 65536)
+    finally:
+        os.close(kept)
+    assert result_channel.rotations() == rotation + 1
+    assert _round_trip(9, 60) == _payload(9, 2000)
