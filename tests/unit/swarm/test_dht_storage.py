@@ -120,6 +120,27 @@ def test_the_cache_keeps_nothing_and_harden_dht_node_installs_every_bound():
     assert cache.get(key) is None  # ... and keeps nothing
 
 
+def _handover_protocol(keys: int):
+    """A bare hivemind protocol with our hand-over, an empty routing table and ``keys`` publisher keys of 60 KB."""
+    import types
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.dht.routing import RoutingTable
+
+    from swarmnode.swarm.dht_process import update_routing_table_chunked
+
+    proto = DHTProtocol.__new__(DHTProtocol)
+    proto.update_routing_table = types.MethodType(update_routing_table_chunked, proto)
+    proto.node_id, proto.num_replicas = DHTID.generate(source="us"), 5
+    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
+    proto.storage = _capped(3 * 1024 * 1024)
+    now = get_dht_time()
+    for i in range(keys):  # each its own key, as the attack's publisher keys
+        assert proto.storage.store(DHTID.generate(source=f"swarm:publisher:{i}"), b"x" * 60_000, now + 600,
+                                   subkey=b"k")
+    return proto
+
+
 def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(monkeypatch):
     """Outside attack: 1,000 free keys of 60 KB each under their own publisher keys (each under the key budget) made
     hivemind's hand-over to a newly met node one store over 4 MiB, which failed and dropped the newcomer from the
@@ -127,16 +148,13 @@ def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(
     outside attack: 8 fresh peer ids each got a node's whole storage (16 full keys: 8 x 48 MB queued); all peers'
     hand-overs now share 2 MiB/s (a burst of 8 MiB; a stand-in clock here)."""
     import asyncio
+    import types
 
     from hivemind.dht.routing import RoutingTable
     from hivemind.p2p import PeerID
 
-    import types
-
-    from hivemind.dht.protocol import DHTProtocol
-
     from swarmnode.swarm import dht_process
-    from swarmnode.swarm.dht_process import HANDOVER_BYTES, split_handover, update_routing_table_chunked
+    from swarmnode.swarm.dht_process import HANDOVER_BYTES, split_handover
 
     clock = [100.0]
     monkeypatch.setattr(dht_process, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
@@ -148,15 +166,7 @@ def test_the_hand_over_to_a_newly_met_node_goes_in_stores_under_the_message_cap(
     assert split_handover([(0, b"y" * (2 * HANDOVER_BYTES), 1.0), (1, b"z", 1.0)]) == [
         [(0, b"y" * (2 * HANDOVER_BYTES), 1.0)], [(1, b"z", 1.0)]]  # an item over a batch goes alone
 
-    proto = DHTProtocol.__new__(DHTProtocol)
-    proto.update_routing_table = types.MethodType(update_routing_table_chunked, proto)
-    proto.node_id, proto.num_replicas = DHTID.generate(source="us"), 5
-    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
-    proto.storage = _capped(3 * 1024 * 1024)
-    now = get_dht_time()
-    for i in range(80):  # each its own key, as the attack's publisher keys
-        assert proto.storage.store(DHTID.generate(source=f"swarm:publisher:{i}"), b"x" * 60_000, now + 600,
-                                   subkey=b"k")
+    proto = _handover_protocol(80)
     sent: list[int] = []
 
     async def call_store(peer, keys, values, expirations, in_cache=None):
@@ -216,23 +226,11 @@ def test_hand_over_stores_go_one_at_a_time_and_stop_at_a_failure():
     ahead of its pings (an outside attack). One hand-over store of the node is in flight at a time, and a peer whose
     store fails gets no more of its batches."""
     import asyncio
-    import types
 
-    from hivemind.dht.protocol import DHTProtocol
     from hivemind.dht.routing import RoutingTable
     from hivemind.p2p import PeerID
 
-    from swarmnode.swarm.dht_process import update_routing_table_chunked
-
-    proto = DHTProtocol.__new__(DHTProtocol)
-    proto.update_routing_table = types.MethodType(update_routing_table_chunked, proto)
-    proto.node_id, proto.num_replicas = DHTID.generate(source="us"), 5
-    proto.routing_table = RoutingTable(proto.node_id, bucket_size=20, depth_modulo=5)
-    proto.storage = _capped(3 * 1024 * 1024)
-    now = get_dht_time()
-    for i in range(40):  # 2.4 MB: 3 batches a peer, within the burst for both peers
-        assert proto.storage.store(DHTID.generate(source=f"swarm:publisher:{i}"), b"x" * 60_000, now + 600,
-                                   subkey=b"k")
+    proto = _handover_protocol(40)  # 2.4 MB: 3 batches a peer, within the burst for both peers
     peers = [PeerID.from_base58("12D3KooWCooF7atNVtme2MrFMimCBL8LPygLZcwXQMb9TygysCwc"),
              PeerID.from_base58("QmNTTWvfgNdHeHgpTbnbAD6LVQqvL7wWEyxYZajW9NEzqa")]
     calls: list = []
