@@ -177,7 +177,8 @@ def rotate() -> None:
     """Send the results of futures created from now on through a fresh pipe, read by a fresh thread.
 
     The old pipe's thread keeps serving the futures already in flight on it until it reads a frame it cannot
-    decode or every writer has closed it. Futures created by other threads while this runs may use either pipe.
+    decode, every writer has closed it, or it has been retired for :data:`RETIRED_READ_S`. Futures created by other
+    threads while this runs may use either pipe.
     """
     global _rotations
     from hivemind.utils.mpfuture import MPFuture
