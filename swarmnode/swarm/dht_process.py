@@ -37,7 +37,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarmnode.swarm import result_channel
 from swarmnode.swarm.dht_reply import (MAX_DICTIONARY_ENTRIES, MAX_STORE_ENTRIES, MAX_STORE_KEYS, SIZE_ATTRIBUTE,
-                                      BoundedSerializer, bound_request_handlers, call_find_off_loop)
+                                      BoundedSerializer, TokenBucket, bound_request_handlers, call_find_off_loop)
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -463,16 +463,17 @@ async def update_routing_table_chunked(self: DHTProtocol, node_id: Any, peer_id:
                 this_node_is_responsible = self.node_id.xor_distance(key) < neighbors[0][0].xor_distance(key)
             if not neighbors or (new_node_should_store and this_node_is_responsible):
                 data_to_send.append((key, item.value, item.expiration_time))
-        tokens, last = self.__dict__.get("_handover_tokens", (float(HANDOVER_BYTES_BURST), now))
-        tokens = min(float(HANDOVER_BYTES_BURST), tokens + (now - last) * HANDOVER_BYTES_PER_SECOND)
+        bucket = self.__dict__.get("_handover_bytes")
+        if bucket is None:
+            bucket = self.__dict__["_handover_bytes"] = TokenBucket(HANDOVER_BYTES_PER_SECOND, HANDOVER_BYTES_BURST)
+        bucket.refill(now)
         send = []
         for batch in split_handover(data_to_send):
             size = sum(_value_bytes(value) for _, value, _ in batch)
-            if size > tokens:
+            if size > bucket.tokens:
                 break
-            tokens -= size
+            bucket.tokens -= size
             send.append(batch)
-        self.__dict__["_handover_tokens"] = (tokens, now)
         if send:
             asyncio.create_task(_send_handover(self, peer_id, send))
     maybe_node_to_ping = self.routing_table.add_or_update_node(node_id, peer_id)

@@ -44,8 +44,9 @@ __all__ = ["FINDS_PER_SENDER_BURST", "FINDS_PER_SENDER_PER_SECOND", "FIND_SENDER
            "MAX_STORE_KEYS", "REPLY_BACKED_UP_BYTES", "REPLY_BYTES_BURST", "REPLY_BYTES_PER_SECOND",
            "REPLY_BYTES_PER_SENDER_BURST", "REPLY_BYTES_PER_SENDER_PER_SECOND", "REPLY_QUEUE_BYTES",
            "REPLY_QUEUE_LIMIT", "REPLY_VALUE_BYTES", "SIZE_ATTRIBUTE", "VERIFIED_ENTRIES", "VERIFIED_SECONDS",
-           "BoundedSerializer", "bound_request_handlers", "call_find_off_loop", "check_store_items", "queued_bytes",
-           "release_finished_handlers", "rpc_find_bounded", "rpc_store_bounded", "unpack_find_results"]
+           "BoundedSerializer", "TokenBucket", "bound_request_handlers", "call_find_off_loop", "check_store_items",
+           "queued_bytes", "release_finished_handlers", "rpc_find_bounded", "rpc_store_bounded",
+           "unpack_find_results"]
 
 log = logging.getLogger("swarmnode.swarm.dht")
 
@@ -234,24 +235,48 @@ async def call_find_off_loop(self: DHTProtocol, peer: PeerID, keys: Any) -> dict
         return None
 
 
-def _take_find(self: DHTProtocol, sender: Any) -> list | None:
-    """Spend one find of ``sender``'s budget; returns its bucket ``[finds, value bytes, last refill, last backed-up
-    allowance]`` (refilled to now) or None when the sender has no find left (:data:`FINDS_PER_SENDER_PER_SECOND`)."""
+class TokenBucket:
+    """A token bucket: ``rate`` tokens a second, at most ``burst``; it starts full.
+
+    :param rate: tokens added per second (float, >= 0)
+    :param burst: most tokens held (float, > 0)
+    """
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst, self.tokens, self.last = float(rate), float(burst), float(burst), None
+
+    def refill(self, now: float) -> float:
+        """Add what ``now`` (``time.monotonic()`` seconds) brings since the last refill; returns the tokens held."""
+        if self.last is not None:
+            self.tokens = min(self.burst, self.tokens + max(0.0, now - self.last) * self.rate)
+        self.last = now
+        return self.tokens
+
+
+class _Sender:
+    """What one sender of find requests may still ask: finds, value bytes, and when it last used the backed-up
+    allowance."""
+
+    def __init__(self) -> None:
+        self.finds = TokenBucket(FINDS_PER_SENDER_PER_SECOND, FINDS_PER_SENDER_BURST)
+        self.values = TokenBucket(REPLY_BYTES_PER_SENDER_PER_SECOND, REPLY_BYTES_PER_SENDER_BURST)
+        self.allowance_used = -math.inf
+
+
+def _take_find(self: DHTProtocol, sender: Any, now: float) -> _Sender | None:
+    """Spend one find of ``sender``'s budget; returns its record (buckets refilled to ``now``) or None when the
+    sender has no find left (:data:`FINDS_PER_SENDER_PER_SECOND`)."""
     senders = self.__dict__.get("_find_senders")
     if senders is None:
         senders = self.__dict__["_find_senders"] = cachetools.LRUCache(FIND_SENDERS_TRACKED)
-    now = time.monotonic()
-    bucket = senders.get(sender)
-    if bucket is None:
-        bucket = senders[sender] = [float(FINDS_PER_SENDER_BURST), float(REPLY_BYTES_PER_SENDER_BURST), now, -math.inf]
-    elapsed = max(0.0, now - bucket[2])
-    bucket[0] = min(float(FINDS_PER_SENDER_BURST), bucket[0] + elapsed * FINDS_PER_SENDER_PER_SECOND)
-    bucket[1] = min(float(REPLY_BYTES_PER_SENDER_BURST), bucket[1] + elapsed * REPLY_BYTES_PER_SENDER_PER_SECOND)
-    bucket[2] = now
-    if bucket[0] < 1.0:
+    record = senders.get(sender)
+    if record is None:
+        record = senders[sender] = _Sender()
+    record.values.refill(now)
+    if record.finds.refill(now) < 1.0:
         return None
-    bucket[0] -= 1.0
-    return bucket
+    record.finds.tokens -= 1.0
+    return record
 
 
 def queued_bytes(queue: Any) -> float:
@@ -319,7 +344,8 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
     if n_keys > MAX_FIND_KEYS:
         raise ValueError(f"a DHT find request from {context.remote_id} asks for {n_keys} keys "
                          f"(at most {MAX_FIND_KEYS})")
-    sender = _take_find(self, context.remote_id)
+    now = time.monotonic()
+    sender = _take_find(self, context.remote_id, now)
     if sender is None:
         raise ValueError(f"DHT find requests from {context.remote_id} come faster than "
                          f"{FINDS_PER_SENDER_PER_SECOND:g} a second (at most {FINDS_PER_SENDER_BURST} at once)")
@@ -339,16 +365,16 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
             item = cached
         items.append(item)
     encoded: dict[int, bytes] = {}
-    tokens, last = self.__dict__.get("_reply_tokens", (float(REPLY_BYTES_BURST), time.monotonic()))
-    now = time.monotonic()
-    tokens = min(float(REPLY_BYTES_BURST), tokens + (now - last) * REPLY_BYTES_PER_SECOND)
-    budget = int(min(REPLY_VALUE_BYTES, tokens, sender[1]))
+    replies = self.__dict__.get("_reply_bytes")
+    if replies is None:
+        replies = self.__dict__["_reply_bytes"] = TokenBucket(REPLY_BYTES_PER_SECOND, REPLY_BYTES_BURST)
+    budget = int(min(REPLY_VALUE_BYTES, replies.refill(now), sender.values.tokens))
     control = getattr(getattr(getattr(self, "p2p", None), "_client", None), "control", None)
     outgoing = getattr(control, "_pending_messages", None)
     room = REPLY_QUEUE_BYTES - queued_bytes(outgoing)
     backed_up = room < budget
     if backed_up:  # replies are not leaving as fast as made: a small allowance a sender a second, within the room
-        allowance = REPLY_BACKED_UP_BYTES if now - sender[3] >= 1.0 else 0
+        allowance = REPLY_BACKED_UP_BYTES if now - sender.allowance_used >= 1.0 else 0
         budget = min(budget, max(int(room) if room > 0 else 0, allowance))
     by_size = sorted((i for i, item in enumerate(items) if item is not None), key=lambda i: _value_size(items[i].value))
     for i in by_size:
@@ -361,10 +387,10 @@ async def rpc_find_bounded(self: DHTProtocol, request: dht_pb2.FindRequest, cont
         encoded[i] = data
         budget -= len(data)
     spent = sum(map(len, encoded.values()))
-    self.__dict__["_reply_tokens"] = (tokens - spent, now)
-    sender[1] -= spent
+    replies.tokens -= spent
+    sender.values.tokens -= spent
     if backed_up and spent > max(0.0, room):
-        sender[3] = now  # its backed-up allowance is used for this second
+        sender.allowance_used = now  # its backed-up allowance is used for this second
     if len(encoded) < len(by_size):
         log.debug("DHT find from %s: %d of %d found values left out of the reply (value budget %d bytes)",
                   context.remote_id, len(by_size) - len(encoded), len(by_size), REPLY_VALUE_BYTES)

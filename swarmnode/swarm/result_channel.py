@@ -62,7 +62,6 @@ MAX_FRAME_BYTES = 1 << 30  # a longer frame length means the pipe is misframed
 
 _state_lock = threading.Lock()
 _installed_pid: int | None = None
-_lock_path: str | None = None
 _rotations = 0
 
 
@@ -151,7 +150,7 @@ def install() -> None:
 
     :raises OSError: when no lock file can be created in the temporary directory
     """
-    global _installed_pid, _lock_path
+    global _installed_pid
     from hivemind.utils.mpfuture import MPFuture, SharedBytes
 
     with _state_lock:
@@ -160,7 +159,6 @@ def install() -> None:
         fd, path = tempfile.mkstemp(prefix="swarmnode-mpfuture-", suffix=".lock")
         os.close(fd)
         atexit.register(_remove_lock_file, path, os.getpid())
-        _lock_path = path
         MPFuture._update_lock = FlockLock(path)
         MPFuture._initialization_lock = ForkSafeLock()
         SharedBytes._lock = ForkSafeLock()
