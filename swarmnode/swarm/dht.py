@@ -32,10 +32,13 @@ docs/reference/references.md §4.4 and §6.1):
   replicas) and validate every entry again, dropping bad entries one by one (hivemind drops a whole
   dictionary when a single subkey is invalid, docs/reference/references.md §4.4).
 * **Publisher keys.** A manifest record is also stored under the publisher's own key
-  ``f"{swarm_id}:publisher:{hex(public key)}"``, where validators accept its owner's entry alone
-  (:func:`~swarmnode.swarm.validator.publisher_key`). A shared bucket key takes any number of fresh keys'
-  entries, and past hivemind's 4 MiB find-reply cap (about 350 entries of 12 KB) every replica's reply fails
-  and the reader sees only its own storage; :meth:`SwarmDHT.read_publishers` reaches known publishers anyway.
+  ``f"{swarm_id}:publisher:{hex(public key)}"`` and a heartbeat under ``f"{swarm_id}:heartbeat:{hex(public
+  key)}"``, where validators accept their owner's entry alone
+  (:func:`~swarmnode.swarm.validator.publisher_key`, :func:`~swarmnode.swarm.validator.publisher_heartbeat_key`).
+  A shared key takes any number of fresh keys' entries up to a peer's key budget (and past hivemind's 4 MiB
+  find-reply cap, about 350 entries of 12 KB, every replica's reply fails and the reader sees only its own
+  storage); :meth:`SwarmDHT.read_publishers` and :meth:`SwarmDHT.read_heartbeats` (``known``) reach known
+  peers anyway.
 * **A byte budget per key** (and no cache, a chunked hand-over: :mod:`~swarmnode.swarm.dht_process`). A failed reply also removes the replica from the asker's routing table (hivemind's
   ``update_routing_table(responded=False)``), so a flooded key used to empty the routing tables of every node that
   read or stored it, after which even publisher keys were out of reach. Our storage refuses a new entry once a
@@ -75,6 +78,7 @@ from swarmnode.swarm.validator import (
     heartbeat_key,
     manifest_key,
     parse_owner_marker,
+    publisher_heartbeat_key,
     publisher_key,
     time_bucket,
 )
@@ -88,6 +92,7 @@ __all__ = [
     "loopback_only",
     "manifest_key",
     "parse_multiaddr",
+    "publisher_heartbeat_key",
     "publisher_key",
     "time_bucket",
 ]
@@ -243,10 +248,19 @@ class SwarmDHT(DHTHost):
         return ok
 
     def publish_heartbeat(self, swarm_id: str, heartbeat_bytes: bytes, timeout: float | None = None) -> bool:
-        """Store our heartbeat under ``f"{swarm_id}:heartbeats"`` (expires ``heartbeat_ttl`` s from now)."""
+        """Store our heartbeat under ``f"{swarm_id}:heartbeats"`` and under our own heartbeat key
+        ``f"{swarm_id}:heartbeat:{hex(public key)}"`` (expires ``heartbeat_ttl`` s from now).
+
+        :returns: whether at least this node stored both (False on timeout or when no DHT runs; never raises
+            for network trouble)
+        :raises ValueError: unknown ``swarm_id`` or ``heartbeat_bytes`` over ``max_record_bytes``
+        :raises TypeError: ``heartbeat_bytes`` is not bytes
+        """
         self._check_swarm(swarm_id)
-        return self._store(heartbeat_key(swarm_id), self._check_value(heartbeat_bytes, "heartbeat_bytes"),
-                           self.heartbeat_ttl, timeout)
+        value = self._check_value(heartbeat_bytes, "heartbeat_bytes")
+        ok = self._store(heartbeat_key(swarm_id), value, self.heartbeat_ttl, timeout)
+        return self._store(publisher_heartbeat_key(swarm_id, self.public_key), value, self.heartbeat_ttl,
+                           timeout) and ok
 
     def _entries(self, result: Any) -> list[tuple[bytes, bytes]]:
         """Validate a ``DHT.get`` result entry by entry: [(publisher public key, value bytes)]."""
@@ -330,13 +344,25 @@ class SwarmDHT(DHTHost):
             out.extend(entry for entry in per_key if entry[0] == pub)
         return out
 
-    def read_heartbeats(self, swarm_id: str, timeout: float | None = None) -> list[tuple[bytes, bytes]]:
+    def read_heartbeats(self, swarm_id: str, timeout: float | None = None,
+                        known: Sequence[bytes] = ()) -> list[tuple[bytes, bytes]]:
         """All valid heartbeats: ``[(publisher_public_key, heartbeat_bytes)]``.
 
-        Same validation and "no data" rules as :meth:`read_manifests`.
+        :param timeout: bound for all lookups together (s; default ``call_timeout``)
+        :param known: raw 32-byte public keys of peers the caller knows (e.g. those with earned standing, at
+            most a few dozen): their heartbeats are also read from their own heartbeat keys, which only they
+            can write, so a flood of the shared key cannot hide them
+        :returns: the known peers' own-key entries first (in the order of ``known``; an entry whose owner is not
+            the key's owner is dropped), then the shared key's; a peer may appear twice (a reader keeps its
+            newest). Same validation and "no data" rules as :meth:`read_manifests`.
+        :raises ValueError: unknown ``swarm_id`` or a known key that is not 32 bytes
         """
         self._check_swarm(swarm_id)
-        return self._read([heartbeat_key(swarm_id)], timeout)[0]
+        pubs = [bytes(p) for p in known]
+        keys = [publisher_heartbeat_key(swarm_id, p) for p in pubs]
+        per_key = self._read([*keys, heartbeat_key(swarm_id)], timeout)
+        own = [entry for pub, entries in zip(pubs, per_key) for entry in entries if entry[0] == pub]
+        return own + per_key[-1]
 
     def current_bucket(self, now: float | None = None) -> int:
         """``time_bucket(now, bucket_seconds)`` with ``now`` defaulting to ``time.time()``."""

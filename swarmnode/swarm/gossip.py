@@ -286,7 +286,8 @@ class SwarmClient:
         self.publisher = Publisher(self.dht, self.server, self.verifier, self._vlock, identity, self.book,
                                    self.counters, self._write_info, swarm_id=self.swarm_id, vocab_size=vocab_size,
                                    model_id=model_id, tokenizer_id=tokenizer_id, prune=self.prune_rule, scfg=sc,
-                                   heartbeat_interval=self.heartbeat_interval, max_bundle_bytes=self.max_bundle_bytes)
+                                   heartbeat_interval=self.heartbeat_interval, max_bundle_bytes=self.max_bundle_bytes,
+                                   known_peers=lambda: self.fetcher.known_publishers())
         self.fetcher = Fetcher(self.dht, self.server, self.verifier, self._vlock, self.scheduler, self.counters,
                                self._reject, swarm_id=self.swarm_id, public_key=self.public_key, scfg=sc,
                                poll_interval=self.poll_interval, fetch_relays=self.fetch_relays,

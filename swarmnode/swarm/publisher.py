@@ -12,7 +12,8 @@ Publisher thread (:meth:`Publisher.step`)
     (``SwarmDHT.publish_manifest``, bounded by ``swarm.net.dht_timeout``), retries failed stores every second,
     re-stores after a DHT restart or after joining a swarm, and publishes a signed heartbeat every
     ``heartbeat_interval`` seconds (:class:`~swarmnode.swarm.rates.HeartbeatBook` builds it); with the
-    curriculum or rescue on it also reads the swarm's heartbeats on that cadence.
+    curriculum or rescue on it also reads the swarm's heartbeats on that cadence (the shared key, and the own
+    heartbeat keys of the peers with earned standing).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from swarmnode.rollout.tree import RolloutTree
 from swarmnode.swarm import wire
@@ -73,18 +75,23 @@ class Publisher:
         prune: the :class:`~swarmnode.swarm.prune.PruneRule`.
         scfg: ``cfg.swarm`` (its ``net`` section: ``read_buckets``, ``dht_timeout``).
         heartbeat_interval: seconds between heartbeats; max_bundle_bytes: the envelope cap.
+        known_peers: the public keys whose heartbeats are also read from their own heartbeat keys (the
+            fetcher's publishers with earned standing), so a flood of the shared key cannot hide their
+            curriculum rates and rescue requests.
     """
 
     def __init__(self, dht: SwarmDHT, server: BundleServer, verifier: Verifier, vlock: threading.Lock,
                  identity: Identity, book: HeartbeatBook, counters: SwarmCounters, write_info: Callable[[], None], *,
                  swarm_id: str, vocab_size: int, model_id: str, tokenizer_id: str, prune: PruneRule, scfg: Any,
-                 heartbeat_interval: float, max_bundle_bytes: int) -> None:
+                 heartbeat_interval: float, max_bundle_bytes: int,
+                 known_peers: Callable[[], Sequence[bytes]] = tuple) -> None:
         self.dht, self.server, self.verifier, self.vlock = dht, server, verifier, vlock
         self.identity, self.book, self.counters, self.write_info = identity, book, counters, write_info
         self.swarm_id, self.vocab_size, self.model_id, self.tokenizer_id = swarm_id, vocab_size, model_id, tokenizer_id
         self.prune_rule, self.scfg = prune, scfg
         self.heartbeat_interval = float(heartbeat_interval)
         self.max_bundle_bytes = int(max_bundle_bytes)
+        self.known_peers = known_peers
         self.lock = threading.Lock()  # outbox and dirty buckets
         self.outbox: dict[int, list[bytes]] = {}  # bucket -> our signed manifests (newest last)
         self.dirty: set[int] = set()  # buckets whose record must be stored (again)
@@ -273,4 +280,5 @@ class Publisher:
         if ((self.book.curriculum_enabled or self.book.rescue_enabled)
                 and time.monotonic() - self.last_rates_read >= self.heartbeat_interval):
             self.last_rates_read = time.monotonic()
-            self.book.note_peer_rates(self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.net.dht_timeout))
+            self.book.note_peer_rates(self.dht.read_heartbeats(self.swarm_id, timeout=self.scfg.net.dht_timeout,
+                                                               known=self.known_peers()))

@@ -21,11 +21,13 @@ Ed25519 keys never reach the record layer. :class:`Ed25519RecordValidator` mirro
   owner-marked dictionary entry (a plain value with a later expiration would otherwise replace the
   whole dictionary; docs/reference/references.md §4.4 "sender-chosen expiration").
 * **Publisher keys.** Each publisher also stores its newest manifest record under its own key
-  ``{swarm_id}:publisher:{hex(public key)}`` (:func:`publisher_key`). A validator with key spaces accepts a
-  marked record under a key that is not a shared key only when the key is the marker's owner's own
-  publisher key, and refuses every unmarked record: so nobody but the owner can write under a publisher
-  key, and a flood of fresh keys (whose entries can push a shared key's dictionary past the 4 MiB
-  find-reply cap, at about 350 entries of 12 KB) cannot hide a known publisher's record from readers.
+  ``{swarm_id}:publisher:{hex(public key)}`` (:func:`publisher_key`) and its heartbeat under
+  ``{swarm_id}:heartbeat:{hex(public key)}`` (:func:`publisher_heartbeat_key`). A validator with key spaces
+  accepts a marked record under a key that is not a shared key only when the key is one of the marker's
+  owner's own two keys, and refuses every unmarked record: so nobody but the owner can write under them,
+  and a flood of fresh keys (whose entries can push a shared key's dictionary past the 4 MiB find-reply
+  cap, at about 350 entries of 12 KB, or past a peer's key budget) cannot hide a known publisher's
+  manifest or heartbeat from readers.
   A node of a swarm therefore stores only its swarms' records; a validator without key spaces keeps
   hivemind's behaviour (unmarked records and marked ones under any key pass).
 * **Expiration cap.** A marked or protected record expiring later than ``now + max_ttl +
@@ -65,6 +67,7 @@ __all__ = [
     "manifest_key",
     "owner_marker",
     "parse_owner_marker",
+    "publisher_heartbeat_key",
     "publisher_key",
     "time_bucket",
 ]
@@ -129,10 +132,27 @@ def publisher_key(swarm_id: str, public_key: bytes) -> str:
     :param public_key: raw 32-byte Ed25519 public key
     :raises ValueError: bad ``swarm_id`` or a key that is not 32 bytes
     """
+    return _owner_key(swarm_id, "publisher", public_key)
+
+
+def _owner_key(swarm_id: str, kind: str, public_key: bytes) -> str:
     _check_swarm_id(swarm_id)
     if not isinstance(public_key, (bytes, bytearray)) or len(public_key) != 32:
         raise ValueError(f"an Ed25519 public key is 32 raw bytes, got {public_key!r:.80}")
-    return f"{swarm_id}:publisher:{bytes(public_key).hex()}"
+    return f"{swarm_id}:{kind}:{bytes(public_key).hex()}"
+
+
+def publisher_heartbeat_key(swarm_id: str, public_key: bytes) -> str:
+    """DHT key holding one node's newest heartbeat: ``f"{swarm_id}:heartbeat:{public_key.hex()}"``.
+
+    Written by its owner alone, like :func:`publisher_key`: a flood of the shared heartbeat key (free keys'
+    entries filling it to a peer's key budget, after which honest heartbeats are refused there) cannot hide
+    the curriculum rates and rescue requests of the peers a reader already knows.
+
+    :param public_key: raw 32-byte Ed25519 public key
+    :raises ValueError: bad ``swarm_id`` or a key that is not 32 bytes
+    """
+    return _owner_key(swarm_id, "heartbeat", public_key)
 
 
 def owner_marker(public_key: bytes) -> bytes:
@@ -283,12 +303,12 @@ class Ed25519RecordValidator(RecordValidatorBase):
         return self._protected_cache[1]
 
     def _is_publisher_key(self, key_id: bytes, owner_hex: bytes) -> bool:
-        """Whether ``key_id`` is the owner's own publisher key in one of our swarms."""
+        """Whether ``key_id`` is one of the owner's own keys (publisher, heartbeat) in one of our swarms."""
         ids = self._publisher_ids.get(owner_hex)
         if ids is None:
             pub = bytes.fromhex(owner_hex.decode())
-            ids = frozenset(DHTID.generate(source=publisher_key(ks.swarm_id, pub)).to_bytes()
-                            for ks in self.key_spaces)
+            ids = frozenset(DHTID.generate(source=make(ks.swarm_id, pub)).to_bytes()
+                            for ks in self.key_spaces for make in (publisher_key, publisher_heartbeat_key))
             if len(self._publisher_ids) > 4096:
                 self._publisher_ids.clear()
             self._publisher_ids[owner_hex] = ids

@@ -32,6 +32,7 @@ from swarmnode.swarm.validator import (
     manifest_key,
     owner_marker,
     parse_owner_marker,
+    publisher_heartbeat_key,
     publisher_key,
     time_bucket,
 )
@@ -188,6 +189,13 @@ def test_only_the_owner_writes_under_its_publisher_key(keys):
     assert not owner.validate(_signed(owner, _record(own_key, owner.local_owner_marker, b"m", now + 10_000)))
     with pytest.raises(ValueError, match="32 raw bytes"):
         publisher_key(SWARM, b"short")
+    # the owner's heartbeat key: the same rule
+    beat_key = publisher_heartbeat_key(SWARM, owner.public_key)
+    assert beat_key == f"{SWARM}:heartbeat:{owner.public_key.hex()}" != heartbeat_key(SWARM)
+    assert owner.validate(_signed(owner, _record(beat_key, owner.local_owner_marker, b"hb", now + 60)))
+    assert not owner.validate(_signed(other, _record(beat_key, other.local_owner_marker, b"flood", now + 60)))
+    assert not other.validate(_signed(owner, _record(publisher_heartbeat_key(SWARM, other.public_key),
+                                                     owner.local_owner_marker, b"hb", now + 60)))
 
 
 def test_expiration_cap_and_size_cap(keys):
@@ -594,6 +602,40 @@ def test_a_flood_of_the_bucket_key_stops_at_the_key_budget_and_keeps_the_readers
         assert _wait(lambda: reader.num_peers >= 1, 10)
         assert reader.read_publishers(SWARM, [a.public_key]) == [(a.public_key, b"honest record")]
         assert (a.public_key, b"honest record") in reader.read_manifests(SWARM, [bucket], timeout=20)
+    finally:
+        for n in (reader, b, a):
+            n.shutdown()
+
+
+@pytest.mark.slow
+def test_a_flood_of_the_heartbeat_key_hides_no_known_peers_heartbeat():
+    """A flood of the shared heartbeat key before an honest peer's heartbeat: 1,100 free keys' signed entries fill
+    the honest replica's key to its 1,024 entries (the honest heartbeat is then refused there, first come first
+    served) and the attacker's replica past what a reader accepts in a reply, so the shared key answers with the
+    flood alone and the honest peer's curriculum rates and rescue requests go unread. Its heartbeat under its
+    own heartbeat key, which only it can write, reaches a reader that knows it."""
+    from swarmnode.testing.adversary import store_signed_entries
+
+    a = _node()
+    b = _node(initial_peers=a.visible_maddrs(), max_key_bytes=None)  # the attacker's replica: no budget
+    reader = _node(initial_peers=a.visible_maddrs(), client_mode=True)
+    honest = (a.public_key, b"honest heartbeat")
+    try:
+        assert _wait(lambda: b.connected and reader.connected, 60)
+        flood = _flood_entries(heartbeat_key(SWARM), 1_100, 1_500)
+        stored, peers = store_signed_entries(b, _key_id(heartbeat_key(SWARM)), flood)
+        assert peers == 1 and 1_100 + 1_000 <= stored <= 1_100 + 1_024, (stored, peers)  # b all, a its 1,024
+        own_key = publisher_heartbeat_key(SWARM, a.public_key)
+        assert own_key == f"{SWARM}:heartbeat:{a.public_key.hex()}"
+        assert store_signed_entries(b, _key_id(own_key), flood[:5])[0] == 0  # the flood cannot write there
+        a.publish_heartbeat(SWARM, honest[1])  # refused by a's full shared key; stored under a's own key
+        shared = reader.read_heartbeats(SWARM, timeout=30)
+        assert len(shared) >= 1_000 and honest not in shared, len(shared)  # the attack, without known peers
+        got = reader.read_heartbeats(SWARM, timeout=30, known=[a.public_key, b.public_key])
+        assert got[0] == honest and honest not in got[1:], got[:2]
+        assert len(got) == len(shared) + 1  # b published nothing under its own key
+        with pytest.raises(ValueError, match="32 raw bytes"):
+            reader.read_heartbeats(SWARM, known=[b"short"])
     finally:
         for n in (reader, b, a):
             n.shutdown()

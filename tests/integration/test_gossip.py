@@ -411,6 +411,13 @@ def test_the_client_wires_standing_admission_and_heartbeats_to_its_policy_object
         honest = _key("wired rates")
         c.note_peer_rates([_heartbeat_entry(honest, {mix.source_key(0): (16, 8)}, time.time())])
         assert [p.peer_id for p in c.peer_task_rates()] == [honest.peer_id]
+        # heartbeats of the publishers with standing are also read from their own keys (a flood of the shared
+        # heartbeat key cannot hide them): the publisher thread asks the fetcher which those are
+        assert c.publisher.known_peers() == []
+        c.fetcher.owner_keys[honest.peer_id] = honest.public_key_bytes
+        assert c.publisher.known_peers() == []  # seen, no standing yet
+        c.credit(honest.peer_id, 1)
+        assert c.publisher.known_peers() == [honest.public_key_bytes] == c.fetcher.known_publishers()
     finally:
         c.close()
 
