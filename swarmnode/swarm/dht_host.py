@@ -393,7 +393,8 @@ class DHTHost:
         return health
 
     def check_health(self) -> bool:
-        """One watchdog step: probe the DHT, restart a dead one, (re)join initial peers when due.
+        """One watchdog step: probe the DHT, restart a dead one, (re)join initial peers when due (every
+        ``rejoin_interval`` seconds, after failed joins with backoff, and at once when the routing table is empty).
 
         :returns: whether the DHT answered (after a restart, whether the new one runs)
         """
@@ -420,6 +421,10 @@ class DHTHost:
                 return ok
             return False
         self._health_failures = 0
+        if self.initial_peers and self._num_peers == 0 and self._next_join > now + self._join_delay:
+            # every neighbour left the routing table (hivemind drops a peer whose reply failed, or that refused a
+            # request): join again now, not at the next periodic rejoin (an outside run saw a reader wait 300 s)
+            self._next_join = now
         if self.initial_peers and now >= self._next_join:
             self.try_join()
         return True

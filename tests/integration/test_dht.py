@@ -517,6 +517,30 @@ def test_hung_dht_calls_stay_bounded_and_watchdog_restarts_it():
         node.shutdown()
 
 
+@pytest.mark.slow
+def test_a_node_whose_routing_table_emptied_joins_again_at_the_next_health_check():
+    """hivemind drops a peer from the routing table when its reply fails or it refuses a request. A node left
+    with no neighbour used to wait for the periodic rejoin (300 s; an outside run watched a reader stay out for
+    25 s and more with ``join_attempts=0``); the watchdog now joins at its next step."""
+    from swarmnode.testing.adversary import forget_neighbours
+
+    a = _node()
+    b = _node(initial_peers=a.visible_maddrs(), health_interval=0)  # the watchdog stepped by hand
+    try:
+        assert _wait(lambda: b.connected, 60)
+        assert b.check_health() is True and b.status().join_attempts == 0  # connected: no join due
+        assert forget_neighbours(b) >= 1
+        assert b.check_health() is True  # sees the empty table and joins through its initial peer
+        assert b.status().join_attempts == 1 and b.num_peers >= 1
+        assert b.check_health() is True and b.status().join_attempts == 1  # connected again: no more joins
+        bucket = a.current_bucket() - 13
+        assert a.publish_manifest(SWARM, bucket, b"after the rejoin")
+        assert b.read_manifests(SWARM, [bucket]) == [(a.public_key, b"after the rejoin")]
+    finally:
+        for n in (b, a):
+            n.shutdown()
+
+
 def _hold_mpfuture_lock_forever() -> None:
     from hivemind.utils.mpfuture import MPFuture
 

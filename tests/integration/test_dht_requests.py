@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from hivemind.dht.node import DHTNode
@@ -389,6 +390,42 @@ def test_one_sender_gets_its_own_find_rate_and_reply_bytes(monkeypatch):
             assert answer[small][0].value.get(b"owner").value == b"record"
         finally:
             await other.shutdown()
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())
+
+
+def test_one_read_of_many_keys_asks_a_replica_a_few_times_not_once_a_key(monkeypatch):
+    """Outside run: a reader polling 32 known publishers' keys every 2 s (one hivemind ``get`` per key) asked each
+    replica 16-18 times a second, past a node's 16 finds a second from one sender; the refusals made it drop honest
+    replicas from its routing table (empty after 6-26 s, with no attacker). ``SwarmDHT`` reads all keys of a read
+    in one traversal (:func:`swarmnode.swarm.dht.get_latest_many`), which packs several keys into each find."""
+    from swarmnode.swarm import dht_reply
+    from swarmnode.swarm.dht import get_latest_many
+
+    monkeypatch.setattr(dht_reply, "FINDS_PER_SENDER_PER_SECOND", 1e-6)  # no refill: the tokens count the finds
+
+    async def main():
+        server, asker = await _pair(harden=True)
+        try:
+            now = get_dht_time()
+            keys = [f"swarm:publisher:{i:064x}" for i in range(33)] + ["swarm:heartbeats"]
+            for i, key in enumerate(keys[:-1:3]):
+                assert server.protocol.storage.store(DHTID.generate(source=key), MSGPackSerializer.dumps(f"record {i}"),
+                                                     now + 600, subkey=MSGPackSerializer.dumps("owner"))
+            record = server.protocol.__dict__["_find_senders"][asker.peer_id]
+            before = record.finds.refill(time.monotonic())
+            got = await get_latest_many(None, asker, keys, 30.0)
+            batched = before - record.finds.refill(time.monotonic())
+            found = [r.value[MSGPackSerializer.dumps("owner")].value for r in got if r is not None]
+            assert found == [f"record {i}" for i in range(11)]  # every stored key, in order
+            assert 1 <= batched <= 12, batched  # sqrt(34) = 5 keys a find: about 7
+            before = record.finds.refill(time.monotonic())
+            for key in keys[:20]:  # what one hivemind get per key costs the replica
+                await asker.get(key, latest=True)
+            assert before - record.finds.refill(time.monotonic()) > 19.9  # one find each
+        finally:
             await asker.shutdown()
             await server.shutdown()
 

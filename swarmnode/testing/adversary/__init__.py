@@ -12,7 +12,8 @@ How the package is organized (one class, or one kind of thing, a module):
 - ``cases.py``: :data:`NETWORK_CASES` / :class:`NetworkCase` (what reaches a real swarm, where it is stopped and
   why), :data:`TRANSPORT_CASES`, and ``CaseBuilder`` (the manifest and bytes the peer announces for each class);
 - ``network.py``: the hivemind DHT whose validator forges signatures, the bundle server that misbehaves per
-  digest, and writing pre-signed records straight into peers' storage (``store_signed_entries``);
+  digest, and writing pre-signed records straight into peers' storage (``store_signed_entries``), emptying a node's
+  routing table (``forget_neighbours``);
 - ``peer.py``: :class:`HostilePeer`, which delivers it all over a real swarm;
 - ``mutator.py``: :class:`Mutator`, random mutations of valid encodings for the fuzzer;
 - ``raw.py``: raw msgpack below the wire codec, the one module here that imports ``msgpack``.
@@ -90,7 +91,7 @@ from swarmnode.testing.adversary.factory import (
     byte_tokenize,
 )
 from swarmnode.testing.adversary.mutator import Mutator
-from swarmnode.testing.adversary.network import store_signed_entries
+from swarmnode.testing.adversary.network import forget_neighbours, store_signed_entries
 from swarmnode.testing.adversary.peer import HostilePeer
 
 __all__ = [
@@ -105,5 +106,6 @@ __all__ = [
     "NETWORK_CASES",
     "NetworkCase",
     "HostilePeer",
+    "forget_neighbours",
     "store_signed_entries",
 ]

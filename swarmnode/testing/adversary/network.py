@@ -154,6 +154,22 @@ async def _store_signed_entries(_dht: Any, node: Any, key_id: bytes, path: str) 
     return ok, len(peers)
 
 
+async def _forget_neighbours(_dht: Any, node: Any) -> int:
+    """Runs inside a DHT process: remove every peer from the node's routing table (what hivemind does to each
+    peer whose reply failed or that refused a request); returns how many were removed."""
+    table = node.protocol.routing_table
+    ids = list(table.uid_to_peer_id)
+    for node_id in ids:
+        del table[node_id]
+    return len(ids)
+
+
+def forget_neighbours(dht: Any, timeout: float = 30.0) -> int:
+    """Empty the routing table of ``dht`` (a :class:`~swarmnode.swarm.dht.SwarmDHT`), as refused or failed
+    replies from every neighbour would; returns how many peers it held."""
+    return dht.run_coroutine(_forget_neighbours, timeout=timeout)
+
+
 def store_signed_entries(dht: Any, key_id: bytes, entries: list[tuple[bytes, bytes, float]],
                          timeout: float = 120.0) -> tuple[int, int]:
     """Store pre-signed dictionary entries ``(subkey, signed value, expiration)`` under the 20-byte DHTID
