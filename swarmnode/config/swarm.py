@@ -204,7 +204,7 @@ class NetConfig(_Derived, _Strict):
         default_factory=list, description="multiaddrs announced to peers (behind NAT); empty = the listen addresses"
     )
     bucket_seconds: float = Field(30.0, gt=0, description="time bucket of DHT manifest keys")
-    read_buckets: int = Field(3, ge=1, description="how many recent buckets a node reads")
+    read_buckets: int = Field(3, ge=1, le=64, description="how many recent buckets a node reads (at most 64: the keys one DHT read asks for)")
     dht_timeout: float = Field(10.0, gt=0, description="seconds per DHT call")
     fetch_timeout: float = Field(5.0, gt=0, description="seconds per bundle fetch")
     poll_interval: float | None = Field(

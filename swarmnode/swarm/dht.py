@@ -117,26 +117,47 @@ async def get_latest_many(_dht: DHT, node: DHTNode, keys: Sequence[str], timeout
     (``dht_reply.FINDS_PER_SENDER_PER_SECOND``), whose refusals made the reader drop honest replicas from its
     routing table (an outside run emptied a reader's table in 6-26 s with no attacker).
 
+    A search for the newest value ends only when every replica it asked has answered, so one slow replica (an
+    outside run: answers 2.5 s late, within hivemind's 3 s RPC timeout, about 7 finds of one read in sequence) kept
+    every search of a read open past its deadline. At ``timeout`` each search still open is ended with what it has
+    found so far (the entries merged from the replicas that answered), not dropped.
+
     :param keys: DHT keys (str), no repeats
-    :param timeout: seconds to wait for the searches (those not done by then are cancelled)
-    :returns: one entry per key, in order: hivemind's ``ValueWithExpiration`` or None (not found, failed or late)
+    :param timeout: seconds to wait for the searches
+    :returns: one entry per key, in order: hivemind's ``ValueWithExpiration`` (as found by ``timeout``) or None
+        (nothing found by then, or the search failed)
     """
     import asyncio
 
-    futures = await node.get_many(list(keys), sufficient_expiration_time=float("inf"), return_futures=True)
+    futures = await node.get_many(list(keys), sufficient_expiration_time=float("inf"), return_futures=True,
+                                  num_workers=max(node.num_workers, len(keys)))
     pending = [f for f in futures.values() if not f.done()]
     if pending:
         await asyncio.wait(pending, timeout=max(0.0, timeout))
     out = []
     for key in keys:
         future = futures.get(key)
+        if future is not None and not future.done():
+            _end_search(node, key, future)
         if future is not None and future.done() and not future.cancelled() and future.exception() is None:
             out.append(future.result())
         else:
-            if future is not None:
-                future.cancel()
             out.append(None)
     return out
+
+
+def _end_search(node: DHTNode, key: str, future: Any) -> None:
+    """End the open search behind ``future`` with the value it has found so far: hivemind 1.1.12 keeps each search's
+    state (``_SearchState``, with ``finish_search()``) in ``node.pending_get_requests`` while ``reuse_get_requests``
+    is on (its default); a search not found there is cancelled (reads as not found)."""
+    from hivemind.dht.routing import DHTID
+
+    states = node.pending_get_requests.get(DHTID.generate(source=key), ())
+    for state in list(states):
+        if getattr(state, "future", None) is future:
+            state.finish_search()
+            return
+    future.cancel()
 
 
 @dataclass(frozen=True)
@@ -359,7 +380,12 @@ class SwarmDHT(DHTHost):
     @staticmethod
     def _known_keys(public_keys: Sequence[bytes], what: str) -> list[bytes]:
         """``public_keys`` as raw bytes, repeats dropped (first kept); at most :data:`MAX_READ_KEYS` - 1."""
-        pubs = list(dict.fromkeys(bytes(p) for p in public_keys))
+        pubs = []
+        for p in public_keys:
+            if not isinstance(p, (bytes, bytearray, memoryview)):
+                raise ValueError(f"{what}: a public key is 32 raw bytes, got {type(p).__name__} {p!r:.80}")
+            pubs.append(bytes(p))
+        pubs = list(dict.fromkeys(pubs))
         if len(pubs) >= MAX_READ_KEYS:
             raise ValueError(f"{what}: at most {MAX_READ_KEYS - 1} public keys a read, got {len(pubs)}")
         return pubs
@@ -369,16 +395,20 @@ class SwarmDHT(DHTHost):
     ) -> list[tuple[bytes, bytes]]:
         """All valid manifests stored under the given buckets.
 
-        :param buckets: bucket indices (see :func:`time_bucket`), e.g. the last ``read_buckets`` ones
+        :param buckets: bucket indices (see :func:`time_bucket`), e.g. the last ``read_buckets`` ones; repeats
+            read once; at most :data:`MAX_READ_KEYS`
         :param timeout: bound for all lookups together (s; default ``call_timeout``)
-        :returns: ``[(publisher_public_key (32 bytes), manifest_bytes)]``, sorted by bucket then publisher;
+        :returns: ``[(publisher_public_key (32 bytes), manifest_bytes)]``, in bucket order, then by publisher;
             empty when nothing is found, on timeout, or when no DHT runs. Entries whose subkey is not an
             owner marker, whose value is not bytes or over the cap, or whose expiration is out of range are
             dropped one by one. The caller must still check that the manifest's signed publisher key equals
             the returned owner key.
+        :raises ValueError: unknown ``swarm_id``, a bad bucket, or more than :data:`MAX_READ_KEYS` buckets
         """
         self._check_swarm(swarm_id)
-        keys = [manifest_key(swarm_id, b) for b in buckets]
+        keys = list(dict.fromkeys(manifest_key(swarm_id, b) for b in buckets))
+        if len(keys) > MAX_READ_KEYS:
+            raise ValueError(f"read_manifests: at most {MAX_READ_KEYS} buckets a read, got {len(keys)}")
         return [entry for per_key in self._read(keys, timeout) for entry in per_key]
 
     def read_publishers(self, swarm_id: str, public_keys: Sequence[bytes],

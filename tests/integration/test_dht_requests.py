@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import types
 
 import pytest
 from hivemind.dht.node import DHTNode
@@ -426,6 +427,50 @@ def test_one_read_of_many_keys_asks_a_replica_a_few_times_not_once_a_key(monkeyp
                 await asker.get(key, latest=True)
             assert before - record.finds.refill(time.monotonic()) > 19.9  # one find each
         finally:
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_slow_replica_does_not_blank_a_read_of_many_keys():
+    """Outside run: one replica answering every find 2.5 s late (inside hivemind's 3 s RPC timeout, so it is never
+    dropped) kept every search of a 32-key read open past the read's deadline, and the read came back empty although
+    the honest replica had answered at once. At the deadline each open search now ends with what it found."""
+    from hivemind.utils.auth import AuthRole, AuthRPCWrapper
+
+    from swarmnode.swarm.dht import get_latest_many
+
+    async def slow_find(self, request, context):
+        await asyncio.sleep(2.5)
+        return await DHTProtocol.rpc_find(self, request, context)
+
+    async def main():
+        server = await DHTNode.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], cache_locally=False)
+        await harden_dht_node(None, server, BUDGET)
+        slow = await DHTNode.create(initial_peers=await server.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        proto = slow.protocol
+        proto.rpc_find = types.MethodType(slow_find, proto)
+        handle = DHTProtocol._get_handle_name(None, "rpc_find")
+        await proto.p2p.remove_protobuf_handler(handle)
+        await proto.p2p.add_protobuf_handler(handle, AuthRPCWrapper(proto, AuthRole.SERVICER, proto.authorizer).rpc_find,
+                                             dht_pb2.FindRequest)
+        asker = await DHTNode.create(initial_peers=[*await server.get_visible_maddrs(), *await slow.get_visible_maddrs()],
+                                     host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True)
+        try:
+            assert len(asker.protocol.routing_table.uid_to_peer_id) == 2  # the asker knows both replicas
+            now = get_dht_time()
+            keys = [f"swarm:publisher:{i:064x}" for i in range(32)]
+            for i, key in enumerate(keys[::4]):
+                assert server.protocol.storage.store(DHTID.generate(source=key), MSGPackSerializer.dumps(f"record {i}"),
+                                                     now + 600, subkey=MSGPackSerializer.dumps("owner"))
+            t0 = time.monotonic()
+            got = await get_latest_many(None, asker, keys, 1.5)
+            assert time.monotonic() - t0 < 2.5  # the deadline, not the slow replica, ends the read
+            found = [r.value[MSGPackSerializer.dumps("owner")].value for r in got if r is not None]
+            assert found == [f"record {i}" for i in range(8)]  # the honest replica's answers, every one
+        finally:
+            await slow.shutdown()
             await asker.shutdown()
             await server.shutdown()
 
