@@ -155,7 +155,10 @@ def _end_search(node: DHTNode, key: str, future: Any) -> None:
     states = node.pending_get_requests.get(DHTID.generate(source=key), ())
     for state in list(states):
         if getattr(state, "future", None) is future:
-            state.finish_search()
+            try:
+                state.finish_search()  # decodes every entry found: one that does not decode raises
+            except Exception:  # noqa: BLE001 - that key reads as not found, the read's other keys stand
+                future.cancel()
             return
     future.cancel()
 

@@ -35,6 +35,10 @@ Ed25519 keys never reach the record layer. :class:`Ed25519RecordValidator` mirro
   bound).
 * **Size cap.** A marked or protected record whose stripped value exceeds ``max_value_bytes`` is
   refused, so one signer cannot push a key's whole dictionary past the 4 MiB find-reply cap.
+* **Values are bytes.** Under the swarm's keys a value must be exactly one msgpack bin object (what hivemind's
+  serializer makes of a ``bytes`` value: every manifest record and heartbeat): a reader's search decodes every
+  entry of a key when it ends and loses the whole key when one fails, so one free key's undecodable entry used to
+  blank a shared key for every reader (:func:`swarmnode.swarm.wire.is_dht_bytes_value`).
 
 Without key spaces, records that carry no marker pass untouched, exactly like the RSA validator.
 """
@@ -55,7 +59,7 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer
 
-from swarmnode.swarm.wire import dht_record_payload
+from swarmnode.swarm.wire import dht_record_payload, is_dht_bytes_value
 
 __all__ = [
     "DOMAIN",
@@ -377,6 +381,8 @@ class Ed25519RecordValidator(RecordValidatorBase):
         stripped, signature = split
         if len(stripped) > self.max_value_bytes:
             return False
+        if protected and not is_dht_bytes_value(stripped):
+            return False  # one entry that does not decode as bytes blanked its whole key for every reader
         public_key = self._public(bytes.fromhex(owner_hex.decode()))
         if public_key is None:
             return False

@@ -723,6 +723,23 @@ def dht_record_payload(key_id: bytes, subkey: bytes, value: bytes, expiration_ti
     return _pack([key_id, subkey, value, float(expiration_time)])
 
 
+def is_dht_bytes_value(data: bytes) -> bool:
+    """Whether ``data`` is exactly one msgpack bin object: how hivemind's serializer stores a ``bytes`` value, the
+    only kind of value the swarm's DHT keys hold (a manifest record, a heartbeat envelope). A reader's search
+    decodes every entry of a key when it ends, and one that does not decode loses the whole key (hivemind 1.1.12
+    ``_SearchState.finish_search``): validators refuse anything else under the swarm's keys.
+
+    :param data: a record's value bytes with the signature suffix removed
+    """
+    if len(data) < 2:
+        return False
+    tag, head = data[0], {0xC4: 2, 0xC5: 3, 0xC6: 5}.get(data[0], 0)
+    if not head or len(data) < head:
+        return False
+    length = data[1] if tag == 0xC4 else int.from_bytes(data[1:head], "big")
+    return len(data) == head + length
+
+
 def _check_canonical(raw: Any, data: bytes, what: str) -> None:
     try:
         again = _pack(raw)

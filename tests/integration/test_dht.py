@@ -173,6 +173,30 @@ def test_unmarked_records_refused_by_a_swarm_validator(keys):
     assert not v.validate(padded)
 
 
+def test_under_our_keys_a_value_must_be_bytes(keys):
+    """A reader's search decodes every entry of a key when it ends, and one entry that does not decode loses the
+    whole key (hivemind's ``finish_search`` raises): one free key's signed junk entry blanked a shared key for every
+    reader. Under our keys a value must be exactly one msgpack bin object (a ``bytes`` value)."""
+    from swarmnode.swarm.wire import is_dht_bytes_value
+
+    v = _validator(keys[0])
+    now = time.time()
+    key = manifest_key(SWARM, time_bucket(now, BUCKET_S))
+    marker = v.local_owner_marker
+    good = _signed(v, _record(key, marker, b"record", now + 60))
+    assert v.validate(good)
+    for junk in (b"\xc1\xc1junk", MSGPackSerializer.dumps("a str"), MSGPackSerializer.dumps(b"x") + b"!",
+                 MSGPackSerializer.dumps(b"x")[:-1], MSGPackSerializer.dumps([b"x"]), b""):
+        record = DHTRecord(_key_id(key), MSGPackSerializer.dumps(marker), junk, now + 60)
+        assert not v.validate(_signed(v, record)), junk
+    for n in (0, 255, 256, 65_535, 65_536):  # bin 8, 16 and 32 headers
+        assert is_dht_bytes_value(MSGPackSerializer.dumps(b"a" * n))
+    # the same bytes under a key of no swarm of ours, for a validator without key spaces: hivemind's behaviour
+    plain = Ed25519RecordValidator(keys[0])
+    record = DHTRecord(_key_id("someone-else:key"), MSGPackSerializer.dumps(plain.local_owner_marker), b"\xc1", now + 60)
+    assert plain.validate(_signed(plain, record))
+
+
 def test_only_the_owner_writes_under_its_publisher_key(keys):
     """A flood of fresh keys can fill a shared bucket key; a publisher key takes its owner's record alone."""
     owner, other = _validator(keys[0]), _validator(keys[1])

@@ -477,6 +477,30 @@ def test_a_slow_replica_does_not_blank_a_read_of_many_keys():
     asyncio.run(main())
 
 
+def test_a_key_that_does_not_decode_blanks_only_itself_in_a_batched_read():
+    """An entry whose value does not decode makes hivemind's search of that key raise when it ends (validators
+    refuse such entries under the swarm's keys; a replica without them may still hold one). In a batched read only
+    that key reads as not found; the other keys of the read stand."""
+    from swarmnode.swarm.dht import get_latest_many
+
+    async def main():
+        server, asker = await _pair(harden=True)
+        try:
+            now = get_dht_time()
+            bad, good = DHTID.generate(source="swarm:manifests:1"), DHTID.generate(source="swarm:publisher:00")
+            owner = MSGPackSerializer.dumps("owner")
+            assert server.protocol.storage.store(bad, MSGPackSerializer.dumps(b"honest"), now + 600, subkey=owner)
+            assert server.protocol.storage.store(bad, b"\xc1\xc1junk", now + 600, subkey=MSGPackSerializer.dumps("x"))
+            assert server.protocol.storage.store(good, MSGPackSerializer.dumps(b"known"), now + 600, subkey=owner)
+            got = await get_latest_many(None, asker, ["swarm:manifests:1", "swarm:publisher:00"], 3.0)
+            assert got[0] is None and got[1].value[owner].value == b"known"
+        finally:
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())
+
+
 class _Message:
     """A message waiting for p2pd, as ``queued_bytes`` sees it."""
 
