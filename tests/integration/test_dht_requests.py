@@ -501,6 +501,38 @@ def test_a_key_that_does_not_decode_blanks_only_itself_in_a_batched_read():
     asyncio.run(main())
 
 
+def test_a_reply_cannot_end_a_search_with_its_own_expiration():
+    """Outside run: a replica answering a key with a dictionary whose own expiration is +inf (empty, or holding only
+    its owner's entry) ended every reader's search for the newest value at once, and honest entries from replicas
+    not yet asked went missing (bucket, heartbeat and publisher keys: 4-5 of 6 reads). The reply's expiration is no
+    validator's business; a reader now takes a dictionary's expiration from its latest entry, and an empty one as
+    nothing found."""
+    import math
+
+    from swarmnode.swarm.dht_reply import unpack_find_results
+
+    async def main():
+        server, asker = await _pair(harden=True)
+        try:
+            now = get_dht_time()
+            key = DHTID.generate(source="swarm:manifests:9")
+            one = DictionaryDHTValue()
+            one.store(MSGPackSerializer.dumps("owner"), MSGPackSerializer.dumps(b"record"), now + 100)
+            replies = [dht_pb2.FindResult(type=dht_pb2.FOUND_DICTIONARY, value=MSGPackSerializer.dumps(d),
+                                          expiration_time=math.inf) for d in (one, DictionaryDHTValue())]
+            out = unpack_find_results(asker.protocol, [key, key], replies)
+            value, _ = out[key]  # the second reply (empty) overwrote the first under the same key id
+            assert value is None
+            out = unpack_find_results(asker.protocol, [key], replies[:1])
+            value, _ = out[key]
+            assert value.expiration_time == now + 100 and value.value.latest_expiration_time == now + 100
+        finally:
+            await asker.shutdown()
+            await server.shutdown()
+
+    asyncio.run(main())
+
+
 class _Message:
     """A message waiting for p2pd, as ``queued_bytes`` sees it."""
 
